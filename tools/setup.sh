@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Install everything linepack needs on a fresh Debian 12 machine, idempotently:
+# Debian packages, the Python package (editable), the QEMU plugin, and the real
+# target kernel (Debian's 6.1 cloud vmlinux, cached under ~/.cache/linepack).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+log() { echo "setup: $*" >&2; }
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+
+DEB_PKGS=(gcc make libc6-dev cpio qemu-system-x86 bolt-19 linux-perf elfutils libelf-dev
+          libglib2.0-dev pkg-config dpkg-dev python3-pip)
+missing=()
+for p in "${DEB_PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
+# apt lists are needed both to install and to find the newest kernel ABI.
+stamp=/var/lib/apt/lists/partial
+if [ ${#missing[@]} -gt 0 ] || [ -z "$(ls /var/lib/apt/lists/*Packages* 2>/dev/null | head -1)" ] \
+   || [ -n "$(find /var/lib/apt/lists -maxdepth 0 -mmin +1440 2>/dev/null)" ]; then
+  log "apt-get update"
+  $SUDO apt-get update -q >/dev/null
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY="${PYTHON:-python3}"
+if ! "$PY" -c "import linepack, capstone, elftools, numpy" 2>/dev/null \
+   || [ "$("$PY" -c 'import linepack,os;print(os.path.realpath(os.path.dirname(linepack.__file__)))')" != "$here/tools" ]; then
+  log "pip install -e . (capstone, pyelftools, numpy, pytest)"
+  "$PY" -m pip install -q --disable-pip-version-check -e "$here" pytest 2>&1 | grep -v "Running pip as the 'root' user" >&2 || true
+fi
+
+if [ -f tools/profile/plugin/Makefile ]; then
+  log "building the QEMU TCG plugin"
+  "$PY" -m linepack build-plugin >&2 || { log "plugin build failed"; exit 1; }
+fi
+
+if [ "${LINEPACK_SKIP_KERNEL:-0}" != 1 ]; then
+  log "fetching Debian's 6.1 cloud vmlinux (cached)"
+  "$PY" -m linepack fetch >/dev/null
+fi
+log "ready"
