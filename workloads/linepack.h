@@ -1,0 +1,145 @@
+/*
+ * Shared helpers for linepack workloads.
+ *
+ * Every workload is one static binary that runs either natively
+ * (`./vfs-mix 2000 /tmp/dir`) or as the initramfs /init of a QEMU boot. As
+ * /init it takes its loop count from the kernel command line: the kernel hands
+ * unknown `key=value` words to init as environment variables (`loops=2000`).
+ *
+ * Output protocol (one line each, on stdout = the serial console under QEMU):
+ *   linepack-begin <name>            just before the measured loop
+ *   linepack-end <name>              just after it
+ *   linepack-result <name> loops=N ... checksum=...   deterministic: derived
+ *                                    only from syscall results, never from
+ *                                    times, pids or addresses
+ *   linepack-info <name> ...         not deterministic (elapsed time); ignore
+ *                                    when comparing runs
+ *   linepack-error <name> ...        something failed; no result line follows
+ * When running as PID 1 the workload syncs and powers the machine off.
+ */
+#ifndef LINEPACK_WORKLOAD_H
+#define LINEPACK_WORKLOAD_H
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/reboot.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *lp_name = "workload";
+
+/* Write one whole line with a single write(2) so lines never interleave. */
+static __attribute__((unused)) void lp_say(const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(buf, sizeof(buf) - 1, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return;
+	if (n > (int)sizeof(buf) - 2)
+		n = sizeof(buf) - 2;
+	buf[n++] = '\n';
+	for (int off = 0; off < n;) {
+		ssize_t w = write(1, buf + off, n - off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			break;
+		off += w;
+	}
+}
+
+/* Power off when we are init; otherwise just exit. Never returns. */
+static __attribute__((unused)) void lp_finish(int status)
+{
+	if (getpid() == 1) {
+		sync();
+		reboot(RB_POWER_OFF);
+		/* Only reached if reboot failed: idle rather than panic. */
+		lp_say("linepack-error %s reboot: %s", lp_name, strerror(errno));
+		for (;;)
+			pause();
+	}
+	exit(status);
+}
+
+static __attribute__((unused)) void lp_fail(const char *what)
+{
+	lp_say("linepack-error %s %s: %s", lp_name, what, strerror(errno));
+	lp_finish(1);
+}
+
+/*
+ * Loop count: argv[1] if given, else env `loops`, else the default. As PID 1
+ * argv is ignored: the kernel passes every unknown command-line word without
+ * '=' there, which is not ours to interpret.
+ */
+static __attribute__((unused)) long lp_loops(int argc, char **argv, long dflt)
+{
+	const char *s = (argc > 1 && getpid() != 1) ? argv[1] : getenv("loops");
+	char *end;
+	long v;
+
+	if (!s || !*s)
+		return dflt;
+	errno = 0;
+	v = strtol(s, &end, 0);
+	if (errno || *end || v < 0) {
+		lp_say("linepack-error %s bad loop count '%s'", lp_name, s);
+		lp_finish(2);
+	}
+	return v;
+}
+
+/* When PID 1 in an initramfs: make sure stdout goes somewhere useful. */
+static __attribute__((unused)) void lp_init_console(void)
+{
+	if (getpid() != 1)
+		return;
+	/* The kernel normally opened /dev/console as fds 0-2 already. */
+	if (fcntl(1, F_GETFD) < 0) {
+		mkdir("/dev", 0755);
+		mount("devtmpfs", "/dev", "devtmpfs", 0, NULL);
+		int fd = open("/dev/console", O_RDWR);
+		if (fd >= 0) {
+			dup2(fd, 0);
+			dup2(fd, 1);
+			dup2(fd, 2);
+			if (fd > 2)
+				close(fd);
+		}
+	}
+}
+
+static __attribute__((unused)) uint64_t lp_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+/* FNV-1a over a 64-bit value: the checksum mixes syscall results in order. */
+static __attribute__((unused)) uint64_t lp_mix(uint64_t h, uint64_t v)
+{
+	for (int i = 0; i < 8; i++) {
+		h ^= (v >> (8 * i)) & 0xff;
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+#define LP_FNV_INIT 0xcbf29ce484222325ull
+
+#endif
