@@ -1,1 +1,48 @@
-"""``linepack verify``: placeholder replaced below."""
+"""``linepack verify IMAGE [--against OLD]``: Capstone verification for CI.
+
+Exit 0 = clean, 1 = findings (errors; warnings too with --strict), 2 = usage
+or unreadable input.
+"""
+
+import sys
+
+from ..cli import verb
+from ..errors import EXIT_FINDINGS, EXIT_OK, LinepackError
+
+
+def _log(quiet):
+    if quiet:
+        return lambda m: None
+    return lambda m: print(f"verify: {m}", file=sys.stderr, flush=True)
+
+
+@verb("verify", "check an image's code and kernel tables (alone, or --against its original)")
+class Verify:
+    @staticmethod
+    def add_arguments(p):
+        p.add_argument("image", help="the ELF image to check (vmlinux or an x86-64 executable)")
+        p.add_argument("--against", metavar="OLD",
+                       help="also prove IMAGE equivalent to its original OLD (relayout output)")
+        p.add_argument("--layout-map", metavar="FILE", help="layout map written by relayout "
+                       "(default: found beside IMAGE)")
+        p.add_argument("--json", metavar="FILE", help="write the machine report to FILE ('-' = stdout)")
+        p.add_argument("--strict", action="store_true", help="warnings fail too (exit 1)")
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+
+    @staticmethod
+    def run(args):
+        from ..verify.standalone import verify_image
+
+        log = _log(args.quiet)
+        report = verify_image(args.image, log=log)
+        if args.against:
+            try:
+                from ..verify.equivalence import verify_against
+            except ImportError:
+                raise LinepackError("verify --against is not available in this build") from None
+            verify_against(report, args.image, args.against, layout_map=args.layout_map, log=log)
+        if args.json:
+            report.write_json(args.json, strict=args.strict)
+        if args.json != "-":
+            print(report.summary(strict=args.strict))
+        return EXIT_OK if report.ok(args.strict) else EXIT_FINDINGS

@@ -130,6 +130,26 @@ class Disassembly:
         return index[order], target[order], kind[order]
 
 
+# Instructions newer than Capstone 5 knows, seen in kernels: (byte prefix, length, name).
+# Decoded by pattern so boundaries after them stay exact.
+KNOWN_UNDECODED = (
+    (bytes.fromhex("0f01e8"), 3, "serialize"),
+    (bytes.fromhex("f20f01ff"), 4, "pvalidate"),
+    (bytes.fromhex("f30f01fe"), 4, "rmpadjust"),
+    (bytes.fromhex("f30f01ff"), 4, "psmash"),
+    (bytes.fromhex("f20f01fe"), 4, "rmpupdate"),
+    (bytes.fromhex("c4e27849c0"), 5, "tilerelease"),
+    (bytes.fromhex("0f01ca"), 3, "clac"),
+)
+
+
+def _known_length(code):
+    for pattern, length, _name in KNOWN_UNDECODED:
+        if code.startswith(pattern):
+            return length
+    return 0
+
+
 def _decode_range(path, starts, sizes, first_index):
     """Worker: decode functions [first_index, ...) of one image."""
     from .elf import ElfImage
@@ -151,8 +171,19 @@ def _decode_range(path, starts, sizes, first_index):
                 func_parts.append(np.full(n, fidx, dtype=np.int32))
                 pos += int(ins["size"].sum(dtype=np.int64))
             if pos < size:
-                bad.append((start + pos, fidx))
-                pos += 1
+                known = _known_length(code[pos:pos + 8])
+                if known:
+                    one = np.zeros(1, dtype=_INSN)
+                    one["address"], one["size"] = start + pos, known
+                    one["bytes"][0, :known] = np.frombuffer(code[pos:pos + known], np.uint8)
+                    addr_parts.append(one["address"])
+                    size_parts.append(one["size"].astype(np.uint8))
+                    raw_parts.append(one["bytes"])
+                    func_parts.append(np.full(1, fidx, dtype=np.int32))
+                    pos += known
+                else:
+                    bad.append((start + pos, fidx))
+                    pos += 1
     dec.close()
     if not addr_parts:
         return (np.zeros(0, np.uint64), np.zeros(0, np.uint8), np.zeros(0, np.int32),

@@ -1,0 +1,230 @@
+"""The one interface every kernel table module implements.
+
+A table module (``jump_table.py``, ``orc.py``, ...) defines one subclass of
+``KernelTable`` and lists it in ``linepack.kernel.TABLES``. The life cycle:
+
+    entries = table.parse(ctx)            # decode to absolute addresses (numpy)
+    findings = table.check(ctx, entries)  # invariants the kernel relies on
+    entries = table.update(ctx, entries, amap)   # relayout: map addresses
+    table.write(ctx, entries, out)        # relayout: encode into the new image
+
+``ctx`` is an ``ImageContext``: the image, its functions, instruction
+boundaries and kernel version, computed once and shared by all tables.
+"""
+
+import re
+
+import numpy as np
+
+from ..image.disasm import disassemble
+from ..image.functions import FunctionTable
+
+
+class Finding:
+    """One problem found in an image. severity: 'error' | 'warning' | 'info'."""
+
+    __slots__ = ("severity", "check", "address", "message")
+
+    def __init__(self, severity, check, address, message):
+        self.severity, self.check, self.message = severity, check, message
+        self.address = None if address is None else int(address)
+
+    def as_dict(self):
+        return {"severity": self.severity, "check": self.check,
+                "address": None if self.address is None else f"{self.address:#x}",
+                "message": self.message}
+
+    def __repr__(self):
+        a = "" if self.address is None else f" @{self.address:#x}"
+        return f"<{self.severity} {self.check}{a}: {self.message}>"
+
+
+def kernel_version_of(image):
+    """(major, minor, patch) and the banner text from linux_banner, or (None, None)."""
+    addr = image.symbol_address("linux_banner")
+    if addr is None:
+        return None, None
+    try:
+        raw = bytes(image.read(addr, 256))
+    except ValueError:
+        return None, None
+    text = raw.split(b"\0", 1)[0].decode("ascii", "replace").strip()
+    m = re.match(r"Linux version (\d+)\.(\d+)(?:\.(\d+))?", text)
+    if not m:
+        return None, text
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)), text
+
+
+class ImageContext:
+    """What all table checks share, computed lazily once per image."""
+
+    def __init__(self, image, log=None):
+        self.image = image
+        self.log = log or (lambda msg: None)
+        self._functions = None
+        self._disasm = None
+        self.version, self.banner = kernel_version_of(image)
+        text = image.section(".text")
+        self.text_start = image.symbol_address("_stext", text.addr if text else 0)
+        self.text_end = image.symbol_address("_etext", text.end if text else 0)
+
+    @property
+    def is_kernel(self):
+        return self.version is not None and self.image.symbol_address("_stext") is not None
+
+    @property
+    def functions(self):
+        if self._functions is None:
+            self._functions = FunctionTable(self.image)
+        return self._functions
+
+    @property
+    def disasm(self):
+        if self._disasm is None:
+            self.log(f"disassembling {len(self.functions)} functions")
+            self._disasm = disassemble(self.image, self.functions)
+        return self._disasm
+
+    def in_code(self, addrs):
+        """True where an address lies in an executable allocated section."""
+        addrs = np.asarray(addrs, dtype=np.uint64)
+        ok = np.zeros(len(addrs), dtype=bool)
+        for s in self.image.sections:
+            if s.is_code and s.is_alloc and s.size:
+                ok |= (addrs >= np.uint64(s.addr)) & (addrs < np.uint64(s.end))
+        return ok
+
+    def symbol_addresses(self):
+        """{name: set of addresses} over the ELF symtab (names repeat for statics)."""
+        if getattr(self, "_sym_addrs", None) is None:
+            names, syms = self.image.symbol_table()
+            where = {}
+            for nm, v, t in zip(names, syms["value"].tolist(), (syms["info"] & 0xF).tolist()):
+                if nm and t not in (3, 4):       # not SECTION / FILE
+                    where.setdefault(nm, set()).add(v)
+            self._sym_addrs = where
+        return self._sym_addrs
+
+    def code_section_ends(self, addrs):
+        """True where an address is exactly the end of a code section (terminators)."""
+        addrs = np.asarray(addrs, dtype=np.uint64)
+        ends = [s.end for s in self.image.sections if s.is_code and s.is_alloc and s.size]
+        return np.isin(addrs, np.array(ends, dtype=np.uint64))
+
+    def in_patch_site(self, addrs):
+        """True where an address lies inside an alternative or paravirt patch site.
+
+        objtool describes the replacement code's instruction boundaries too, so
+        ORC IPs legitimately fall inside the original instruction there.
+        """
+        if getattr(self, "_patch_ranges", None) is None:
+            from .alternatives import Alternatives
+            from .paravirt import ParaInstructions
+            starts, ends = [], []
+            for cls, a, ln in ((Alternatives, "instr", "instrlen"), (ParaInstructions, "instr", "len")):
+                e = cls().parse(self)
+                starts.append(e[a])
+                ends.append(e[a] + e[ln].astype(np.uint64))
+            st, en = np.concatenate(starts), np.concatenate(ends)
+            order = np.argsort(st, kind="stable")
+            st, en = st[order], en[order]
+            self._patch_ranges = (st, np.maximum.accumulate(en) if len(en) else en)
+        st, en = self._patch_ranges
+        addrs = np.asarray(addrs, dtype=np.uint64)
+        i = np.searchsorted(st, addrs, side="right").astype(np.int64) - 1
+        ic = np.maximum(i, 0)
+        return (i >= 0) & (addrs < en[ic]) if len(st) else np.zeros(len(addrs), bool)
+
+    def symbol_at(self, addr):
+        """'func+0xoff' for messages."""
+        ft = self.functions
+        i = int(ft.find([addr])[0])
+        if i < 0:
+            return f"{int(addr):#x}"
+        return f"{ft.name[i]}+{int(addr) - int(ft.start[i]):#x}"
+
+
+def rel32_targets(base, values):
+    """Addresses encoded as s32 relative to each field's own address."""
+    return (np.asarray(base, dtype=np.int64) + np.asarray(values, dtype=np.int64)).astype(np.uint64)
+
+
+class KernelTable:
+    """Base class. Subclasses set ``name`` and the bounding symbols and dtype."""
+
+    name = "?"
+    start_symbol = None
+    stop_symbol = None
+    dtype = None
+    # Checks report at most this many findings of one kind, then a summary.
+    max_findings_per_check = 20
+
+    def locate(self, ctx):
+        """(address, count) of the table in the image, or None if absent."""
+        a = ctx.image.symbol_address(self.start_symbol)
+        b = ctx.image.symbol_address(self.stop_symbol)
+        if a is None or b is None:
+            return None
+        size = b - a
+        if size % self.dtype.itemsize:
+            raise ValueError(f"{self.name}: size {size} is not a multiple of {self.dtype.itemsize}")
+        return a, size // self.dtype.itemsize
+
+    def raw(self, ctx):
+        """The table's records as a numpy view (empty when absent)."""
+        loc = self.locate(ctx)
+        if loc is None:
+            return None, np.zeros(0, dtype=self.dtype)
+        addr, count = loc
+        return addr, ctx.image.view(addr, count, self.dtype)
+
+    def parse(self, ctx):
+        raise NotImplementedError
+
+    def check(self, ctx, entries):
+        raise NotImplementedError
+
+    def update(self, ctx, entries, amap):
+        raise NotImplementedError(f"{self.name}: update for relayout is not implemented")
+
+    def write(self, ctx, entries, out):
+        raise NotImplementedError(f"{self.name}: write for relayout is not implemented")
+
+    # -- helpers for checks -------------------------------------------------
+    def report(self, findings, severity, check, addrs, describe):
+        """Add one finding per offending address (capped), then a count line."""
+        addrs = list(addrs)
+        for a in addrs[:self.max_findings_per_check]:
+            findings.append(Finding(severity, check, a, describe(a)))
+        if len(addrs) > self.max_findings_per_check:
+            findings.append(Finding(severity, check, None,
+                                    f"{self.name}: {len(addrs) - self.max_findings_per_check} more "
+                                    f"of the same ({len(addrs)} in all)"))
+
+    def check_code_refs(self, ctx, findings, what, addrs, allow_outside_functions=True,
+                        allow_section_end=False, allow_in_patch_sites=False):
+        """Every address must be in code and not inside an instruction."""
+        addrs = np.asarray(addrs, dtype=np.uint64)
+        not_code = ~ctx.in_code(addrs)
+        if allow_section_end:
+            not_code &= ~ctx.code_section_ends(addrs)
+        self.report(findings, "error", f"{self.name}.{what}-in-code", addrs[not_code],
+                    lambda a: f"{self.name}: {what} {a:#x} is not in executable code")
+        mid = ctx.disasm.inside_instruction(addrs) & ~not_code
+        if allow_in_patch_sites and mid.any():
+            mid &= ~ctx.in_patch_site(addrs)
+        self.report(findings, "error", f"{self.name}.{what}-boundary", addrs[mid],
+                    lambda a: f"{self.name}: {what} {ctx.symbol_at(a)} ({a:#x}) is inside an "
+                              "instruction, not at its start")
+        if not allow_outside_functions:
+            outside = (ctx.functions.find(addrs) < 0) & ~not_code
+            self.report(findings, "error", f"{self.name}.{what}-in-function", addrs[outside],
+                        lambda a: f"{self.name}: {what} {a:#x} is not inside any function")
+
+    def check_sorted(self, ctx, findings, keys, what="entries", strict=False):
+        keys = np.asarray(keys)
+        if len(keys) < 2:
+            return
+        bad = np.nonzero(keys[1:] <= keys[:-1] if strict else keys[1:] < keys[:-1])[0]
+        self.report(findings, "error", f"{self.name}.sorted", (keys[bad + 1]).tolist(),
+                    lambda a: f"{self.name}: {what} out of order at {ctx.symbol_at(a)} ({a:#x})")

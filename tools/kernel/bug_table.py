@@ -1,0 +1,43 @@
+"""``__bug_table``: BUG()/WARN() sites ``{s32 bug_addr; s32 file; u16 line; u16 flags}``.
+
+Each bug_addr must point at a ``ud2`` (0f 0b) at an instruction boundary; the
+kernel searches the table linearly, so order does not matter.
+"""
+
+import numpy as np
+
+from .base import KernelTable, rel32_targets
+
+
+class BugTable(KernelTable):
+    name = "__bug_table"
+    start_symbol = "__start___bug_table"
+    stop_symbol = "__stop___bug_table"
+    dtype = np.dtype([("bug_addr", "<i4"), ("file", "<i4"), ("line", "<u2"), ("flags", "<u2")])
+
+    def parse(self, ctx):
+        base, raw = self.raw(ctx)
+        n = len(raw)
+        ent = np.zeros(n, dtype=[("entry", "<u8"), ("addr", "<u8"), ("file", "<u8"),
+                                 ("line", "<u2"), ("flags", "<u2")])
+        if n == 0:
+            return ent
+        e = np.uint64(base) + np.arange(n, dtype=np.uint64) * np.uint64(12)
+        ent["entry"] = e
+        ent["addr"] = rel32_targets(e, raw["bug_addr"])
+        ent["file"] = rel32_targets(e + np.uint64(4), raw["file"])
+        ent["line"], ent["flags"] = raw["line"], raw["flags"]
+        return ent
+
+    def check(self, ctx, entries):
+        findings = []
+        addr = entries["addr"]
+        self.check_code_refs(ctx, findings, "bug_addr", addr)
+        d = ctx.disasm
+        i = d.containing(addr)
+        ok = i >= 0
+        ic = np.maximum(i, 0)
+        not_ud2 = ok & ~((d.raw[ic, 0] == 0x0F) & (d.raw[ic, 1] == 0x0B))
+        self.report(findings, "error", "__bug_table.ud2", addr[not_ud2],
+                    lambda a: f"BUG site {ctx.symbol_at(a)} is not a ud2 instruction")
+        return findings

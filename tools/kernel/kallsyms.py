@@ -1,0 +1,116 @@
+"""kallsyms: the symbol table the link step generated (no relocations cover it).
+
+6.1 layout (scripts/kallsyms.c, CONFIG_KALLSYMS_BASE_RELATIVE with absolute
+per-cpu): ``kallsyms_offsets`` s32 per symbol (>= 0: absolute value; < 0:
+``kallsyms_relative_base - 1 - offset``), ``kallsyms_names`` (per symbol a
+length — one byte, or two when bit 7 is set — then token indices whose
+expansion starts with the type letter), ``kallsyms_markers`` (u32 offset into
+names of every 256th symbol), ``kallsyms_token_table``/``_index``, and
+``kallsyms_seqs_of_names`` (3-byte big-endian symbol indices in name order).
+Addresses must be sorted; names must agree with the ELF symbol table.
+"""
+
+import numpy as np
+
+from .base import Finding, KernelTable
+
+
+class Kallsyms(KernelTable):
+    name = "kallsyms"
+    start_symbol = "kallsyms_offsets"
+    dtype = np.dtype("<i4")
+
+    def locate(self, ctx):
+        a = ctx.image.symbol_address("kallsyms_offsets")
+        n = ctx.image.symbol_address("kallsyms_num_syms")
+        if a is None or n is None:
+            return None
+        return a, int(ctx.image.view(n, 1, "<u4")[0])
+
+    def parse(self, ctx):
+        im = ctx.image
+        loc = self.locate(ctx)
+        if loc is None:
+            return np.zeros(0, dtype=[("addr", "<u8"), ("offset", "<i4")])
+        off_addr, n = loc
+        offsets = im.view(off_addr, n, "<i4")
+        base = int(im.view(im.symbol_address("kallsyms_relative_base"), 1, "<u8")[0])
+        self.relative_base = base
+        addr = np.where(offsets >= 0, offsets.astype(np.int64).astype(np.uint64),
+                        (np.int64(base - (1 << 64)) - 1 - offsets.astype(np.int64)).astype(np.uint64))
+        names_addr = im.symbol_address("kallsyms_names")
+        tt_addr = im.symbol_address("kallsyms_token_table")
+        ti_addr = im.symbol_address("kallsyms_token_index")
+        token_index = im.view(ti_addr, 256, "<u2").tolist()
+        blob_end = ti_addr - tt_addr
+        table = bytes(im.read(tt_addr, blob_end))
+        tokens = [table[o:table.index(b"\0", o)].decode("latin-1") for o in token_index]
+        markers_addr = im.symbol_address("kallsyms_markers")
+        # names run up to the markers array
+        names = bytes(im.read(names_addr, markers_addr - names_addr))
+        self.names, self.types, name_off = [], [], []
+        pos = 0
+        for _ in range(n):
+            name_off.append(pos)
+            ln = names[pos]
+            pos += 1
+            if ln & 0x80:
+                ln = (ln & 0x7F) | (names[pos] << 7)
+                pos += 1
+            s = "".join(tokens[b] for b in names[pos:pos + ln])
+            pos += ln
+            self.types.append(s[:1])
+            self.names.append(s[1:])
+        self.name_offsets = np.array(name_off, dtype=np.int64)
+        nmarkers = (n + 255) // 256
+        self.markers = im.view(markers_addr, nmarkers, "<u4").astype(np.int64)
+        seq_addr = im.symbol_address("kallsyms_seqs_of_names")
+        self.seqs = None
+        if seq_addr is not None:
+            s3 = im.view(seq_addr, 3 * n, "u1").reshape(n, 3).astype(np.int64)
+            self.seqs = (s3[:, 0] << 16) | (s3[:, 1] << 8) | s3[:, 2]
+        ent = np.zeros(n, dtype=[("addr", "<u8"), ("offset", "<i4")])
+        ent["addr"], ent["offset"] = addr, offsets
+        return ent
+
+    def check(self, ctx, entries):
+        findings = []
+        n = len(entries)
+        if n == 0:
+            return findings
+        addr = entries["addr"]
+        self.check_sorted(ctx, findings, addr, "symbol addresses")
+        expect = self.name_offsets[::256]
+        bad = np.nonzero(self.markers != expect)[0]
+        for i in bad[:self.max_findings_per_check].tolist():
+            findings.append(Finding("error", "kallsyms.markers", None,
+                                    f"kallsyms_markers[{i}] = {int(self.markers[i])}, but symbol "
+                                    f"{256 * i} starts at {int(expect[i])} in kallsyms_names"))
+        if self.seqs is not None:
+            if not np.array_equal(np.sort(self.seqs), np.arange(n)):
+                findings.append(Finding("error", "kallsyms.seqs_of_names", None,
+                                        "kallsyms_seqs_of_names is not a permutation of the symbols"))
+            else:
+                ordered = [self.names[i] for i in self.seqs.tolist()]
+                unsorted = [k for k in range(1, n) if ordered[k] < ordered[k - 1]]
+                for k in unsorted[:self.max_findings_per_check]:
+                    findings.append(Finding("error", "kallsyms.seqs_of_names", None,
+                                            f"kallsyms_seqs_of_names out of name order at "
+                                            f"{ordered[k - 1]!r} > {ordered[k]!r}"))
+        # Every kallsyms symbol that the ELF symtab also has must agree on the address.
+        where = ctx.symbol_addresses()
+        mismatched = []
+        for i, (nm, a) in enumerate(zip(self.names, addr.tolist())):
+            got = where.get(nm)
+            if got is not None and a not in got:
+                mismatched.append(i)
+        for i in mismatched[:self.max_findings_per_check]:
+            nm = self.names[i]
+            findings.append(Finding("error", "kallsyms.address", int(addr[i]),
+                                    f"kallsyms says {nm} is at {int(addr[i]):#x}, the ELF symbol "
+                                    f"table says {', '.join(hex(v) for v in sorted(where[nm]))}"))
+        if len(mismatched) > self.max_findings_per_check:
+            findings.append(Finding("error", "kallsyms.address", None,
+                                    f"{len(mismatched)} kallsyms addresses disagree with the symtab"))
+        self.matched = n - len(mismatched)
+        return findings

@@ -1,0 +1,72 @@
+"""``__ksymtab`` and ``__ksymtab_gpl``: exported symbols, 6.1 PREL32 form
+``{s32 value; s32 name; s32 namespace}`` each relative to its field. Modules
+resolve exports by binary search on the name, so each table is name-sorted;
+every value must be the address the ELF symbol table gives that name.
+"""
+
+import numpy as np
+
+from .base import Finding, KernelTable, rel32_targets
+
+
+class Ksymtab(KernelTable):
+    name = "__ksymtab"
+    start_symbol = "__start___ksymtab"
+    stop_symbol = "__stop___ksymtab"
+    dtype = np.dtype([("value", "<i4"), ("name", "<i4"), ("namespace", "<i4")])
+
+    def parse(self, ctx):
+        base, raw = self.raw(ctx)
+        n = len(raw)
+        ent = np.zeros(n, dtype=[("entry", "<u8"), ("value", "<u8"), ("name", "<u8")])
+        self.names = []
+        if n == 0:
+            return ent
+        e = np.uint64(base) + np.arange(n, dtype=np.uint64) * np.uint64(12)
+        ent["entry"] = e
+        ent["value"] = rel32_targets(e, raw["value"])
+        ent["name"] = rel32_targets(e + np.uint64(4), raw["name"])
+        strs = ctx.image.section("__ksymtab_strings")
+        blob = bytes(ctx.image.section_bytes(strs)) if strs is not None else b""
+        for a in ent["name"].tolist():
+            o = a - strs.addr if strs is not None else -1
+            if 0 <= o < len(blob):
+                self.names.append(blob[o:blob.index(b"\0", o)].decode("latin-1"))
+            else:
+                self.names.append(None)
+        return ent
+
+    def check(self, ctx, entries):
+        findings = []
+        if len(entries) == 0:
+            return findings
+        for i, nm in enumerate(self.names):
+            if nm is None:
+                findings.append(Finding("error", f"{self.name}.name", int(entries["entry"][i]),
+                                        f"{self.name} entry {i}: name outside __ksymtab_strings"))
+        names = [n or "" for n in self.names]
+        bad = [k for k in range(1, len(names)) if names[k] <= names[k - 1]]
+        for k in bad[:self.max_findings_per_check]:
+            findings.append(Finding("error", f"{self.name}.sorted", int(entries["entry"][k]),
+                                    f"{self.name} not sorted by name at {names[k - 1]!r} / {names[k]!r}"))
+        value = entries["value"].tolist()
+        where = ctx.symbol_addresses()
+        wrong = []
+        for i, nm in enumerate(names):
+            got = where.get(nm)
+            if nm and got is not None and value[i] not in got:
+                wrong.append((i, nm, got))
+        for i, nm, got in wrong[:self.max_findings_per_check]:
+            findings.append(Finding("error", f"{self.name}.value", value[i],
+                                    f"export {nm} points at {value[i]:#x}, the symtab says "
+                                    + ", ".join(hex(v) for v in sorted(got))))
+        if len(wrong) > self.max_findings_per_check:
+            findings.append(Finding("error", f"{self.name}.value", None,
+                                    f"{len(wrong)} exports disagree with the symbol table"))
+        return findings
+
+
+class KsymtabGpl(Ksymtab):
+    name = "__ksymtab_gpl"
+    start_symbol = "__start___ksymtab_gpl"
+    stop_symbol = "__stop___ksymtab_gpl"

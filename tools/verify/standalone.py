@@ -1,0 +1,69 @@
+"""Standalone verification of one image: well-formedness of code and every
+kernel table, plus the static-key census. Produces a ``VerifyReport``.
+"""
+
+import time
+
+import numpy as np
+
+from ..image.disasm import KNOWN_UNDECODED
+from ..image.elf import ElfImage
+from ..kernel import TABLES
+from ..kernel.base import Finding, ImageContext
+from ..kernel.jump_table import JumpTable
+from .report import VerifyReport
+
+
+def _code_checks(ctx, findings):
+    ft = ctx.functions
+    for i, j in ft.overlaps()[:20]:
+        findings.append(Finding("error", "functions.overlap", int(ft.start[j]),
+                                f"function {ft.name[i]} runs into {ft.name[j]}"))
+    bad = ctx.disasm.undecodable
+    if bad:
+        sample = ", ".join(f"{ctx.symbol_at(a)}" for a, _ in bad[:5])
+        findings.append(Finding("warning", "disasm.undecodable", bad[0][0],
+                                f"Capstone could not decode {len(bad)} byte(s) in functions "
+                                f"(e.g. {sample}); instruction boundaries there are approximate"))
+
+
+def verify_image(path, log=None, tables=None):
+    """Check one image alone; returns a VerifyReport."""
+    t0 = time.time()
+    log = log or (lambda m: None)
+    image = ElfImage(path)
+    image.symtab  # raises BadInput for stripped images
+    ctx = ImageContext(image, log=log)
+    report = VerifyReport(path=path, kernel_version=ctx.banner)
+    findings = report.findings
+    log(f"{len(ctx.functions)} functions; decoding instructions")
+    _code_checks(ctx, findings)
+    report.functions = len(ctx.functions)
+    report.instructions = len(ctx.disasm)
+    report.known_undecoded = {name: 0 for _, _, name in KNOWN_UNDECODED}
+    for cls in TABLES:
+        if tables and cls.name not in tables:
+            continue
+        table = cls()
+        try:
+            loc = table.locate(ctx)
+        except ValueError as e:
+            findings.append(Finding("error", f"{table.name}.size", None, str(e)))
+            report.tables[table.name] = {"entries": 0, "ok": False}
+            continue
+        if loc is None:
+            continue
+        entries = table.parse(ctx)
+        before = len(findings)
+        found = table.check(ctx, entries)
+        findings.extend(found)
+        errors = sum(1 for f in found if f.severity == "error")
+        report.tables[table.name] = {"entries": int(len(entries)), "ok": errors == 0}
+        log(f"{table.name}: {len(entries)} entries, {len(findings) - before} finding(s)")
+        if isinstance(table, JumpTable):
+            report.static_keys = table.census(ctx, entries)[0]
+    if ctx.is_kernel and not report.tables:
+        findings.append(Finding("warning", "kernel.tables", None,
+                                "kernel image without any recognised kernel table"))
+    report.seconds = time.time() - t0
+    return report
