@@ -1,0 +1,700 @@
+/*
+ * linepack_plugin.c - linepack's QEMU TCG plugin (plugin API version 1, QEMU 7.2).
+ *
+ * What it records (all of it restricted to the selected mode, kernel by default):
+ *   - per translation block (TB): start vaddr, byte size, instruction count and
+ *     execution count.  Executions are counted by an inline add on a per-TB
+ *     counter (no helper call).  TB records live in a hash table keyed by
+ *     (vaddr, size, ninsns), so retranslations of the same code merge.
+ *   - edges=on: block-to-block transitions, i.e. the complete branch trace an
+ *     LBR would give (one helper call per executed TB).
+ *   - cache=on: a simulated L1 instruction cache (size/ways/line, LRU) fed with
+ *     the whole byte range of every executed instruction.  At translation time
+ *     each TB gets the list of distinct cache lines its instructions touch, in
+ *     order, with consecutive repeats merged; one helper call per executed TB
+ *     replays that list through the model.
+ *
+ * Definition of a "fetch": one access to a cache line made when the simulated
+ * instruction stream ENTERS that line.  Consecutive instructions in the same
+ * line are one fetch; an instruction that straddles a line boundary enters two
+ * lines (two fetches).  The merge also applies across TB boundaries (a TB
+ * that starts in the line where the previous simulated TB ended does not fetch
+ * that line again), so the counts do not depend on where QEMU splits blocks.
+ * Instructions outside the selected mode are not simulated at all: they do
+ * not touch the model.  A TB whose execution is cut short by an exception
+ * still counts as fully executed (as does its inline execution counter).
+ * Lines are indexed by virtual address.
+ *
+ * Region of interest (optional): start=<vaddr> and stop=<vaddr>.  Counting
+ * begins the first time the instruction at start= executes and ends the first
+ * time the instruction at stop= executes afterwards (start==stop: between two
+ * consecutive executions).  The markers may be user addresses even in kernel
+ * mode.  The cache model runs outside the window too (so it is warm), but
+ * only fetches/misses/edges inside the window are counted; TB execution
+ * counts are snapshots taken at the markers.
+ *
+ * Arguments (-plugin linepack_plugin.so,arg=value,...):
+ *   out=PATH          output file (required), written atomically at exit
+ *   mode=kernel|user|all   which code to record (kernel: vaddr >= 0xffff800000000000)
+ *   cache=on|off      simulate the L1i (default off)
+ *   size=N ways=N line=N   cache geometry (default 32768, 8, 64); sets must be a power of 2
+ *   edges=on|off      record block-to-block transitions (default off)
+ *   start=VADDR stop=VADDR   region of interest (decimal or 0x hex)
+ *   tbtrace=PATH      debug: append every executed TB (vaddr u64, size u32, ninsns u32)
+ *                     in execution order; large (16 B per executed block)
+ *
+ * Output format (little endian), see tools/profile/trace.py for the reader:
+ *   header, 128 bytes:
+ *     0 char[8] magic "LPKTRACE"   8 u32 version (1)    12 u32 header size (128)
+ *    16 u32 TB record size (40)    20 u32 edge record size (32)
+ *    24 u32 flags: 1 cache, 2 edges, 4 start= given, 8 stop= given, 16 window
+ *           started, 32 window stopped, 64 system emulation
+ *    28 u32 mode (0 kernel, 1 user, 2 all)
+ *    32 u32 cache size  36 u32 ways  40 u32 line size  44 u32 reserved (0)
+ *    48 u64 number of TB records   56 u64 number of edge records
+ *    64 u64 fetches   72 u64 misses   80 u64 start=   88 u64 stop=
+ *    96 u64 translations seen (in mode)   104..127 reserved (0)
+ *   TB records, sorted by (vaddr, size, ninsns), 40 bytes each:
+ *     u64 vaddr, u32 size, u32 ninsns, u64 execs, u64 fetches, u64 misses
+ *   edge records, sorted by (src, dst), 32 bytes each:
+ *     u64 src   address of the last instruction of the source block (LBR "from")
+ *     u64 dst   start of the destination block (LBR "to")
+ *     u64 count
+ *     u32 src_size  byte size of the source instruction
+ *     u32 flags     1: fall-through (dst is right after the source block: no branch)
+ *
+ * Needs -smp 1 (counters are plain, not per-vCPU: the 7.2 API has no scoreboards).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <glib.h>
+#include <qemu-plugin.h>
+
+QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
+
+#define KERNEL_BASE 0xffff800000000000ULL
+#define USER_TOP 0x0000800000000000ULL
+#define NO_LINE UINT64_MAX
+
+#define OUT_VERSION 1
+#define HDR_SIZE 128
+#define TB_REC_SIZE 40
+#define EDGE_REC_SIZE 32
+
+enum mode { MODE_KERNEL = 0, MODE_USER = 1, MODE_ALL = 2 };
+enum roi { ROI_WAIT, ROI_ACTIVE, ROI_DONE };
+
+struct edge;
+
+struct tb_rec {
+    uint64_t execs;         /* inline counter */
+    uint64_t vaddr;
+    uint32_t size, ninsns;
+    uint64_t fetches, misses;
+    uint64_t base, end;     /* execs at the window markers */
+    uint64_t last_insn;     /* vaddr of the last instruction */
+    uint32_t last_insn_size;
+    uint32_t nlines;
+    struct edge *last_edge; /* one-entry cache: most recent successor */
+    uint64_t lines[];       /* line numbers (vaddr >> line_shift), consecutive repeats merged */
+};
+
+struct edge {
+    struct tb_rec *src, *dst;
+    uint64_t count;
+};
+
+/* ---- options ---- */
+static char *out_path;
+static char *tbtrace_path;
+static enum mode mode = MODE_KERNEL;
+static bool do_cache, do_edges;
+static uint64_t cache_size = 32768, cache_ways = 8, line_size = 64;
+static bool have_start, have_stop;
+static uint64_t roi_start, roi_stop;
+static bool system_emulation;
+
+/* ---- state (single vCPU) ---- */
+static GMutex lock;
+static GHashTable *tbs;            /* struct tb_rec* -> itself, keyed by (vaddr,size,ninsns) */
+static uint64_t translations;
+static enum roi roi_state = ROI_ACTIVE;
+static bool counting = true;       /* inside the window */
+static struct tb_rec *last_tb;     /* edges: previous simulated TB, NULL after a gap */
+static FILE *tbtrace;
+
+/* cache model: per set, tags ordered MRU first */
+static unsigned line_shift;
+static uint64_t set_mask;
+static uint64_t *cache_tags;
+static uint64_t last_line = NO_LINE;
+static uint64_t total_fetches, total_misses;
+
+/* edges: chunked storage (stable pointers) + open-addressing index */
+#define EDGE_CHUNK 4096
+static struct edge **edge_chunks;
+static size_t n_edge_chunks, n_edges;
+static struct edge **edge_index;
+static size_t edge_index_cap;
+
+static void die(const char *msg)
+{
+    fprintf(stderr, "linepack plugin: %s\n", msg);
+}
+
+static bool in_mode(uint64_t va)
+{
+    switch (mode) {
+    case MODE_KERNEL:
+        return va >= KERNEL_BASE;
+    case MODE_USER:
+        return va < USER_TOP;
+    default:
+        return true;
+    }
+}
+
+/* ---- TB hash table ---- */
+static guint tb_hash(gconstpointer p)
+{
+    const struct tb_rec *r = p;
+    uint64_t h = r->vaddr * 0x9e3779b97f4a7c15ULL;
+    h ^= ((uint64_t)r->size << 32 | r->ninsns) * 0xc2b2ae3d27d4eb4fULL;
+    return (guint)(h ^ (h >> 29));
+}
+
+static gboolean tb_equal(gconstpointer a, gconstpointer b)
+{
+    const struct tb_rec *x = a, *y = b;
+    return x->vaddr == y->vaddr && x->size == y->size && x->ninsns == y->ninsns;
+}
+
+/* ---- cache model ---- */
+static inline int cache_access(uint64_t line)
+{
+    uint64_t *set = cache_tags + (line & set_mask) * cache_ways;
+    unsigned i;
+    if (set[0] == line) {
+        return 0;
+    }
+    for (i = 1; i < cache_ways; i++) {
+        if (set[i] == line) {
+            memmove(set + 1, set, i * sizeof(*set));
+            set[0] = line;
+            return 0;
+        }
+    }
+    memmove(set + 1, set, (cache_ways - 1) * sizeof(*set));
+    set[0] = line;
+    return 1;
+}
+
+/* ---- edges ---- */
+static inline size_t edge_slot(const struct tb_rec *s, const struct tb_rec *d, size_t cap)
+{
+    uint64_t h = ((uintptr_t)s * 0x9e3779b97f4a7c15ULL) ^ ((uintptr_t)d * 0xc2b2ae3d27d4eb4fULL);
+    return (size_t)(h ^ (h >> 31)) & (cap - 1);
+}
+
+static void edge_grow(void)
+{
+    size_t cap = edge_index_cap ? edge_index_cap * 2 : 1 << 14;
+    struct edge **idx = g_new0(struct edge *, cap);
+    for (size_t i = 0; i < edge_index_cap; i++) {
+        struct edge *e = edge_index[i];
+        if (e) {
+            size_t j = edge_slot(e->src, e->dst, cap);
+            while (idx[j]) {
+                j = (j + 1) & (cap - 1);
+            }
+            idx[j] = e;
+        }
+    }
+    g_free(edge_index);
+    edge_index = idx;
+    edge_index_cap = cap;
+}
+
+static struct edge *edge_get(struct tb_rec *s, struct tb_rec *d)
+{
+    size_t j;
+    struct edge *e;
+    if ((n_edges + 1) * 2 > edge_index_cap) {
+        edge_grow();
+    }
+    j = edge_slot(s, d, edge_index_cap);
+    while ((e = edge_index[j])) {
+        if (e->src == s && e->dst == d) {
+            return e;
+        }
+        j = (j + 1) & (edge_index_cap - 1);
+    }
+    if (n_edges % EDGE_CHUNK == 0) {
+        edge_chunks = g_renew(struct edge *, edge_chunks, n_edge_chunks + 1);
+        edge_chunks[n_edge_chunks++] = g_new0(struct edge, EDGE_CHUNK);
+    }
+    e = &edge_chunks[n_edges / EDGE_CHUNK][n_edges % EDGE_CHUNK];
+    n_edges++;
+    e->src = s;
+    e->dst = d;
+    edge_index[j] = e;
+    return e;
+}
+
+/* ---- execution callbacks ---- */
+static void tb_exec(unsigned int vcpu, void *udata)
+{
+    struct tb_rec *r = udata;
+
+    if (do_edges) {
+        struct tb_rec *p = last_tb;
+        if (p && counting) {
+            struct edge *e = p->last_edge;
+            if (!e || e->dst != r) {
+                e = edge_get(p, r);
+                p->last_edge = e;
+            }
+            e->count++;
+        }
+        last_tb = r;
+    }
+    if (do_cache) {
+        uint32_t i = r->lines[0] == last_line ? 1 : 0;
+        uint64_t fetches = r->nlines - i, misses = 0;
+        for (; i < r->nlines; i++) {
+            misses += cache_access(r->lines[i]);
+        }
+        last_line = r->lines[r->nlines - 1];
+        if (counting) {
+            r->fetches += fetches;
+            r->misses += misses;
+            total_fetches += fetches;
+            total_misses += misses;
+        }
+    }
+    if (tbtrace && counting) {
+        struct { uint64_t va; uint32_t size, n; } t = { r->vaddr, r->size, r->ninsns };
+        fwrite(&t, sizeof(t), 1, tbtrace);
+    }
+}
+
+/* a TB outside the mode ran: the next recorded edge would span a gap */
+static void gap_exec(unsigned int vcpu, void *udata)
+{
+    last_tb = NULL;
+}
+
+static void snapshot(bool at_start)
+{
+    GHashTableIter it;
+    gpointer k;
+    g_hash_table_iter_init(&it, tbs);
+    while (g_hash_table_iter_next(&it, &k, NULL)) {
+        struct tb_rec *r = k;
+        if (at_start) {
+            r->base = r->execs;
+        } else {
+            r->end = r->execs;
+        }
+    }
+}
+
+static void marker_exec(unsigned int vcpu, void *udata)
+{
+    uint64_t va = (uint64_t)(uintptr_t)udata;
+    g_mutex_lock(&lock);
+    if (roi_state == ROI_WAIT && have_start && va == roi_start) {
+        snapshot(true);
+        roi_state = ROI_ACTIVE;
+        counting = true;
+        last_tb = NULL;
+    } else if (roi_state == ROI_ACTIVE && have_stop && va == roi_stop) {
+        snapshot(false);
+        roi_state = ROI_DONE;
+        counting = false;
+    }
+    g_mutex_unlock(&lock);
+}
+
+/* ---- translation ---- */
+static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
+{
+    size_t n = qemu_plugin_tb_n_insns(tb);
+    uint64_t va = qemu_plugin_tb_vaddr(tb);
+    uint64_t end = va, prev = NO_LINE, *lines;
+    uint32_t nlines = 0, last_size = 0;
+    struct tb_rec key, *r;
+    size_t i, cap = 0;
+
+    if (n == 0) {
+        return;
+    }
+    if (have_start || have_stop) {
+        for (i = 0; i < n; i++) {
+            struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+            uint64_t a = qemu_plugin_insn_vaddr(insn);
+            if ((have_start && a == roi_start) || (have_stop && a == roi_stop)) {
+                qemu_plugin_register_vcpu_insn_exec_cb(insn, marker_exec, QEMU_PLUGIN_CB_NO_REGS,
+                                                       (void *)(uintptr_t)a);
+            }
+        }
+    }
+    if (!in_mode(va)) {
+        if (do_edges && mode != MODE_ALL) {
+            qemu_plugin_register_vcpu_tb_exec_cb(tb, gap_exec, QEMU_PLUGIN_CB_NO_REGS, NULL);
+        }
+        return;
+    }
+
+    for (i = 0; i < n; i++) {
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        uint64_t a = qemu_plugin_insn_vaddr(insn), s = qemu_plugin_insn_size(insn);
+        cap += ((a + (s ? s : 1) - 1) >> line_shift) - (a >> line_shift) + 1;
+    }
+    lines = g_new(uint64_t, cap);
+    for (i = 0; i < n; i++) {
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        uint64_t a = qemu_plugin_insn_vaddr(insn), s = qemu_plugin_insn_size(insn);
+        uint64_t l, first = a >> line_shift, last = (a + (s ? s : 1) - 1) >> line_shift;
+        for (l = first; l <= last; l++) {
+            if (l != prev) {
+                lines[nlines++] = l;
+                prev = l;
+            }
+        }
+        if (a + s > end) {
+            end = a + s;
+        }
+        if (i == n - 1) {
+            key.last_insn = a;
+            last_size = (uint32_t)s;
+        }
+    }
+
+    key.vaddr = va;
+    key.size = (uint32_t)(end - va);
+    key.ninsns = (uint32_t)n;
+
+    g_mutex_lock(&lock);
+    translations++;
+    r = g_hash_table_lookup(tbs, &key);
+    if (!r) {
+        r = g_malloc0(sizeof(*r) + nlines * sizeof(uint64_t));
+        r->vaddr = va;
+        r->size = key.size;
+        r->ninsns = key.ninsns;
+        r->last_insn = key.last_insn;
+        r->last_insn_size = last_size;
+        r->nlines = nlines;
+        memcpy(r->lines, lines, nlines * sizeof(uint64_t));
+        g_hash_table_add(tbs, r);
+    }
+    g_mutex_unlock(&lock);
+    g_free(lines);
+
+    qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64, &r->execs, 1);
+    if (do_cache || do_edges || tbtrace) {
+        qemu_plugin_register_vcpu_tb_exec_cb(tb, tb_exec, QEMU_PLUGIN_CB_NO_REGS, r);
+    }
+}
+
+/* ---- output ---- */
+static void put32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) {
+        p[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+static void put64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        p[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+static int cmp_tb(const void *a, const void *b)
+{
+    const struct tb_rec *x = *(struct tb_rec *const *)a, *y = *(struct tb_rec *const *)b;
+    if (x->vaddr != y->vaddr) {
+        return x->vaddr < y->vaddr ? -1 : 1;
+    }
+    if (x->size != y->size) {
+        return x->size < y->size ? -1 : 1;
+    }
+    return x->ninsns < y->ninsns ? -1 : x->ninsns > y->ninsns;
+}
+
+struct edge_out {
+    uint64_t src, dst, count;
+    uint32_t src_size, flags;
+};
+
+static int cmp_edge(const void *a, const void *b)
+{
+    const struct edge_out *x = a, *y = b;
+    if (x->src != y->src) {
+        return x->src < y->src ? -1 : 1;
+    }
+    return x->dst < y->dst ? -1 : x->dst > y->dst;
+}
+
+static uint64_t execs_out(const struct tb_rec *r)
+{
+    switch (roi_state) {
+    case ROI_WAIT:
+        return 0;
+    case ROI_DONE:
+        return r->end - r->base;
+    default:
+        return r->execs - r->base;
+    }
+}
+
+static void write_output(void)
+{
+    size_t ntb = g_hash_table_size(tbs), i, ne = 0;
+    struct tb_rec **v = g_new(struct tb_rec *, ntb ? ntb : 1);
+    struct edge_out *eo = g_new(struct edge_out, n_edges ? n_edges : 1);
+    unsigned char hdr[HDR_SIZE] = { 0 }, rec[TB_REC_SIZE];
+    GHashTableIter it;
+    gpointer k;
+    char *tmp = g_strdup_printf("%s.tmp.%d", out_path, (int)getpid());
+    FILE *f;
+    uint32_t flags = 0;
+
+    i = 0;
+    g_hash_table_iter_init(&it, tbs);
+    while (g_hash_table_iter_next(&it, &k, NULL)) {
+        v[i++] = k;
+    }
+    qsort(v, ntb, sizeof(*v), cmp_tb);
+
+    for (i = 0; i < n_edges; i++) {
+        struct edge *e = &edge_chunks[i / EDGE_CHUNK][i % EDGE_CHUNK];
+        if (!e->count) {
+            continue;
+        }
+        eo[ne].src = e->src->last_insn;
+        eo[ne].dst = e->dst->vaddr;
+        eo[ne].count = e->count;
+        eo[ne].src_size = e->src->last_insn_size;
+        eo[ne].flags = e->dst->vaddr == e->src->vaddr + e->src->size ? 1 : 0;
+        ne++;
+    }
+    qsort(eo, ne, sizeof(*eo), cmp_edge);
+    if (ne) {   /* merge records of different source TBs ending at the same instruction */
+        size_t w = 0;
+        for (i = 1; i < ne; i++) {
+            if (eo[i].src == eo[w].src && eo[i].dst == eo[w].dst) {
+                eo[w].count += eo[i].count;
+                eo[w].flags |= eo[i].flags;
+            } else {
+                eo[++w] = eo[i];
+            }
+        }
+        ne = w + 1;
+    }
+
+    flags |= do_cache ? 1 : 0;
+    flags |= do_edges ? 2 : 0;
+    flags |= have_start ? 4 : 0;
+    flags |= have_stop ? 8 : 0;
+    flags |= roi_state != ROI_WAIT ? 16 : 0;
+    flags |= roi_state == ROI_DONE ? 32 : 0;
+    flags |= system_emulation ? 64 : 0;
+    memcpy(hdr, "LPKTRACE", 8);
+    put32(hdr + 8, OUT_VERSION);
+    put32(hdr + 12, HDR_SIZE);
+    put32(hdr + 16, TB_REC_SIZE);
+    put32(hdr + 20, EDGE_REC_SIZE);
+    put32(hdr + 24, flags);
+    put32(hdr + 28, mode);
+    put32(hdr + 32, (uint32_t)cache_size);
+    put32(hdr + 36, (uint32_t)cache_ways);
+    put32(hdr + 40, (uint32_t)line_size);
+    put64(hdr + 48, ntb);
+    put64(hdr + 56, ne);
+    put64(hdr + 64, total_fetches);
+    put64(hdr + 72, total_misses);
+    put64(hdr + 80, roi_start);
+    put64(hdr + 88, roi_stop);
+    put64(hdr + 96, translations);
+
+    f = fopen(tmp, "wb");
+    if (!f) {
+        fprintf(stderr, "linepack plugin: cannot write %s: %s\n", tmp, strerror(errno));
+        goto out;
+    }
+    fwrite(hdr, 1, HDR_SIZE, f);
+    for (i = 0; i < ntb; i++) {
+        const struct tb_rec *r = v[i];
+        put64(rec, r->vaddr);
+        put32(rec + 8, r->size);
+        put32(rec + 12, r->ninsns);
+        put64(rec + 16, execs_out(r));
+        put64(rec + 24, r->fetches);
+        put64(rec + 32, r->misses);
+        fwrite(rec, 1, TB_REC_SIZE, f);
+    }
+    for (i = 0; i < ne; i++) {
+        unsigned char er[EDGE_REC_SIZE];
+        put64(er, eo[i].src);
+        put64(er + 8, eo[i].dst);
+        put64(er + 16, eo[i].count);
+        put32(er + 24, eo[i].src_size);
+        put32(er + 28, eo[i].flags);
+        fwrite(er, 1, EDGE_REC_SIZE, f);
+    }
+    if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0) {
+        fprintf(stderr, "linepack plugin: error writing %s: %s\n", tmp, strerror(errno));
+        fclose(f);
+        unlink(tmp);
+        goto out;
+    }
+    fclose(f);
+    if (rename(tmp, out_path) != 0) {
+        fprintf(stderr, "linepack plugin: cannot rename %s to %s: %s\n", tmp, out_path,
+                strerror(errno));
+        unlink(tmp);
+    }
+out:
+    g_free(tmp);
+    g_free(v);
+    g_free(eo);
+}
+
+static void at_exit(qemu_plugin_id_t id, void *p)
+{
+    g_mutex_lock(&lock);
+    if (tbtrace) {
+        fclose(tbtrace);
+        tbtrace = NULL;
+    }
+    write_output();
+    g_mutex_unlock(&lock);
+}
+
+/* ---- arguments ---- */
+static bool parse_u64(const char *val, uint64_t *ret)
+{
+    char *end;
+    errno = 0;
+    if (!*val || *val == '-') {
+        return false;
+    }
+    *ret = strtoull(val, &end, 0);
+    return errno == 0 && *end == '\0';
+}
+
+static bool is_pow2(uint64_t v)
+{
+    return v && !(v & (v - 1));
+}
+
+QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info,
+                                           int argc, char **argv)
+{
+    char msg[512];
+    uint64_t sets;
+
+    for (int i = 0; i < argc; i++) {
+        char *opt = argv[i], *eq = strchr(opt, '=');
+        g_autofree char *name = eq ? g_strndup(opt, eq - opt) : g_strdup(opt);
+        const char *val = eq ? eq + 1 : "";
+        bool ok = true;
+
+        if (!strcmp(name, "out")) {
+            ok = *val != '\0';
+            out_path = g_strdup(val);
+        } else if (!strcmp(name, "tbtrace")) {
+            ok = *val != '\0';
+            tbtrace_path = g_strdup(val);
+        } else if (!strcmp(name, "mode")) {
+            if (!strcmp(val, "kernel")) {
+                mode = MODE_KERNEL;
+            } else if (!strcmp(val, "user")) {
+                mode = MODE_USER;
+            } else if (!strcmp(val, "all")) {
+                mode = MODE_ALL;
+            } else {
+                ok = false;
+            }
+        } else if (!strcmp(name, "cache")) {
+            ok = qemu_plugin_bool_parse(name, val, &do_cache);
+        } else if (!strcmp(name, "edges")) {
+            ok = qemu_plugin_bool_parse(name, val, &do_edges);
+        } else if (!strcmp(name, "size")) {
+            ok = parse_u64(val, &cache_size);
+        } else if (!strcmp(name, "ways")) {
+            ok = parse_u64(val, &cache_ways);
+        } else if (!strcmp(name, "line")) {
+            ok = parse_u64(val, &line_size);
+        } else if (!strcmp(name, "start")) {
+            ok = parse_u64(val, &roi_start);
+            have_start = true;
+        } else if (!strcmp(name, "stop")) {
+            ok = parse_u64(val, &roi_stop);
+            have_stop = true;
+        } else {
+            snprintf(msg, sizeof(msg), "unknown argument '%s' (known: out, mode, cache, size, "
+                     "ways, line, edges, start, stop, tbtrace)", opt);
+            die(msg);
+            return -1;
+        }
+        if (!ok) {
+            snprintf(msg, sizeof(msg), "bad value in '%s'", opt);
+            die(msg);
+            return -1;
+        }
+    }
+    if (!out_path) {
+        die("missing out=<path>");
+        return -1;
+    }
+    if (!is_pow2(line_size) || line_size > 4096) {
+        die("line= must be a power of two <= 4096");
+        return -1;
+    }
+    if (cache_ways < 1 || cache_ways > 64 || cache_size == 0 || cache_size > (1ULL << 31) ||
+        cache_size % (cache_ways * line_size) != 0 ||
+        !is_pow2(sets = cache_size / (cache_ways * line_size))) {
+        die("cache geometry: size/(ways*line) must be a power of two, ways 1..64");
+        return -1;
+    }
+    system_emulation = info->system_emulation;
+    if (info->system_emulation && info->system.max_vcpus > 1) {
+        die("needs a single vCPU (-smp 1): counters are not per-vCPU");
+        return -1;
+    }
+
+    line_shift = (unsigned)__builtin_ctzll(line_size);
+    set_mask = sets - 1;
+    cache_tags = g_new(uint64_t, sets * cache_ways);
+    for (uint64_t i = 0; i < sets * cache_ways; i++) {
+        cache_tags[i] = NO_LINE;
+    }
+    if (have_start) {
+        roi_state = ROI_WAIT;
+        counting = false;
+    }
+    if (tbtrace_path) {
+        tbtrace = fopen(tbtrace_path, "wb");
+        if (!tbtrace) {
+            snprintf(msg, sizeof(msg), "cannot open tbtrace=%s: %s", tbtrace_path, strerror(errno));
+            die(msg);
+            return -1;
+        }
+        setvbuf(tbtrace, NULL, _IOFBF, 1 << 20);
+    }
+    tbs = g_hash_table_new(tb_hash, tb_equal);
+
+    qemu_plugin_register_vcpu_tb_trans_cb(id, tb_trans);
+    qemu_plugin_register_atexit_cb(id, at_exit, NULL);
+    return 0;
+}

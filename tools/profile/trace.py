@@ -1,0 +1,251 @@
+"""Reader of the linepack QEMU plugin's output, and cache-model configs as plugin arguments.
+
+The plugin (``tools/profile/plugin/linepack_plugin.c``) writes one little-endian
+binary file at QEMU exit::
+
+    header (128 bytes)        magic b"LPKTRACE", version 1, record sizes, flags,
+                              mode, cache geometry, counts, totals, window markers
+    TB records   (40 B each)  vaddr u64, size u32, ninsns u32, execs u64,
+                              fetches u64, misses u64       -- sorted by (vaddr, size, ninsns)
+    edge records (32 B each)  src u64 (last instruction of the source block),
+                              dst u64 (start of the destination block), count u64,
+                              src_size u32, flags u32 (1 = fall-through) -- sorted by (src, dst)
+
+A "fetch" is one cache-line access made when the simulated instruction stream
+enters a line (see the plugin source for the exact definition); ``misses`` are
+L1i misses of those fetches in the configured LRU model.  Per-TB fetches and
+misses let callers attribute them to functions.
+
+Cache models live in ``configs/cache/*.toml``::
+
+    name = "intel-32k-8w"
+    size = 32768        # bytes
+    ways = 8
+    line = 64           # bytes
+    policy = "lru"      # the only policy the plugin implements
+
+``cache_config(name_or_path)`` loads one; ``plugin_args(...)`` turns options into
+the ``-plugin`` argument list.
+"""
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import BadInput
+
+MAGIC = b"LPKTRACE"
+VERSION = 1
+HEADER_SIZE = 128
+
+HEADER_DTYPE = np.dtype([
+    ("magic", "S8"), ("version", "<u4"), ("header_size", "<u4"),
+    ("tb_record_size", "<u4"), ("edge_record_size", "<u4"),
+    ("flags", "<u4"), ("mode", "<u4"),
+    ("cache_size", "<u4"), ("cache_ways", "<u4"), ("line_size", "<u4"), ("_pad0", "<u4"),
+    ("n_tbs", "<u8"), ("n_edges", "<u8"), ("fetches", "<u8"), ("misses", "<u8"),
+    ("roi_start", "<u8"), ("roi_stop", "<u8"), ("translations", "<u8"),
+    ("_pad1", "<u8", (3,)),
+])
+TB_DTYPE = np.dtype([("vaddr", "<u8"), ("size", "<u4"), ("ninsns", "<u4"),
+                     ("execs", "<u8"), ("fetches", "<u8"), ("misses", "<u8")])
+EDGE_DTYPE = np.dtype([("src", "<u8"), ("dst", "<u8"), ("count", "<u8"),
+                       ("src_size", "<u4"), ("flags", "<u4")])
+TBTRACE_DTYPE = np.dtype([("vaddr", "<u8"), ("size", "<u4"), ("ninsns", "<u4")])
+assert HEADER_DTYPE.itemsize == HEADER_SIZE and TB_DTYPE.itemsize == 40 and EDGE_DTYPE.itemsize == 32
+
+FLAG_CACHE, FLAG_EDGES, FLAG_START, FLAG_STOP, FLAG_STARTED, FLAG_STOPPED, FLAG_SYSTEM = (
+    1, 2, 4, 8, 16, 32, 64)
+EDGE_FALLTHROUGH = 1
+MODES = ("kernel", "user", "all")
+
+_here = os.path.dirname(os.path.abspath(__file__))
+CONFIG_DIRS = [os.path.join(os.path.dirname(os.path.dirname(_here)), "configs", "cache")]
+
+
+@dataclass
+class PluginTrace:
+    """One plugin run: per-block arrays, edges, and cache totals."""
+    tb_addr: np.ndarray
+    tb_size: np.ndarray
+    tb_insns: np.ndarray
+    tb_execs: np.ndarray
+    tb_fetches: np.ndarray
+    tb_misses: np.ndarray
+    edge_src: np.ndarray
+    edge_dst: np.ndarray
+    edge_count: np.ndarray
+    edge_src_size: np.ndarray
+    edge_flags: np.ndarray
+    fetches: int
+    misses: int
+    mode: str
+    cache: dict            # {"size", "ways", "line"} or {} when the model was off
+    edges_recorded: bool
+    roi: dict = field(default_factory=dict)   # start/stop addresses, started/stopped flags
+    translations: int = 0
+
+    @property
+    def kernel_instructions(self):
+        """Executed instructions in the recorded mode: sum(tb_insns * tb_execs)."""
+        return int(np.dot(self.tb_insns.astype(np.uint64), self.tb_execs))
+
+    instructions = kernel_instructions
+
+    @property
+    def block_executions(self):
+        return int(self.tb_execs.sum())
+
+    def executed(self):
+        """Boolean mask of TB records that ran at least once."""
+        return self.tb_execs > 0
+
+
+def _bad(path, why):
+    return BadInput(f"{path}: not a linepack plugin output ({why})")
+
+
+def read_plugin_output(path):
+    """Read the plugin's output file into a :class:`PluginTrace` (numpy arrays)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read plugin output: {e.strerror}") from None
+    if len(data) < HEADER_SIZE:
+        raise _bad(path, f"truncated: {len(data)} bytes, header needs {HEADER_SIZE}")
+    h = np.frombuffer(data, HEADER_DTYPE, 1)[0]
+    if bytes(h["magic"]) != MAGIC:
+        raise _bad(path, "bad magic")
+    if int(h["version"]) != VERSION:
+        raise BadInput(f"{path}: plugin output version {int(h['version'])}, this linepack reads "
+                       f"version {VERSION} (rebuild with 'linepack build-plugin')")
+    hs, ts, es = int(h["header_size"]), int(h["tb_record_size"]), int(h["edge_record_size"])
+    if hs != HEADER_SIZE or ts != TB_DTYPE.itemsize or es != EDGE_DTYPE.itemsize:
+        raise _bad(path, "unexpected record sizes")
+    ntb, ne = int(h["n_tbs"]), int(h["n_edges"])
+    need = hs + ntb * ts + ne * es
+    if len(data) != need:
+        raise _bad(path, f"truncated or oversized: {len(data)} bytes, expected {need}")
+    tbs = np.frombuffer(data, TB_DTYPE, ntb, hs)
+    edges = np.frombuffer(data, EDGE_DTYPE, ne, hs + ntb * ts)
+    flags = int(h["flags"])
+    mode = int(h["mode"])
+    cache = ({"size": int(h["cache_size"]), "ways": int(h["cache_ways"]),
+              "line": int(h["line_size"])} if flags & FLAG_CACHE else {})
+    roi = {}
+    if flags & (FLAG_START | FLAG_STOP):
+        roi = {"start": int(h["roi_start"]) if flags & FLAG_START else None,
+               "stop": int(h["roi_stop"]) if flags & FLAG_STOP else None,
+               "started": bool(flags & FLAG_STARTED), "stopped": bool(flags & FLAG_STOPPED)}
+    return PluginTrace(
+        tb_addr=tbs["vaddr"].copy(), tb_size=tbs["size"].copy(), tb_insns=tbs["ninsns"].copy(),
+        tb_execs=tbs["execs"].copy(), tb_fetches=tbs["fetches"].copy(),
+        tb_misses=tbs["misses"].copy(),
+        edge_src=edges["src"].copy(), edge_dst=edges["dst"].copy(),
+        edge_count=edges["count"].copy(), edge_src_size=edges["src_size"].copy(),
+        edge_flags=edges["flags"].copy(),
+        fetches=int(h["fetches"]), misses=int(h["misses"]),
+        mode=MODES[mode] if mode < len(MODES) else str(mode), cache=cache,
+        edges_recorded=bool(flags & FLAG_EDGES), roi=roi, translations=int(h["translations"]))
+
+
+def read_tbtrace(path):
+    """Read a ``tbtrace=`` dump: executed blocks in order (vaddr, size, ninsns)."""
+    size = os.path.getsize(path)
+    if size % TBTRACE_DTYPE.itemsize:
+        raise BadInput(f"{path}: truncated tbtrace ({size} bytes)")
+    return np.fromfile(path, TBTRACE_DTYPE)
+
+
+# ---- cache configs ----
+
+def _load_toml(path):
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise BadInput("reading TOML needs Python >= 3.11 or the 'tomli' package") from None
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise BadInput(f"{path}: bad TOML: {e}") from None
+
+
+def list_cache_configs():
+    """Names of the cache models shipped in configs/cache."""
+    out = []
+    for d in CONFIG_DIRS:
+        if os.path.isdir(d):
+            out += [n[:-5] for n in sorted(os.listdir(d)) if n.endswith(".toml")]
+    return out
+
+
+def cache_config(name_or_path):
+    """Load a cache model: a path to a .toml file, or a name in configs/cache."""
+    path = name_or_path
+    if not os.path.exists(path):
+        for d in CONFIG_DIRS:
+            cand = os.path.join(d, name_or_path if name_or_path.endswith(".toml")
+                                else name_or_path + ".toml")
+            if os.path.exists(cand):
+                path = cand
+                break
+        else:
+            raise BadInput(f"unknown cache model '{name_or_path}' (known: "
+                           f"{', '.join(list_cache_configs()) or 'none'})")
+    cfg = _load_toml(path)
+    try:
+        size, ways, line = int(cfg["size"]), int(cfg["ways"]), int(cfg["line"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadInput(f"{path}: cache model needs integer size, ways and line ({e})") from None
+    policy = str(cfg.get("policy", "lru")).lower()
+    if policy != "lru":
+        raise BadInput(f"{path}: policy '{policy}' is not supported (only lru)")
+    sets = size // (ways * line) if ways > 0 and line > 0 else 0
+    if (line <= 0 or line & (line - 1) or ways < 1 or ways > 64 or sets < 1
+            or size != sets * ways * line or sets & (sets - 1)):
+        raise BadInput(f"{path}: cache geometry size={size} ways={ways} line={line}: "
+                       "size/(ways*line) must be a power of two, line a power of two, ways 1..64")
+    return {"name": str(cfg.get("name", os.path.basename(path)[:-5])), "size": size,
+            "ways": ways, "line": line, "policy": policy, "sets": sets}
+
+
+def plugin_args(out, cache=None, edges=False, mode="kernel", start=None, stop=None, tbtrace=None):
+    """The plugin's argument list (``k=v`` strings).
+
+    cache: None (no simulation), a config name/path, or a dict from cache_config().
+    """
+    if mode not in MODES:
+        raise BadInput(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
+    args = [f"out={out}", f"mode={mode}"]
+    if cache is not None:
+        c = cache if isinstance(cache, dict) else cache_config(cache)
+        args += ["cache=on", f"size={c['size']}", f"ways={c['ways']}", f"line={c['line']}"]
+    if edges:
+        args.append("edges=on")
+    if start is not None:
+        args.append(f"start={int(start):#x}")
+    if stop is not None:
+        args.append(f"stop={int(stop):#x}")
+    if tbtrace:
+        args.append(f"tbtrace={tbtrace}")
+    for a in args:
+        if "," in a:
+            raise BadInput(f"plugin argument '{a}' contains a comma (QEMU splits on commas)")
+    return args
+
+
+def plugin_option(so_path, args):
+    """The value of QEMU's ``-plugin`` option."""
+    return ",".join([so_path] + list(args))
+
+
+__all__ = ["PluginTrace", "read_plugin_output", "read_tbtrace", "cache_config",
+           "list_cache_configs", "plugin_args", "plugin_option", "TB_DTYPE", "EDGE_DTYPE"]
