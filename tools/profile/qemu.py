@@ -1,0 +1,240 @@
+"""Boot a kernel under QEMU (TCG) and capture its serial console.
+
+Used by ``profile`` (with a TCG plugin) and ``evaluate`` (booted measurement)::
+
+    r = run_workload(vmlinux, "vfs-mix", loops=2000)          # raises on failure
+    r.result_line   # 'linepack-result vfs-mix loops=2000 checksum=...'
+    r.serial, r.wall, r.command, r.returncode
+
+    r = run_kernel(vmlinux, initrd, append="...", plugin="libx.so", plugin_args={"out": "p.bin"})
+
+Defaults (command line, memory, machine arguments) come from ``configs/kernel.toml``.
+``icount=True`` makes runs repeatable: ``-icount shift=0,sleep=off`` ties guest time
+to executed instructions, and ``-rtc base=...,clock=vm`` fixes the wall clock.
+Failures raise ExternalToolError with one line: QEMU missing or refusing the
+kernel, timeout, kernel panic (the panic line is quoted), result line absent.
+"""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from ..errors import BadInput, ExternalToolError
+from . import initramfs as _initramfs
+from . import workloads as _workloads
+
+QEMU = "qemu-system-x86_64"
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_TS = re.compile(r"^\[\s*\d+\.\d+\]\s*")
+
+
+@dataclass
+class QemuResult:
+    returncode: int
+    serial: str
+    result_line: "str | None"
+    wall: float
+    command: list = field(default_factory=list)
+    stderr: str = ""
+
+    @property
+    def panic_line(self):
+        return panic_line(self.serial)
+
+
+def kernel_defaults():
+    """The [boot] and [icount] tables of configs/kernel.toml (built-in fallbacks)."""
+    path = os.path.join(_workloads.configs_dir(), "kernel.toml")
+    d = _workloads.load_toml(path) if os.path.exists(path) else {}
+    boot = d.get("boot", {})
+    ic = d.get("icount", {})
+    return {
+        "append": boot.get("append", "console=ttyS0 rdinit=/init panic=-1 quiet"),
+        "memory": str(boot.get("memory", "512")),
+        "qemu_args": list(boot.get("qemu_args", ["-nodefaults", "-display", "none", "-monitor",
+                                                 "none", "-serial", "stdio"])),
+        "icount_args": list(ic.get("qemu_args", ["-icount", "shift=0,sleep=off", "-rtc",
+                                                 "base=2020-01-01T00:00:00,clock=vm"])),
+    }
+
+
+def panic_line(serial):
+    """The 'Kernel panic - not syncing: ...' line of a serial log (timestamp removed), or None."""
+    for line in serial.splitlines():
+        if "Kernel panic" in line:
+            return _TS.sub("", line.strip())
+    return None
+
+
+def _plugin_arg(plugin, plugin_args):
+    if not os.path.exists(plugin):
+        raise BadInput(f"TCG plugin {plugin} does not exist")
+    parts = [os.path.abspath(plugin)]
+    for k, v in (plugin_args or {}).items():
+        if isinstance(v, bool):
+            v = "on" if v else "off"
+        v = str(v)
+        if "," in v:
+            raise BadInput(f"plugin argument {k}={v!r}: QEMU cannot pass commas")
+        parts.append(f"{k}={v}")
+    return ",".join(parts)
+
+
+def qemu_command(kernel, initrd, append=None, memory=None, icount=True, plugin=None,
+                 plugin_args=None, extra_args=(), qemu=None):
+    """The argument list run_kernel runs (without starting anything)."""
+    d = kernel_defaults()
+    cmd = [qemu or os.environ.get("LINEPACK_QEMU", QEMU), "-m", str(memory or d["memory"]),
+           "-no-reboot"] + d["qemu_args"]
+    if icount:
+        cmd += d["icount_args"]
+    if plugin:
+        cmd += ["-plugin", _plugin_arg(plugin, plugin_args)]
+    cmd += ["-kernel", str(kernel), "-initrd", str(initrd), "-append",
+            d["append"] if append is None else append]
+    cmd += [str(a) for a in extra_args]
+    return cmd
+
+
+def _write_log(log, text):
+    if log is None:
+        return
+    if hasattr(log, "write"):
+        log.write(text)
+        return
+    _initramfs.write_atomic(str(log), text.encode())
+
+
+def _clean(raw):
+    text = raw.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+    return _ANSI.sub("", text)
+
+
+def run_kernel(kernel, initrd, append=None, memory="512", icount=True, timeout=600,
+               plugin=None, plugin_args=None, extra_args=(), log=None, check=True, qemu=None):
+    """Boot ``kernel`` with ``initrd`` and wait until QEMU exits; returns a QemuResult.
+
+    ``append`` replaces the default command line of configs/kernel.toml. ``log``: a
+    path or file object that receives the serial output. With ``check`` (default)
+    a QEMU failure, a timeout or a kernel panic raises ExternalToolError.
+    """
+    for what, p in (("kernel", kernel), ("initrd", initrd)):
+        if not os.path.isfile(str(p)):
+            raise BadInput(f"{what} {p} does not exist")
+    cmd = qemu_command(kernel, initrd, append=append, memory=memory, icount=icount, plugin=plugin,
+                       plugin_args=plugin_args, extra_args=extra_args, qemu=qemu)
+    if not shutil.which(cmd[0]):
+        raise ExternalToolError(f"'{cmd[0]}' is not installed (install qemu-system-x86; "
+                                "run tools/setup.sh)")
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as e:
+        raise ExternalToolError(f"cannot start {cmd[0]}: {e.strerror}") from None
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        out, err = proc.communicate()
+    except BaseException:
+        _kill_group(proc)
+        proc.communicate()
+        raise
+    wall = time.monotonic() - t0
+    serial = _clean(out)
+    _write_log(log, serial)
+    res = QemuResult(returncode=proc.returncode, serial=serial,
+                     result_line=_workloads.find_result(serial), wall=wall, command=cmd,
+                     stderr=err.decode("utf-8", errors="replace"))
+    if not check:
+        return res
+    if timed_out:
+        raise ExternalToolError(f"QEMU timed out after {timeout} s{_last_words(serial)}")
+    pl = res.panic_line
+    if pl:
+        raise ExternalToolError(f"kernel panic under QEMU: {pl}")
+    if proc.returncode != 0:
+        msg = [ln.strip() for ln in res.stderr.splitlines() if ln.strip()]
+        raise ExternalToolError(f"QEMU failed (exit status {proc.returncode}): "
+                                f"{msg[-1] if msg else 'no message'}{_last_words(serial)}")
+    return res
+
+
+def _last_words(serial):
+    lines = [ln.strip() for ln in serial.splitlines() if ln.strip()]
+    return f"; last serial line: {_TS.sub('', lines[-1])!r}" if lines else "; no serial output"
+
+
+def _kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+
+
+def loops_append(base, loops, extra=None):
+    """A kernel command line with ``loops=N`` (and other key=value words) for /init."""
+    words = [base] if base else []
+    if loops is not None:
+        words.append(f"loops={int(loops)}")
+    for k, v in (extra or {}).items():
+        words.append(f"{k}={v}")
+    return " ".join(words)
+
+
+def workload_initrd(workload, modules=(), log=None):
+    """Path of the (cached) initramfs whose /init is ``workload``'s binary.
+
+    ``modules``: (archive path, host path) pairs or host paths of .ko files, packed
+    under /lib/modules/ (by base name when no archive path is given).
+    """
+    binary = _workloads.build(workload, log=log)
+    extra = []
+    for m in modules:
+        if isinstance(m, (tuple, list)):
+            extra.append((m[0], m[1]))
+        else:
+            extra.append((f"lib/modules/{os.path.basename(str(m))}", str(m)))
+    return _initramfs.build_initramfs(binary, extra)
+
+
+def run_workload(kernel, workload="vfs-mix", loops=None, icount=True, plugin=None,
+                 plugin_args=None, timeout=600, modules=(), log=None, append=None, memory="512",
+                 extra_args=(), env=None):
+    """Boot ``kernel`` with ``workload`` as /init and check its result line.
+
+    ``loops`` defaults to the workload's default_loops; ``env`` adds key=value words
+    to the command line (they reach /init as environment variables). Raises
+    ExternalToolError when the kernel panics or the result line is missing.
+    """
+    wl = _workloads.load(workload)
+    loops = wl.default_loops if loops is None else int(loops)
+    initrd = workload_initrd(wl, modules)
+    base = kernel_defaults()["append"] if append is None else append
+    res = run_kernel(kernel, initrd, append=loops_append(base, loops, env), memory=memory,
+                     icount=icount, timeout=timeout, plugin=plugin, plugin_args=plugin_args,
+                     extra_args=extra_args, log=log)
+    want = wl.expected_prefix(loops)
+    line = _workloads.find_result(res.serial, want)
+    if line is None:
+        why = _workloads.find_error(res.serial)
+        if why:
+            raise ExternalToolError(f"workload {wl.name} failed under QEMU: {why}")
+        raise ExternalToolError(f"workload {wl.name}: no result line '{want} ...' in the serial "
+                                f"output{_last_words(res.serial)}")
+    res.result_line = line
+    return res
+
+
+__all__ = ["QemuResult", "run_kernel", "run_workload", "qemu_command", "kernel_defaults",
+           "panic_line", "workload_initrd", "loops_append"]

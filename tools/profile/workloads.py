@@ -1,0 +1,218 @@
+"""Workloads: small static C programs run as the initramfs /init (or natively).
+
+A workload is data, ``configs/workloads/<name>.toml``::
+
+    name = "vfs-mix"
+    source = "vfs-mix.c"            # under workloads/
+    headers = ["linepack.h"]        # also part of the build hash
+    default_loops = 2000
+    result_prefix = "linepack-result vfs-mix"
+    native_needs_dir = true         # natively: `vfs-mix LOOPS DIR`
+
+``build(name)`` compiles it with ``gcc -static -O2`` once per source hash into
+``<cache>/workloads/<name>-<sha>``. The result line every workload prints is
+``<result_prefix> loops=<N> ...`` and is identical on every run and layout.
+"""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+from ..errors import BadInput, ExternalToolError
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    import tomli as tomllib
+
+CFLAGS = ["-static", "-O2", "-Wall", "-Wextra"]
+RESULT_TAG = "linepack-result"
+BEGIN_TAG = "linepack-begin"
+END_TAG = "linepack-end"
+ERROR_TAG = "linepack-error"
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def repo_dir(env, sub):
+    return os.environ.get(env) or os.path.join(_ROOT, sub)
+
+
+def configs_dir():
+    """``configs/`` of the checkout ($LINEPACK_CONFIGS overrides)."""
+    return repo_dir("LINEPACK_CONFIGS", "configs")
+
+
+def sources_dir():
+    """``workloads/`` of the checkout ($LINEPACK_WORKLOADS overrides)."""
+    return repo_dir("LINEPACK_WORKLOADS", "workloads")
+
+
+def load_toml(path):
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise BadInput(f"cannot read {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise BadInput(f"{path}: bad TOML: {e}") from None
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    source: str                      # absolute path of the .c file
+    default_loops: int
+    result_prefix: str
+    description: str = ""
+    headers: tuple = field(default_factory=tuple)   # absolute paths
+    native_needs_dir: bool = False
+
+    def expected_prefix(self, loops=None):
+        """The start of the result line a run with ``loops`` must print."""
+        return f"{self.result_prefix} loops={self.default_loops if loops is None else int(loops)}"
+
+
+def names():
+    """Names of the workloads defined in configs/workloads/."""
+    d = os.path.join(configs_dir(), "workloads")
+    try:
+        return sorted(n[:-5] for n in os.listdir(d) if n.endswith(".toml"))
+    except OSError:
+        return []
+
+
+def load(name):
+    """The Workload called ``name`` (a Workload passes through)."""
+    if isinstance(name, Workload):
+        return name
+    path = os.path.join(configs_dir(), "workloads", f"{name}.toml")
+    if not os.path.exists(path):
+        known = ", ".join(names()) or "none"
+        raise BadInput(f"unknown workload '{name}' (known: {known})")
+    d = load_toml(path)
+    src = sources_dir()
+    try:
+        return Workload(
+            name=d.get("name", name),
+            source=os.path.join(src, d["source"]),
+            default_loops=int(d["default_loops"]),
+            result_prefix=d.get("result_prefix", f"{RESULT_TAG} {name}"),
+            description=d.get("description", ""),
+            headers=tuple(os.path.join(src, h) for h in d.get("headers", ())),
+            native_needs_dir=bool(d.get("native_needs_dir", False)),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadInput(f"{path}: missing or bad field {e}") from None
+
+
+def _compiler():
+    cc = os.environ.get("CC", "gcc")
+    if not shutil.which(cc):
+        raise ExternalToolError(f"'{cc}' is not installed: workloads need gcc and libc6-dev "
+                                "(run tools/setup.sh)")
+    return cc
+
+
+def _cc_version(cc):
+    try:
+        return subprocess.run([cc, "--version"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True).stdout.splitlines()[0]
+    except (OSError, IndexError):
+        return cc
+
+
+def build_hash(wl, cc):
+    h = hashlib.sha256()
+    h.update(_cc_version(cc).encode() + b"\0" + " ".join(CFLAGS).encode() + b"\0")
+    for p in (wl.source,) + tuple(wl.headers):
+        try:
+            with open(p, "rb") as f:
+                h.update(os.path.basename(p).encode() + b"\0" + f.read() + b"\0")
+        except OSError as e:
+            raise BadInput(f"workload {wl.name}: cannot read {p}: {e.strerror}") from None
+    return h.hexdigest()[:16]
+
+
+def build(name, log=None):
+    """Path of the static binary of workload ``name``, compiled once per source hash."""
+    from ..targets import cache_dir
+    wl = load(name)
+    cc = _compiler()
+    dest_dir = os.path.join(cache_dir(), "workloads")
+    dest = os.path.join(dest_dir, f"{wl.name}-{build_hash(wl, cc)}")
+    if os.path.exists(dest):
+        return dest
+    os.makedirs(dest_dir, exist_ok=True)
+    if log:
+        log(f"building workload {wl.name} ({cc} {' '.join(CFLAGS)})")
+    fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=".part-")
+    os.close(fd)
+    try:
+        p = subprocess.run([cc] + CFLAGS + ["-I", os.path.dirname(wl.source), "-o", tmp, wl.source],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if p.returncode != 0:
+            out = p.stdout
+            if "cannot find -lc" in out or "crt1.o" in out or ("No such file" in out and ".h:" in out):
+                raise ExternalToolError(f"cannot build workload {wl.name}: static C library "
+                                        "missing (install libc6-dev)")
+            errs = [ln for ln in out.splitlines() if "error" in ln] or out.strip().splitlines() \
+                or [f"exit status {p.returncode}"]
+            raise ExternalToolError(f"cannot build workload {wl.name}: {errs[0]}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dest
+
+
+def find_result(text, prefix=RESULT_TAG):
+    """The last line of ``text`` starting with ``prefix`` (stripped), or None."""
+    found = None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(prefix):
+            found = line
+    return found
+
+
+def find_error(text):
+    """The first ``linepack-error`` line a workload printed, or None."""
+    for line in text.splitlines():
+        if line.strip().startswith(ERROR_TAG):
+            return line.strip()
+    return None
+
+
+def run_native(name, loops=None, workdir=None, timeout=600):
+    """Run a workload on this machine; returns its result line (raises if absent)."""
+    wl = load(name)
+    binary = build(wl)
+    loops = wl.default_loops if loops is None else int(loops)
+    argv = [binary, str(loops)]
+    tmp = None
+    if wl.native_needs_dir:
+        if workdir is None:
+            tmp = workdir = tempfile.mkdtemp(prefix=f"linepack-{wl.name}-")
+        argv.append(str(workdir))
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ExternalToolError(f"workload {wl.name} timed out after {timeout} s") from None
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    line = find_result(p.stdout, wl.expected_prefix(loops))
+    if p.returncode != 0 or line is None:
+        why = find_error(p.stdout) or f"exit status {p.returncode}, no result line"
+        raise ExternalToolError(f"workload {wl.name} failed natively: {why}")
+    return line
+
+
+__all__ = ["Workload", "names", "load", "build", "run_native", "find_result", "find_error",
+           "configs_dir", "sources_dir", "load_toml", "RESULT_TAG", "BEGIN_TAG", "END_TAG"]
