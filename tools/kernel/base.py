@@ -44,8 +44,11 @@ def kernel_version_of(image):
     addr = image.symbol_address("linux_banner")
     if addr is None:
         return None, None
+    sec = image.section_at(addr)
+    if sec is None:
+        return None, None
     try:
-        raw = bytes(image.read(addr, 256))
+        raw = bytes(image.read(addr, min(256, sec.end - addr)))
     except ValueError:
         return None, None
     text = raw.split(b"\0", 1)[0].decode("ascii", "replace").strip()
