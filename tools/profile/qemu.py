@@ -70,6 +70,22 @@ def panic_line(serial):
     return None
 
 
+def check_kernel(path):
+    """BadInput unless ``path`` looks like something QEMU can boot (ELF vmlinux or bzImage)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(0x206)
+    except OSError as e:
+        raise BadInput(f"cannot read kernel {path}: {e.strerror}") from None
+    if head[:4] == b"\x7fELF":
+        if head[4:5] != b"\x02" or head[18:20] != b"\x3e\x00":
+            raise BadInput(f"{path} is an ELF file but not x86-64 ELF64: not a kernel QEMU can boot")
+        return "elf"
+    if head[0x202:0x206] == b"HdrS":
+        return "bzimage"
+    raise BadInput(f"{path} is not a kernel (neither an x86-64 ELF vmlinux nor a bzImage)")
+
+
 def _plugin_arg(plugin, plugin_args):
     if not os.path.exists(plugin):
         raise BadInput(f"TCG plugin {plugin} does not exist")
@@ -125,6 +141,7 @@ def run_kernel(kernel, initrd, append=None, memory="512", icount=True, timeout=6
     for what, p in (("kernel", kernel), ("initrd", initrd)):
         if not os.path.isfile(str(p)):
             raise BadInput(f"{what} {p} does not exist")
+    check_kernel(kernel)
     cmd = qemu_command(kernel, initrd, append=append, memory=memory, icount=icount, plugin=plugin,
                        plugin_args=plugin_args, extra_args=extra_args, qemu=qemu)
     if not shutil.which(cmd[0]):
