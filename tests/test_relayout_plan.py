@@ -1,0 +1,158 @@
+"""LayoutPlan, strategies and AddressMap on synthetic unit tables."""
+
+import numpy as np
+import pytest
+
+from linepack.errors import LinepackError
+from linepack.image.addrmap import AddressMap
+from linepack.relayout import strategies
+from linepack.relayout.plan import LayoutError, hot_lines, make_plan
+from linepack.relayout.units import Region, UnitTable, inferred_align
+
+BASE = 0x401000
+
+
+def table(sizes, gap=16, pinned_region=False, region_end=None, aligns=16):
+    starts, cur = [], BASE
+    for s in sizes:
+        starts.append(cur)
+        cur = (cur + s + aligns - 1) // aligns * aligns
+    end = region_end or cur + 4096 * 4
+    regs = [Region("r0", BASE, end, 1, pinned_region)]
+    return UnitTable(starts, sizes, [0] * len(sizes), regs)
+
+
+def lay(t, strat, heat=None):
+    h = np.zeros(len(t)) if heat is None else np.asarray(heat, float)
+    return make_plan(t, strategies.get(strat), h)
+
+
+def test_inferred_alignment_caps_at_16():
+    assert inferred_align([0x1000, 0x1008, 0x1001, 0xffffffff81000040]).tolist() == [16, 8, 1, 16]
+
+
+def test_stock_is_identity():
+    t = table([10, 100, 33, 64, 5])
+    p = lay(t, "stock", [5, 0, 3, 0, 9])
+    assert p.is_identity()
+
+
+def test_align_all_keeps_order_and_aligns():
+    t = table([10, 100, 33, 64, 5])
+    p = lay(t, "align-all 64")
+    assert (p.new_start % 64 == 0).all()
+    assert (np.diff(p.new_start.astype(np.int64)) > 0).all()
+    p1 = lay(t, "align-all 1")
+    assert p1.is_identity()        # inferred 16 B alignment keeps original places
+
+
+def test_align_all_never_below_inferred_alignment():
+    regs = [Region("r0", BASE, BASE + 4096, 1)]
+    t = UnitTable([BASE, BASE + 0x21, BASE + 0x48], [0x21, 0x27, 8], [0, 0, 0], regs)
+    p = lay(t, "align-all 1")
+    assert p.new_start.tolist() == [BASE, BASE + 0x21, BASE + 0x48]
+    p = lay(t, "align-all 4")
+    assert p.new_start.tolist() == [BASE, BASE + 0x24, BASE + 0x50]
+
+
+def test_align_all_rejects_bad_n():
+    for bad in ("align-all 3", "align-all 1024", "align-all x"):
+        with pytest.raises(LinepackError):
+            strategies.get(bad)
+
+
+def test_unknown_strategy():
+    with pytest.raises(strategies.UnknownStrategy):
+        strategies.get("fancy")
+
+
+def test_hot64_hot_first_cold_in_order():
+    t = table([10, 100, 33, 64, 5, 20])
+    heat = [0, 5, 0, 9, 0, 1]
+    p = lay(t, "hot64", heat)
+    order = np.argsort(p.new_start).tolist()
+    assert order[:3] == [3, 1, 5]
+    assert order[3:] == [0, 2, 4]
+    assert all(int(p.new_start[k]) % 64 == 0 for k in (3, 1, 5))
+
+
+def test_pack_big_aligned_small_not_straddling_and_gaps_filled():
+    sizes = [100, 20, 200, 30, 40, 10, 16, 300, 8]
+    heat = [9, 8, 7, 6, 5, 4, 3, 2, 1]
+    t = table(sizes + [50, 60], region_end=None)
+    p = lay(t, "pack", heat + [0, 0])
+    for k, s in enumerate(sizes):
+        a = int(p.new_start[k])
+        if s > 64:
+            assert a % 64 == 0
+        else:
+            assert a // 64 == (a + s - 1) // 64, k
+        assert a % 16 == 0
+    # The hot area is denser than hot64's.
+    hot = np.arange(len(sizes))
+    ph = lay(t, "hot64", heat + [0, 0])
+    assert hot_lines(p.new_start[hot], t.size[hot]) <= hot_lines(ph.new_start[hot], t.size[hot])
+    # Cold units keep their order after the hot ones.
+    assert p.new_start[9] < p.new_start[10]
+    assert p.new_start[9] > p.new_start[:9].max()
+
+
+def test_pack_call_graph_affinity_groups_caller_and_callee():
+    from linepack.relayout.plan import RegionView
+    t = table([40, 40, 40, 40])
+    heat = np.array([10.0, 9, 8, 7])
+    view = RegionView(t, 0, heat)
+    view.edges = [(0, 3, 100)]
+    order = strategies.get("pack").order(view)
+    assert order.index(3) == order.index(0) + 1
+
+
+def test_pinned_region_and_overflow():
+    regs = [Region("a", BASE, BASE + 0x100, 1), Region("b", BASE + 0x100, BASE + 0x200, 1, True)]
+    t = UnitTable([BASE, BASE + 0x40, BASE + 0x100], [0x30, 0x30, 0x10], [0, 0, 1], regs)
+    p = lay(t, "align-all 64")
+    assert p.new_start[2] == BASE + 0x100
+    with pytest.raises(LayoutError):
+        lay(t, "align-all 256")
+
+
+def test_region_shift_when_previous_grows():
+    regs = [Region("a", BASE, BASE + 0x60, 1), Region("b", BASE + 0x60, BASE + 0x1000, 1)]
+    t = UnitTable([BASE, BASE + 0x30, BASE + 0x60], [0x30, 0x30, 0x10], [0, 0, 1], regs)
+    p = lay(t, "align-all 64")
+    assert p.new_start.tolist() == [BASE, BASE + 0x40, BASE + 0x80]
+    assert p.region_new_start == [BASE, BASE + 0x80]
+
+
+def test_hot_lines():
+    assert hot_lines([0, 60], [10, 10]) == 2
+    assert hot_lines([0, 10], [10, 10]) == 1
+    assert hot_lines([60], [10]) == 2
+
+
+def test_addressmap_pieces_ends_and_extents():
+    m = AddressMap([0x100, 0x200], [0x150, 0x240], [0x300, 0x100],
+                   extents=[(0x100, 0x400)], anchors={0x100: 0x100, 0x400: 0x400})
+    new, ok = m.map(np.array([0x100, 0x14f, 0x150, 0x200, 0x23f, 0x240, 0x180, 0x500, 0x50],
+                             np.uint64))
+    assert new.tolist()[:6] == [0x300, 0x34f, 0x350, 0x100, 0x13f, 0x140]
+    assert ok.tolist() == [True] * 6 + [False, True, True]
+    assert new.tolist()[7:] == [0x500, 0x50]
+    with pytest.raises(ValueError):
+        m.map1(0x180)
+
+
+def test_addressmap_start_beats_end_of_previous():
+    m = AddressMap([0x100, 0x150], [0x150, 0x160], [0x300, 0x100], extents=[(0x100, 0x200)])
+    assert m.map1(0x150) == 0x100       # start of the next piece, not end of the previous
+    assert m.map1(0x160) == 0x110       # end of the last piece
+
+
+def test_addressmap_from_plan_kernel_addresses():
+    base = 0xffffffff81000000
+    regs = [Region("a", base, base + 0x1000, 1)]
+    t = UnitTable([base, base + 0x30], [0x30, 0x30], [0, 0], regs)
+    p = make_plan(t, strategies.get("align-all 64"), np.zeros(2))
+    m = AddressMap.from_plan(p)
+    assert m.map1(base + 0x35) == base + 0x45
+    assert m.map1(base + 0x60) == base + 0x70   # end of the moved function

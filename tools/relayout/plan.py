@@ -1,0 +1,233 @@
+"""LayoutPlan: where every unit goes.
+
+A plan maps each unit (see ``units.py``) to a new start address. Regions are
+laid out one after another in address order: a region keeps its start unless
+the region before it grew into it; pinned regions (and pinned units) never
+move, and a layout that would run into a pinned region is refused.
+
+Strategies (``strategies/``) decide the order and alignment of the units of
+one region; they see hotness as a plain mapping ``{function name or start
+address: count}`` so any profile source can feed them.
+"""
+
+import numpy as np
+
+from ..errors import LinepackError
+
+LINE = 64
+
+
+class LayoutError(LinepackError):
+    """The layout does not fit (it would run into pinned code)."""
+
+
+def align_up(x, a):
+    return (x + a - 1) // a * a
+
+
+def place(cursor, unit_align, phase, want_align=1):
+    """Smallest address >= cursor with the unit's alignment (and phase) and want_align."""
+    a = max(int(unit_align), 1)
+    if phase:
+        # A glued unit whose start is not at its members' largest alignment:
+        # keep the same phase modulo that alignment.
+        m = 16
+        p = align_up(cursor - phase, m) + phase
+        return p if p >= cursor else p + m
+    return align_up(cursor, max(a, int(want_align)))
+
+
+class RegionView:
+    """What a strategy sees of one region: its units and their heat."""
+
+    def __init__(self, units, region_index, heat, skip=0):
+        self.region = units.regions[region_index]
+        self.index = np.nonzero(units.region == region_index)[0][skip:]
+        self.start = units.start[self.index].astype(object)
+        self.size = units.size[self.index].astype(np.int64)
+        self.align = units.align[self.index]
+        self.phase = units.phase[self.index]
+        self.heat = heat[self.index]
+        self.names = [units.name[i] for i in self.index.tolist()]
+
+    def __len__(self):
+        return len(self.index)
+
+
+class LayoutPlan:
+    """New start address of every unit, plus region placement and provenance."""
+
+    def __init__(self, units, new_start, region_new_start, strategy, heat):
+        self.units = units
+        self.new_start = np.asarray(new_start, dtype=np.uint64)
+        self.new_end = self.new_start + units.size
+        self.region_new_start = list(region_new_start)
+        self.strategy = strategy
+        self.heat = heat
+
+    @property
+    def moved(self):
+        return self.new_start != self.units.start
+
+    def is_identity(self):
+        return not bool(self.moved.any())
+
+    def region_new_end(self, ri):
+        """New address of the region's end label (start of the next region)."""
+        regs = self.units.regions
+        if ri + 1 < len(regs) and regs[ri + 1].section == regs[ri].section:
+            return self.region_new_start[ri + 1]
+        return regs[ri].end
+
+    def summary(self, functions=None):
+        u = self.units
+        hot = self.heat > 0
+        out = {
+            "strategy": self.strategy,
+            "units": int(len(u)),
+            "units_moved": int(self.moved.sum()),
+            "functions_moved": int(sum(len(u.members[i]) for i in np.nonzero(self.moved)[0])),
+            "hot_units": int(hot.sum()),
+            "hot_text_bytes": int(u.size[hot].sum()),
+        }
+        return out
+
+
+def make_heat(units, functions, hotness):
+    """Per-unit heat (max count over its member functions) from {name|addr: count}."""
+    heat = np.zeros(len(units), dtype=np.float64)
+    if not hotness:
+        return heat
+    for key, count in hotness.items():
+        if isinstance(key, str):
+            fi = functions.index_of(key)
+            if fi is None and key.startswith("0x"):
+                key = int(key, 16)
+            else:
+                if fi is None:
+                    continue
+                ui = int(units.funcs[fi]) if units.funcs is not None else -1
+                if ui >= 0:
+                    heat[ui] = max(heat[ui], float(count))
+                continue
+        if isinstance(key, (int, np.integer)):
+            ui = int(units.find([int(key)])[0])
+            if ui >= 0:
+                heat[ui] = max(heat[ui], float(count))
+    return heat
+
+
+def make_plan(units, strategy, heat):
+    """Lay out every region with ``strategy``; returns a LayoutPlan."""
+    regs = units.regions
+    new_start = units.start.copy()
+    region_new_start = [r.start for r in regs]
+    prev_section, cursor = None, None
+    for ri, reg in enumerate(regs):
+        if reg.section != prev_section:
+            cursor = reg.start
+            prev_section = reg.section
+        if reg.pinned:
+            if cursor > reg.start:
+                raise LayoutError(
+                    f"layout does not fit: the code before {reg.name} needs "
+                    f"{cursor - reg.start} more bytes than the space before it "
+                    f"(pinned at {reg.start:#x}); use a strategy with less padding")
+            cursor = reg.end
+            continue
+        rstart = max(reg.start, align_up(cursor, _region_align(reg.start)))
+        region_new_start[ri] = rstart
+        view = RegionView(units, ri, heat)
+        if not len(view):
+            cursor = rstart            # an empty region: its labels only
+            continue
+        pinned = units.pinned[view.index]
+        if pinned.any():
+            # Pinned units must be a prefix of the region (kernel head code):
+            # they stay, the rest is laid out after them.
+            npin = int(np.argmin(pinned)) if not pinned.all() else len(pinned)
+            if pinned[npin:].any() or rstart != reg.start:
+                raise LayoutError(f"region {reg.name} holds pinned code that is not at its "
+                                  "start, or would have to move")
+            new_start[view.index[:npin]] = units.start[view.index[:npin]]
+            cursor = int(units.end[view.index[npin - 1]])
+            if npin == len(pinned):
+                continue
+            view = RegionView(units, ri, heat, skip=npin)
+            rstart = cursor
+        placed = strategy.layout(view, rstart)
+        idx = [p[0] for p in placed]
+        if sorted(idx) != list(range(len(view))):
+            raise RuntimeError(f"strategy {strategy.name} did not place every unit of {reg.name}")
+        for k, addr in placed:
+            new_start[view.index[k]] = addr
+        region_end = max(int(addr) + int(view.size[k]) for k, addr in placed)
+        cursor = max(region_end, rstart)
+    _check_overlaps(units, new_start)
+    return LayoutPlan(units, new_start, region_new_start, strategy.name, heat)
+
+
+def _region_align(addr):
+    a = addr & -addr
+    return min(a, LINE) if a else LINE
+
+
+def _check_overlaps(units, new_start):
+    order = np.argsort(new_start, kind="stable")
+    s = new_start[order]
+    e = s + units.size[order]
+    bad = np.nonzero(e[:-1] > s[1:])[0]
+    if len(bad):
+        i = int(order[bad[0]])
+        raise RuntimeError(f"layout overlaps at {units.name[i]} ({int(s[bad[0]]):#x})")
+
+
+def hot_lines(starts, sizes, line=LINE):
+    """Distinct cache lines touched by ranges [start, start+size)."""
+    starts = np.asarray(starts, dtype=np.uint64)
+    sizes = np.asarray(sizes, dtype=np.uint64)
+    keep = sizes > 0
+    if not keep.any():
+        return 0
+    first = (starts[keep] // np.uint64(line)).astype(np.uint64)
+    last = ((starts[keep] + sizes[keep] - np.uint64(1)) // np.uint64(line)).astype(np.uint64)
+    n = (last - first + np.uint64(1)).astype(np.int64)
+    total = int(n.sum())
+    rep = np.repeat(first, n)
+    offs = np.arange(total, dtype=np.uint64) - np.repeat(np.cumsum(n) - n, n).astype(np.uint64)
+    return int(len(np.unique(rep + offs)))
+
+
+def hot_function_ranges(plan, functions, hot_funcs):
+    """(old starts, new starts, sizes) of the given function indices under a plan."""
+    u = plan.units
+    fidx = np.asarray(sorted(hot_funcs), dtype=np.int64)
+    if not len(fidx):
+        z = np.zeros(0, np.uint64)
+        return z, z, z
+    uidx = u.funcs[fidx]
+    ok = uidx >= 0
+    fidx, uidx = fidx[ok], uidx[ok]
+    old = functions.start[fidx].astype(np.uint64)
+    new = plan.new_start[uidx] + (old - u.start[uidx])
+    return old, new, functions.size[fidx].astype(np.uint64)
+
+
+def line_metric(plan, functions, hotness, min_count=1):
+    """Distinct 64 B lines touched by hot functions before and after the plan."""
+    hot = set()
+    for key, count in (hotness or {}).items():
+        if count < min_count:
+            continue
+        fi = None
+        if isinstance(key, str) and not key.startswith("0x"):
+            fi = functions.index_of(key)
+        else:
+            a = int(key, 16) if isinstance(key, str) else int(key)
+            f = int(functions.find([a])[0])
+            fi = f if f >= 0 else None
+        if fi is not None:
+            hot.add(fi)
+    old, new, size = hot_function_ranges(plan, functions, hot)
+    return {"hot_functions": len(old), "hot_lines_before": hot_lines(old, size),
+            "hot_lines_after": hot_lines(new, size)}

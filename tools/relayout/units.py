@@ -1,0 +1,311 @@
+"""Units: the contiguous byte ranges the relayout moves.
+
+A unit is one function, extended over the code that follows it up to the next
+function when that code is not padding (asm fragments without a symbol size,
+``__thunk_restore`` style labels, ``.cold`` pieces...). Code before the first
+function of a region that is not padding becomes a unit of its own (e.g. the
+kernel's ``startup_64``). Padding between units (int3, zero bytes, NOP runs)
+is dropped and re-created by the layout.
+
+Units joined by a rel8 branch (or an assumed fall-through) are glued into one
+unit so their relative placement survives; a unit keeps the bytes between its
+members verbatim.
+
+Everything is numpy arrays: ``start``, ``size``, ``align`` (minimum alignment
+the unit's start must keep: 2**trailing_zeros(start) capped at 16), ``phase``
+(start mod the largest member alignment), ``region`` (index into ``regions``),
+``pinned``, and ``funcs`` (function index -> unit index map).
+"""
+
+import numpy as np
+
+from ..image.functions import regions as image_regions
+
+MAX_INFERRED_ALIGN = 16
+
+# Regions that never move: kernel entry code is mapped and patched by address
+# (PTI maps the entry text, static_call trampolines, retpoline/return thunks).
+PINNED_REGION_LABELS = (
+    "__entry_text_start", "__irqentry_text_start", "__irqentry_text_end",
+    "__entry_text_end", "__softirqentry_text_start", "__softirqentry_text_end",
+    "__static_call_text_start", "__static_call_text_end",
+    "__indirect_thunk_start", "__indirect_thunk_end",
+)
+# Last symbol of the kernel's head code (.head.text): everything from the start
+# of the first region through the unit holding it stays in place.
+HEAD_END_SYMBOLS = ("pvh_start_xen", "startup_64_setup_env", "secondary_startup_64")
+
+_PAD_BYTES = (0xCC, 0x00)
+
+
+def inferred_align(addrs, cap=MAX_INFERRED_ALIGN):
+    """2**trailing_zeros(addr), capped (numpy vectorised)."""
+    a = np.asarray(addrs, dtype=np.uint64).astype(np.int64)
+    low = a & -a
+    low = np.where(a == 0, cap, low)
+    return np.minimum(low, cap).astype(np.int64)
+
+
+def is_padding(code):
+    """True when a byte string is only int3 / zero bytes / NOP instructions."""
+    if not code:
+        return True
+    if all(b in _PAD_BYTES for b in code):
+        return True
+    return _nop_run(code)
+
+
+_NOPS = [bytes.fromhex(h) for h in (
+    "90", "6690", "0f1f00", "0f1f4000", "0f1f440000", "660f1f440000", "0f1f8000000000",
+    "0f1f840000000000", "660f1f840000000000", "662e0f1f840000000000",
+    "66662e0f1f840000000000", "6666662e0f1f840000000000", "666666662e0f1f840000000000",
+    "66666666662e0f1f840000000000", "6666666666662e0f1f840000000000", "cc", "00")]
+_NOPS.sort(key=len, reverse=True)
+
+
+def _nop_run(code):
+    pos = 0
+    n = len(code)
+    while pos < n:
+        for nop in _NOPS:
+            if code.startswith(nop, pos):
+                pos += len(nop)
+                break
+        else:
+            return False
+    return True
+
+
+class Region:
+    """A stretch of code inside one section; units never leave it."""
+
+    __slots__ = ("name", "start", "end", "section", "pinned")
+
+    def __init__(self, name, start, end, section, pinned=False):
+        self.name, self.start, self.end = name, int(start), int(end)
+        self.section, self.pinned = section, bool(pinned)
+
+    def __repr__(self):
+        p = " pinned" if self.pinned else ""
+        return f"<Region {self.name} {self.start:#x}..{self.end:#x}{p}>"
+
+
+class UnitTable:
+    """Units as arrays; can be built synthetically for tests."""
+
+    def __init__(self, start, size, region, regions, name=None, pinned=None, align=None,
+                 phase=None, funcs=None, members=None):
+        self.start = np.asarray(start, dtype=np.uint64)
+        self.size = np.asarray(size, dtype=np.uint64)
+        self.end = self.start + self.size
+        self.region = np.asarray(region, dtype=np.int64)
+        self.regions = list(regions)
+        n = len(self.start)
+        self.name = list(name) if name is not None else [f"u{i}" for i in range(n)]
+        self.pinned = (np.zeros(n, bool) if pinned is None else np.asarray(pinned, bool))
+        for i, r in enumerate(self.regions):
+            if r.pinned:
+                self.pinned |= self.region == i
+        self.align = inferred_align(self.start) if align is None else np.asarray(align, np.int64)
+        self.phase = np.zeros(n, np.int64) if phase is None else np.asarray(phase, np.int64)
+        # members[i]: list of (function index, offset in unit) — for metrics and names.
+        self.members = members if members is not None else [[(i, 0)] for i in range(n)]
+        self.funcs = funcs  # function index -> unit index (np.int64) or None
+
+    def __len__(self):
+        return len(self.start)
+
+    def find(self, addrs):
+        """Unit containing each address, -1 where none (end address excluded)."""
+        addrs = np.asarray(addrs, dtype=np.uint64)
+        if not len(self.start):
+            return np.full(len(addrs), -1, np.int64)
+        i = np.searchsorted(self.start, addrs, side="right").astype(np.int64) - 1
+        ic = np.maximum(i, 0)
+        ok = (i >= 0) & (addrs < self.end[ic])
+        return np.where(ok, i, -1)
+
+
+def build_regions(image, sections=(".text",), pin_head=True):
+    """Regions of the sections to lay out (others are not returned: they stay put).
+
+    The kernel's entry/irqentry/static_call/thunk regions are pinned; the head
+    code at the start of the first region is split off as a pinned region.
+    """
+    out = []
+    pinned_starts = {image.symbol_address(n) for n in PINNED_REGION_LABELS}
+    pinned_starts.discard(None)
+    head_end = None
+    if pin_head and image.symbol_address("_stext") is not None:
+        for n in HEAD_END_SYMBOLS:
+            a = image.symbol_address(n)
+            if a is not None:
+                head_end = a
+                break
+    for r in image_regions(image):
+        sec = image.sections[r.section]
+        if sec.name not in sections:
+            continue
+        label = r.name.split(":", 1)[1]
+        pinned = r.start in pinned_starts or any(label == n for n in PINNED_REGION_LABELS)
+        out.append(Region(r.name, r.start, r.end, r.section, pinned))
+    return out, head_end
+
+
+def build_units(image, functions, disasm_fn=None, sections=(".text",), pin_head=True, log=None):
+    """UnitTable of every function of the laid-out sections.
+
+    ``disasm_fn(unit_table)`` returns a Disassembly of the units; it is used to
+    glue rel8-joined units. Returns (units, disassembly or None).
+    """
+    log = log or (lambda m: None)
+    regs, head_end = build_regions(image, sections, pin_head)
+    starts, sizes, regidx, names, members = [], [], [], [], []
+    fstart_u = np.asarray(functions.start, dtype=np.uint64)
+    fstart = fstart_u.tolist()
+    fend = np.asarray(functions.end, dtype=np.uint64).tolist()
+    for ri, reg in enumerate(regs):
+        sec = image.sections[reg.section]
+        code = image.section_bytes(sec)
+        lo = int(np.searchsorted(fstart_u, np.uint64(reg.start)))
+        hi = int(np.searchsorted(fstart_u, np.uint64(reg.end)))
+        cur = None                       # [start, end, members, name]
+        pos = reg.start
+        for fi in range(lo, hi):
+            fs, fe = fstart[fi], fend[fi]
+            if fe <= pos:                # nested symbol: already covered
+                continue
+            fs_eff = max(fs, pos)
+            gap_is_code = not is_padding(bytes(code[pos - sec.addr:fs_eff - sec.addr]))
+            if cur is None and gap_is_code:
+                # Code before the first function (e.g. startup_64): its own unit,
+                # which may fall into this function: keep them together.
+                cur = [pos, fe, [(fi, fs - pos)], _label_at(image, pos) or f"code@{pos:#x}"]
+            elif cur is not None and (gap_is_code or fs < pos):
+                cur[2].append((fi, fs - cur[0]))
+                cur[1] = fe
+            else:
+                if cur is not None:
+                    starts.append(cur[0]); sizes.append(cur[1] - cur[0])
+                    regidx.append(ri); names.append(cur[3]); members.append(cur[2])
+                cur = [fs, fe, [(fi, 0)], functions.name[fi]]
+            pos = max(pos, fe)
+        tail_is_code = not is_padding(bytes(code[pos - sec.addr:reg.end - sec.addr]))
+        if tail_is_code:
+            if cur is None:
+                cur = [pos, reg.end, [], _label_at(image, pos) or f"code@{pos:#x}"]
+            else:
+                cur[1] = reg.end
+        if cur is not None:
+            starts.append(cur[0]); sizes.append(cur[1] - cur[0])
+            regidx.append(ri); names.append(cur[3]); members.append(cur[2])
+    units = UnitTable(starts, sizes, regidx, regs, names, members=members)
+    if head_end is not None:
+        _pin_head(units, head_end)
+    dis = None
+    if disasm_fn is not None:
+        dis = disasm_fn(units)
+        units = glue(units, dis, log)
+    units.funcs = _func_map(units, len(functions))
+    return units, dis
+
+
+def _label_at(image, addr):
+    names, syms = image.symbol_table()
+    hits = np.nonzero(syms["value"] == np.uint64(addr))[0]
+    for h in hits.tolist():
+        if names[h] and (syms["info"][h] & 0xF) in (0, 2):
+            return names[h]
+    return None
+
+
+def _pin_head(units, head_end):
+    """Pin units of the first region up to and including the one holding head_end."""
+    if not len(units):
+        return
+    r0 = int(units.region[0])
+    k = int(units.find([head_end])[0])
+    if k < 0:
+        k = int(np.searchsorted(units.start, np.uint64(head_end), side="right")) - 1
+    if k < 0 or units.region[k] != r0:
+        return
+    units.pinned[:k + 1] = True
+
+
+def _func_map(units, nfuncs):
+    fmap = np.full(nfuncs, -1, np.int64)
+    for u, mem in enumerate(units.members):
+        for fi, _ in mem:
+            fmap[fi] = u
+    return fmap
+
+
+def glue(units, dis, log=None):
+    """Merge units joined by rel8 branches (and unit pairs that fall through)."""
+    idx, target, kind = dis.branch_targets()
+    src_u = units.find(dis.addr[idx])
+    dst_u = units.find(target)
+    cross = (kind == 1) & (src_u >= 0) & (dst_u >= 0) & (src_u != dst_u)
+    pairs = set()
+    for a, b in zip(src_u[cross].tolist(), dst_u[cross].tolist()):
+        pairs.add((min(a, b), max(a, b)))
+    # Fall-through: a unit whose last instruction can continue into the next unit.
+    ends = units.end
+    last = dis.containing(ends - np.uint64(1))
+    ok = last >= 0
+    lc = np.maximum(last, 0)
+    tail_ok = ok & (dis.addr[lc] + dis.size[lc] == ends)
+    first = dis.raw[lc, 0]
+    second = dis.raw[lc, 1]
+    # ret (c3, c2), jmp (e9, eb), ud2 (0f 0b), int3 (cc), jmp* (ff /4 /5), hlt (f4)
+    stop = ((first == 0xC3) | (first == 0xC2) | (first == 0xE9) | (first == 0xEB) |
+            (first == 0xCC) | (first == 0xF4) | ((first == 0x0F) & (second == 0x0B)) |
+            ((first == 0xFF) & (((second >> 3) & 7) >= 4) & (((second >> 3) & 7) <= 5)) |
+            ((first == 0x2E) & (second == 0xE9)) | ((first == 0x3E) & (second == 0xFF)) |
+            ((first == 0xF3) & (second == 0xC3)) | ((first == 0x41) & (second == 0xFF)))
+    n = len(units)
+    adjacent = np.zeros(n, bool)
+    if n > 1:
+        adjacent[:-1] = (units.end[:-1] == units.start[1:]) & (units.region[:-1] == units.region[1:])
+    fall = np.nonzero(tail_ok & ~stop & adjacent)[0]
+    for a in fall.tolist():
+        pairs.add((a, a + 1))
+    if not pairs:
+        return units
+    # Union of index ranges [a, b] (units between them move with them).
+    join = np.zeros(n + 1, np.int64)
+    for a, b in pairs:
+        if units.region[a] != units.region[b]:
+            continue
+        join[a] += 1
+        join[b] -= 1
+    inside = np.cumsum(join)[:n] > 0     # unit i glued to i+1
+    if log:
+        log(f"glued {int(inside.sum())} unit boundaries (rel8 branches: "
+            f"{len(pairs) - len(fall)}, fall-through: {len(fall)})")
+    groups = []
+    i = 0
+    while i < n:
+        j = i
+        while j < n - 1 and inside[j]:
+            j += 1
+        groups.append((i, j))
+        i = j + 1
+    starts, sizes, regs, names, members, pinned, align, phase = [], [], [], [], [], [], [], []
+    for a, b in groups:
+        s = int(units.start[a])
+        e = int(units.end[b])
+        starts.append(s); sizes.append(e - s); regs.append(int(units.region[a]))
+        names.append(units.name[a]); pinned.append(bool(units.pinned[a:b + 1].any()))
+        mem = []
+        amax = 1
+        for k in range(a, b + 1):
+            off = int(units.start[k]) - s
+            mem.extend((fi, off + o) for fi, o in units.members[k])
+            amax = max(amax, int(units.align[k]))
+        members.append(mem)
+        align.append(int(units.align[a]))
+        phase.append(s % amax if amax > int(units.align[a]) else 0)
+    out = UnitTable(starts, sizes, regs, units.regions, names, pinned, align, phase,
+                    members=members)
+    return out
