@@ -143,7 +143,8 @@ def parse(data, path="perf script"):
 
     # Unrecognized lines: tolerate a few (a truncated last line), refuse many.
     if matched is not None:
-        blank = len(_BLANK.findall(data))
+        # (the empty "line" after a final newline matches _BLANK but is no line)
+        blank = len(_BLANK.findall(data)) - (1 if data.endswith(b"\n") else 0)
         bad = lines - matched - blank
         ps.bad_lines = max(bad, 0)
         if bad > max(2, lines // 100):
