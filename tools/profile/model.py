@@ -187,7 +187,12 @@ class Profile:
                 raise ValueError("edge arrays differ in length")
             (es, ed), (ec,) = _aggregate((es, ed), ec)
             edges = cls._edges(sym, es, ed, ec, np.zeros(len(es), np.uint64))
-        m.update({"metric": "insns", "edge_from": "block",
+            if "edge_from" not in m and len(es):
+                # Sources that are mostly not block starts are branch instructions.
+                at_start = np.isin(es, ba).mean()
+                m["edge_from"] = "block" if at_start >= 0.5 else "insn"
+        m.setdefault("edge_from", "block")
+        m.update({"metric": "insns",
                   "blocks": int(len(ba)), "block_executions": int(bc.sum()),
                   "instructions": int((bc * bi).sum()),
                   "edges": int(len(edges["edge_from"])) if edges else 0,
