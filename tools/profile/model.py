@@ -139,7 +139,7 @@ class Profile:
             out = np.zeros(len(fidx), dtype=np.uint64)
             if counter in func_idx_counts:
                 idx, cnt = func_idx_counts[counter]
-                ok = idx >= 0
+                ok = (idx >= 0) & (cnt > 0)
                 p = np.searchsorted(fidx, idx[ok])
                 np.add.at(out, p, cnt[ok].astype(np.uint64))
             arrays[counter] = out
