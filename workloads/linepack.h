@@ -9,6 +9,9 @@
  * Output protocol (one line each, on stdout = the serial console under QEMU):
  *   linepack-begin <name>            just before the measured loop
  *   linepack-end <name>              just after it
+ * and around the loop the functions linepack_roi_begin() / linepack_roi_end()
+ * run: static, non-PIE binaries give them fixed addresses that a TCG plugin can
+ * use as its region of interest (linepack.profile.workloads.roi_addresses).
  *   linepack-result <name> loops=N ... checksum=...   deterministic: derived
  *                                    only from syscall results, never from
  *                                    times, pids or addresses
@@ -121,6 +124,33 @@ static __attribute__((unused)) void lp_init_console(void)
 				close(fd);
 		}
 	}
+}
+
+/*
+ * Region-of-interest markers: real calls to out-of-line functions (never
+ * inlined, never dropped), executed exactly once just before and just after
+ * the measured loop. Their symbol addresses are the plugin's start=/stop=.
+ */
+__attribute__((noinline, used, unused)) void linepack_roi_begin(void)
+{
+	__asm__ volatile("" ::: "memory");
+}
+
+__attribute__((noinline, used, unused)) void linepack_roi_end(void)
+{
+	__asm__ volatile("nop" ::: "memory");
+}
+
+static __attribute__((unused)) void lp_begin(void)
+{
+	lp_say("linepack-begin %s", lp_name);
+	linepack_roi_begin();
+}
+
+static __attribute__((unused)) void lp_end(void)
+{
+	linepack_roi_end();
+	lp_say("linepack-end %s", lp_name);
 }
 
 static __attribute__((unused)) uint64_t lp_now_ns(void)

@@ -41,7 +41,7 @@ int main(int argc, char **argv)
 	if (pipe(ping) < 0 || pipe(pong) < 0)
 		lp_fail("pipe");
 
-	lp_say("linepack-begin %s", lp_name);
+	lp_begin();
 	t0 = lp_now_ns();
 	child = fork();
 	if (child < 0)
@@ -72,7 +72,7 @@ int main(int argc, char **argv)
 	if (waitpid(child, &status, 0) != child)
 		lp_fail("waitpid");
 	t1 = lp_now_ns();
-	lp_say("linepack-end %s", lp_name);
+	lp_end();
 	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
 		lp_say("linepack-error %s child failed (status 0x%x)", lp_name, status);
 		lp_finish(1);

@@ -108,7 +108,7 @@ int main(int argc, char **argv)
 	if (!cgt_p)
 		cgt_p = clock_gettime;
 
-	lp_say("linepack-begin %s", lp_name);
+	lp_begin();
 	t0 = lp_now_ns();
 	for (i = 0; i < loops; i++) {
 		unsigned cpu = ~0u, node = ~0u;
@@ -127,7 +127,7 @@ int main(int argc, char **argv)
 			ok_real++;
 	}
 	t1 = lp_now_ns();
-	lp_say("linepack-end %s", lp_name);
+	lp_end();
 	lp_say("linepack-result %s loops=%ld getcpu=%ld monotonic=%ld realtime=%ld backwards=%ld",
 	       lp_name, loops, ok_cpu, ok_mono, ok_real, backwards);
 	lp_say("linepack-info %s vdso=%s elapsed_ns=%llu", lp_name, via_vdso ? "yes" : "no",

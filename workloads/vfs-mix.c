@@ -39,7 +39,7 @@ int main(int argc, char **argv)
 		lp_fail("path");
 	}
 
-	lp_say("linepack-begin %s", lp_name);
+	lp_begin();
 	t0 = lp_now_ns();
 	for (i = 0; i < loops; i++) {
 		struct stat st;
@@ -84,7 +84,7 @@ int main(int argc, char **argv)
 			lp_fail("unlink");
 	}
 	t1 = lp_now_ns();
-	lp_say("linepack-end %s", lp_name);
+	lp_end();
 	lp_say("linepack-result %s loops=%ld checksum=%016llx", lp_name, loops, (unsigned long long)h);
 	lp_say("linepack-info %s elapsed_ns=%llu", lp_name, (unsigned long long)(t1 - t0));
 	lp_finish(0);

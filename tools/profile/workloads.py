@@ -170,6 +170,34 @@ def build(name, log=None):
     return dest
 
 
+ROI_SYMBOLS = ("linepack_roi_begin", "linepack_roi_end")
+
+
+def roi_addresses(name):
+    """(begin, end) addresses of linepack_roi_begin/end in the workload's static binary.
+
+    Each runs once, right before / right after the measured loop, so they are the
+    TCG plugin's ``start=`` / ``stop=`` for restricting a profile to the loop.
+    """
+    from elftools.elf.elffile import ELFFile
+    binary = build(name)
+    with open(binary, "rb") as f:
+        elf = ELFFile(f)
+        if elf["e_type"] != "ET_EXEC":
+            raise BadInput(f"workload {name}: {binary} is not a fixed-address (non-PIE) executable")
+        symtab = elf.get_section_by_name(".symtab")
+        found = {}
+        if symtab is not None:
+            for sym_name in ROI_SYMBOLS:
+                syms = symtab.get_symbol_by_name(sym_name)
+                if syms:
+                    found[sym_name] = syms[0]["st_value"]
+    missing = [n for n in ROI_SYMBOLS if n not in found]
+    if missing:
+        raise BadInput(f"workload {name}: no {', '.join(missing)} symbol in {binary}")
+    return tuple(found[n] for n in ROI_SYMBOLS)
+
+
 def find_result(text, prefix=RESULT_TAG):
     """The last line of ``text`` starting with ``prefix`` (stripped), or None."""
     found = None
@@ -215,4 +243,4 @@ def run_native(name, loops=None, workdir=None, timeout=600):
 
 
 __all__ = ["Workload", "names", "load", "build", "run_native", "find_result", "find_error",
-           "configs_dir", "sources_dir", "load_toml", "RESULT_TAG", "BEGIN_TAG", "END_TAG"]
+           "configs_dir", "sources_dir", "load_toml", "roi_addresses", "RESULT_TAG", "BEGIN_TAG", "END_TAG"]
