@@ -1,0 +1,29 @@
+"""Shared pytest fixtures."""
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def debian_vmlinux():
+    """Path of Debian's 6.1 cloud vmlinux (fetched and cached once); skips when unavailable."""
+    from linepack import targets
+    from linepack.errors import LinepackError
+    try:
+        return targets.debian_vmlinux()
+    except LinepackError as e:
+        pytest.skip(f"Debian vmlinux unavailable: {e}")
+
+
+@pytest.fixture
+def make_file(tmp_path):
+    """``make_file(name, data=b"", mode=None)`` writes a file under tmp_path and returns its path."""
+    def make(name, data=b"", mode=None):
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data if isinstance(data, bytes) else data.encode())
+        if mode is not None:
+            os.chmod(path, mode)
+        return str(path)
+    return make
