@@ -1,0 +1,64 @@
+"""The default profile source: boot the kernel under QEMU TCG with linepack's
+plugin, run a workload as /init, and turn the per-block counts into a Profile.
+
+Glue only: the runner (qemu.py), the plugin (plugin/ + plugin_build.py), its
+reader (trace.py) and the model (model.py) do the work.
+"""
+
+import os
+import tempfile
+
+from ..errors import BadInput
+from ..image.elf import ElfImage
+from . import plugin_build, qemu, trace, workloads
+from .model import Profile
+
+
+def run_traced(kernel, workload="vfs-mix", loops=None, cache=None, edges=True, roi=True,
+               icount=True, log=None, timeout=1800):
+    """Boot ``kernel`` with ``workload`` under the plugin; returns (PluginTrace, QemuResult).
+
+    roi=True restricts counting to the workload's measured loop (between its
+    linepack_roi_begin/end markers); boot and shutdown are then left out.
+    """
+    so = plugin_build.build_plugin(log=log or (lambda m: None))
+    start = stop = None
+    if roi:
+        try:
+            start, stop = workloads.roi_addresses(workload)
+        except BadInput:
+            start = stop = None       # workload without markers: whole run
+    with tempfile.TemporaryDirectory(prefix="linepack-trace-") as tmp:
+        out = os.path.join(tmp, "trace.bin")
+        args = dict(a.split("=", 1) for a in
+                    trace.plugin_args(out, cache=cache, edges=edges, start=start, stop=stop))
+        if log:
+            log(f"booting {os.path.basename(kernel)} with {workload} under QEMU TCG + plugin")
+        res = qemu.run_workload(kernel, workload=workload, loops=loops, icount=icount,
+                                plugin=so, plugin_args=args, timeout=timeout, log=None)
+        tr = trace.read_plugin_output(out)
+    return tr, res
+
+
+def record_qemu(kernel, workload="vfs-mix", loops=None, output=None, meta=None, log=None):
+    """Profile ``kernel`` running ``workload``; returns the Profile (saved to output if given)."""
+    image = ElfImage(kernel)
+    tr, res = run_traced(kernel, workload=workload, loops=loops, edges=True, log=log)
+    wl = workloads.load(workload)
+    loops = wl.default_loops if loops is None else int(loops)
+    m = dict(meta or {})
+    m.update({"workload": workload, "loops": loops, "result_line": res.result_line,
+              "command_line": " ".join(res.command[-1:]) if res.command else "",
+              "roi": bool(tr.roi.get("started")) if tr.roi else False,
+              "wall_seconds": round(res.wall, 3)})
+    if log:
+        log(f"{tr.kernel_instructions:,} kernel instructions in {len(tr.tb_addr):,} blocks; "
+            f"{len(tr.edge_src):,} edges ({res.wall:.1f} s)")
+    prof = Profile.from_blocks(image, tr.tb_addr, tr.tb_size, tr.tb_insns, tr.tb_execs,
+                               edge_src=tr.edge_src if tr.edges_recorded else None,
+                               edge_dst=tr.edge_dst if tr.edges_recorded else None,
+                               edge_count=tr.edge_count if tr.edges_recorded else None,
+                               meta=m)
+    if output:
+        prof.save(output)
+    return prof
