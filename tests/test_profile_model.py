@@ -1,6 +1,5 @@
 """The Profile model: QEMU-style block constructor, on-disk format, load errors, image checks."""
 
-import importlib.util
 import os
 import zipfile
 
@@ -182,12 +181,30 @@ def test_summary_and_show(tmp_path, exe, blocks, capsys):
     assert "workload vfs-mix" in out and "loops 10" in out
 
 
-def test_qemu_hook(tmp_path, capsys):
-    if importlib.util.find_spec("linepack.profile.record") is not None:
-        pytest.skip("QEMU recording is built; covered by its own tests")
+def test_qemu_hook_when_not_built(tmp_path, capsys, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "linepack.profile.record", None)   # as if the module were absent
     rc = main(["profile", "--kernel", "/nonexistent/vmlinux", "--workload", "vfs-mix", "-o",
                str(tmp_path / "k.lpprof")])
     assert rc == 2 and "QEMU profiling is not built yet" in one_error(capsys.readouterr().err)
+
+
+def test_qemu_hook_calls_record_qemu(tmp_path, capsys, monkeypatch, exe, blocks):
+    import sys
+    import types
+    calls = {}
+
+    def record_qemu(kernel, workload, loops, output, meta, log):
+        calls.update(kernel=kernel, workload=workload, loops=loops, output=output, meta=meta)
+        return _from_blocks(exe, blocks)
+    fake = types.ModuleType("linepack.profile.record")
+    fake.record_qemu = record_qemu
+    monkeypatch.setitem(sys.modules, "linepack.profile.record", fake)
+    out = str(tmp_path / "k.lpprof")
+    assert main(["profile", "--kernel", exe, "--workload", "pipe", "--loops", "7", "-o", out]) == 0
+    assert calls["kernel"] == exe and calls["workload"] == "pipe" and calls["loops"] == 7
+    assert Profile.load(out).source == "qemu"
+    assert capsys.readouterr().out.count("\n") == 1
 
 
 def test_nothing_to_do(capsys):

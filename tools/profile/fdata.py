@@ -119,7 +119,7 @@ def import_fdata(path, image, meta=None, log=None):
     if no_lbr:
         recs = _SAMPLE.findall(body)
         bad = nonblank - len(recs) - len(_MEM.findall(body))
-        _check_bad(path, body, bad, nonblank, _SAMPLE, "K NAME OFF COUNT")
+        _check_bad(path, body, bad, nonblank, _SAMPLE, "K NAME OFF COUNT", len(recs))
         if not recs:
             raise BadInput(f"{path}: no samples in no_lbr .fdata")
         k, n, o, c = zip(*recs)
@@ -132,7 +132,8 @@ def import_fdata(path, image, meta=None, log=None):
     else:
         recs = _BRANCH.findall(body)
         bad = nonblank - len(recs) - len(_MEM.findall(body))
-        _check_bad(path, body, bad, nonblank, _BRANCH, "K NAME OFF K NAME OFF MISPREDS COUNT")
+        _check_bad(path, body, bad, nonblank, _BRANCH, "K NAME OFF K NAME OFF MISPREDS COUNT",
+                   len(recs))
         if not recs:
             raise BadInput(f"{path}: no branch records in .fdata (expected lines like "
                            "'1 main 1a 1 foo 0 0 12')")
@@ -157,8 +158,8 @@ def import_fdata(path, image, meta=None, log=None):
     return p
 
 
-def _check_bad(path, body, bad, total, rx, shape):
-    if bad <= max(1, total // 100):
+def _check_bad(path, body, bad, total, rx, shape, nrecs):
+    if bad <= 0 or (nrecs and bad <= max(1, total // 100)):
         return
     for n, line in enumerate(body.split(b"\n"), 1):
         if line.strip() and not rx.fullmatch(line.rstrip(b"\r")) and not _MEM.fullmatch(line):
