@@ -117,7 +117,7 @@ def make_heat(units, functions, hotness):
     return heat
 
 
-def make_plan(units, strategy, heat):
+def make_plan(units, strategy, heat, calls=(), functions=None):
     """Lay out every region with ``strategy``; returns a LayoutPlan."""
     regs = units.regions
     new_start = units.start.copy()
@@ -125,6 +125,8 @@ def make_plan(units, strategy, heat):
     prev_section, cursor = None, None
     for ri, reg in enumerate(regs):
         if reg.section != prev_section:
+            if prev_section is not None:
+                _check_section_end(regs[ri - 1], cursor)
             cursor = reg.start
             prev_section = reg.section
         if reg.pinned:
@@ -155,6 +157,7 @@ def make_plan(units, strategy, heat):
                 continue
             view = RegionView(units, ri, heat, skip=npin)
             rstart = cursor
+        view.edges = _edges(view, units, calls, functions)
         placed = strategy.layout(view, rstart)
         idx = [p[0] for p in placed]
         if sorted(idx) != list(range(len(view))):
@@ -163,8 +166,17 @@ def make_plan(units, strategy, heat):
             new_start[view.index[k]] = addr
         region_end = max(int(addr) + int(view.size[k]) for k, addr in placed)
         cursor = max(region_end, rstart)
+    if regs:
+        _check_section_end(regs[-1], cursor)
     _check_overlaps(units, new_start)
     return LayoutPlan(units, new_start, region_new_start, strategy.name, heat)
+
+
+def _check_section_end(last_region, cursor):
+    if cursor > last_region.end:
+        raise LayoutError(f"layout does not fit: the code needs {cursor - last_region.end} bytes "
+                          f"more than its section has (ends at {last_region.end:#x}); use a "
+                          "strategy with less padding")
 
 
 def _region_align(addr):
@@ -231,3 +243,19 @@ def line_metric(plan, functions, hotness, min_count=1):
     old, new, size = hot_function_ranges(plan, functions, hot)
     return {"hot_functions": len(old), "hot_lines_before": hot_lines(old, size),
             "hot_lines_after": hot_lines(new, size)}
+
+
+def _edges(view, units, calls, functions):
+    """Call edges [(caller k, callee k, count)] between units of one region view."""
+    if not calls or functions is None:
+        return []
+    local = {int(u): k for k, u in enumerate(view.index.tolist())}
+    out = []
+    for a, b, w in calls:
+        ia, ib = functions.index_of(a), functions.index_of(b)
+        if ia is None or ib is None:
+            continue
+        ka, kb = local.get(int(units.funcs[ia])), local.get(int(units.funcs[ib]))
+        if ka is not None and kb is not None:
+            out.append((ka, kb, float(w)))
+    return out

@@ -1,0 +1,101 @@
+"""Write a modified copy of an ELF image: atomic (temp file + rename) and
+byte-reproducible (the output depends only on the inputs).
+
+The file keeps the input's layout for everything the loader sees: the ELF and
+program headers and every allocated section stay at their offsets (the
+relayout never changes an allocated section's size). Non-allocated sections
+(symtab, strtab, relocation sections, comments, debug info) are packed after
+the allocated content in their original order, then the section header table.
+Sections listed in ``drop`` keep their header but lose their contents (size 0):
+section indices, and so symbol and relocation links, stay valid.
+"""
+
+import os
+import tempfile
+
+import numpy as np
+
+from .elf import EHDR, SHDR, SHF_ALLOC, SHT_NOBITS
+
+
+def write_image(image, out_path, patched=None, drop=(), entry=None):
+    """Write image with ``patched`` {section index: bytes-like of the same size}.
+
+    ``drop``: section indices whose contents are dropped. ``entry``: new e_entry.
+    Returns the output size.
+    """
+    patched = patched or {}
+    out_path = os.fspath(out_path)
+    drop = set(drop)
+    secs = image.sections
+    for idx, buf in patched.items():
+        if len(buf) != secs[idx].size:
+            raise ValueError(f"patched section {secs[idx].name} changed size")
+    # Everything up to the end of the allocated content is kept in place.
+    fixed_end = int(image.ehdr["phoff"]) + len(image.phdrs) * 56
+    for ph in image.phdrs:
+        fixed_end = max(fixed_end, int(ph["offset"]) + int(ph["filesz"]))
+    for s in secs:
+        if s.flags & SHF_ALLOC and s.type != SHT_NOBITS:
+            fixed_end = max(fixed_end, s.offset + s.size)
+    shdrs = image.shdrs.copy()
+    pieces = []        # (offset, bytes-like) written in order after the fixed part
+    pos = fixed_end
+    movable = [s for s in secs[1:] if not (s.flags & SHF_ALLOC) and s.type != SHT_NOBITS]
+    movable.sort(key=lambda s: (s.offset, s.index))
+    for s in movable:
+        if s.index in drop:
+            shdrs[s.index]["offset"] = pos
+            shdrs[s.index]["size"] = 0
+            continue
+        align = max(int(s.addralign), 1)
+        pos = (pos + align - 1) // align * align
+        data = patched.get(s.index)
+        if data is None:
+            data = image.section_bytes(s)
+        pieces.append((pos, data))
+        shdrs[s.index]["offset"] = pos
+        pos += s.size
+    for s in secs[1:]:
+        if s.index in drop and (s.flags & SHF_ALLOC):
+            raise ValueError(f"cannot drop allocated section {s.name}")
+    shoff = (pos + 7) // 8 * 8
+    ehdr = image.data[:EHDR.itemsize].copy().view(EHDR)
+    ehdr["shoff"] = shoff
+    if entry is not None:
+        ehdr["entry"] = entry
+    directory = os.path.dirname(os.path.abspath(out_path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".linepack-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            head = image.data[:fixed_end]
+            f.write(memoryview(head))
+            f.seek(0)
+            f.write(ehdr.tobytes())
+            for idx, buf in patched.items():
+                s = secs[idx]
+                if s.flags & SHF_ALLOC:
+                    f.seek(s.offset)
+                    f.write(memoryview(np.asarray(buf, dtype=np.uint8)))
+            f.seek(fixed_end)
+            cur = fixed_end
+            for off, data in pieces:
+                if off > cur:
+                    f.write(b"\0" * (off - cur))
+                f.write(memoryview(np.asarray(data, dtype=np.uint8)))
+                cur = off + len(data)
+            if shoff > cur:
+                f.write(b"\0" * (shoff - cur))
+            f.write(shdrs.tobytes())
+            size = f.tell()
+        mode = os.stat(image.path).st_mode & 0o777
+        os.chmod(tmp, mode)
+        os.replace(tmp, out_path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return size
+
+
+__all__ = ["write_image", "SHDR"]

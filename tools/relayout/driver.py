@@ -1,0 +1,186 @@
+"""relayout(): load, plan, rewrite, write — the one function the verb calls."""
+
+import json
+import os
+
+import numpy as np
+
+from ..errors import BadInput
+from ..image.disasm import disassemble
+from ..image.elf import ET_EXEC, ElfImage
+from ..image.functions import FunctionTable
+from ..image.writer import write_image
+from . import strategies
+from .plan import line_metric, make_heat, make_plan
+from .rewriter import Rewriter
+from .units import build_units
+
+NO_RELOCS = ("{path}: no link relocations in its code; relink with -Wl,--emit-relocs "
+             "(for a kernel: use the unstripped vmlinux linked with --emit-relocs, e.g. "
+             "Debian's linux-image-6.1.0-*-cloud-amd64-dbg)")
+
+
+def load_profile(path, image=None):
+    """{function name or address: count} from a profile file.
+
+    Accepts the simple JSON form ``{"functions": {"name": count}}`` (optionally
+    ``"build_id"``, ``"calls": [[caller, callee, count], ...]``), or the
+    project's profile model when it is present.
+    """
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such profile") from None
+    except (OSError, ValueError) as e:
+        raise BadInput(f"{path}: not a readable profile ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("functions"), dict):
+        try:   # the profile model, if another engineer's module is there
+            from ..profile import model  # noqa: F401
+            prof = model.load(path)
+            return prof.function_counts(), getattr(prof, "build_id", None), []
+        except Exception:
+            raise BadInput(f"{path}: not a profile (expected {{\"functions\": {{name: count}}}})") \
+                from None
+    funcs = {}
+    for k, v in doc["functions"].items():
+        funcs[k] = float(v)
+    return funcs, doc.get("build_id"), doc.get("calls") or []
+
+
+def check_profile(image, functions, hotness, build_id):
+    if build_id and image.build_id and build_id.lower() != image.build_id.lower():
+        raise BadInput(f"profile is for another build (build-id {build_id[:16]}..., "
+                       f"image has {image.build_id[:16]}...)")
+    names = [k for k in hotness if isinstance(k, str) and not k.startswith("0x")]
+    if names:
+        missing = sum(1 for n in names if functions.index_of(n) is None)
+        if missing > max(10, len(names) // 2):
+            raise BadInput(f"profile is for another build: {missing} of {len(names)} profiled "
+                           "functions are not in the image")
+
+
+def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), profile_build_id=None,
+             log=None, drop_debug=True, layout_map=None, system_map=None):
+    log = log or (lambda m: None)
+    if os.path.exists(out_path) and os.path.samefile(image_path, out_path):
+        raise BadInput(f"{out_path}: output is the input; linepack never modifies its input")
+    strat = strategies.get(strategy) if not hasattr(strategy, "layout") else strategy
+    image = ElfImage(image_path)
+    if image.type != ET_EXEC:
+        raise BadInput(f"{image_path}: not an ET_EXEC executable (type {image.type}); "
+                       "relayout handles linked executables and vmlinux")
+    if not image.has_link_relocations():
+        raise BadInput(NO_RELOCS.format(path=image_path))
+    functions = FunctionTable(image)
+    if not len(functions):
+        raise BadInput(f"{image_path}: no function symbols")
+    hotness = hotness or {}
+    check_profile(image, functions, hotness, profile_build_id)
+    log(f"disassembling {len(functions)} functions")
+    units, dis = build_units(image, functions, lambda u: disassemble(image, u), log=log)
+    heat = make_heat(units, functions, hotness)
+    log(f"planning layout '{strat.name}' for {len(units)} units "
+        f"({int((heat > 0).sum())} hot) in {len(units.regions)} regions")
+    plan = make_plan(units, strat, heat, calls=calls, functions=functions)
+    rw = Rewriter(image, units, plan, dis, log=log)
+    log("rewriting code, relocations and symbols")
+    rw.run()
+    from .kernel_tables import update_kernel_tables
+    update_kernel_tables(rw, log)
+    idx, symtab = rw.symtab_bytes()
+    rw.patched[idx] = symtab
+    drop = []
+    if drop_debug:
+        drop = [s.index for s in image.sections if not s.is_alloc and
+                (s.name.startswith(".debug_") or s.name.startswith(".rela.debug_"))]
+        if drop:
+            log(f"dropping DWARF ({len(drop)} .debug_* sections): it would describe old addresses")
+    log(f"writing {out_path}")
+    write_image(image, out_path, rw.patched, drop=drop, entry=rw.new_entry())
+    summary = plan.summary()
+    summary.update(rw.stats)
+    summary.update(line_metric(plan, functions, hotness))
+    text_growth = 0
+    for ri, r in enumerate(units.regions):
+        pass
+    summary["padding_bytes"] = int(_padding(plan))
+    summary["text_growth_bytes"] = int(_growth(plan))
+    summary["dwarf"] = "dropped" if drop else "kept"
+    summary["problems"] = [{"kind": k, "address": f"{a:#x}", "message": m}
+                           for k, a, m in rw.problems]
+    if layout_map:
+        write_layout_map(layout_map, plan, functions)
+    if system_map:
+        write_system_map(system_map, image, rw)
+    return summary, plan, rw
+
+
+def _growth(plan):
+    """How far the end of laid-out code moved, summed over sections' movable runs."""
+    u = plan.units
+    g = 0
+    for lo, hi in zip(*_runs(plan)):
+        m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi))
+        if m.any():
+            g += int(plan.new_end[m].max()) - int(u.end[m].max())
+    return g
+
+
+def _runs(plan):
+    from ..image.addrmap import plan_extents
+    ext, _ = plan_extents(plan)
+    return [a for a, _ in ext], [b for _, b in ext]
+
+
+def _padding(plan):
+    u = plan.units
+    tot = 0
+    for lo, hi in zip(*_runs(plan)):
+        m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi))
+        if m.any():
+            span = int(plan.new_end[m].max()) - int(plan.new_start[m].min())
+            tot += span - int(u.size[m].sum())
+    return tot
+
+
+def write_layout_map(path, plan, functions):
+    """TSV: name, old address, new address, size — one line per function."""
+    u = plan.units
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("# linepack layout map: function\told\tnew\tsize\n")
+        for ui in range(len(u)):
+            for fi, off in u.members[ui]:
+                old = int(functions.start[fi])
+                new = int(plan.new_start[ui]) + old - int(u.start[ui])
+                f.write(f"{functions.name[fi]}\t{old:#x}\t{new:#x}\t{int(functions.size[fi])}\n")
+    os.replace(tmp, path)
+
+
+def write_system_map(path, image, rw):
+    """System.map of the new image (nm -n style: address, type, name)."""
+    names, syms = image.symbol_table()
+    vals = rw.sym_new
+    info = syms["info"]
+    shndx = syms["shndx"]
+    secs = image.sections
+    rows = []
+    for i, n in enumerate(names):
+        t = int(info[i]) & 0xF
+        if not n or t in (3, 4) or int(shndx[i]) == 0:
+            continue
+        glob = (int(info[i]) >> 4) != 0
+        sx = int(shndx[i])
+        if sx >= 0xFF00:
+            c = "a"
+        else:
+            s = secs[sx]
+            c = "t" if s.is_code else ("b" if s.type == 8 else ("d" if s.flags & 1 else "r"))
+        rows.append((int(vals[i]), c.upper() if glob else c, n))
+    rows.sort()
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        for v, c, n in rows:
+            f.write(f"{v:016x} {c} {n}\n")
+    os.replace(tmp, path)

@@ -1,0 +1,393 @@
+"""Rewrite an ET_EXEC linked with --emit-relocs according to a LayoutPlan.
+
+1. Copy each unit's bytes to its new place; fill the rewritten extents with
+   int3 (0xcc) first.
+2. Fix every relocated field (in code or data) whose field moved or whose
+   target moved. The field's current bytes are the truth for the target
+   (relocations of tables sorted after the link can be stale):
+   PC-relative: T = end + disp, where end is the end of the instruction that
+   holds the field (data: the field itself); new value map(T) - new end.
+   Absolute: T = value; new value map(T).
+   A non-SECTION symbol drags its target with it (``foo+size``,
+   ``sym - __START_KERNEL_map``); a SECTION symbol's target is mapped directly.
+3. Fix assembler-resolved references (no relocation): direct jmp/jcc/call
+   rel8/rel32 and RIP-relative operands, found by disassembling every unit.
+4. Update the relocation sections (r_offset of moved fields, addends that
+   encode moved targets), the symbol table and the entry point.
+"""
+
+import numpy as np
+
+import capstone
+from capstone import x86 as csx86
+
+from ..errors import LinepackError
+from ..image.addrmap import AddressMap
+from ..image.disasm import disassemble
+from ..image.elf import (RELA, SHT_SYMTAB, STT_SECTION, SYM, R_X86_64_NONE, R_X86_64_64,
+                         R_X86_64_PC32, R_X86_64_PLT32, R_X86_64_32, R_X86_64_32S,
+                         R_X86_64_PC64, RELOC_NAMES)
+
+R_X86_64_GOTPCREL, R_X86_64_GOTPCRELX, R_X86_64_REX_GOTPCRELX = 9, 41, 42
+GOT_TYPES = (R_X86_64_GOTPCREL, R_X86_64_GOTPCRELX, R_X86_64_REX_GOTPCRELX)
+PC_TYPES = {R_X86_64_PC32: 4, R_X86_64_PLT32: 4, R_X86_64_PC64: 8, R_X86_64_GOTPCREL: 4,
+            R_X86_64_GOTPCRELX: 4, R_X86_64_REX_GOTPCRELX: 4}
+ABS_TYPES = {R_X86_64_64: 8, R_X86_64_32S: 4, R_X86_64_32: 4}
+
+
+class RewriteError(LinepackError):
+    pass
+
+
+class _Table:
+    """A duck-typed function table (start/size) for disassemble()."""
+
+    def __init__(self, start, size):
+        self.start = np.asarray(start, dtype=np.uint64)
+        self.size = np.asarray(size, dtype=np.uint64)
+
+
+def _read_int(buf, pos, size, signed):
+    """Little-endian ints at positions pos (int64 array) of a uint8 array."""
+    v = np.zeros(len(pos), dtype=np.uint64)
+    for k in range(size):
+        v |= buf[pos + k].astype(np.uint64) << np.uint64(8 * k)
+    if signed:
+        if size == 4:
+            return v.astype(np.uint32).view(np.int32).astype(np.int64)
+        return v.view(np.int64)
+    return v
+
+
+def _write_int(buf, pos, values, size):
+    vals = np.asarray(values).astype(np.int64).view(np.uint64)
+    for k in range(size):
+        buf[pos + k] = ((vals >> np.uint64(8 * k)) & np.uint64(0xFF)).astype(np.uint8)
+
+
+class Rewriter:
+    def __init__(self, image, units, plan, unit_disasm=None, log=None):
+        self.image = image
+        self.units = units
+        self.plan = plan
+        self.log = log or (lambda m: None)
+        self.amap = AddressMap.from_plan(plan)
+        self.dis = unit_disasm
+        self.patched = {}            # section index -> np.uint8 array (new contents)
+        self.stats = {}
+        self.problems = []           # (kind, address, message)
+        syms = image.symtab
+        self.sym_value = syms["value"].astype(np.uint64)
+        self.sym_type = (syms["info"] & 0xF).astype(np.int64)
+        self.sym_new = None
+
+    # -- helpers -------------------------------------------------------------
+    def buf(self, sec):
+        if sec.index not in self.patched:
+            self.patched[sec.index] = np.array(self.image.section_bytes(sec), dtype=np.uint8)
+        return self.patched[sec.index]
+
+    def problem(self, kind, addrs, what):
+        addrs = np.asarray(addrs, dtype=np.uint64)
+        for a in addrs[:5].tolist():
+            self.problems.append((kind, a, what))
+        if len(addrs):
+            self.stats[f"problem.{kind}"] = self.stats.get(f"problem.{kind}", 0) + int(len(addrs))
+
+    def _other_code_disasm(self):
+        """Linear-sweep disassembly of code sections the layout does not touch."""
+        laid = {r.section for r in self.units.regions}
+        secs = [s for s in self.image.sections if s.is_code and s.is_alloc and s.size
+                and s.index not in laid]
+        if not secs:
+            return None
+        return disassemble(self.image, _Table([s.addr for s in secs], [s.size for s in secs]),
+                           jobs=1)
+
+    def insn_end(self, addrs, in_code):
+        """End of the instruction holding each address (code), else the address itself."""
+        addrs = np.asarray(addrs, dtype=np.uint64)
+        end = addrs.copy()
+        found = np.zeros(len(addrs), bool)
+        for dis in (self.dis, self.other_dis):
+            if dis is None or not len(dis):
+                continue
+            i = dis.containing(addrs)
+            ok = (i >= 0) & in_code & ~found
+            ic = np.maximum(i, 0)
+            end = np.where(ok, dis.addr[ic] + dis.size[ic].astype(np.uint64), end)
+            found |= ok
+        return end, found
+
+    # -- the rewrite -----------------------------------------------------------
+    def run(self):
+        self.other_dis = self._other_code_disasm()
+        self.move_code()
+        self.new_symbols()
+        self.fix_relocations()
+        self.fix_branches()
+        self.fix_rip_relative()
+        return self
+
+    def move_code(self):
+        u, p = self.units, self.plan
+        moved = 0
+        for lo, hi in zip(self.amap.ext_lo.tolist(), self.amap.ext_hi.tolist()):
+            sec = self.image.section_at(lo)
+            old = self.image.section_bytes(sec)
+            new = self.buf(sec)
+            inside = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi))
+            idx = np.nonzero(inside)[0]
+            if len(idx) and int(p.new_end[idx].max()) > hi:
+                raise RewriteError(f"layout runs past {hi:#x} (end of section {sec.name} "
+                                   "or pinned code)")
+            new[lo - sec.addr:hi - sec.addr] = 0xCC
+            for i in idx.tolist():
+                a = int(u.start[i]) - sec.addr
+                b = int(p.new_start[i]) - sec.addr
+                n = int(u.size[i])
+                new[b:b + n] = old[a:a + n]
+            moved += int(p.moved[idx].sum())
+        self.stats["units_moved"] = moved
+
+    def new_symbols(self):
+        """New value of every symbol (unchanged outside the rewritten extents)."""
+        v = self.sym_value
+        new, ok = self.amap.map(v)
+        in_ext = self.amap.in_extent(v)
+        sec_sym = self.sym_type == STT_SECTION
+        # NOTYPE labels at a region boundary follow the region, not the unit there.
+        anchors = dict(zip(self.amap.anchor_old.tolist(), self.amap.anchor_new.tolist()))
+        label = (self.sym_type == 0) & in_ext
+        if anchors:
+            aold = np.array(sorted(anchors), dtype=np.uint64)
+            anew = np.array([anchors[a] for a in sorted(anchors)], dtype=np.uint64)
+            j = np.searchsorted(aold, v)
+            jc = np.minimum(j, len(aold) - 1)
+            at = label & (j < len(aold)) & (aold[jc] == v)
+            new = np.where(at, anew[jc], new)
+            ok |= at
+        shndx = self.image.symtab["shndx"]
+        abs_or_undef = (shndx == 0) | (shndx >= 0xFF00)
+        keep = sec_sym | abs_or_undef | ~in_ext
+        new = np.where(keep, v, new)
+        bad = ~keep & ~ok
+        if bad.any():
+            self.problem("symbol-in-padding", v[bad], "symbol value in dropped padding")
+            new = np.where(bad, v, new)
+        self.sym_new = new
+        self.stats["symbols_updated"] = int((new != v).sum())
+
+    def _target_rule(self, T, S, S_new, is_sec):
+        """New targets: a non-SECTION symbol drags targets in (or just past) its unit."""
+        Tm, ok = self.amap.map(T)
+        dS = S_new.astype(np.int64) - S.astype(np.int64)
+        su = self.units.find(S)
+        suc = np.maximum(su, 0)
+        same = (su >= 0) & (T >= self.units.start[suc]) & (T <= self.units.end[suc])
+        T_in_ext = self.amap.in_extent(T)
+        drag = ~is_sec & (dS != 0) & (same | ~T_in_ext)
+        out = np.where(drag, (T.astype(np.int64) + dS).astype(np.uint64), Tm)
+        return out, ok | drag
+
+    def fix_relocations(self):
+        image = self.image
+        total = {"relocs": 0, "fields_changed": 0, "offsets_moved": 0, "stale": 0}
+        for name, rel in image.relocations.items():
+            tgt = rel.target
+            if not tgt.is_alloc or not len(rel):
+                continue
+            typ = rel.type.astype(np.int64)
+            P = rel.offset.astype(np.uint64)
+            sym = rel.sym.astype(np.int64)
+            A = rel.addend.astype(np.int64)
+            S = self.sym_value[sym]
+            S_new = self.sym_new[sym]
+            is_sec = self.sym_type[sym] == STT_SECTION
+            P_new, P_ok = self.amap.map(P) if tgt.is_code else (P, np.ones(len(P), bool))
+            if not P_ok.all():
+                self.problem("reloc-field-in-padding", P[~P_ok], f"{name}: field in padding")
+            known = np.isin(typ, list(PC_TYPES) + list(ABS_TYPES) + [R_X86_64_NONE])
+            if not known.all():
+                bad_types = sorted({RELOC_NAMES.get(int(t), str(int(t))) for t in typ[~known]})
+                # Unknown types are fine where nothing moves.
+                mv = (P_new != P) & ~known
+                if mv.any():
+                    raise RewriteError(f"{name}: relocation types {bad_types} in moved code")
+            buf = self.buf(tgt)
+            old_buf = image.section_bytes(tgt)
+            off = (P - np.uint64(tgt.addr)).astype(np.int64)
+            off_new = (P_new - np.uint64(tgt.addr)).astype(np.int64)
+            newA = A.copy()
+            changed_fields = 0
+            stale = 0
+            for t, size in list(PC_TYPES.items()) + list(ABS_TYPES.items()):
+                m = np.nonzero(typ == t)[0]
+                if not len(m):
+                    continue
+                pc = t in PC_TYPES
+                field = _read_int(old_buf, off[m], size, signed=(pc or t == R_X86_64_32S))
+                if pc:
+                    end, _ = self.insn_end(P[m], np.full(len(m), tgt.is_code))
+                    T = (end.astype(np.int64) + field).astype(np.uint64)
+                    T_rel = (S[m].astype(np.int64) + A[m] + (end - P[m]).astype(np.int64)
+                             ).astype(np.uint64)
+                    if t in GOT_TYPES:       # the GOT slot (or the relaxed target)
+                        T_rel = T
+                else:
+                    T = field.astype(np.int64).astype(np.uint64) if t == R_X86_64_32S else \
+                        field.astype(np.uint64)
+                    T_rel = (S[m].astype(np.int64) + A[m]).astype(np.uint64)
+                    if t == R_X86_64_32:
+                        T_rel = T_rel & np.uint64(0xFFFFFFFF)
+                    if t == R_X86_64_32S:
+                        T_rel = T_rel.view(np.int64).astype(np.int32).astype(np.int64).view(np.uint64)
+                stale += int((T != T_rel).sum())
+                Tn, ok = self._target_rule(T, S[m], S_new[m], is_sec[m])
+                if not ok.all():
+                    self.problem("target-in-padding", T[~ok], f"{name}: target in dropped padding")
+                Tn_rel, _ = self._target_rule(T_rel, S[m], S_new[m], is_sec[m])
+                dP = P_new[m].astype(np.int64) - P[m].astype(np.int64)
+                if pc:
+                    end_new = (end.astype(np.int64) + dP)
+                    val = Tn.astype(np.int64) - end_new
+                    if t not in GOT_TYPES:
+                        newA[m] = A[m] + (Tn_rel.astype(np.int64) - T_rel.astype(np.int64)) \
+                            - (S_new[m].astype(np.int64) - S[m].astype(np.int64))
+                    if size == 4:
+                        over = (val < -2**31) | (val >= 2**31)
+                        if over.any():
+                            self.problem("pc32-overflow", P[m][over], f"{name}: PC32 overflow")
+                else:
+                    val = Tn.astype(np.int64)
+                    newA[m] = A[m] + (Tn_rel.astype(np.int64) - T_rel.astype(np.int64)) \
+                        - (S_new[m].astype(np.int64) - S[m].astype(np.int64))
+                oldv = field.astype(np.int64)
+                diff = (val != oldv) | (dP != 0)
+                if diff.any():
+                    sel = m[diff]
+                    _write_int(buf, off_new[sel], val[diff], size)
+                    changed_fields += int((val != oldv).sum())
+            total["relocs"] += len(rel)
+            total["fields_changed"] += changed_fields
+            total["stale"] += stale
+            moved_off = P_new != P
+            total["offsets_moved"] += int(moved_off.sum())
+            if moved_off.any() or (newA != A).any():
+                rows = np.array(image.section_bytes(rel.section)).view(RELA).copy()
+                rows["offset"] = P_new
+                rows["addend"] = newA
+                self.patched[rel.section.index] = rows.view(np.uint8)
+        self.stats.update({f"relocations.{k}": v for k, v in total.items()})
+
+    def _reloc_covered(self, dis):
+        """Instruction indices of ``dis`` that hold a relocated field."""
+        rel = self.image.relocations
+        cover = np.zeros(len(dis), bool)
+        for r in rel.values():
+            if r.target.is_code and len(r):
+                i = dis.containing(r.offset.astype(np.uint64))
+                cover[i[i >= 0]] = True
+        return cover
+
+    def fix_branches(self):
+        dis = self.dis
+        if dis is None:
+            raise RewriteError("internal: no disassembly of the units")
+        idx, target, kind = dis.branch_targets()
+        covered = self._reloc_covered(dis)
+        self._covered = covered
+        keep = ~covered[idx]
+        idx, target, kind = idx[keep], target[keep], kind[keep]
+        addr = dis.addr[idx]
+        size = dis.size[idx].astype(np.uint64)
+        end = addr + size
+        new_addr, ok_a = self.amap.map(addr)
+        Tn, ok = self.amap.map(target)
+        end_new = new_addr + size
+        disp_new = Tn.astype(np.int64) - end_new.astype(np.int64)
+        disp_old = target.astype(np.int64) - end.astype(np.int64)
+        change = disp_new != disp_old
+        bad = change & ~ok
+        if bad.any():
+            self.problem("branch-into-padding", addr[bad], "branch target in dropped padding")
+        for k, name in ((1, "rel8"), (4, "rel32")):
+            m = change & (kind == k) & ok
+            lim = 2 ** (8 * k - 1)
+            over = m & ((disp_new < -lim) | (disp_new >= lim))
+            if over.any():
+                raise RewriteError(f"{int(over.sum())} {name} branches overflow after relayout "
+                                   f"(first at {int(addr[over][0]):#x})")
+            sel = np.nonzero(m)[0]
+            if len(sel):
+                sec = self.image.section_at(int(new_addr[sel[0]]))
+                buf = self.buf(sec)
+                pos = (end_new[sel] - np.uint64(k) - np.uint64(sec.addr)).astype(np.int64)
+                _write_int(buf, pos, disp_new[sel], k)
+            self.stats[f"branches.{name}_fixed"] = int(m.sum())
+
+    def fix_rip_relative(self):
+        """RIP-relative operands without a relocation (same-section references)."""
+        dis = self.dis
+        raw = dis.raw
+        size = dis.size.astype(np.int64)
+        covered = self._covered
+        cand = np.zeros(len(dis), bool)
+        text_lo = min(r.start for r in self.units.regions)
+        text_hi = max(r.end for r in self.units.regions)
+        rows = np.arange(len(dis))
+        for imm in (0, 1, 2, 4):
+            dpos = size - 4 - imm
+            ok = (dpos >= 1) & ~covered
+            mpos = np.maximum(dpos - 1, 0)
+            modrm = raw[rows, np.minimum(mpos, 15)]
+            hit = ok & ((modrm & 0xC7) == 0x05)
+            disp = np.zeros(len(dis), np.int64)
+            for k in range(4):
+                disp |= raw[rows, np.clip(dpos + k, 0, 15)].astype(np.int64) << (8 * k)
+            disp = np.where(disp >= 2**31, disp - 2**32, disp)
+            T = dis.addr + size.astype(np.uint64) + disp.view(np.uint64)
+            hit &= (T >= np.uint64(text_lo)) & (T < np.uint64(text_hi))
+            cand |= hit
+        idx = np.nonzero(cand)[0]
+        md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        md.detail = True
+        fixed = 0
+        found = 0
+        for i in idx.tolist():
+            a = int(dis.addr[i])
+            n = int(size[i])
+            ins = next(md.disasm(bytes(raw[i, :n]), a), None)
+            if ins is None or not any(o.type == csx86.X86_OP_MEM and o.mem.base == csx86.X86_REG_RIP
+                                      for o in ins.operands):
+                continue
+            found += 1
+            do = ins.disp_offset
+            disp = int.from_bytes(bytes(raw[i, do:do + 4]), "little", signed=True)
+            T = (a + n + disp) & (2**64 - 1)
+            Tn, ok = self.amap.map(np.array([T], np.uint64))
+            an, _ = self.amap.map(np.array([a], np.uint64))
+            dn = int(Tn[0]) - (int(an[0]) + n)
+            if dn == disp:
+                continue
+            if not ok[0]:
+                self.problem("rip-into-padding", [a], "RIP-relative target in dropped padding")
+                continue
+            sec = self.image.section_at(int(an[0]))
+            buf = self.buf(sec)
+            p = int(an[0]) - sec.addr + do
+            buf[p:p + 4] = np.frombuffer(dn.to_bytes(4, "little", signed=True), np.uint8)
+            fixed += 1
+        self.stats["rip_relative.unrelocated"] = found
+        self.stats["rip_relative.fixed"] = fixed
+
+    # -- outputs ---------------------------------------------------------------
+    def symtab_bytes(self):
+        sec = next(s for s in self.image.sections if s.type == SHT_SYMTAB)
+        rows = np.array(self.image.section_bytes(sec)).view(SYM).copy()
+        rows["value"] = self.sym_new
+        return sec.index, rows.view(np.uint8)
+
+    def new_entry(self):
+        e = self.image.entry
+        return self.amap.map1(e) if e else e
