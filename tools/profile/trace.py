@@ -46,7 +46,7 @@ HEADER_DTYPE = np.dtype([
     ("cache_size", "<u4"), ("cache_ways", "<u4"), ("line_size", "<u4"), ("_pad0", "<u4"),
     ("n_tbs", "<u8"), ("n_edges", "<u8"), ("fetches", "<u8"), ("misses", "<u8"),
     ("roi_start", "<u8"), ("roi_stop", "<u8"), ("translations", "<u8"),
-    ("_pad1", "<u8", (3,)),
+    ("phantoms", "<u8"), ("_pad1", "<u8", (2,)),
 ])
 TB_DTYPE = np.dtype([("vaddr", "<u8"), ("size", "<u4"), ("ninsns", "<u4"),
                      ("execs", "<u8"), ("fetches", "<u8"), ("misses", "<u8")])
@@ -85,6 +85,7 @@ class PluginTrace:
     edges_recorded: bool
     roi: dict = field(default_factory=dict)   # start/stop addresses, started/stopped flags
     translations: int = 0
+    phantoms: int = 0      # page-crossing phantom instructions the plugin dropped (QEMU 7.2 quirk)
 
     @property
     def kernel_instructions(self):
@@ -148,7 +149,8 @@ def read_plugin_output(path):
         edge_flags=edges["flags"].copy(),
         fetches=int(h["fetches"]), misses=int(h["misses"]),
         mode=MODES[mode] if mode < len(MODES) else str(mode), cache=cache,
-        edges_recorded=bool(flags & FLAG_EDGES), roi=roi, translations=int(h["translations"]))
+        edges_recorded=bool(flags & FLAG_EDGES), roi=roi, translations=int(h["translations"]),
+        phantoms=int(h["phantoms"]))
 
 
 def read_tbtrace(path):

@@ -53,7 +53,8 @@
  *    32 u32 cache size  36 u32 ways  40 u32 line size  44 u32 reserved (0)
  *    48 u64 number of TB records   56 u64 number of edge records
  *    64 u64 fetches   72 u64 misses   80 u64 start=   88 u64 stop=
- *    96 u64 translations seen (in mode)   104..127 reserved (0)
+ *    96 u64 translations seen (in mode)   104 u64 phantom instructions dropped (see
+ *           fix_phantoms)   112..127 reserved (0)
  *   TB records, sorted by (vaddr, size, ninsns), 40 bytes each:
  *     u64 vaddr, u32 size, u32 ninsns, u64 execs, u64 fetches, u64 misses
  *   edge records, sorted by (src, dst), 32 bytes each:
@@ -80,6 +81,7 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 #define KERNEL_BASE 0xffff800000000000ULL
 #define USER_TOP 0x0000800000000000ULL
 #define NO_LINE UINT64_MAX
+#define PAGE_SIZE 4096ULL
 
 #define OUT_VERSION 1
 #define HDR_SIZE 128
@@ -100,6 +102,13 @@ struct tb_rec {
     uint64_t last_insn;     /* vaddr of the last instruction */
     uint32_t last_insn_size;
     uint32_t nlines;
+    uint64_t prev_insn;     /* vaddr of the instruction before the last one */
+    uint32_t prev_insn_size;
+    bool first_crosses;     /* the first instruction crosses a page boundary */
+    /* output view, after dropping a phantom last instruction (see fix_phantoms) */
+    uint32_t out_size, out_ninsns;
+    uint64_t out_last;
+    uint32_t out_last_size;
     struct edge *last_edge; /* one-entry cache: most recent successor */
     uint64_t lines[];       /* line numbers (vaddr >> line_shift), consecutive repeats merged */
 };
@@ -327,7 +336,9 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     size_t n = qemu_plugin_tb_n_insns(tb);
     uint64_t va = qemu_plugin_tb_vaddr(tb);
     uint64_t end = va, prev = NO_LINE, *lines;
-    uint32_t nlines = 0, last_size = 0;
+    uint32_t nlines = 0, last_size = 0, prev_size = 0;
+    uint64_t prev_va = 0;
+    bool crosses = false;
     struct tb_rec key, *r;
     size_t i, cap = 0;
 
@@ -370,9 +381,16 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
         if (a + s > end) {
             end = a + s;
         }
+        if (i + 2 == n) {
+            prev_va = a;
+            prev_size = (uint32_t)s;
+        }
         if (i == n - 1) {
             key.last_insn = a;
             last_size = (uint32_t)s;
+        }
+        if (i == 0) {
+            crosses = ((a ^ (a + s - 1)) & ~(PAGE_SIZE - 1)) != 0;
         }
     }
 
@@ -391,6 +409,9 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
         r->last_insn = key.last_insn;
         r->last_insn_size = last_size;
         r->nlines = nlines;
+        r->prev_insn = prev_va;
+        r->prev_insn_size = prev_size;
+        r->first_crosses = crosses;
         memcpy(r->lines, lines, nlines * sizeof(uint64_t));
         g_hash_table_add(tbs, r);
     }
@@ -424,10 +445,10 @@ static int cmp_tb(const void *a, const void *b)
     if (x->vaddr != y->vaddr) {
         return x->vaddr < y->vaddr ? -1 : 1;
     }
-    if (x->size != y->size) {
-        return x->size < y->size ? -1 : 1;
+    if (x->out_size != y->out_size) {
+        return x->out_size < y->out_size ? -1 : 1;
     }
-    return x->ninsns < y->ninsns ? -1 : x->ninsns > y->ninsns;
+    return x->out_ninsns < y->out_ninsns ? -1 : x->out_ninsns > y->out_ninsns;
 }
 
 struct edge_out {
@@ -456,6 +477,51 @@ static uint64_t execs_out(const struct tb_rec *r)
     }
 }
 
+/*
+ * QEMU 7.2 quirk: when the i386 translator meets an instruction that crosses a
+ * page boundary after the first instruction of a block, it ends the block
+ * before it, but the plugin API still lists that instruction as the block's
+ * last one, with only the bytes read before the translator gave up (a prefix
+ * of it).  The instruction then starts a block of its own, as its first
+ * instruction, with its full size.  A block's last instruction (not its first)
+ * can never really cross a page, so: a last instruction at an address where a
+ * block starts whose first instruction crosses a page is a phantom, and is dropped from
+ * the output view (instruction count, size, branch source).  The line list
+ * replayed at run time kept the phantom's bytes, which lie in the line where
+ * the next block (the real instruction) starts, so the fetch sequence is
+ * unchanged (merged repeat).  A phantom whose real instruction never ran as a
+ * block (an exception on the second page) stays.
+ * Returns the number of records fixed.
+ */
+static uint64_t fix_phantoms(struct tb_rec **v, size_t ntb)
+{
+    GHashTable *crossing = g_hash_table_new(g_int64_hash, g_int64_equal);
+    uint64_t fixed = 0;
+    size_t i;
+
+    for (i = 0; i < ntb; i++) {
+        v[i]->out_size = v[i]->size;
+        v[i]->out_ninsns = v[i]->ninsns;
+        v[i]->out_last = v[i]->last_insn;
+        v[i]->out_last_size = v[i]->last_insn_size;
+        if (v[i]->first_crosses) {
+            g_hash_table_add(crossing, &v[i]->vaddr);
+        }
+    }
+    for (i = 0; i < ntb; i++) {
+        struct tb_rec *r = v[i];
+        if (r->ninsns >= 2 && g_hash_table_contains(crossing, &r->last_insn)) {
+            r->out_ninsns = r->ninsns - 1;
+            r->out_size = (uint32_t)(r->last_insn - r->vaddr);
+            r->out_last = r->prev_insn;
+            r->out_last_size = r->prev_insn_size;
+            fixed++;
+        }
+    }
+    g_hash_table_destroy(crossing);
+    return fixed;
+}
+
 static void write_output(void)
 {
     size_t ntb = g_hash_table_size(tbs), i, ne = 0;
@@ -468,23 +534,33 @@ static void write_output(void)
     FILE *f;
     uint32_t flags = 0;
 
+    uint64_t phantoms;
+    size_t nout = 0;
+
     i = 0;
     g_hash_table_iter_init(&it, tbs);
     while (g_hash_table_iter_next(&it, &k, NULL)) {
         v[i++] = k;
     }
+    phantoms = fix_phantoms(v, ntb);
     qsort(v, ntb, sizeof(*v), cmp_tb);
+    /* records equal in the output view are written once, summed */
+    for (i = 0; i < ntb; i++) {
+        if (i == 0 || cmp_tb(&v[i - 1], &v[i]) != 0) {
+            nout++;
+        }
+    }
 
     for (i = 0; i < n_edges; i++) {
         struct edge *e = &edge_chunks[i / EDGE_CHUNK][i % EDGE_CHUNK];
         if (!e->count) {
             continue;
         }
-        eo[ne].src = e->src->last_insn;
+        eo[ne].src = e->src->out_last;
         eo[ne].dst = e->dst->vaddr;
         eo[ne].count = e->count;
-        eo[ne].src_size = e->src->last_insn_size;
-        eo[ne].flags = e->dst->vaddr == e->src->vaddr + e->src->size ? 1 : 0;
+        eo[ne].src_size = e->src->out_last_size;
+        eo[ne].flags = e->dst->vaddr == e->src->vaddr + e->src->out_size ? 1 : 0;
         ne++;
     }
     qsort(eo, ne, sizeof(*eo), cmp_edge);
@@ -518,13 +594,14 @@ static void write_output(void)
     put32(hdr + 32, (uint32_t)cache_size);
     put32(hdr + 36, (uint32_t)cache_ways);
     put32(hdr + 40, (uint32_t)line_size);
-    put64(hdr + 48, ntb);
+    put64(hdr + 48, nout);
     put64(hdr + 56, ne);
     put64(hdr + 64, total_fetches);
     put64(hdr + 72, total_misses);
     put64(hdr + 80, roi_start);
     put64(hdr + 88, roi_stop);
     put64(hdr + 96, translations);
+    put64(hdr + 104, phantoms);
 
     f = fopen(tmp, "wb");
     if (!f) {
@@ -532,15 +609,23 @@ static void write_output(void)
         goto out;
     }
     fwrite(hdr, 1, HDR_SIZE, f);
-    for (i = 0; i < ntb; i++) {
+    for (i = 0; i < ntb;) {
         const struct tb_rec *r = v[i];
+        uint64_t execs = 0, fetches = 0, misses = 0;
+        size_t j;
+        for (j = i; j < ntb && cmp_tb(&v[i], &v[j]) == 0; j++) {
+            execs += execs_out(v[j]);
+            fetches += v[j]->fetches;
+            misses += v[j]->misses;
+        }
         put64(rec, r->vaddr);
-        put32(rec + 8, r->size);
-        put32(rec + 12, r->ninsns);
-        put64(rec + 16, execs_out(r));
-        put64(rec + 24, r->fetches);
-        put64(rec + 32, r->misses);
+        put32(rec + 8, r->out_size);
+        put32(rec + 12, r->out_ninsns);
+        put64(rec + 16, execs);
+        put64(rec + 24, fetches);
+        put64(rec + 32, misses);
         fwrite(rec, 1, TB_REC_SIZE, f);
+        i = j;
     }
     for (i = 0; i < ne; i++) {
         unsigned char er[EDGE_REC_SIZE];
