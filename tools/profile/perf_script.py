@@ -22,6 +22,7 @@ decoding in numpy; no object per record.
 
 import os
 import re
+from operator import itemgetter
 
 import numpy as np
 
@@ -117,17 +118,18 @@ def parse(data, path="perf script"):
     else:
         m = _IP.findall(data)
         matched = len(m)
-        ips = [t[0] for t in m]
-        rests = [t[1] for t in m]
+        ips = list(map(itemgetter(0), m))
+        rests = list(map(itemgetter(1), m))
 
     # Branch stacks.
     br = _BR.findall(data)
     if br:
         ps.kind = "lbr"
-        f, t, e = zip(*br)
-        ps.br_from = hex_to_u64(f)
-        ps.br_to = hex_to_u64(t)
-        ps.br_mispred = (np.frombuffer(b"".join(e), dtype=np.uint8) == ord("M")).astype(np.uint8)
+        ps.br_from = hex_to_u64(list(map(itemgetter(0), br)))
+        ps.br_to = hex_to_u64(list(map(itemgetter(1), br)))
+        events = b"".join(map(itemgetter(2), br))
+        del br[:]
+        ps.br_mispred = (np.frombuffer(events, dtype=np.uint8) == ord("M")).astype(np.uint8)
         ps.style = _style(data)
         keep = (ps.br_from != 0) & (ps.br_to != 0)
         if not keep.all():
