@@ -28,6 +28,8 @@ def align_up(x, a):
 def place(cursor, unit_align, phase, want_align=1):
     """Smallest address >= cursor with the unit's alignment (and phase) and want_align."""
     a = max(int(unit_align), 1)
+    phase = int(phase)
+    cursor = int(cursor)
     if phase:
         # A glued unit whose start is not at its members' largest alignment:
         # keep the same phase modulo that alignment.
@@ -145,12 +147,16 @@ def make_plan(units, strategy, heat, calls=(), functions=None):
             continue
         pinned = units.pinned[view.index]
         if pinned.any():
-            # Pinned units must be a prefix of the region (kernel head code):
-            # they stay, the rest is laid out after them.
+            # Pinned units must be a prefix of the region (kernel head code, SRSO
+            # thunks): they stay, the rest is laid out after them.
             npin = int(np.argmin(pinned)) if not pinned.all() else len(pinned)
-            if pinned[npin:].any() or rstart != reg.start:
-                raise LayoutError(f"region {reg.name} holds pinned code that is not at its "
-                                  "start, or would have to move")
+            first_pinned = int(units.start[view.index[0]])
+            if pinned[npin:].any():
+                raise LayoutError(f"region {reg.name} holds pinned code after movable code")
+            if rstart > first_pinned:
+                raise LayoutError(
+                    f"layout does not fit: the code before {units.name[view.index[0]]} "
+                    f"(pinned at {first_pinned:#x}) needs {rstart - first_pinned} more bytes")
             new_start[view.index[:npin]] = units.start[view.index[:npin]]
             cursor = int(units.end[view.index[npin - 1]])
             if npin == len(pinned):

@@ -271,6 +271,8 @@ class Rewriter:
             total["relocs"] += len(rel)
             total["fields_changed"] += changed_fields
             total["stale"] += stale
+            if stale:
+                self.stats[f"stale.{name}"] = stale
             moved_off = P_new != P
             total["offsets_moved"] += int(moved_off.sum())
             if moved_off.any() or (newA != A).any():

@@ -35,6 +35,13 @@ PINNED_REGION_LABELS = (
 # of the first region through the unit holding it stays in place.
 HEAD_END_SYMBOLS = ("pvh_start_xen", "startup_64_setup_env", "secondary_startup_64")
 
+# Code placed at a fixed address on purpose (SRSO: srso_alias_untrain_ret is
+# 2 MiB aligned and the linker script asserts its address bits). Any unit
+# whose start is 2 MiB aligned is pinned too.
+PINNED_SYMBOLS = ("srso_alias_untrain_ret", "srso_alias_safe_ret", "srso_untrain_ret",
+                  "__x86_return_thunk", "zen_untrain_ret", "srso_safe_ret")
+PIN_ALIGNMENT = 1 << 21
+
 _PAD_BYTES = (0xCC, 0x00)
 
 
@@ -202,6 +209,14 @@ def build_units(image, functions, disasm_fn=None, sections=(".text",), pin_head=
     units = UnitTable(starts, sizes, regidx, regs, names, members=members)
     if head_end is not None:
         _pin_head(units, head_end)
+    for n in PINNED_SYMBOLS:
+        a = image.symbol_address(n)
+        if a is not None:
+            k = int(units.find([a])[0])
+            if k >= 0:
+                units.pinned[k] = True
+    st = units.start.astype(np.uint64)
+    units.pinned |= (st % np.uint64(PIN_ALIGNMENT)) == 0
     dis = None
     if disasm_fn is not None:
         dis = disasm_fn(units)
