@@ -121,6 +121,14 @@ def test_lbr_fixtures(tmp_path, exe, fixture, style):
     assert len(np.unique(np.stack([prof.edge_from, prof.edge_to]), axis=1).T) == len(prof.edge_from)
 
 
+def test_brstack_without_ip_column(tmp_path, exe):
+    path = write_rendered(tmp_path, "lbr-brstack-only.txt", exe)
+    prof = import_perf_script(path, exe)
+    ft, table = func_lookup(exe)
+    assert prof.meta["branches"] == 6 and prof.meta["samples"] == 0 and prof.meta["mispredicts"] == 1
+    assert prof.hot_functions(1)[0][0] == _hot_name(ft, table, "crunch")
+
+
 def test_lbr_6_12_event_flags(tmp_path, exe):
     """6.12's PN/MN events: M counts as a mispredict, N (not taken) is accepted."""
     path = write_rendered(tmp_path, "lbr-6.12.txt", exe)

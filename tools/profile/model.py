@@ -335,7 +335,7 @@ class Profile:
         extra = [f"{k} {m[k]}" for k in ("workload", "loops") if m.get(k) is not None]
         if m.get("kaslr_offset"):
             from .symbolize import fmt_offset
-            extra.append(f"kaslr offset {fmt_offset(m['kaslr_offset'])}")
+            extra.append(f"address shift {fmt_offset(m['kaslr_offset'])} removed (KASLR / load bias)")
         if extra:
             lines.append("  " + ", ".join(extra))
         stats = [f"{len(self.func_addr)} functions"]

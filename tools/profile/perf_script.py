@@ -33,6 +33,7 @@ from .symbolize import Symbolizer, fmt_offset, resolve_offset
 
 # One branch entry; group 3 is the first char of EVENT (P, M or -).
 _BR = re.compile(rb"0x([0-9a-fA-F]{1,16})(?:\([^)\n]*\))?/0x([0-9a-fA-F]{1,16})(?:\([^)\n]*\))?/([PM-])")
+_BR_ONLY_LINE = re.compile(rb"(?m)^[ \t]*0x[0-9a-fA-F]{1,16}(?:\([^)\n]*\))?/0x")
 # brstacksym: symbolic branch entries (not supported: addresses are needed).
 _BRSYM = re.compile(rb"(?m)[ \t][^\s/]+\+0x[0-9a-fA-F]+/[^\s/]+\+0x[0-9a-fA-F]+/[PM-]")
 # A sample line: optional header ending in ": ", the IP (hex, no 0x), the rest.
@@ -137,7 +138,7 @@ def parse(data, path="perf script"):
     elif ips:
         ps.kind = "ip"
 
-    if not ips and not br:
+    if not ips and ps.kind is None:
         n, line = _first_bad_line(data)
         where = f" (line {n}: {line[:80]!r})" if n else ""
         raise BadInput(f"{path}: no perf samples found{where}; expected `perf script -F ip,brstack` "
@@ -147,6 +148,8 @@ def parse(data, path="perf script"):
     if matched is not None:
         # (the empty "line" after a final newline matches _BLANK but is no line)
         blank = len(_BLANK.findall(data)) - (1 if data.endswith(b"\n") else 0)
+        if ps.kind == "lbr":
+            matched += len(_BR_ONLY_LINE.findall(data))     # `-F brstack`: no IP column
         bad = lines - matched - blank
         ps.bad_lines = max(bad, 0)
         if bad > max(2, lines // 100):
