@@ -1,0 +1,90 @@
+"""verify NEW --against OLD: identity passes; each kind of untranslated change is named."""
+
+import json
+
+import numpy as np
+import pytest
+
+from helpers import patched_copy, run_linepack
+from linepack import targets
+from linepack.image.elf import ElfImage
+from linepack.kernel.base import ImageContext
+
+pytestmark = pytest.mark.realkernel
+
+
+@pytest.fixture(scope="module")
+def vmlinux():
+    known = targets.available_abis()
+    return targets.debian_vmlinux(56 if 56 in known else known[-1])
+
+
+@pytest.fixture(scope="module")
+def ctx(vmlinux):
+    return ImageContext(ElfImage(vmlinux))
+
+
+def _against(new, old, tmp_path):
+    out = tmp_path / "eq.json"
+    p = run_linepack("verify", "-q", new, "--against", old, "--json", out)
+    return p, json.loads(out.read_text())
+
+
+def test_identical_images_are_equivalent(vmlinux, tmp_path):
+    p, rep = _against(vmlinux, vmlinux, tmp_path)
+    assert p.returncode == 0, p.stdout
+    assert rep["equivalence_instructions"] > 2_000_000
+    assert rep["equivalence_moved_functions"] == 0
+
+
+def _first_call(ctx, name):
+    """(address, displacement) of the first direct call in function `name`."""
+    d = ctx.disasm
+    i = ctx.functions.index_of(name)
+    idx = np.nonzero((d.func == i) & (d.raw[:, 0] == 0xE8) & (d.size == 5))[0][0]
+    a = int(d.addr[idx])
+    return a, int.from_bytes(bytes(ctx.image.read(a + 1, 4)), "little", signed=True)
+
+
+def test_untranslated_call_is_named(ctx, vmlinux, tmp_path):
+    a, disp = _first_call(ctx, "vfs_read")
+    bad = patched_copy(vmlinux, tmp_path / "new", {
+        ctx.image.vaddr_to_offset(a + 1): (disp + 16).to_bytes(4, "little", signed=True)})
+    p, rep = _against(bad, vmlinux, tmp_path)
+    assert p.returncode == 1
+    hits = [f for f in rep["findings"] if f["check"] == "equiv.branch-target"]
+    assert len(hits) == 1 and "vfs_read" in hits[0]["message"]
+
+
+def test_stale_data_pointer_is_named(ctx, vmlinux, tmp_path):
+    im = ctx.image
+    rel = im.relocations[".data"]
+    sel = np.nonzero(rel.type == 1)[0]
+    # a pointer into .text
+    text = im.section(".text")
+    for k in sel.tolist():
+        off = int(rel.offset[k])
+        val = int(im.view(off, 1, "<u8")[0])
+        if text.addr <= val < text.end:
+            break
+    bad = patched_copy(vmlinux, tmp_path / "new", {im.vaddr_to_offset(off): (val + 64).to_bytes(8, "little")})
+    p, rep = _against(bad, vmlinux, tmp_path)
+    assert p.returncode == 1
+    hits = [f for f in rep["findings"] if f["check"] == "equiv.data-pointer"]
+    assert len(hits) == 1 and f"{off:#x}" in hits[0]["message"]
+
+
+def test_changed_rip_relative_operand_is_named(ctx, vmlinux, tmp_path):
+    d = ctx.disasm
+    # mov r64, [rip + disp32]: REX.W 8B modrm(mod=00, rm=101), 7 bytes
+    rows = np.nonzero((d.raw[:, 0] == 0x48) & (d.raw[:, 1] == 0x8B)
+                      & ((d.raw[:, 2] & 0xC7) == 0x05) & (d.size == 7))[0]
+    a = int(d.addr[rows[len(rows) // 2]])
+    name = ctx.symbol_at(a).split("+")[0]
+    disp = int.from_bytes(bytes(ctx.image.read(a + 3, 4)), "little", signed=True)
+    bad = patched_copy(vmlinux, tmp_path / "new", {
+        ctx.image.vaddr_to_offset(a + 3): (disp + 8).to_bytes(4, "little", signed=True)})
+    p, rep = _against(bad, vmlinux, tmp_path)
+    assert p.returncode == 1
+    hits = [f for f in rep["findings"] if f["check"] == "equiv.instruction-bytes"]
+    assert len(hits) == 1 and name in hits[0]["message"] and "rip" in hits[0]["message"]
