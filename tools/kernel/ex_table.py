@@ -35,3 +35,27 @@ class ExTable(KernelTable):
         self.check_code_refs(ctx, findings, "insn", entries["insn"])
         self.check_code_refs(ctx, findings, "fixup", entries["fixup"])
         return findings
+
+    def update(self, ctx, entries, amap):
+        """Relayout: map insn and fixup through the address map, re-sort by insn.
+
+        6.1's __ex_table relocations are R_X86_64_NONE (sorttable), so this is
+        the only place its fields are updated.
+        """
+        out = entries.copy()
+        out["insn"], _ = amap.map(entries["insn"])
+        out["fixup"], _ = amap.map(entries["fixup"])
+        order = np.argsort(out["insn"], kind="stable")
+        out = out[order]
+        out["entry"] = entries["entry"]          # slots stay, contents move
+        return out
+
+    def write(self, ctx, entries, out):
+        if not len(entries):
+            return
+        e = entries["entry"].astype(np.int64)
+        raw = np.zeros(len(entries), dtype=self.dtype)
+        raw["insn"] = (entries["insn"].astype(np.int64) - e).astype(np.int32)
+        raw["fixup"] = (entries["fixup"].astype(np.int64) - (e + 4)).astype(np.int32)
+        raw["data"] = entries["data"]
+        out.write(int(entries["entry"][0]), raw.view(np.uint8))

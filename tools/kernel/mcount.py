@@ -45,3 +45,14 @@ class McountLoc(KernelTable):
         self.report(findings, "error", "__mcount_loc.insn", addr[bad],
                     lambda a: f"mcount site {ctx.symbol_at(a)} is not 'call __fentry__' or nop5")
         return findings
+
+    def update(self, ctx, entries, amap):
+        """Relayout: map every call site, keep the table sorted."""
+        out = entries.copy()
+        out["addr"], _ = amap.map(entries["addr"])
+        out["addr"] = np.sort(out["addr"], kind="stable")
+        return out
+
+    def write(self, ctx, entries, out):
+        if len(entries):
+            out.write(int(entries["entry"][0]), entries["addr"].astype("<u8").view(np.uint8))

@@ -54,3 +54,31 @@ class OrcTable(KernelTable):
         self.report(findings, "error", "orc.entry", ip[bad],
                     lambda a: f"ORC entry for {ctx.symbol_at(a)} has an invalid register or type")
         return findings
+
+    def update(self, ctx, entries, amap):
+        """Relayout: map IPs, re-sort both arrays together.
+
+        Several entries can land on one address (a terminator at a moved
+        function's end and the next function's first entry): the function's
+        own entry sorts last, since the unwinder takes the last entry <= IP.
+        """
+        out = entries.copy()
+        ip = entries["ip"]
+        out["ip"], _ = amap.map(ip)
+        own = ctx.functions.find(ip) >= 0
+        order = np.lexsort((own.astype(np.int8), out["ip"]))
+        out = out[order]
+        out["entry"] = entries["entry"]
+        return out
+
+    def write(self, ctx, entries, out):
+        if not len(entries):
+            return
+        e = entries["entry"].astype(np.int64)
+        rel = (entries["ip"].astype(np.int64) - e).astype("<i4")
+        out.write(int(entries["entry"][0]), rel.view(np.uint8))
+        a = ctx.image.symbol_address("__start_orc_unwind")
+        orc = np.zeros(len(entries), dtype=ORC_ENTRY)
+        for f in ("sp_offset", "bp_offset", "bits"):
+            orc[f] = entries[f]
+        out.write(a, orc.view(np.uint8))
