@@ -1,0 +1,127 @@
+"""Booted measurement: run a workload on each kernel under the TCG plugin's
+L1i model and report kernel-mode fetches, misses, instructions and text size.
+
+Deterministic by construction (QEMU -icount, fixed RTC; the plugin counts only
+between the workload's loop markers), so one run per image is enough to compare
+layouts; ``repeat`` re-runs anyway and reports the spread.
+"""
+
+import os
+import statistics
+import time
+
+import numpy as np
+
+from ..image.elf import ElfImage
+
+# Executed kernel instructions must agree across layouts to this relative
+# tolerance, else the layouts did not run the same work.
+INSTRUCTION_TOLERANCE = 1e-4
+
+
+def executed_lines(trace, line=64):
+    """Distinct cache lines covered by the executed translation blocks."""
+    run = trace.tb_execs > 0
+    start = trace.tb_addr[run].astype(np.uint64)
+    size = trace.tb_size[run].astype(np.uint64)
+    if not len(start):
+        return 0
+    first = start // np.uint64(line)
+    last = (start + np.maximum(size, 1) - np.uint64(1)) // np.uint64(line)
+    n = (last - first + np.uint64(1)).astype(np.int64)
+    rep = np.repeat(first, n)
+    offs = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+    return int(len(np.unique(rep + offs.astype(np.uint64))))
+
+
+def text_size(path):
+    im = ElfImage(path)
+    a, b = im.symbol_address("_stext"), im.symbol_address("_etext")
+    if a is None or b is None:
+        s = im.section(".text")
+        return s.size if s else 0
+    return b - a
+
+
+class Measurement:
+    """One image's numbers (medians over repeats, with spread)."""
+
+    def __init__(self, label, path, runs):
+        self.label, self.path, self.runs = label, path, runs
+
+    def median(self, key):
+        return statistics.median(r[key] for r in self.runs)
+
+    def spread(self, key):
+        vals = [r[key] for r in self.runs]
+        m = statistics.median(vals)
+        return (max(vals) - min(vals)) / m if m else 0.0
+
+    def as_dict(self):
+        keys = ("instructions", "fetches", "misses", "miss_rate", "hot_lines", "text_size", "wall")
+        d = {"label": self.label, "image": os.path.abspath(self.path), "repeats": len(self.runs)}
+        for k in keys:
+            d[k] = self.median(k)
+            d[k + "_spread"] = self.spread(k)
+        d["result_line"] = self.runs[0]["result_line"]
+        return d
+
+
+def measure(path, label=None, workload="vfs-mix", loops=None, cache="intel-32k-8w", repeat=1,
+            log=None):
+    from ..profile.record import run_traced
+
+    runs = []
+    tsize = text_size(path)
+    for k in range(repeat):
+        t0 = time.time()
+        tr, res = run_traced(path, workload=workload, loops=loops, cache=cache, edges=False,
+                             log=None)
+        runs.append({"instructions": tr.kernel_instructions, "fetches": tr.fetches,
+                     "misses": tr.misses, "miss_rate": tr.misses / tr.fetches if tr.fetches else 0.0,
+                     "hot_lines": executed_lines(tr), "text_size": tsize,
+                     "wall": time.time() - t0, "result_line": res.result_line})
+        if log:
+            log(f"{label or os.path.basename(path)} run {k + 1}/{repeat}: {tr.misses:,} misses / "
+                f"{tr.fetches:,} fetches, {tr.kernel_instructions:,} instructions")
+    return Measurement(label or os.path.basename(path), path, runs)
+
+
+def cross_check(measurements):
+    """Problems that make a comparison invalid (different work or results)."""
+    problems = []
+    if not measurements:
+        return problems
+    base = measurements[0]
+    bi = base.median("instructions")
+    for m in measurements[1:]:
+        mi = m.median("instructions")
+        if bi and abs(mi - bi) / bi > INSTRUCTION_TOLERANCE:
+            problems.append(f"{m.label}: {mi:,} kernel instructions vs {bi:,} for {base.label} "
+                            f"({(mi - bi) / bi:+.3%}): not the same work")
+        if m.runs[0]["result_line"] != base.runs[0]["result_line"]:
+            problems.append(f"{m.label}: workload result differs: {m.runs[0]['result_line']!r}")
+    return problems
+
+
+def format_table(measurements, cache_name=""):
+    """The before/after table (first row is the baseline)."""
+    if not measurements:
+        return ""
+    base = measurements[0]
+    hdr = (f"{'layout':<18} {'L1i misses':>12} {'vs base':>8} {'fetches':>12} {'miss rate':>9} "
+           f"{'kernel insns':>14} {'hot lines':>9} {'.text bytes':>12} {'.text':>7} {'wall s':>7}")
+    lines = [f"kernel-mode L1i, {cache_name}" if cache_name else "", hdr, "-" * len(hdr)]
+    for m in measurements:
+        mis, bmis = m.median("misses"), base.median("misses")
+        ts, bts = m.median("text_size"), base.median("text_size")
+        lines.append(
+            f"{m.label:<18} {mis:>12,} {(mis - bmis) / bmis if bmis else 0:>+8.1%} "
+            f"{m.median('fetches'):>12,} {m.median('miss_rate'):>9.2%} {m.median('instructions'):>14,} "
+            f"{m.median('hot_lines'):>9,} {ts:>12,} {(ts - bts) / bts if bts else 0:>+7.2%} "
+            f"{m.median('wall'):>7.1f}")
+    reps = measurements[0].runs
+    if len(reps) > 1:
+        worst = max(m.spread("misses") for m in measurements)
+        lines.append(f"{len(reps)} runs each; largest spread in misses {worst:.4%}")
+    return "\n".join(x for x in lines if x is not None)
