@@ -20,28 +20,33 @@ NO_RELOCS = ("{path}: no link relocations in its code; relink with -Wl,--emit-re
              "Debian's linux-image-6.1.0-*-cloud-amd64-dbg)")
 
 
-def load_profile(path, image=None):
+def load_profile(path, image=None, per_loop=True):
     """{function name or address: count} from a profile file.
 
     Accepts the simple JSON form ``{"functions": {"name": count}}`` (optionally
     ``"build_id"``, ``"calls": [[caller, callee, count], ...]``), or the
     project's profile model when it is present.
     """
+    if not os.path.exists(path):
+        raise BadInput(f"{path}: no such profile")
     try:
         with open(path) as f:
             doc = json.load(f)
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such profile") from None
-    except (OSError, ValueError) as e:
-        raise BadInput(f"{path}: not a readable profile ({e})") from None
+    except (OSError, ValueError, UnicodeDecodeError):
+        doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("functions"), dict):
-        try:   # the profile model, if another engineer's module is there
-            from ..profile import model  # noqa: F401
-            prof = model.load(path)
-            return prof.function_counts(), getattr(prof, "build_id", None), []
-        except Exception:
-            raise BadInput(f"{path}: not a profile (expected {{\"functions\": {{name: count}}}})") \
-                from None
+        try:   # the project's profile model
+            from ..profile.model import Profile
+            prof = Profile.load(path)
+        except Exception as e:   # noqa: BLE001
+            raise BadInput(f"{path}: not a profile (expected the profile model or "
+                           f"{{\"functions\": {{name: count}}}}): {e}") from None
+        counts = prof.function_counts()
+        loops = prof.meta.get("loops")
+        if per_loop and loops:
+            # Counts per workload iteration: min_count 1 = "runs once per iteration".
+            counts = {k: v / float(loops) for k, v in counts.items()}
+        return counts, prof.meta.get("build_id"), []
     funcs = {}
     for k, v in doc["functions"].items():
         funcs[k] = float(v)
@@ -101,9 +106,6 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     summary = plan.summary()
     summary.update(rw.stats)
     summary.update(line_metric(plan, functions, hotness))
-    text_growth = 0
-    for ri, r in enumerate(units.regions):
-        pass
     summary["padding_bytes"] = int(_padding(plan))
     summary["text_growth_bytes"] = int(_growth(plan))
     summary["dwarf"] = "dropped" if drop else "kept"
@@ -121,7 +123,7 @@ def _growth(plan):
     u = plan.units
     g = 0
     for lo, hi in zip(*_runs(plan)):
-        m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi))
+        m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi)) & ~u.pinned
         if m.any():
             g += int(plan.new_end[m].max()) - int(u.end[m].max())
     return g
@@ -137,7 +139,7 @@ def _padding(plan):
     u = plan.units
     tot = 0
     for lo, hi in zip(*_runs(plan)):
-        m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi))
+        m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi)) & ~u.pinned
         if m.any():
             span = int(plan.new_end[m].max()) - int(plan.new_start[m].min())
             tot += span - int(u.size[m].sum())
