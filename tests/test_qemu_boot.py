@@ -122,6 +122,8 @@ def test_plugin_and_icount_arguments(make_file, debian_vmlinux):
     assert cmd[cmd.index("-plugin") + 1] == f"{so},out=/tmp/x.bin,cache=on,start=0x401000"
     assert cmd[cmd.index("-icount") + 1] == "shift=0,sleep=off"
     assert cmd[cmd.index("-rtc") + 1] == "base=2020-01-01T00:00:00,clock=vm"
+    as_list = qemu.qemu_command(debian_vmlinux, "i.gz", plugin=so, plugin_args=["out=/x", "mode=all"])
+    assert as_list[as_list.index("-plugin") + 1] == f"{so},out=/x,mode=all"
     plain = qemu.qemu_command(debian_vmlinux, "i.gz", icount=False)
     assert "-icount" not in plain and "-rtc" not in plain
     with pytest.raises(BadInput, match="commas"):

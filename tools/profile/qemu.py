@@ -90,7 +90,10 @@ def _plugin_arg(plugin, plugin_args):
     if not os.path.exists(plugin):
         raise BadInput(f"TCG plugin {plugin} does not exist")
     parts = [os.path.abspath(plugin)]
-    for k, v in (plugin_args or {}).items():
+    items = plugin_args or {}
+    if not hasattr(items, "items"):           # a list of "k=v" strings works too
+        items = dict(str(a).split("=", 1) for a in items)
+    for k, v in items.items():
         if isinstance(v, bool):
             v = "on" if v else "off"
         v = str(v)
