@@ -1,0 +1,127 @@
+"""relayout on Debian's 6.1 cloud vmlinux (cached by the set-up): plan invariants,
+stock identity, and (qemu) the rewritten kernels boot and run VFS-mix."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from linepack.image.elf import ElfImage
+from linepack.image.functions import FunctionTable
+from linepack.relayout.driver import relayout
+
+VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+pytestmark = [pytest.mark.realkernel,
+              pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux")]
+
+
+@pytest.fixture(scope="module")
+def vfs_profile(tmp_path_factory):
+    """A small synthetic hotness map over real function names (no QEMU needed)."""
+    ft = FunctionTable(ElfImage(VMLINUX))
+    names = [n for n in ("vfs_write", "vfs_read", "do_sys_openat2", "path_openat", "ksys_lseek",
+                         "_raw_spin_lock", "schedule", "memcpy", "kmem_cache_alloc",
+                         "filemap_map_pages", "unlink", "do_unlinkat", "__fput")
+             if ft.index_of(n) is not None]
+    # Plus every 50th function of the main text, to have a few hundred hot ones.
+    names += [ft.name[i] for i in range(100, 40000, 50)]
+    d = tmp_path_factory.mktemp("vmprof")
+    p = d / "prof.json"
+    p.write_text(json.dumps({"functions": {n: 1000 - k % 900 for k, n in enumerate(names)}}))
+    return p, {n: float(1000 - k % 900) for k, n in enumerate(names)}
+
+
+def test_stock_keeps_all_allocated_bytes(tmp_path):
+    out = tmp_path / "vmlinux.stock"
+    summary, plan, rw = relayout(VMLINUX, str(out), "stock")
+    assert summary["units_moved"] == 0
+    a, b = ElfImage(VMLINUX), ElfImage(str(out))
+    for s in a.alloc_sections():
+        if s.type != 8:
+            assert bytes(a.section_bytes(s)) == bytes(b.section_bytes(b.sections[s.index])), s.name
+    assert summary["dwarf"] == "dropped"
+    assert b.section(".debug_info").size == 0
+
+
+def test_pack_invariants(tmp_path, vfs_profile):
+    _, hot = vfs_profile
+    out = tmp_path / "vmlinux.pack"
+    summary, plan, rw = relayout(VMLINUX, str(out), "pack", hotness=hot)
+    # kallsyms has no update yet (known gap, reported as a problem, not hidden).
+    probs = [p for p in summary["problems"] if p["kind"] != "table-not-updated"]
+    assert not probs, probs[:3]
+    assert summary["units_moved"] > 1000
+    text = ElfImage(VMLINUX).section(".text")
+    assert summary["text_growth_bytes"] <= text.size // 100        # <= 1 %
+    assert summary["hot_lines_after"] <= summary["hot_lines_before"]
+    ft = FunctionTable(ElfImage(str(out)))
+    u = plan.units
+    for name in hot:
+        i = ft.index_of(name)
+        ui = int(u.funcs[FunctionTable(rw.image).index_of(name)])
+        if ui < 0 or u.pinned[ui] or len(u.members[ui]) > 1 or plan.heat[ui] < 1:
+            continue
+        a, s = int(ft.start[i]), int(ft.size[i])
+        if s > 64:
+            assert a % 64 == 0, name
+        else:
+            assert a // 64 == (a + s - 1) // 64, name
+    for t in ("__ex_table", "orc_unwind", "__mcount_loc"):
+        assert summary[f"table.{t}"] > 0
+
+
+def test_new_image_passes_table_checks(tmp_path, vfs_profile):
+    """The lead's table checks (verify) find no errors the original does not have."""
+    from linepack.kernel import TABLES
+    from linepack.kernel.base import ImageContext
+    _, hot = vfs_profile
+    out = tmp_path / "vmlinux.a64"
+    relayout(VMLINUX, str(out), "align-all 64", hotness=hot)
+
+    def errors(path):
+        ctx = ImageContext(ElfImage(path))
+        n = {}
+        for cls in TABLES:
+            t = cls()
+            try:
+                f = t.check(ctx, t.parse(ctx))
+            except Exception as e:  # noqa: BLE001
+                n[cls.name] = f"crash: {e}"
+                continue
+            n[cls.name] = sum(1 for x in f if x.severity == "error")
+        return n
+    before, after = errors(VMLINUX), errors(str(out))
+    worse = {k: (before.get(k), v) for k, v in after.items()
+             if k != "kallsyms" and v != before.get(k)}
+    assert not worse
+
+
+@pytest.mark.qemu
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["stock", "align-all 16", "align-all 64", "pack"])
+def test_boots_and_runs_vfs_mix(tmp_path, vfs_profile, strategy):
+    from linepack.profile.qemu import run_workload
+    _, hot = vfs_profile
+    out = tmp_path / "vmlinux.new"
+    relayout(VMLINUX, str(out), strategy, hotness=hot)
+    want = run_workload(VMLINUX, workload="vfs-mix", icount=False, timeout=300).result_line
+    got = run_workload(str(out), workload="vfs-mix", icount=False, timeout=300).result_line
+    assert got == want
+
+
+def test_cli_refusals(tmp_path):
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "linepack", "relayout", *a],
+                              capture_output=True, text=True)
+    r = run(VMLINUX, "-o", VMLINUX, "--strategy", "stock")
+    assert r.returncode == 2 and "input" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run(VMLINUX, "-o", str(tmp_path / "x"), "--strategy", "nonsense")
+    assert r.returncode == 2 and "unknown strategy" in r.stderr
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps({"functions": {"vfs_read": 1}, "build_id": "00" * 20}))
+    r = run(VMLINUX, "-o", str(tmp_path / "x"), "--profile", str(p))
+    assert r.returncode == 2 and "another build" in r.stderr
+    assert not (tmp_path / "x").exists()

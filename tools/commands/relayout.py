@@ -1,0 +1,102 @@
+"""``linepack relayout``: move functions per a layout strategy and rewrite the image."""
+
+import json
+import os
+import sys
+import time
+
+from ..cli import verb
+from ..errors import BadInput
+
+
+def _log_fn(quiet):
+    t0 = time.time()
+
+    def log(msg):
+        if not quiet:
+            print(f"linepack: [{time.time() - t0:5.1f}s] {msg}", file=sys.stderr, flush=True)
+    return log
+
+
+def load_config(path):
+    try:
+        import tomllib
+    except ImportError:          # Python < 3.11
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such config") from None
+    except (OSError, ValueError) as e:
+        raise BadInput(f"{path}: not a valid TOML config ({e})") from None
+
+
+@verb("relayout", "re-lay out functions of an ELF image (vmlinux) per a profile and a strategy")
+class Relayout:
+    @staticmethod
+    def add_arguments(p):
+        p.add_argument("image", help="input ELF (vmlinux linked with --emit-relocs)")
+        p.add_argument("-o", "--output", required=True, help="output image (written atomically)")
+        p.add_argument("--profile", help="profile (linepack profile model, or JSON "
+                       "{\"functions\": {name: count}})")
+        p.add_argument("--config", help="strategy config (configs/relayout/*.toml)")
+        p.add_argument("--strategy", help="stock | align-all N | hot64 | pack (overrides --config)")
+        p.add_argument("--min-count", type=float, help="hotness threshold (per workload iteration)")
+        p.add_argument("--json", metavar="FILE", help="write the summary as JSON")
+        p.add_argument("--system-map", metavar="FILE", help="write the new System.map")
+        p.add_argument("--layout-map", metavar="FILE", help="write old -> new address per function")
+        p.add_argument("--keep-debug", action="store_true",
+                       help="keep .debug_* sections (stale: they describe old addresses)")
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+
+    @staticmethod
+    def run(args):
+        from ..relayout import strategies
+        from ..relayout.driver import load_profile, relayout
+
+        log = _log_fn(args.quiet)
+        cfg = load_config(args.config) if args.config else {"strategy": "pack"}
+        if args.strategy:
+            cfg = {"strategy": args.strategy}
+        if args.min_count is not None:
+            cfg["min_count"] = args.min_count
+        strat = strategies.get(dict(cfg))
+        if os.path.exists(args.output) and os.path.exists(args.image) and \
+                os.path.samefile(args.image, args.output):
+            raise BadInput(f"{args.output}: output is the input; linepack never modifies its input")
+        hot, build_id, calls = ({}, None, [])
+        if args.profile:
+            hot, build_id, calls = load_profile(args.profile)
+        elif strat.name not in ("stock",) and not strat.name.startswith("align-all"):
+            raise BadInput(f"strategy {strat.name} needs --profile")
+        summary, plan, rw = relayout(args.image, args.output, strat, hotness=hot, calls=calls,
+                                     profile_build_id=build_id, log=log,
+                                     drop_debug=not args.keep_debug,
+                                     layout_map=args.layout_map, system_map=args.system_map)
+        if args.keep_debug:
+            print("linepack: warning: .debug_* kept but stale (old addresses)", file=sys.stderr)
+        s = summary
+        print(f"relayout {args.image} -> {args.output} ({s['strategy']})")
+        print(f"  functions moved:   {s['functions_moved']} ({s['units_moved']} units of "
+              f"{s['units']})")
+        print(f"  hot text:          {s['hot_text_bytes']} bytes in {s['hot_units']} units")
+        print(f"  padding:           {s['padding_bytes']} bytes; .text growth "
+              f"{s['text_growth_bytes']:+d} bytes")
+        print(f"  hot 64 B lines:    {s['hot_lines_before']} -> {s['hot_lines_after']} "
+              f"({s['hot_functions']} hot functions)")
+        print(f"  references fixed:  {s.get('relocations.fields_changed', 0)} relocated fields, "
+              f"{s.get('branches.rel32_fixed', 0)} rel32 + {s.get('branches.rel8_fixed', 0)} rel8 "
+              f"branches, {s.get('rip_relative.fixed', 0)} RIP-relative")
+        tables = [k.split('.', 1)[1] for k in s if k.startswith("table.")]
+        if tables:
+            print(f"  kernel tables:     {', '.join(tables)}")
+        print(f"  DWARF:             {s['dwarf']}")
+        for p in s["problems"][:10]:
+            print(f"  problem: {p['kind']} at {p['address']}: {p['message']}")
+        if args.json:
+            tmp = args.json + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(s, f, indent=1, sort_keys=True)
+            os.replace(tmp, args.json)
+        return 0
