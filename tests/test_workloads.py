@@ -75,6 +75,14 @@ def test_vfs_mix_counts_from_env(tmp_path):
     assert workloads.find_result(p.stdout) == workloads.run_native("vfs-mix", 12)
 
 
+def test_find_result_matches_whole_words():
+    text = "noise\nlinepack-result pipe loops=100 checksum=1\nlinepack-info pipe x\n"
+    assert workloads.find_result(text) == "linepack-result pipe loops=100 checksum=1"
+    assert workloads.find_result(text, "linepack-result pipe loops=100").endswith("checksum=1")
+    assert workloads.find_result(text, "linepack-result pipe loops=10") is None
+    assert workloads.find_result("linepack-resultx\n") is None
+
+
 def test_vfs_mix_without_directory_fails_clearly():
     p = subprocess.run([workloads.build("vfs-mix"), "10"], stdout=subprocess.PIPE, text=True,
                        env={k: v for k, v in os.environ.items() if k != "workdir"})

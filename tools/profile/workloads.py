@@ -199,11 +199,14 @@ def roi_addresses(name):
 
 
 def find_result(text, prefix=RESULT_TAG):
-    """The last line of ``text`` starting with ``prefix`` (stripped), or None."""
+    """The last line of ``text`` that is ``prefix`` or starts with ``prefix + " "``, or None.
+
+    (A whole-word match: prefix '... loops=10' does not match a 'loops=100' line.)
+    """
     found = None
     for line in text.splitlines():
         line = line.strip()
-        if line.startswith(prefix):
+        if line == prefix or line.startswith(prefix + " "):
             found = line
     return found
 
