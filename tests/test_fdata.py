@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from linepack.cli import main
-from linepack.errors import BadInput
 from linepack.image.elf import ElfImage
 from linepack.profile.fdata import export_fdata, import_fdata
 from linepack.profile.model import Profile

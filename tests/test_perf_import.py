@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from linepack.cli import main
-from linepack.errors import BadInput
 from linepack.image.elf import ElfImage
 from linepack.image.functions import FunctionTable
 from linepack.profile.model import KIND_CALL, Profile

@@ -76,13 +76,30 @@ class PerfScript:
         self.kind = None            # "lbr" or "ip"
         self.style = None           # brstack flavour seen: "5.x", "6.1", "6.2+"
         self.ip = np.zeros(0, np.uint64)
-        self.ip_sym = None          # list of bytes (b"" when unknown) per sample, or None
-        self.ip_symoff = None       # int64 per sample, -1 when unknown
+        self.ip_rest = None         # text after each IP when it has a symbol column, else None
         self.br_from = np.zeros(0, np.uint64)
         self.br_to = np.zeros(0, np.uint64)
         self.br_mispred = np.zeros(0, np.uint8)
         self.lines = 0
         self.bad_lines = 0
+
+
+    @property
+    def has_symbols(self):
+        return self.ip_rest is not None
+
+    def symbols(self, rows):
+        """(names, offsets) of the symbol column for sample rows: "" / -1 where unknown."""
+        names, offs = [], []
+        for i in rows:
+            mm = _SYM.match(self.ip_rest[i])
+            if mm is None or mm.group(1).startswith(b"0x") or mm.group(1) == b"[unknown]":
+                names.append("")
+                offs.append(-1)
+            else:
+                names.append(mm.group(1).decode("utf-8", "replace"))
+                offs.append(int(mm.group(2), 16) if mm.group(2) else -1)
+        return names, np.asarray(offs, dtype=np.int64)
 
 
 def _first_bad_line(data):
@@ -159,19 +176,10 @@ def parse(data, path="perf script"):
                            "`perf script -F ip,sym` output")
 
     ps.ip = hex_to_u64(ips)
-    # Symbol column: first token after the IP unless it is a branch entry.
+    # Symbol column: first token after the IP unless it is a branch entry. Parsed
+    # lazily (ps.symbols) for the few samples shift detection looks at.
     if rests and any(r.strip()[:2] not in (b"", b"0x") for r in rests[:1000]):
-        syms, offs = [], []
-        for r in rests:
-            mm = _SYM.match(r)
-            if mm is None or mm.group(1).startswith(b"0x") or mm.group(1) == b"[unknown]":
-                syms.append(b"")
-                offs.append(-1)
-            else:
-                syms.append(mm.group(1))
-                offs.append(int(mm.group(2), 16) if mm.group(2) else -1)
-        ps.ip_sym = syms
-        ps.ip_symoff = np.asarray(offs, dtype=np.int64)
+        ps.ip_rest = rests
     return ps
 
 
@@ -237,30 +245,24 @@ def import_perf_script(path, image, kaslr_offset=None, meta=None, log=None):
         log(f"ignored {ps.bad_lines} unrecognized line(s)")
     sym = Symbolizer(image)
 
-    # Addresses that decide the shift: unique IPs and branch endpoints, weighted.
-    ua, ucount = np.unique(np.concatenate([ps.ip, ps.br_from, ps.br_to]), return_counts=True)
     names = None
-    if ps.ip_sym is not None and len(ps.ip):
+    if ps.has_symbols and len(ps.ip):
         # (ip, name, offset) triples whose name is a function of the image give an
         # exact shift and ignore samples in other DSOs (libc, the kernel, ...).
-        uip, first = np.unique(ps.ip, return_index=True)
-        ft = sym.functions
-        sel, nm = [], []
-        for i in first.tolist():
-            s = ps.ip_sym[i]
-            if s:
-                s = s.decode("utf-8", "replace")
-                if ft.index_of(s) is not None:
-                    sel.append(i)
-                    nm.append(s)
-        if sel:
-            if len(sel) > 5000:
-                pick = np.linspace(0, len(sel) - 1, 5000).astype(np.int64).tolist()
-                sel, nm = [sel[k] for k in pick], [nm[k] for k in pick]
-            names = nm
-            sel = np.asarray(sel, dtype=np.int64)
+        _, first = np.unique(ps.ip, return_index=True)
+        if len(first) > 20000:
+            first = np.sort(first)[np.linspace(0, len(first) - 1, 20000).astype(np.int64)]
+        allnames, alloffs = ps.symbols(first.tolist())
+        index_of = sym.functions.index_of
+        keep = [k for k, n in enumerate(allnames) if n and index_of(n) is not None]
+        if keep:
+            if len(keep) > 5000:
+                keep = [keep[k] for k in np.linspace(0, len(keep) - 1, 5000).astype(np.int64).tolist()]
+            names = [allnames[k] for k in keep]
+            sel = first[keep]
+            symoffs = alloffs[keep]
     if names is not None:
-        off = resolve_offset(sym, ps.ip[sel], None, kaslr_offset, names, ps.ip_symoff[sel],
+        off = resolve_offset(sym, ps.ip[sel], None, kaslr_offset, names, symoffs,
                              what=name, log=log)
     else:
         ua, ucount = np.unique(np.concatenate([ps.ip, ps.br_from, ps.br_to]), return_counts=True)
