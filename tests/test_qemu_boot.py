@@ -101,6 +101,27 @@ def test_missing_result_line_is_an_error(debian_vmlinux, tmp_path, monkeypatch):
         qemu.run_workload(debian_vmlinux, "silent", loops=3, icount=False, timeout=120)
 
 
+def test_modules_are_loaded_in_order(debian_vmlinux):
+    fat = os.path.join(os.path.dirname(debian_vmlinux), "modules", "fs", "fat")
+    mods = [os.path.join(fat, "fat.ko"), os.path.join(fat, "vfat.ko")]
+    if not all(os.path.exists(m) for m in mods):
+        pytest.skip("fat.ko/vfat.ko not cached (linepack.targets.debian_module('fs/fat/fat.ko'))")
+    res = qemu.run_workload(debian_vmlinux, "pipe", loops=10, icount=False, modules=mods,
+                            timeout=300)
+    lines = res.serial.splitlines()
+    assert lines.index("linepack-module fat.ko loaded") < lines.index("linepack-module vfat.ko "
+                                                                      "loaded") < \
+        lines.index("linepack-begin pipe")
+
+
+def test_bad_module_is_a_clear_error(debian_vmlinux, make_file):
+    bogus = make_file("bogus.ko", b"\x7fELF not really a module" * 10)
+    with pytest.raises(ExternalToolError, match="workload pipe failed under QEMU: linepack-error "
+                       "pipe module bogus.ko: "):
+        qemu.run_workload(debian_vmlinux, "pipe", loops=10, icount=False, modules=[bogus],
+                          timeout=300)
+
+
 def test_not_a_kernel(tmp_path, make_file):
     initrd = make_file("i.cpio.gz", b"x")
     with pytest.raises(BadInput, match="is not a kernel"):

@@ -18,6 +18,7 @@
  *   linepack-info <name> ...         not deterministic (elapsed time); ignore
  *                                    when comparing runs
  *   linepack-error <name> ...        something failed; no result line follows
+ *   linepack-module <file> loaded    as PID 1, for each module in linepack.order
  * When running as PID 1 the workload syncs and powers the machine off.
  */
 #ifndef LINEPACK_WORKLOAD_H
@@ -34,6 +35,7 @@
 #include <sys/mount.h>
 #include <sys/reboot.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -106,7 +108,38 @@ static __attribute__((unused)) long lp_loops(int argc, char **argv, long dflt)
 	return v;
 }
 
-/* When PID 1 in an initramfs: make sure stdout goes somewhere useful. */
+/*
+ * Load the kernel modules listed, one file name a line and in load order, in
+ * /lib/modules/linepack.order (written by linepack.profile.qemu.workload_initrd).
+ * A module that fails to load (other than "already loaded") stops the run.
+ */
+static void lp_load_modules(void)
+{
+	char line[256];
+	FILE *order = fopen("/lib/modules/linepack.order", "r");
+
+	if (!order)
+		return;
+	while (fgets(line, sizeof(line), order)) {
+		char path[300];
+		int fd;
+
+		line[strcspn(line, "\r\n")] = 0;
+		if (!line[0])
+			continue;
+		snprintf(path, sizeof(path), "/lib/modules/%s", line);
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0 || (syscall(SYS_finit_module, fd, "", 0) < 0 && errno != EEXIST)) {
+			lp_say("linepack-error %s module %s: %s", lp_name, line, strerror(errno));
+			lp_finish(1);
+		}
+		close(fd);
+		lp_say("linepack-module %s loaded", line);
+	}
+	fclose(order);
+}
+
+/* When PID 1 in an initramfs: make sure stdout goes somewhere useful, load modules. */
 static __attribute__((unused)) void lp_init_console(void)
 {
 	if (getpid() != 1)
@@ -124,6 +157,7 @@ static __attribute__((unused)) void lp_init_console(void)
 				close(fd);
 		}
 	}
+	lp_load_modules();
 }
 
 /*

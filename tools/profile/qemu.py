@@ -215,16 +215,23 @@ def loops_append(base, loops, extra=None):
 def workload_initrd(workload, modules=(), log=None):
     """Path of the (cached) initramfs whose /init is ``workload``'s binary.
 
-    ``modules``: (archive path, host path) pairs or host paths of .ko files, packed
-    under /lib/modules/ (by base name when no archive path is given).
+    ``modules``: host paths of .ko files (or (archive path, host path) pairs), packed
+    under /lib/modules/ (by base name when no archive path is given). The workload's
+    /init loads those under /lib/modules/ with finit_module, in the order given
+    (listed in /lib/modules/linepack.order), before its loop.
     """
     binary = _workloads.build(workload, log=log)
-    extra = []
+    extra, order = [], []
     for m in modules:
         if isinstance(m, (tuple, list)):
-            extra.append((m[0], m[1]))
+            arc, host = str(m[0]).lstrip("/"), str(m[1])
         else:
-            extra.append((f"lib/modules/{os.path.basename(str(m))}", str(m)))
+            arc, host = f"lib/modules/{os.path.basename(str(m))}", str(m)
+        extra.append((arc, host))
+        if arc.startswith("lib/modules/") and arc.endswith(".ko"):
+            order.append(arc[len("lib/modules/"):])
+    if order:
+        extra.append(("lib/modules/linepack.order", "".join(n + "\n" for n in order).encode()))
     return _initramfs.build_initramfs(binary, extra)
 
 
