@@ -49,8 +49,8 @@ def record_qemu(kernel, workload="vfs-mix", loops=None, output=None, meta=None, 
     m = dict(meta or {})
     m.update({"workload": workload, "loops": loops, "result_line": res.result_line,
               "command_line": " ".join(res.command[-1:]) if res.command else "",
-              "roi": bool(tr.roi.get("started")) if tr.roi else False,
-              "wall_seconds": round(res.wall, 3)})
+              "roi": bool(tr.roi.get("started")) if tr.roi else False})
+    # No wall time in the metadata: the same run must give the same profile bytes.
     if log:
         log(f"{tr.kernel_instructions:,} kernel instructions in {len(tr.tb_addr):,} blocks; "
             f"{len(tr.edge_src):,} edges ({res.wall:.1f} s)")
