@@ -259,7 +259,8 @@ def test_region_of_interest(plugin_so, user_prog, tmp_path):
     _run_user(plugin_so, user_prog, [f"out={roi}", "mode=user", "cache=on", f"start={start:#x}",
                                      f"stop={stop:#x}", f"tbtrace={tbt}"])
     tf, tr = trace.read_plugin_output(full), trace.read_plugin_output(roi)
-    assert tr.roi == {"start": start, "stop": stop, "started": True, "stopped": True}
+    assert tr.roi == {"start": start, "stop": stop, "start_count": 1, "stop_count": 1,
+                      "started": True, "stopped": True}
     assert 0 < tr.kernel_instructions < tf.kernel_instructions
     assert 0 < tr.fetches < tf.fetches
     # the window holds exactly the loop: every block executed in it was traced
@@ -406,3 +407,29 @@ def test_icount_runs_repeat(plugin_so, boot, tmp_path):
     print(f"\nicount repeatability: instructions {i0} vs {i1} ({di:.2e}), "
           f"misses {m0} vs {m1} ({dm:.2e}), fetches {f0} vs {f1}")
     assert di <= 1e-5 and dm <= 1e-5          # the issue's 0.001 %
+
+
+@pytest.mark.qemu
+@pytest.mark.realkernel
+def test_kernel_region_of_interest(plugin_so, boot, vmlinux, tmp_path):
+    """A window between executions of a syscall handler both workloads call every loop."""
+    from linepack.image.elf import ElfImage
+    close = ElfImage(vmlinux).symbol_address("__x64_sys_close")
+    assert close
+    res = {}
+    for hits in (20, 40):
+        out = tmp_path / f"roi{hits}.bin"
+        boot(plugin_so, {"out": out, "cache": "on", "size": 32768, "ways": 8, "line": 64,
+                         "start": hex(close), "stop": hex(close), "start_count": 201,
+                         "stop_count": hits})
+        t = trace.read_plugin_output(out)
+        assert t.roi["started"] and t.roi["stopped"] and t.roi["start_count"] == 201
+        res[hits] = t
+    a, b = res[20], res[40]
+    print(f"\nROI window of 20 close() calls: {a.kernel_instructions} instructions, "
+          f"{a.fetches} fetches, {a.misses} misses; 40 calls: {b.kernel_instructions}, "
+          f"{b.fetches}, {b.misses}")
+    assert 1e4 < a.kernel_instructions < 1e8
+    assert 1.8 < b.kernel_instructions / a.kernel_instructions < 2.2
+    assert 0 < a.misses <= a.fetches and b.misses <= b.fetches
+    assert b.fetches > a.fetches

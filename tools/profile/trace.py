@@ -46,7 +46,7 @@ HEADER_DTYPE = np.dtype([
     ("cache_size", "<u4"), ("cache_ways", "<u4"), ("line_size", "<u4"), ("_pad0", "<u4"),
     ("n_tbs", "<u8"), ("n_edges", "<u8"), ("fetches", "<u8"), ("misses", "<u8"),
     ("roi_start", "<u8"), ("roi_stop", "<u8"), ("translations", "<u8"),
-    ("phantoms", "<u8"), ("_pad1", "<u8", (2,)),
+    ("phantoms", "<u8"), ("start_count", "<u8"), ("stop_count", "<u8"),
 ])
 TB_DTYPE = np.dtype([("vaddr", "<u8"), ("size", "<u4"), ("ninsns", "<u4"),
                      ("execs", "<u8"), ("fetches", "<u8"), ("misses", "<u8")])
@@ -139,6 +139,7 @@ def read_plugin_output(path):
     if flags & (FLAG_START | FLAG_STOP):
         roi = {"start": int(h["roi_start"]) if flags & FLAG_START else None,
                "stop": int(h["roi_stop"]) if flags & FLAG_STOP else None,
+               "start_count": int(h["start_count"]), "stop_count": int(h["stop_count"]),
                "started": bool(flags & FLAG_STARTED), "stopped": bool(flags & FLAG_STOPPED)}
     return PluginTrace(
         tb_addr=tbs["vaddr"].copy(), tb_size=tbs["size"].copy(), tb_insns=tbs["ninsns"].copy(),
@@ -219,10 +220,13 @@ def cache_config(name_or_path):
             "ways": ways, "line": line, "policy": policy, "sets": sets}
 
 
-def plugin_args(out, cache=None, edges=False, mode="kernel", start=None, stop=None, tbtrace=None):
+def plugin_args(out, cache=None, edges=False, mode="kernel", start=None, stop=None, tbtrace=None,
+                start_count=None, stop_count=None):
     """The plugin's argument list (``k=v`` strings).
 
     cache: None (no simulation), a config name/path, or a dict from cache_config().
+    start/stop: region-of-interest marker addresses; start_count/stop_count: which
+    executions of them open and close the window (default 1).
     """
     if mode not in MODES:
         raise BadInput(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
@@ -236,6 +240,10 @@ def plugin_args(out, cache=None, edges=False, mode="kernel", start=None, stop=No
         args.append(f"start={int(start):#x}")
     if stop is not None:
         args.append(f"stop={int(stop):#x}")
+    if start_count is not None:
+        args.append(f"start_count={int(start_count)}")
+    if stop_count is not None:
+        args.append(f"stop_count={int(stop_count)}")
     if tbtrace:
         args.append(f"tbtrace={tbtrace}")
     for a in args:

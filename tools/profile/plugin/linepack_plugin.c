@@ -28,7 +28,10 @@
  * Region of interest (optional): start=<vaddr> and stop=<vaddr>.  Counting
  * begins the first time the instruction at start= executes and ends the first
  * time the instruction at stop= executes afterwards (start==stop: between two
- * consecutive executions).  The markers may be user addresses even in kernel
+ * consecutive executions).  start_count=N / stop_count=M: begin at the N-th
+ * execution of start=, end at the M-th execution of stop= after that (so
+ * start=stop=<syscall entry>,start_count=100,stop_count=10 spans 10 loop
+ * iterations after a warm-up of 99).  The markers may be user addresses even in kernel
  * mode.  The cache model runs outside the window too (so it is warm), but
  * only fetches/misses/edges inside the window are counted; TB execution
  * counts are snapshots taken at the markers.
@@ -40,6 +43,7 @@
  *   size=N ways=N line=N   cache geometry (default 32768, 8, 64); sets must be a power of 2
  *   edges=on|off      record block-to-block transitions (default off)
  *   start=VADDR stop=VADDR   region of interest (decimal or 0x hex)
+ *   start_count=N stop_count=M   which executions of the markers open/close it (default 1)
  *   tbtrace=PATH      debug: append every executed TB (vaddr u64, size u32, ninsns u32)
  *                     in execution order; large (16 B per executed block)
  *
@@ -54,7 +58,7 @@
  *    48 u64 number of TB records   56 u64 number of edge records
  *    64 u64 fetches   72 u64 misses   80 u64 start=   88 u64 stop=
  *    96 u64 translations seen (in mode)   104 u64 phantom instructions dropped (see
- *           fix_phantoms)   112..127 reserved (0)
+ *           fix_phantoms)   112 u64 start_count   120 u64 stop_count
  *   TB records, sorted by (vaddr, size, ninsns), 40 bytes each:
  *     u64 vaddr, u32 size, u32 ninsns, u64 execs, u64 fetches, u64 misses
  *   edge records, sorted by (src, dst), 32 bytes each:
@@ -126,6 +130,7 @@ static bool do_cache, do_edges;
 static uint64_t cache_size = 32768, cache_ways = 8, line_size = 64;
 static bool have_start, have_stop;
 static uint64_t roi_start, roi_stop;
+static uint64_t start_count = 1, stop_count = 1, start_hits, stop_hits;
 static bool system_emulation;
 
 /* ---- state (single vCPU) ---- */
@@ -318,15 +323,22 @@ static void marker_exec(unsigned int vcpu, void *udata)
     uint64_t va = (uint64_t)(uintptr_t)udata;
     g_mutex_lock(&lock);
     if (roi_state == ROI_WAIT && have_start && va == roi_start) {
+        if (++start_hits < start_count) {
+            goto out;
+        }
         snapshot(true);
         roi_state = ROI_ACTIVE;
         counting = true;
         last_tb = NULL;
     } else if (roi_state == ROI_ACTIVE && have_stop && va == roi_stop) {
+        if (++stop_hits < stop_count) {
+            goto out;
+        }
         snapshot(false);
         roi_state = ROI_DONE;
         counting = false;
     }
+out:
     g_mutex_unlock(&lock);
 }
 
@@ -602,6 +614,8 @@ static void write_output(void)
     put64(hdr + 88, roi_stop);
     put64(hdr + 96, translations);
     put64(hdr + 104, phantoms);
+    put64(hdr + 112, start_count);
+    put64(hdr + 120, stop_count);
 
     f = fopen(tmp, "wb");
     if (!f) {
@@ -726,9 +740,13 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
         } else if (!strcmp(name, "stop")) {
             ok = parse_u64(val, &roi_stop);
             have_stop = true;
+        } else if (!strcmp(name, "start_count")) {
+            ok = parse_u64(val, &start_count) && start_count > 0;
+        } else if (!strcmp(name, "stop_count")) {
+            ok = parse_u64(val, &stop_count) && stop_count > 0;
         } else {
             snprintf(msg, sizeof(msg), "unknown argument '%s' (known: out, mode, cache, size, "
-                     "ways, line, edges, start, stop, tbtrace)", opt);
+                     "ways, line, edges, start, stop, start_count, stop_count, tbtrace)", opt);
             die(msg);
             return -1;
         }
