@@ -1,0 +1,213 @@
+"""Layouts of one base image: plans (for what-if) and rewritten images (for
+booting), computed on demand and cached under ``cache_dir()/layouts/``.
+
+Cache key: (image build-id, strategy spec, profile hash, relayout code hash),
+so a changed profile or a changed strategy implementation never reuses a stale
+layout. Files per key: ``<key>.plan.npz`` (the AddressMap's pieces, extents and
+anchors plus .text growth), ``<key>.vmlinux`` (the rewritten image) and
+``<key>.json`` (the relayout summary).
+"""
+
+import glob
+import hashlib
+import json
+import os
+import re
+import tempfile
+
+import numpy as np
+
+from ..errors import BadInput, LinepackError
+
+_RELAYOUT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "relayout")
+NEEDS_PROFILE = ("hot64", "pack")
+
+
+def normalize_spec(spec):
+    """'align-all:64', 'align-all 64', 'align_all=64' -> 'align-all:64'; validates it."""
+    from ..relayout import strategies
+    s = str(spec).strip()
+    if not s:
+        raise BadInput("empty layout name")
+    try:
+        strat = strategies.get(s)
+    except LinepackError as e:
+        raise BadInput(f"--layout {spec}: {e}") from None
+    name, _, arg = s.replace("=", " ").replace(":", " ").partition(" ")
+    name = name.strip().lower().replace("_", "-")
+    arg = arg.strip()
+    if name == "align-all":
+        arg = str(strat.align)
+    return f"{name}:{arg}" if arg else name
+
+
+def code_hash():
+    """Hash of the relayout sources (strategies, planner, rewriter)."""
+    h = hashlib.sha256()
+    for p in sorted(glob.glob(os.path.join(_RELAYOUT_DIR, "**", "*.py"), recursive=True)):
+        h.update(os.path.relpath(p, _RELAYOUT_DIR).encode())
+        with open(p, "rb") as f:
+            h.update(f.read())
+    for p in (os.path.join(os.path.dirname(_RELAYOUT_DIR), "image", "addrmap.py"),):
+        with open(p, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:10]
+
+
+def hotness_hash(hotness, calls=()):
+    if not hotness:
+        return "noprof"
+    items = sorted((str(k), float(v)) for k, v in hotness.items())
+    h = hashlib.sha256(json.dumps([items, [list(map(str, c)) for c in calls]]).encode())
+    return h.hexdigest()[:12]
+
+
+def hotness_from_trace(bt, image_path):
+    """Per-iteration function counts from a BlockTrace (what a profile of that run holds)."""
+    from ..image.elf import ElfImage
+    from ..profile.model import Profile
+    counts = bt.block_counts()
+    ran = counts > 0
+    b = bt.blocks[ran]
+    prof = Profile.from_blocks(ElfImage(image_path), b["vaddr"], b["size"], b["ninsns"],
+                               counts[ran], meta={"loops": bt.meta.get("loops")})
+    loops = float(bt.meta.get("loops") or 1)
+    return {k: v / loops for k, v in prof.function_counts().items()}
+
+
+class PlanMap:
+    """What replay needs of a plan: the AddressMap, plus size facts."""
+
+    def __init__(self, amap, growth, padding, strategy, moved):
+        self.amap, self.growth, self.padding = amap, int(growth), int(padding)
+        self.strategy, self.moved = strategy, int(moved)
+
+    def save(self, path):
+        a = self.amap
+        fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".npz", dir=os.path.dirname(path))
+        os.close(fd)
+        try:
+            np.savez(tmp, old_start=a.old_start, old_end=a.old_end, new_start=a.new_start,
+                     ext_lo=a.ext_lo, ext_hi=a.ext_hi, anchor_old=a.anchor_old,
+                     anchor_new=a.anchor_new,
+                     info=np.frombuffer(json.dumps({"growth": self.growth, "padding": self.padding,
+                                                    "strategy": self.strategy,
+                                                    "moved": self.moved}).encode(), np.uint8))
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    @classmethod
+    def load(cls, path):
+        from ..image.addrmap import AddressMap
+        z = np.load(path, allow_pickle=False)
+        info = json.loads(bytes(z["info"]).decode())
+        amap = AddressMap(z["old_start"], z["old_end"], z["new_start"],
+                          list(zip(z["ext_lo"].tolist(), z["ext_hi"].tolist())),
+                          dict(zip(z["anchor_old"].tolist(), z["anchor_new"].tolist())))
+        return cls(amap, info["growth"], info["padding"], info["strategy"], info["moved"])
+
+    @classmethod
+    def from_plan(cls, plan):
+        from ..image.addrmap import AddressMap, plan_extents
+        u = plan.units
+        growth = padding = 0
+        for lo, hi in plan_extents(plan)[0]:
+            m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi)) & ~u.pinned
+            if m.any():
+                growth += int(plan.new_end[m].max()) - int(u.end[m].max())
+                span = int(plan.new_end[m].max()) - int(plan.new_start[m].min())
+                padding += span - int(u.size[m].sum())
+        return cls(AddressMap.from_plan(plan), growth, padding, plan.strategy,
+                   int(plan.moved.sum()))
+
+
+class Layouts:
+    """Plans and rewritten images of strategies on one base image."""
+
+    def __init__(self, base, hotness=None, calls=(), profile_build_id=None, log=None):
+        from ..image.elf import ElfImage
+        from ..targets import cache_dir
+        if not os.path.isfile(base):
+            raise BadInput(f"{base}: no such kernel image")
+        self.base = base
+        self.image = ElfImage(base)
+        self.build_id = self.image.build_id or hashlib.sha256(
+            os.path.abspath(base).encode()).hexdigest()
+        self.hotness, self.calls = hotness or {}, list(calls or ())
+        self.profile_build_id = profile_build_id
+        self.log = log or (lambda m: None)
+        self.dir = os.path.join(cache_dir(), "layouts", self.build_id[:20])
+        self._units = None
+        self._code = code_hash()
+
+    def key(self, spec):
+        spec = normalize_spec(spec)
+        slug = re.sub(r"[^a-z0-9]+", "-", spec)
+        prof = hotness_hash(self.hotness, self.calls) if spec.split(":")[0] in NEEDS_PROFILE \
+            else "noprof"
+        return spec, f"{slug}-{prof}-{self._code}"
+
+    def _check_profile(self, spec):
+        if spec.split(":")[0] in NEEDS_PROFILE and not self.hotness:
+            raise BadInput(f"layout {spec} needs a profile (--profile, or let evaluate derive "
+                           "one from the recorded trace)")
+
+    def _build_units(self):
+        if self._units is None:
+            from ..image.disasm import disassemble
+            from ..image.functions import FunctionTable
+            from ..relayout.driver import NO_RELOCS, check_profile
+            from ..relayout.units import build_units
+            im = self.image
+            if not im.has_link_relocations():
+                raise BadInput(NO_RELOCS.format(path=self.base))
+            functions = FunctionTable(im)
+            check_profile(im, functions, self.hotness, self.profile_build_id)
+            self.log(f"disassembling {len(functions)} functions of {os.path.basename(self.base)}")
+            units, _ = build_units(im, functions, lambda u: disassemble(im, u))
+            self._units = (units, functions)
+        return self._units
+
+    def plan(self, spec):
+        """PlanMap of a layout (None for stock), cached."""
+        from ..relayout import strategies
+        from ..relayout.plan import make_heat, make_plan
+        spec, key = self.key(spec)
+        if spec == "stock":
+            return None
+        self._check_profile(spec)
+        path = os.path.join(self.dir, key + ".plan.npz")
+        if os.path.exists(path):
+            return PlanMap.load(path)
+        units, functions = self._build_units()
+        heat = make_heat(units, functions, self.hotness)
+        plan = make_plan(units, strategies.get(spec), heat, calls=self.calls, functions=functions)
+        pm = PlanMap.from_plan(plan)
+        os.makedirs(self.dir, exist_ok=True)
+        pm.save(path)
+        return pm
+
+    def image_path(self, spec):
+        """A bootable image of the layout (the base itself for stock), rewritten once."""
+        from ..relayout import strategies
+        from ..relayout.driver import relayout
+        spec, key = self.key(spec)
+        if spec == "stock":
+            return self.base
+        self._check_profile(spec)
+        out = os.path.join(self.dir, key + ".vmlinux")
+        if os.path.exists(out):
+            return out
+        os.makedirs(self.dir, exist_ok=True)
+        self.log(f"rewriting {os.path.basename(self.base)} with {spec} (cached as {out})")
+        summary, plan, _ = relayout(self.base, out, strategies.get(spec), hotness=self.hotness,
+                                    calls=self.calls, profile_build_id=self.profile_build_id,
+                                    log=self.log)
+        pm = PlanMap.from_plan(plan)
+        pm.save(os.path.join(self.dir, key + ".plan.npz"))
+        with open(os.path.join(self.dir, key + ".json"), "w") as f:
+            json.dump(summary, f, indent=1, sort_keys=True, default=str)
+        return out
