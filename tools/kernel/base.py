@@ -161,6 +161,8 @@ class KernelTable:
     dtype = None
     # Checks report at most this many findings of one kind, then a summary.
     max_findings_per_check = 20
+    # True for tables relayout re-sorts by address (their link relocations go stale).
+    resorted_by_relayout = False
 
     def locate(self, ctx):
         """(address, count) of the table in the image, or None if absent."""
@@ -172,6 +174,11 @@ class KernelTable:
         if size % self.dtype.itemsize:
             raise ValueError(f"{self.name}: size {size} is not a multiple of {self.dtype.itemsize}")
         return a, size // self.dtype.itemsize
+
+    def ranges(self, ctx):
+        """[(start address, count, item size)] of the table's storage."""
+        loc = self.locate(ctx)
+        return [] if loc is None else [(loc[0], loc[1], self.dtype.itemsize)]
 
     def raw(self, ctx):
         """The table's records as a numpy view (empty when absent)."""

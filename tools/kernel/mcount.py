@@ -15,6 +15,7 @@ class McountLoc(KernelTable):
     start_symbol = "__start_mcount_loc"
     stop_symbol = "__stop_mcount_loc"
     dtype = np.dtype("<u8")
+    resorted_by_relayout = True
 
     def parse(self, ctx):
         base, raw = self.raw(ctx)

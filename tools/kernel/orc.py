@@ -18,6 +18,15 @@ class OrcTable(KernelTable):
     start_symbol = "__start_orc_unwind_ip"
     stop_symbol = "__stop_orc_unwind_ip"
     dtype = np.dtype("<i4")
+    resorted_by_relayout = True
+
+    def ranges(self, ctx):
+        out = super().ranges(ctx)
+        a = ctx.image.symbol_address("__start_orc_unwind")
+        b = ctx.image.symbol_address("__stop_orc_unwind")
+        if a is not None and b is not None:
+            out.append((a, (b - a) // ORC_ENTRY.itemsize, ORC_ENTRY.itemsize))
+        return out
 
     def parse(self, ctx):
         base, raw = self.raw(ctx)

@@ -27,20 +27,37 @@ from ..kernel import TABLES
 from ..kernel.base import Finding, ImageContext
 
 MAX_REPORT = 20
+KERNEL_MAP = 0xFFFFFFFF80000000      # x86-64 __START_KERNEL_map
 
 
 class _Map:
-    """Old -> new address map from matched functions (piecewise, numpy)."""
+    """Old -> new address map from matched functions (piecewise, numpy).
 
-    def __init__(self, old_start, old_end, new_start):
+    Code outside functions (assembly labels without a size, e.g.
+    ``bad_get_user``) moves with the nearest code symbol at or before it, as
+    found in both symbol tables (``label_old``/``label_new``, same code section).
+    """
+
+    def __init__(self, old_start, old_end, new_start, label_old=None, label_new=None,
+                 label_end=None, points=None):
+        # region boundary labels: their new symbol values (an alternative meaning)
+        points = dict(points or {})
+        self.point_old = np.array(sorted(points), dtype=np.uint64)
+        self.point_new = np.array([points[k] for k in sorted(points)], dtype=np.uint64)
         order = np.argsort(old_start, kind="stable")
         self.old_start = old_start[order]
         self.old_end = old_end[order]
         self.new_start = new_start[order]
+        if label_old is None:
+            label_old = label_new = label_end = np.zeros(0, np.uint64)
+        order = np.argsort(label_old, kind="stable")
+        self.label_old = np.asarray(label_old, np.uint64)[order]
+        self.label_new = np.asarray(label_new, np.uint64)[order]
+        self.label_end = np.asarray(label_end, np.uint64)[order]
 
     def map(self, addrs):
         """Mapped addresses; an address inside (or exactly at the end of) a function
-        moves with it; anything else maps to itself."""
+        moves with it; else with the code label before it; anything else maps to itself."""
         a = np.asarray(addrs, dtype=np.uint64)
         i = np.searchsorted(self.old_start, a, side="right").astype(np.int64) - 1
         ic = np.maximum(i, 0)
@@ -48,7 +65,42 @@ class _Map:
         # an address equal to a function's end that is also the next function's start
         # was caught by searchsorted as that next function: correct.
         delta = self.new_start[ic].astype(np.int64) - self.old_start[ic].astype(np.int64)
-        return np.where(inside, (a.astype(np.int64) + delta).astype(np.uint64), a)
+        out = np.where(inside, (a.astype(np.int64) + delta).astype(np.uint64), a)
+        if len(self.label_old):
+            j = np.searchsorted(self.label_old, a, side="right").astype(np.int64) - 1
+            jc = np.maximum(j, 0)
+            lab = ~inside & (j >= 0) & (a < self.label_end[jc])
+            ldelta = self.label_new[jc].astype(np.int64) - self.label_old[jc].astype(np.int64)
+            out = np.where(lab, (a.astype(np.int64) + ldelta).astype(np.uint64), out)
+        return out
+
+    def point(self, addrs):
+        """(is a region label, the label's new address) for each old address."""
+        a = np.asarray(addrs, dtype=np.uint64)
+        if not len(self.point_old):
+            return np.zeros(a.shape, bool), a
+        k = np.searchsorted(self.point_old, a)
+        kc = np.minimum(k, len(self.point_old) - 1)
+        hit = (k < len(self.point_old)) & (self.point_old[kc] == a)
+        return hit, np.where(hit, self.point_new[kc], a)
+
+    def translates(self, old_values, new_values, kernel=False):
+        """True where new == map(old); for kernels also through the physical alias
+        (``sym - __START_KERNEL_map``, e.g. in movabs of physical addresses)."""
+        o = np.asarray(old_values, dtype=np.uint64)
+        n = np.asarray(new_values, dtype=np.uint64)
+        ok = self.map(o) == n
+        # A value equal to a region label (e.g. __sched_text_start) may mean the
+        # label rather than the function that started there: accept either.
+        hit, label_new = self.point(o)
+        ok |= hit & (label_new == n)
+        if kernel:
+            phys = (o > 0) & (o < np.uint64(1 << 31))
+            if phys.any():
+                km = np.uint64(KERNEL_MAP)
+                alias = (self.map(o + km) - km) == n
+                ok |= phys & alias
+        return ok
 
 
 def _add(findings, severity, check, items, describe, counter):
@@ -91,6 +143,53 @@ def match_functions(old_ctx, new_ctx):
     return np.array(oi, dtype=np.int64), np.array(ni, dtype=np.int64), missing
 
 
+def _piece_ends(image, functions):
+    ends = functions.end.copy()
+    nxt = np.append(functions.start[1:], np.uint64(2**64 - 1))
+    sec_end = np.zeros(len(functions), np.uint64)
+    for sec in image.sections:
+        if sec.is_code and sec.is_alloc and sec.size:
+            inside = (functions.start >= np.uint64(sec.addr)) & (functions.start < np.uint64(sec.end))
+            sec_end[inside] = sec.end
+    return np.maximum(ends, np.minimum(nxt, sec_end))
+
+
+def _region_points(old, new):
+    from ..image.functions import KERNEL_REGION_LABELS
+    pts = {}
+    for label in KERNEL_REGION_LABELS:
+        a, b = old.symbol_address(label), new.symbol_address(label)
+        if a is not None and b is not None:
+            pts[a] = b
+    return pts
+
+
+def _labels(old, new, functions):
+    """Code symbols outside functions, present in both images (same symtab index):
+    (old addresses, new addresses, old end of the code each governs)."""
+    so, sn = old.symtab, new.symtab
+    if len(so) != len(sn):
+        return None, None, None
+    code = [s for s in old.sections if s.is_code and s.is_alloc and s.size]
+    secs = np.array([s.index for s in code], dtype=np.int64)
+    typ = so["info"] & 0xF
+    sel = np.isin(so["shndx"].astype(np.int64), secs) & (typ != 3) & (typ != 4) & \
+        (so["shndx"] == sn["shndx"])
+    idx = np.nonzero(sel)[0]
+    v_old, v_new = so["value"][idx], sn["value"][idx]
+    outside = functions.find(v_old) < 0
+    v_old, v_new = v_old[outside], v_new[outside]
+    # one delta per address (aliases agree in a correct rewrite; keep the first)
+    v_old, first = np.unique(v_old, return_index=True)
+    v_new = v_new[first]
+    # each label governs code up to the next label or function start or section end
+    stops = np.unique(np.concatenate([v_old, functions.start,
+                                      np.array([s.end for s in code], np.uint64)]))
+    k = np.searchsorted(stops, v_old, side="right")
+    end = stops[np.minimum(k, len(stops) - 1)]
+    return v_old, v_new, end
+
+
 def _field_value(raw_bytes, off, size, signed):
     return int.from_bytes(bytes(raw_bytes[off:off + size]), "little", signed=signed)
 
@@ -111,7 +210,12 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     _add(findings, "error", "equiv.function-size", size_diff.tolist(),
          lambda k: (int(nf.start[ni[k]]), f"{of.name[oi[k]]} changed size "
                     f"{int(of.size[oi[k]])} -> {int(nf.size[ni[k]])}"), counter)
-    amap = _Map(of.start[oi], of.end[oi], nf.start[ni])
+    # Each function's piece runs to the next function (or its section's end), so
+    # code between functions without a symbol moves with the function before it.
+    piece_end = _piece_ends(old, of)[oi]
+    amap = _Map(of.start[oi], piece_end, nf.start[ni], *_labels(old, new, of),
+                points=_region_points(old, new))
+    kernel = octx.is_kernel
     moved = int((of.start[oi] != nf.start[ni]).sum())
     log(f"{len(oi)} functions matched, {moved} moved")
 
@@ -176,21 +280,24 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
         end_o, end_n = oa + size, na + size
         rip_mem = any(op.type == capstone.x86.X86_OP_MEM and op.mem.base == capstone.x86.X86_REG_RIP
                       for op in ins.operands)
-        if ins.disp_size and diff_pos & set(range(ins.disp_offset, ins.disp_offset + ins.disp_size)):
-            off, sz = ins.disp_offset, ins.disp_size
+        # 64-bit mode has only 1- and 4-byte displacements; Capstone 5 reports 2 for
+        # RIP-relative operands of 16-bit instructions (66 prefix), so widen it.
+        disp_size = 4 if ins.disp_size == 2 else ins.disp_size
+        if disp_size and diff_pos & set(range(ins.disp_offset, ins.disp_offset + disp_size)):
+            off, sz = ins.disp_offset, disp_size
             dv_o, dv_n = _field_value(ob, off, sz, True), _field_value(nb, off, sz, True)
             if rip_mem:
                 t_o, t_n = end_o + dv_o, end_n + dv_n
             else:
                 t_o, t_n = dv_o & (2**64 - 1), dv_n & (2**64 - 1)
-            ok &= int(amap.map(np.array([t_o & (2**64 - 1)], np.uint64))[0]) == (t_n & (2**64 - 1))
+            ok &= bool(amap.translates([t_o & (2**64 - 1)], [t_n & (2**64 - 1)], kernel)[0])
             covered |= set(range(off, off + sz))
         if ins.imm_size and diff_pos & set(range(ins.imm_offset, ins.imm_offset + ins.imm_size)):
             off, sz = ins.imm_offset, ins.imm_size
             signed = sz < 8
             t_o = _field_value(ob, off, sz, signed) & (2**64 - 1)
             t_n = _field_value(nb, off, sz, signed) & (2**64 - 1)
-            ok &= int(amap.map(np.array([t_o], np.uint64))[0]) == t_n
+            ok &= bool(amap.translates([t_o], [t_n], kernel)[0])
             covered |= set(range(off, off + sz))
         if diff_pos - covered or not ok:
             unexplained.append((oa, f"{ins.mnemonic} {ins.op_str}"))
@@ -208,6 +315,7 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
 
     # 3. data: relocated pointers translate; nothing stale
     _check_data_relocs(old, new, amap, octx, findings, counter)
+    _check_regions(old, new, of, nf, oi, ni, findings, counter)
 
     # 4. tables and symbols
     _check_tables(octx, nctx, amap, findings, counter)
@@ -222,11 +330,25 @@ def _code_ranges(image):
     return [(s.addr, s.end) for s in image.sections if s.is_code and s.is_alloc and s.size]
 
 
+def _sorted_table_ranges(octx):
+    """Byte ranges of tables a rewrite re-sorts (checked as multisets instead)."""
+    lo, hi = [], []
+    for cls in TABLES:
+        t = cls()
+        if not getattr(t, "resorted_by_relayout", False):
+            continue
+        for start, count, itemsize in t.ranges(octx):
+            lo.append(start)
+            hi.append(start + count * itemsize)
+    return np.array(lo, np.uint64), np.array(hi, np.uint64)
+
+
 def _check_data_relocs(old, new, amap, octx, findings, counter):
     """Every absolute pointer field (R_X86_64_64) in NEW's data sections holds the
     translated value of the same field in OLD."""
     stale = []
     checked = 0
+    t_lo, t_hi = _sorted_table_ranges(octx)
     for name, rel in new.relocations.items():
         tgt = rel.target
         if not tgt.is_alloc or tgt.is_code or tgt.type == 8:
@@ -237,6 +359,10 @@ def _check_data_relocs(old, new, amap, octx, findings, counter):
         offs = rel.offset[sel]
         inside = (offs >= np.uint64(tgt.addr)) & (offs + np.uint64(8) <= np.uint64(tgt.end))
         offs = offs[inside]
+        if len(t_lo):
+            k = np.searchsorted(t_lo, offs, side="right").astype(np.int64) - 1
+            kc = np.maximum(k, 0)
+            offs = offs[~((k >= 0) & (offs < t_hi[kc]))]
         o_sec = old.section(tgt.name)
         if o_sec is None or o_sec.addr != tgt.addr:
             continue
@@ -247,13 +373,34 @@ def _check_data_relocs(old, new, amap, octx, findings, counter):
         v_new = new.data[base_n + idx].copy().view("<u8").ravel()
         v_old = old.data[base_o + idx].copy().view("<u8").ravel()
         want = amap.map(v_old)
-        bad = np.nonzero(want != v_new)[0]
+        bad = np.nonzero(~amap.translates(v_old, v_new, octx.is_kernel))[0]
         checked += len(offs)
         for b in bad.tolist():
             stale.append((int(offs[b]), int(v_old[b]), int(v_new[b]), int(want[b]), tgt.name))
     _add(findings, "error", "equiv.data-pointer", stale,
          lambda s: (s[0], f"pointer at {s[0]:#x} in {s[4]} holds {s[2]:#x}; the original pointed "
                     f"at {octx.symbol_at(s[1])}, now at {s[3]:#x}"), counter)
+
+
+def _check_regions(old, new, of, nf, oi, ni, findings, counter):
+    """Every function stays inside the region (between the same boundary labels)."""
+    from ..image.functions import regions
+    ro = regions(old)
+    rn = {r.name: r for r in regions(new)}
+    outside = []
+    for r in ro:
+        n = rn.get(r.name)
+        sel = (of.start[oi] >= np.uint64(r.start)) & (of.start[oi] < np.uint64(r.end))
+        if n is None:
+            if sel.any():
+                outside.append((r.name, int(sel.sum()), None))
+            continue
+        ns, ne = nf.start[ni[sel]], nf.end[ni[sel]]
+        bad = (ns < np.uint64(n.start)) | (ne > np.uint64(n.end))
+        if bad.any():
+            outside.append((r.name, int(bad.sum()), int(ns[bad][0])))
+    _add(findings, "error", "equiv.region", outside,
+         lambda o: (o[2], f"{o[1]} function(s) left region {o[0]}"), counter)
 
 
 def _check_tables(octx, nctx, amap, findings, counter):
@@ -272,7 +419,9 @@ def _check_tables(octx, nctx, amap, findings, counter):
                  lambda c: (None, f"{c[0]}: {c[1]} entries before, {c[2]} after"), counter)
             continue
         for colname in eo.dtype.names:
-            if colname not in address_columns:
+            # kallsyms is checked below by (name, address) pairs, which also
+            # knows which names are region labels rather than functions
+            if colname not in address_columns or cls.name == "kallsyms":
                 continue
             want = np.sort(amap.map(eo[colname]))
             got = np.sort(en[colname])
@@ -283,7 +432,13 @@ def _check_tables(octx, nctx, amap, findings, counter):
                      lambda c: (c[3], f"{c[0]}.{c[1]}: {c[2]} entries do not translate "
                                 f"(first expected {c[3]:#x})"), counter)
         if cls.name == "kallsyms":
-            o_pairs = sorted(zip(t_old.names, amap.map(eo["addr"]).tolist()))
+            from ..image.functions import KERNEL_REGION_LABELS
+            mapped = amap.map(eo["addr"]).tolist()
+            for k, nm in enumerate(t_old.names):
+                if nm in KERNEL_REGION_LABELS:
+                    v = nctx.image.symbol_address(nm)
+                    mapped[k] = v if v is not None else mapped[k]
+            o_pairs = sorted(zip(t_old.names, mapped))
             n_pairs = sorted(zip(t_new.names, en["addr"].tolist()))
             if o_pairs != n_pairs:
                 diff = [p for p, q in zip(o_pairs, n_pairs) if p != q]
@@ -302,7 +457,9 @@ def _check_symbols(old, new, octx, amap, findings, counter):
     idx = np.nonzero(sel)[0]
     want = amap.map(so["value"][idx])
     got = sn["value"][idx]
-    bad = idx[want != got]
+    ok = want == got
+    ok |= amap.translates(so["value"][idx], got) & amap.point(so["value"][idx])[0]
+    bad = idx[~ok]
     names, _ = old.symbol_table()
     _add(findings, "error", "equiv.symbol", bad.tolist(),
          lambda i: (int(sn["value"][i]), f"symbol {names[i]} is at {int(sn['value'][i]):#x}, "
