@@ -1,8 +1,17 @@
-"""``linepack evaluate``: side-by-side simulated L1i results for kernels."""
+"""``linepack evaluate``: side-by-side simulated L1i results for kernels and layouts.
+
+    linepack evaluate --kernel A [--kernel B ...]                    boot each image
+    linepack evaluate --kernel BASE --layout stock --layout align-all:64 --layout pack
+                      [--profile P] [--whatif]                        layouts of one image
+    linepack evaluate --kernel BASE --sweep align-all:1,2,4,...,512 [--booted]
+    (--cache is repeatable; --json/--csv/--plot/--heatmap write files)
+"""
 
 import csv
 import io
 import json
+import os
+import re
 import sys
 
 from ..cli import verb
@@ -14,44 +23,206 @@ def _log(m):
     print(f"evaluate: {m}", file=sys.stderr, flush=True)
 
 
-@verb("evaluate", "boot kernels under the L1i model and compare misses, instructions, text size")
+def parse_sweep(spec):
+    """'align-all:1,2,4,...,512' -> ('align-all', [1, 2, 4, ..., 512])."""
+    name, sep, vals = str(spec).partition(":")
+    name = name.strip().lower().replace("_", "-")
+    if name != "align-all" or not sep:
+        raise BadInput(f"--sweep {spec}: expected align-all:N,N,... (e.g. align-all:1,2,4,...,512)")
+    items = [v.strip() for v in vals.split(",") if v.strip()]
+    out = []
+    for k, v in enumerate(items):
+        if v in ("...", "…"):
+            if not out or k + 1 >= len(items) or not items[k + 1].isdigit():
+                raise BadInput(f"--sweep {spec}: '...' needs a number on each side")
+            stop = int(items[k + 1])
+            step = out[-1] // out[-2] if len(out) >= 2 and out[-2] and out[-1] % out[-2] == 0 else 2
+            if step < 2:
+                raise BadInput(f"--sweep {spec}: '...' continues a doubling (or other ratio) series")
+            x = out[-1] * step
+            while x < stop:
+                out.append(x)
+                x *= step
+            continue
+        if not re.fullmatch(r"\d+", v):
+            raise BadInput(f"--sweep {spec}: '{v}' is not an alignment")
+        a = int(v)
+        if a < 1 or a > 512 or a & (a - 1):
+            raise BadInput(f"--sweep {spec}: alignment {a} is not a power of two in 1..512")
+        if a not in out:
+            out.append(a)
+    if not out:
+        raise BadInput(f"--sweep {spec}: no alignments")
+    return name, out
+
+
+def format_rows(rows):
+    """One table per cache model; the first layout of each is the baseline."""
+    out = []
+    for cache in dict.fromkeys(r["cache"] for r in rows):
+        rs = [r for r in rows if r["cache"] == cache]
+        base = rs[0]
+        mode = ", ".join(dict.fromkeys(r["mode"] for r in rs))
+        hdr = (f"{'layout':<16} {'L1i misses':>12} {'vs base':>8} {'fetches':>12} {'miss rate':>9} "
+               f"{'kernel insns':>14} {'hot lines':>9} {'.text':>8} {'time s':>7}")
+        out += [f"kernel-mode L1i, {cache} ({mode})", hdr, "-" * len(hdr)]
+        for r in rs:
+            bm = base["misses"]
+            sp = r.get("misses_spread")
+            spread = f" ±{sp:.3%}" if sp else ""
+            out.append(
+                f"{r['layout']:<16} {r['misses']:>12,} {(r['misses'] - bm) / bm if bm else 0:>+8.2%} "
+                f"{r['fetches']:>12,} {r['miss_rate']:>9.2%} {r['instructions']:>14,} "
+                f"{r['hot_lines']:>9,} {r.get('text_growth_pct', 0.0):>+7.2f}% "
+                f"{r['time_s']:>7.2f}{spread}")
+            if r.get("booted_misses") is not None and r["mode"] == "whatif":
+                d = r["misses"] - r["booted_misses"]
+                out.append(f"{'':<16} booted {r['booted_misses']:,} ({d:+,} replay vs boot)")
+        out.append("")
+    return "\n".join(out).rstrip("\n")
+
+
+def _measurement_rows(ms_by_cache, label, text_growth_pct=0.0):
+    rows = []
+    for cache, m in ms_by_cache.items():
+        rows.append({"layout": label, "cache": cache, "mode": "booted",
+                     "misses": m.median("misses"), "fetches": m.median("fetches"),
+                     "miss_rate": m.median("miss_rate"), "instructions": m.median("instructions"),
+                     "hot_lines": m.median("hot_lines"), "text_size": m.median("text_size"),
+                     "text_growth_pct": text_growth_pct, "time_s": m.median("wall"),
+                     "repeats": len(m.runs), "misses_spread": m.spread("misses"),
+                     "instructions_spread": m.spread("instructions"),
+                     "result_line": m.runs[0]["result_line"], "image": m.path})
+    return rows
+
+
+def cross_check_rows(rows):
+    """Problems: different kernel work (instructions) or workload results across layouts."""
+    from ..evaluate.booted import INSTRUCTION_TOLERANCE
+    problems = []
+    for cache in dict.fromkeys(r["cache"] for r in rows):
+        rs = [r for r in rows if r["cache"] == cache and r["mode"] == "booted"]
+        if not rs:
+            continue
+        b = rs[0]
+        for r in rs[1:]:
+            bi, mi = b["instructions"], r["instructions"]
+            if bi and abs(mi - bi) / bi > INSTRUCTION_TOLERANCE:
+                problems.append(f"{r['layout']}: {mi:,} kernel instructions vs {bi:,} for "
+                                f"{b['layout']} ({(mi - bi) / bi:+.3%}): not exactly the same work")
+            if r.get("result_line") != b.get("result_line"):
+                problems.append(f"{r['layout']}: workload result differs: {r.get('result_line')!r}")
+        break       # one cache model is enough: all come from the same boots
+    return problems
+
+
+@verb("evaluate", "compare kernels or layouts: simulated kernel L1i misses, instructions, .text")
 class Evaluate:
     @staticmethod
     def add_arguments(p):
         p.add_argument("--kernel", action="append", required=True, metavar="VMLINUX",
-                       help="a kernel image (repeat; the first is the baseline); LABEL=PATH names it")
+                       help="a kernel image (repeat; the first is the baseline); LABEL=PATH names "
+                       "it. With --layout/--sweep: the one base image")
+        p.add_argument("--layout", action="append", metavar="STRATEGY",
+                       help="a layout of the base image: stock, align-all:N, hot64, pack (repeat)")
+        p.add_argument("--sweep", metavar="align-all:1,2,4,...,512",
+                       help="function alignment sweep (what-if unless --booted)")
+        p.add_argument("--whatif", action="store_true",
+                       help="replay a block trace recorded once on the base instead of booting")
+        p.add_argument("--booted", action="store_true", help="--sweep: boot every point")
+        p.add_argument("--profile", help="profile for hot64/pack (default: derived from the "
+                       "recorded workload run on the base image)")
         p.add_argument("--workload", default="vfs-mix")
         p.add_argument("--loops", type=int)
-        p.add_argument("--cache", default="intel-32k-8w",
-                       help="cache model: a name in configs/cache/ or a TOML path")
-        p.add_argument("--repeat", type=int, default=1, help="runs per image (default 1)")
+        p.add_argument("--cache", action="append", metavar="MODEL",
+                       help="cache model: a name in configs/cache/ or a TOML path (repeat; "
+                       "default intel-32k-8w)")
+        p.add_argument("--repeat", type=int, default=1, help="boots per image (default 1)")
         p.add_argument("--json", metavar="FILE")
         p.add_argument("--csv", metavar="FILE")
+        p.add_argument("--plot", metavar="PNG", help="bar chart of misses per layout (sweep: curve)")
+        p.add_argument("--heatmap", metavar="PNG",
+                       help="executed text lines of the first and last layout (needs --layout)")
 
     @staticmethod
     def run(args):
-        from ..evaluate.booted import cross_check, format_table, measure
-
+        from ..profile.trace import cache_config
         if args.repeat < 1:
             raise BadInput("--repeat must be at least 1")
-        ms = []
+        if args.loops is not None and args.loops < 1:
+            raise BadInput("--loops must be at least 1")
+        caches = [cache_config(c) for c in (args.cache or ["intel-32k-8w"])]
+        if len({c["name"] for c in caches}) != len(caches):
+            raise BadInput("--cache: the same cache model is given twice")
+        if args.layout and args.sweep:
+            raise BadInput("--layout and --sweep do not go together")
+        if (args.layout or args.sweep) and len(args.kernel) != 1:
+            raise BadInput("--layout/--sweep take exactly one --kernel (the base image)")
+        if args.whatif and not (args.layout or args.sweep):
+            raise BadInput("--whatif replays layouts of one image: give --layout or --sweep")
+        if args.booted and not args.sweep:
+            raise BadInput("--booted goes with --sweep (booting is the default otherwise)")
+        if args.heatmap and not args.layout:
+            raise BadInput("--heatmap needs --layout (it compares the first and last layout)")
+        if args.profile and not (args.layout or args.sweep):
+            raise BadInput("--profile is for --layout/--sweep strategies")
+        sweep = parse_sweep(args.sweep) if args.sweep else None
+        if args.layout:
+            from ..evaluate.layouts import normalize_spec
+            specs = [normalize_spec(s) for s in args.layout]
+            if len(set(specs)) != len(specs):
+                raise BadInput("--layout: the same layout is given twice")
         for spec in args.kernel:
-            label, _, path = spec.rpartition("=")
-            ms.append(measure(path, label=label or None, workload=args.workload, loops=args.loops,
-                              cache=args.cache, repeat=args.repeat, log=_log))
-        print(format_table(ms, args.cache))
-        problems = cross_check(ms)
+            path = spec.rpartition("=")[2]
+            if not os.path.isfile(path):
+                raise BadInput(f"--kernel {path}: no such file")
+
+        if args.layout or sweep:
+            from ..evaluate.run import evaluate_layouts
+            specs = specs if args.layout else ["stock"] + [f"align-all:{a}" for a in sweep[1]]
+            rows, extra = evaluate_layouts(
+                args.kernel[0].rpartition("=")[2], specs, caches, workload=args.workload,
+                loops=args.loops, whatif=(args.whatif or (sweep is not None and not args.booted)),
+                profile=args.profile, repeat=args.repeat, heatmap=args.heatmap, log=_log)
+        else:
+            from ..evaluate.booted import measure_caches
+            rows, extra = [], {}
+            for spec in args.kernel:
+                label, _, path = spec.rpartition("=")
+                ms = measure_caches(path, label=label or None, workload=args.workload,
+                                    loops=args.loops, caches=caches, repeat=args.repeat, log=_log)
+                rows += _measurement_rows(ms, label or os.path.basename(path))
+            base_ts = rows[0]["text_size"]
+            for r in rows:
+                r["text_growth_pct"] = 100.0 * (r["text_size"] - base_ts) / base_ts if base_ts else 0
+        rows.sort(key=lambda r: [c["name"] for c in caches].index(r["cache"]))
+        print(format_rows(rows))
+        problems = cross_check_rows(rows) + extra.get("problems", [])
         for p in problems:
             print(f"WARNING: {p}")
-        rows = [m.as_dict() for m in ms]
+        if sweep:
+            for r in rows:
+                r["align"] = int(r["layout"].split(":")[1]) if r["layout"].startswith("align-all") \
+                    else 0
+        if args.plot:
+            from ..evaluate import plots
+            if sweep:
+                plots.sweep_plot(rows, args.plot, title=f"align-all sweep, {args.workload} "
+                                 f"({'booted' if args.booted else 'what-if replay'})")
+            else:
+                plots.bar_chart(rows, args.plot, title=f"kernel-mode L1i misses, {args.workload}")
+            _log(f"wrote {args.plot}")
+        clean = [{k: v for k, v in r.items() if not k.startswith("block_")} for r in rows]
         if args.json:
-            write_atomic(args.json, (json.dumps({"cache": args.cache, "workload": args.workload,
-                                                 "results": rows, "problems": problems},
-                                                indent=2) + "\n").encode())
+            write_atomic(args.json, (json.dumps({"workload": args.workload, "loops": args.loops,
+                                                 "caches": caches, "results": clean,
+                                                 "problems": problems, **extra.get("json", {})},
+                                                indent=2, default=str) + "\n").encode())
         if args.csv:
+            keys = list(dict.fromkeys(k for r in clean for k in r))
             buf = io.StringIO()
-            w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+            w = csv.DictWriter(buf, fieldnames=keys)
             w.writeheader()
-            w.writerows(rows)
+            w.writerows(clean)
             write_atomic(args.csv, buf.getvalue().encode())
         return EXIT_FINDINGS if problems else 0

@@ -87,6 +87,57 @@ def measure(path, label=None, workload="vfs-mix", loops=None, cache="intel-32k-8
     return Measurement(label or os.path.basename(path), path, runs)
 
 
+def run_caches(path, workload="vfs-mix", loops=None, caches=("intel-32k-8w",), timeout=1800):
+    """One boot, one plugin instance per cache model (each a copy of the .so, so
+    they keep separate state). Returns ({cache name: PluginTrace}, QemuResult, wall)."""
+    import shutil
+    import tempfile
+
+    from ..profile import plugin_build, qemu, trace, workloads
+
+    so = plugin_build.build_plugin(log=lambda m: None)
+    try:
+        start, stop = workloads.roi_addresses(workload)
+    except Exception:   # noqa: BLE001 - a workload without markers: the whole run
+        start = stop = None
+    cfgs = [c if isinstance(c, dict) else trace.cache_config(c) for c in caches]
+    with tempfile.TemporaryDirectory(prefix="linepack-eval-") as tmp:
+        outs = [os.path.join(tmp, f"c{k}.bin") for k in range(len(cfgs))]
+        args = [trace.plugin_args(o, cache=c, start=start, stop=stop) for o, c in zip(outs, cfgs)]
+        extra = []
+        for k in range(1, len(cfgs)):
+            so_k = os.path.join(tmp, f"plugin{k}.so")
+            shutil.copy(so, so_k)
+            extra += ["-plugin", trace.plugin_option(so_k, args[k])]
+        t0 = time.time()
+        res = qemu.run_workload(path, workload=workload, loops=loops, icount=True, plugin=so,
+                                plugin_args=dict(a.split("=", 1) for a in args[0]),
+                                extra_args=extra, timeout=timeout)
+        wall = time.time() - t0
+        return {c["name"]: trace.read_plugin_output(o) for c, o in zip(cfgs, outs)}, res, wall
+
+
+def measure_caches(path, label=None, workload="vfs-mix", loops=None, caches=("intel-32k-8w",),
+                   repeat=1, log=None):
+    """Like measure() for several cache models at once: {cache name: Measurement}."""
+    out = {}
+    tsize = text_size(path)
+    label = label or os.path.basename(path)
+    for k in range(repeat):
+        trs, res, wall = run_caches(path, workload, loops, caches)
+        for name, tr in trs.items():
+            out.setdefault(name, Measurement(label, path, [])).runs.append(
+                {"instructions": tr.kernel_instructions, "fetches": tr.fetches,
+                 "misses": tr.misses, "miss_rate": tr.misses / tr.fetches if tr.fetches else 0.0,
+                 "hot_lines": executed_lines(tr), "text_size": tsize, "wall": wall,
+                 "result_line": res.result_line})
+        if log:
+            log(f"{label} run {k + 1}/{repeat}: " + ", ".join(
+                f"{n} {tr.misses:,} misses" for n, tr in trs.items()) +
+                f"; {next(iter(trs.values())).kernel_instructions:,} instructions ({wall:.1f} s)")
+    return out
+
+
 def cross_check(measurements):
     """Problems that make a comparison invalid (different work or results)."""
     problems = []

@@ -1,0 +1,88 @@
+"""evaluate_layouts(): strategies on one base image, what-if (replay) or booted."""
+
+import time
+
+
+from .layouts import NEEDS_PROFILE, Layouts, hotness_from_trace
+
+
+def _pct(growth, tsize):
+    return 100.0 * growth / tsize if tsize else 0.0
+
+
+def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif=True,
+                     profile=None, repeat=1, heatmap=None, log=None):
+    """Rows (one per layout and cache model) and extra facts for the JSON output."""
+    from . import whatif as wi
+    from .booted import measure_caches, text_size
+    log = log or (lambda m: None)
+    from ..profile import workloads
+    wl = workloads.load(workload)
+    loops = wl.default_loops if loops is None else int(loops)
+    needs_prof = any(s.split(":")[0] in NEEDS_PROFILE for s in specs)
+    bt = None
+    t_rec = 0.0
+    if whatif or heatmap or (needs_prof and not profile):
+        t0 = time.time()
+        bt = wi.record_trace(base, workload, loops, caches, log=log)
+        t_rec = time.time() - t0
+    hot, build_id, calls, prof_src = {}, None, [], None
+    if needs_prof:
+        if profile:
+            from ..relayout.driver import load_profile
+            hot, build_id, calls = load_profile(profile)
+            prof_src = profile
+        else:
+            hot = hotness_from_trace(bt, base)
+            prof_src = f"derived from the recorded {workload} run ({loops} loops)"
+            log(f"profile: {prof_src}, {len(hot)} functions")
+    L = Layouts(base, hotness=hot, calls=calls, profile_build_id=build_id, log=log)
+    tsize = text_size(base)
+    rows, extra = [], {"json": {"base": base, "profile": prof_src, "loops": loops}}
+    tables = {}
+    for spec in specs:
+        t0 = time.perf_counter()
+        pm = L.plan(spec)
+        plan_s = time.perf_counter() - t0
+        growth = pm.growth if pm else 0
+        if whatif:
+            rs = wi.whatif(bt, pm.amap if pm else None, caches, spec)
+            for r in rs:
+                booted = bt.meta.get("booted", {}).get(r["cache"], {})
+                r.update({"layout": spec, "mode": "whatif",
+                          "instructions": booted.get("instructions", r["instructions"]),
+                          "text_growth_bytes": growth, "text_growth_pct": _pct(growth, tsize),
+                          "plan_s": plan_s,
+                          "time_s": plan_s + r["translate_s"] + r["replay_s"]})
+                if spec != "stock":
+                    r.pop("booted_misses", None)
+                rows.append(r)
+        else:
+            img = L.image_path(spec)
+            pm = L.plan(spec)
+            growth = pm.growth if pm else 0
+            ms = measure_caches(img, spec, workload, loops, caches, repeat=repeat, log=log)
+            from ..commands.evaluate import _measurement_rows
+            for r in _measurement_rows(ms, spec, _pct(growth, tsize)):
+                r["text_growth_bytes"] = growth
+                rows.append(r)
+        if heatmap and spec in (specs[0], specs[-1]):
+            tables[spec] = wi.translate(bt.blocks, pm.amap if pm else None, 64)[0]
+    if heatmap:
+        from . import plots
+        panels = []
+        for spec in dict.fromkeys([specs[0], specs[-1]]):
+            lines, heat = wi.line_heat(bt, tables[spec])
+            panels.append((spec, lines, heat / float(loops)))
+        plots.heatmap(panels, heatmap, title=f"executed kernel text lines, {workload}")
+        log(f"wrote {heatmap}")
+    if bt is not None:
+        extra["json"]["trace"] = {"block_executions": bt.executions,
+                                  "distinct_blocks": int(len(bt.blocks)),
+                                  "warmup_executions": int(len(bt.warm)),
+                                  "record_s": t_rec, "boot_wall": bt.meta.get("boot_wall"),
+                                  "booted": bt.meta.get("booted")}
+    return rows, extra
+
+
+__all__ = ["evaluate_layouts"]
