@@ -61,7 +61,10 @@ class Kallsyms(KernelTable):
             pos += ln
             self.types.append(s[:1])
             self.names.append(s[1:])
-        self.name_offsets = np.array(name_off, dtype=np.int64)
+        name_off.append(pos)                     # end of the last record
+        self.name_offsets = np.array(name_off[:-1], dtype=np.int64)
+        self._names_blob = names[:pos]
+        self._record_bounds = np.array(name_off, dtype=np.int64)
         nmarkers = (n + 255) // 256
         self.markers = im.view(markers_addr, nmarkers, "<u4").astype(np.int64)
         seq_addr = im.symbol_address("kallsyms_seqs_of_names")
@@ -72,6 +75,65 @@ class Kallsyms(KernelTable):
         ent = np.zeros(n, dtype=[("addr", "<u8"), ("offset", "<i4")])
         ent["addr"], ent["offset"] = addr, offsets
         return ent
+
+    # -- relayout ---------------------------------------------------------------
+    def update(self, ctx, entries, amap):
+        """Map every address, then re-sort the symbols by their new address.
+
+        Region boundary labels (``__sched_text_start`` ...) take the label's new
+        address, not that of the function that happened to start there.
+        """
+        from ..image.functions import KERNEL_REGION_LABELS
+
+        new_addr, _ok = amap.map(entries["addr"])
+        new_addr = np.asarray(new_addr, dtype=np.uint64).copy()
+        anchors = dict(zip(getattr(amap, "anchor_old", np.zeros(0)).tolist(),
+                           getattr(amap, "anchor_new", np.zeros(0)).tolist()))
+        for k, nm in enumerate(self.names):
+            if nm in KERNEL_REGION_LABELS:
+                a = int(entries["addr"][k])
+                if a in anchors:
+                    new_addr[k] = anchors[a]
+        absolute = entries["offset"] >= 0          # per-cpu symbols: absolute values
+        order = np.lexsort((np.arange(len(entries)), new_addr))
+        out = np.zeros(len(entries), dtype=[("addr", "<u8"), ("offset", "<i4"), ("old_index", "<i8")])
+        out["addr"] = new_addr[order]
+        out["old_index"] = order
+        rel = ~absolute[order]
+        base = self.relative_base
+        if (out["addr"][rel] < np.uint64(base)).any():
+            raise ValueError("kallsyms: a symbol moved below kallsyms_relative_base")
+        # offset = relative_base - 1 - addr, computed in Python ints (u64 range)
+        offs = [(a if not r else (base - 1 - a)) for a, r in zip(out["addr"].tolist(), rel.tolist())]
+        offs = [o - (1 << 64) if o >= (1 << 63) else o for o in offs]
+        out["offset"] = np.array(offs, dtype=np.int64).astype(np.int32)
+        return out
+
+    def write(self, ctx, entries, out):
+        im = ctx.image
+        n = len(entries)
+        old_index = entries["old_index"].tolist()
+        out.write(im.symbol_address("kallsyms_offsets"), entries["offset"].astype("<i4").view(np.uint8))
+        bounds = self._record_bounds
+        blob = self._names_blob
+        parts, new_off, pos = [], [], 0
+        for i in old_index:
+            rec = blob[bounds[i]:bounds[i + 1]]
+            new_off.append(pos)
+            parts.append(rec)
+            pos += len(rec)
+        out.write(im.symbol_address("kallsyms_names"), np.frombuffer(b"".join(parts), np.uint8))
+        markers = np.array(new_off[::256], dtype="<u4")
+        out.write(im.symbol_address("kallsyms_markers"), markers.view(np.uint8))
+        seq_addr = im.symbol_address("kallsyms_seqs_of_names")
+        if seq_addr is not None:
+            # name order (strcmp on the name without its type letter), ties by address
+            addr = entries["addr"].tolist()
+            keyed = sorted(range(n), key=lambda j: (self.names[old_index[j]].encode("latin-1"), addr[j], j))
+            seq = np.array(keyed, dtype=np.int64)
+            b = np.zeros((n, 3), dtype=np.uint8)
+            b[:, 0], b[:, 1], b[:, 2] = (seq >> 16) & 0xFF, (seq >> 8) & 0xFF, seq & 0xFF
+            out.write(seq_addr, b.ravel())
 
     def check(self, ctx, entries):
         findings = []
