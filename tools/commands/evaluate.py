@@ -183,7 +183,8 @@ class Evaluate:
             rows, extra = evaluate_layouts(
                 args.kernel[0].rpartition("=")[2], specs, caches, workload=args.workload,
                 loops=args.loops, whatif=(args.whatif or (sweep is not None and not args.booted)),
-                profile=args.profile, repeat=args.repeat, heatmap=args.heatmap, log=_log)
+                profile=args.profile, repeat=args.repeat, heatmap=args.heatmap,
+                skip_unfit=sweep is not None, log=_log)
         else:
             from ..evaluate.booted import measure_caches
             rows, extra = [], {}
@@ -200,9 +201,12 @@ class Evaluate:
         problems = cross_check_rows(rows) + extra.get("problems", [])
         for p in problems:
             print(f"WARNING: {p}")
+        for n in extra.get("notes", []):
+            print(f"note: {n}")
         if sweep:
             for r in rows:
-                r["align"] = int(r["layout"].split(":")[1]) if r["layout"].startswith("align-all") \
+                r["align"] = int(r["layout"].rstrip("*").split(":")[1]) \
+                    if r["layout"].startswith("align-all") \
                     else 0
         if args.plot:
             from ..evaluate import plots
@@ -216,7 +220,8 @@ class Evaluate:
         if args.json:
             write_atomic(args.json, (json.dumps({"workload": args.workload, "loops": args.loops,
                                                  "caches": caches, "results": clean,
-                                                 "problems": problems, **extra.get("json", {})},
+                                                 "problems": problems, "notes": extra.get("notes", []),
+                                                 **extra.get("json", {})},
                                                 indent=2, default=str) + "\n").encode())
         if args.csv:
             keys = list(dict.fromkeys(k for r in clean for k in r))

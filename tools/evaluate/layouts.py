@@ -190,6 +190,20 @@ class Layouts:
         pm.save(path)
         return pm
 
+    def relinked(self, spec):
+        """What-if only: align-all:N as a linker would lay it out (see relinked_align_all)."""
+        spec, key = self.key(spec)
+        if not spec.startswith("align-all:"):
+            raise BadInput(f"{spec}: only align-all has a relinked what-if form")
+        path = os.path.join(self.dir, key + ".relinked.npz")
+        if os.path.exists(path):
+            return PlanMap.load(path)
+        units, _ = self._build_units()
+        pm = relinked_align_all(units, int(spec.split(":")[1]))
+        os.makedirs(self.dir, exist_ok=True)
+        pm.save(path)
+        return pm
+
     def image_path(self, spec):
         """A bootable image of the layout (the base itself for stock), rewritten once."""
         from ..relayout import strategies
@@ -211,3 +225,40 @@ class Layouts:
         with open(os.path.join(self.dir, key + ".json"), "w") as f:
             json.dump(summary, f, indent=1, sort_keys=True, default=str)
         return out
+
+
+BIG_GAP = 1 << 16
+
+
+def relinked_align_all(units, align):
+    """A hypothetical ``-falign-functions=N`` relink for what-if only: every unit
+    in original order, aligned to max(N, its own alignment), regions (even the
+    pinned entry code, which the rewriter must keep in place) pushed along as a
+    linker would. Used for sweep points the rewriter cannot produce. Returns a
+    PlanMap whose strategy is ``align-all N (relinked)``."""
+    from ..image.addrmap import AddressMap
+    from ..relayout.plan import place
+    order = np.argsort(units.start, kind="stable")
+    new = units.start.copy()
+    cursor = None
+    head_pinned = units.pinned & (units.region == 0)
+    lo = int(units.start[order[0]])
+    prev_end = None
+    for i in order.tolist():
+        s = int(units.start[i])
+        if head_pinned[i] or cursor is None:
+            new[i] = s
+            cursor = prev_end = int(units.end[i])
+            continue
+        if s - prev_end >= BIG_GAP:      # structural gaps (2 MiB-aligned sections) stay
+            cursor += s - prev_end
+        prev_end = int(units.end[i])
+        pos = place(cursor, units.align[i], units.phase[i], align)
+        new[i] = pos
+        cursor = pos + int(units.size[i])
+    hi = int(units.end[order[-1]])
+    growth = cursor - hi
+    padding = (cursor - lo) - int(units.size.sum())
+    amap = AddressMap(units.start, units.end, new, [(lo, max(hi, cursor))], {})
+    return PlanMap(amap, growth, padding, f"align-all {align} (relinked)",
+                   int((new != units.start).sum()))

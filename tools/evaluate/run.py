@@ -11,8 +11,13 @@ def _pct(growth, tsize):
 
 
 def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif=True,
-                     profile=None, repeat=1, heatmap=None, log=None):
-    """Rows (one per layout and cache model) and extra facts for the JSON output."""
+                     profile=None, repeat=1, heatmap=None, skip_unfit=False, log=None):
+    """Rows (one per layout and cache model) and extra facts for the JSON output.
+
+    skip_unfit: a layout the planner refuses (it would run into pinned code) is
+    left out with a note instead of failing the whole run (sweeps).
+    """
+    from ..relayout.plan import LayoutError
     from . import whatif as wi
     from .booted import measure_caches, text_size
     log = log or (lambda m: None)
@@ -40,16 +45,32 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
     tsize = text_size(base)
     rows, extra = [], {"json": {"base": base, "profile": prof_src, "loops": loops}}
     tables = {}
+    extra["notes"] = []
     for spec in specs:
         t0 = time.perf_counter()
-        pm = L.plan(spec)
+        label = spec
+        try:
+            pm = L.plan(spec)
+        except LayoutError as e:
+            if not skip_unfit:
+                raise
+            if whatif and spec.startswith("align-all:"):
+                pm = L.relinked(spec)
+                label = spec + "*"
+                extra["notes"].append(
+                    f"{label}: the rewriter cannot produce it ({e}); replayed as a hypothetical "
+                    "relink that moves the pinned entry code along")
+            else:
+                extra["notes"].append(f"{spec}: left out: {e}")
+                log(f"{spec}: left out: {e}")
+                continue
         plan_s = time.perf_counter() - t0
         growth = pm.growth if pm else 0
         if whatif:
             rs = wi.whatif(bt, pm.amap if pm else None, caches, spec)
             for r in rs:
                 booted = bt.meta.get("booted", {}).get(r["cache"], {})
-                r.update({"layout": spec, "mode": "whatif",
+                r.update({"layout": label, "mode": "whatif",
                           "instructions": booted.get("instructions", r["instructions"]),
                           "text_growth_bytes": growth, "text_growth_pct": _pct(growth, tsize),
                           "plan_s": plan_s,
