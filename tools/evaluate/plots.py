@@ -128,7 +128,10 @@ def heatmap(panels, path, line=64, per_row=256, title="executed kernel text line
         kib = per_row * line // 1024
         ticks = np.linspace(0, nrows - 1, min(nrows, 9)).astype(int)
         ax.set_yticks(ticks)
-        ax.set_yticklabels([f"{(lo + int(t) * per_row) * line:#x}" for t in ticks], fontsize=7)
+        if ax is axs[0][0]:
+            ax.set_yticklabels([f"{(lo + int(t) * per_row) * line:#x}" for t in ticks], fontsize=7)
+        else:
+            ax.set_yticklabels([])
         ax.set_xlabel(f"line within a {kib} KiB row")
     fig.colorbar(im, ax=axs[0].tolist(), label="executions per iteration (log)", shrink=0.8)
     fig.suptitle(title)
