@@ -95,8 +95,6 @@ class Relayout:
         for p in s["problems"][:10]:
             print(f"  problem: {p['kind']} at {p['address']}: {p['message']}")
         if args.json:
-            tmp = args.json + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(s, f, indent=1, sort_keys=True)
-            os.replace(tmp, args.json)
+            from ..relayout.driver import _write_text_atomic
+            _write_text_atomic(args.json, json.dumps(s, indent=1, sort_keys=True) + "\n")
         return 0
