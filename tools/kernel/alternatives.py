@@ -6,7 +6,7 @@ must start and end on instruction boundaries; the replacement lives in
 
 import numpy as np
 
-from .base import KernelTable, rel32_targets
+from .base import KernelTable
 
 
 class Alternatives(KernelTable):
@@ -17,19 +17,7 @@ class Alternatives(KernelTable):
                       ("instrlen", "u1"), ("replacementlen", "u1")])
 
     def parse(self, ctx):
-        base, raw = self.raw(ctx)
-        n = len(raw)
-        ent = np.zeros(n, dtype=[("entry", "<u8"), ("instr", "<u8"), ("repl", "<u8"), ("cpuid", "<u2"),
-                                 ("instrlen", "u1"), ("replacementlen", "u1")])
-        if n == 0:
-            return ent
-        e = np.uint64(base) + np.arange(n, dtype=np.uint64) * np.uint64(12)
-        ent["entry"] = e
-        ent["instr"] = rel32_targets(e, raw["instr"])
-        ent["repl"] = rel32_targets(e + np.uint64(4), raw["repl"])
-        for f in ("cpuid", "instrlen", "replacementlen"):
-            ent[f] = raw[f]
-        return ent
+        return self.decode(ctx, rel=("instr", "repl"), copy=("cpuid", "instrlen", "replacementlen"))
 
     def check(self, ctx, entries):
         findings = []

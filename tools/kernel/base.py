@@ -147,6 +147,14 @@ class ImageContext:
         return f"{ft.name[i]}+{int(addr) - int(ft.start[i]):#x}"
 
 
+def rename_fields(arr, mapping):
+    """A view of a structured array with some fields renamed."""
+    names = [mapping.get(n, n) for n in arr.dtype.names]
+    out = arr.copy()
+    out.dtype.names = names
+    return out
+
+
 def rel32_targets(base, values):
     """Addresses encoded as s32 relative to each field's own address."""
     return (np.asarray(base, dtype=np.int64) + np.asarray(values, dtype=np.int64)).astype(np.uint64)
@@ -187,6 +195,29 @@ class KernelTable:
             return None, np.zeros(0, dtype=self.dtype)
         addr, count = loc
         return addr, ctx.image.view(addr, count, self.dtype)
+
+    def decode(self, ctx, rel=(), copy=(), keep=None):
+        """Entries with absolute addresses: the common parse of relative tables.
+
+        ``rel``: fields holding s32 offsets from their own address (decoded to
+        u64 addresses); ``copy``: fields taken as they are; ``keep``: optional
+        mask of records to keep (e.g. to drop zero padding). Every result has
+        an ``entry`` column: the address of the record itself.
+        """
+        base, raw = self.raw(ctx)
+        idx = np.arange(len(raw)) if keep is None else np.nonzero(keep(raw))[0]
+        dt = [("entry", "<u8")] + [(f, "<u8") for f in rel] + [(f, raw.dtype[f]) for f in copy]
+        ent = np.zeros(len(idx), dtype=dt)
+        if len(idx):
+            e = np.uint64(base) + idx.astype(np.uint64) * np.uint64(self.dtype.itemsize)
+            ent["entry"] = e
+            for f in rel:
+                field_off = 0 if raw.dtype.names is None else raw.dtype.fields[f][1]
+                vals = raw[idx] if raw.dtype.names is None else raw[f][idx]
+                ent[f] = rel32_targets(e + np.uint64(field_off), vals)
+            for f in copy:
+                ent[f] = raw[f][idx]
+        return ent
 
     def parse(self, ctx):
         raise NotImplementedError

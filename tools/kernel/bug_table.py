@@ -6,7 +6,7 @@ kernel searches the table linearly, so order does not matter.
 
 import numpy as np
 
-from .base import KernelTable, rel32_targets
+from .base import KernelTable, rename_fields
 
 
 class BugTable(KernelTable):
@@ -16,18 +16,8 @@ class BugTable(KernelTable):
     dtype = np.dtype([("bug_addr", "<i4"), ("file", "<i4"), ("line", "<u2"), ("flags", "<u2")])
 
     def parse(self, ctx):
-        base, raw = self.raw(ctx)
-        n = len(raw)
-        ent = np.zeros(n, dtype=[("entry", "<u8"), ("addr", "<u8"), ("file", "<u8"),
-                                 ("line", "<u2"), ("flags", "<u2")])
-        if n == 0:
-            return ent
-        e = np.uint64(base) + np.arange(n, dtype=np.uint64) * np.uint64(12)
-        ent["entry"] = e
-        ent["addr"] = rel32_targets(e, raw["bug_addr"])
-        ent["file"] = rel32_targets(e + np.uint64(4), raw["file"])
-        ent["line"], ent["flags"] = raw["line"], raw["flags"]
-        return ent
+        ent = self.decode(ctx, rel=("bug_addr", "file"), copy=("line", "flags"))
+        return rename_fields(ent, {"bug_addr": "addr"})
 
     def check(self, ctx, entries):
         findings = []

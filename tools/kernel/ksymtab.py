@@ -6,7 +6,7 @@ every value must be the address the ELF symbol table gives that name.
 
 import numpy as np
 
-from .base import Finding, KernelTable, rel32_targets
+from .base import Finding, KernelTable
 
 
 class Ksymtab(KernelTable):
@@ -16,16 +16,10 @@ class Ksymtab(KernelTable):
     dtype = np.dtype([("value", "<i4"), ("name", "<i4"), ("namespace", "<i4")])
 
     def parse(self, ctx):
-        base, raw = self.raw(ctx)
-        n = len(raw)
-        ent = np.zeros(n, dtype=[("entry", "<u8"), ("value", "<u8"), ("name", "<u8")])
+        ent = self.decode(ctx, rel=("value", "name"))
         self.names = []
-        if n == 0:
+        if len(ent) == 0:
             return ent
-        e = np.uint64(base) + np.arange(n, dtype=np.uint64) * np.uint64(12)
-        ent["entry"] = e
-        ent["value"] = rel32_targets(e, raw["value"])
-        ent["name"] = rel32_targets(e + np.uint64(4), raw["name"])
         strs = ctx.image.section("__ksymtab_strings")
         blob = bytes(ctx.image.section_bytes(strs)) if strs is not None else b""
         for a in ent["name"].tolist():

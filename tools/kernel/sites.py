@@ -5,7 +5,7 @@ patches at boot (indirect-thunk calls, return-thunk jumps, lock prefixes).
 
 import numpy as np
 
-from .base import KernelTable, rel32_targets
+from .base import KernelTable
 
 
 class SiteList(KernelTable):
@@ -15,17 +15,9 @@ class SiteList(KernelTable):
     in_functions_only = False
 
     def parse(self, ctx):
-        base, raw = self.raw(ctx)
-        n = len(raw)
         # A zero entry is section padding (the kernel skips it: it points at itself).
-        keep = np.nonzero(raw != 0)[0]
-        self.padding = n - len(keep)
-        ent = np.zeros(len(keep), dtype=[("entry", "<u8"), ("addr", "<u8")])
-        if n == 0:
-            return ent
-        e = np.uint64(base) + keep.astype(np.uint64) * np.uint64(4)
-        ent["entry"] = e
-        ent["addr"] = rel32_targets(e, raw[keep])
+        ent = self.decode(ctx, rel=("addr",), keep=lambda raw: raw != 0)
+        self.padding = len(self.raw(ctx)[1]) - len(ent)
         return ent
 
     def check(self, ctx, entries):

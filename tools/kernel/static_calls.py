@@ -5,7 +5,7 @@ rel32 (or a nop5/ret once patched) the kernel rewrites at boot.
 
 import numpy as np
 
-from .base import KernelTable, rel32_targets
+from .base import KernelTable
 
 SITE_OPCODES = (0xE8, 0xE9, 0x0F, 0xC3, 0x2E)   # call, jmp, nop5, ret, cs-prefixed nop
 
@@ -17,18 +17,14 @@ class StaticCallSites(KernelTable):
     dtype = np.dtype([("addr", "<i4"), ("key", "<i4")])
 
     def parse(self, ctx):
-        base, raw = self.raw(ctx)
-        n = len(raw)
-        ent = np.zeros(n, dtype=[("entry", "<u8"), ("addr", "<u8"), ("key", "<u8"), ("flags", "u1")])
-        if n == 0:
-            return ent
-        e = np.uint64(base) + np.arange(n, dtype=np.uint64) * np.uint64(8)
-        ent["entry"] = e
-        ent["addr"] = rel32_targets(e, raw["addr"])
-        key = (e + np.uint64(4)).astype(np.int64) + raw["key"]
-        ent["flags"] = (key & 3).astype(np.uint8)
-        ent["key"] = (key & ~3).astype(np.uint64)
-        return ent
+        ent = self.decode(ctx, rel=("addr", "key"))
+        out = np.zeros(len(ent), dtype=ent.dtype.descr + [("flags", "u1")])
+        for f in ent.dtype.names:
+            out[f] = ent[f]
+        # the key's low bits are flags (1 = init, 2 = tail call)
+        out["flags"] = (ent["key"] & np.uint64(3)).astype(np.uint8)
+        out["key"] = ent["key"] & ~np.uint64(3)
+        return out
 
     def check(self, ctx, entries):
         findings = []
