@@ -119,9 +119,18 @@ def make_heat(units, functions, hotness):
     return heat
 
 
-def make_plan(units, strategy, heat, calls=(), functions=None):
-    """Lay out every region with ``strategy``; returns a LayoutPlan."""
+def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None):
+    """Lay out every region with ``strategy``; returns a LayoutPlan.
+
+    ``calls``: [(caller, callee, count)] by function name (call edges);
+    ``blocks``: optional (address, size, count per iteration) arrays of the
+    profile's executed blocks; strategies that look at bytes inside units
+    (``pack``) get them as ``view.hot_ranges`` (see ``unit_hot_ranges``).
+    """
     regs = units.regions
+    ranges = None
+    if blocks is not None and getattr(strategy, "use_blocks", False):
+        ranges = unit_hot_ranges(units, blocks, getattr(strategy, "block_min", 0.0))
     new_start = units.start.copy()
     region_new_start = [r.start for r in regs]
     prev_section, cursor = None, None
@@ -164,6 +173,8 @@ def make_plan(units, strategy, heat, calls=(), functions=None):
             view = RegionView(units, ri, heat, skip=npin)
             rstart = cursor
         view.edges = _edges(view, units, calls, functions)
+        if ranges is not None:
+            view.hot_ranges = [ranges.get(int(i)) for i in view.index.tolist()]
         placed = strategy.layout(view, rstart)
         idx = [p[0] for p in placed]
         if sorted(idx) != list(range(len(view))):
@@ -176,6 +187,68 @@ def make_plan(units, strategy, heat, calls=(), functions=None):
         _check_section_end(regs[-1], cursor)
     _check_overlaps(units, new_start)
     return LayoutPlan(units, new_start, region_new_start, strategy.name, heat)
+
+
+def unit_hot_ranges(units, blocks, min_count=0.0):
+    """{unit index: [(offset, end), ...]}: merged byte ranges of each unit that
+    hold a block executed at least ``min_count`` times (per iteration; 0: any
+    block that ran).
+
+    ``blocks``: (address, size, count) arrays, link-time addresses.
+    """
+    addr, size, count = (np.asarray(b) for b in blocks)
+    count = np.asarray(count, dtype=np.float64)
+    keep = (count > 0) & (count >= float(min_count)) & (size > 0)
+    addr = addr[keep].astype(np.uint64)
+    size = size[keep].astype(np.uint64)
+    if not len(addr):
+        return {}
+    ui = units.find(addr)
+    ok = ui >= 0
+    ui, addr, size = ui[ok], addr[ok], size[ok]
+    off = (addr - units.start[ui]).astype(np.int64)
+    end = np.minimum(off + size.astype(np.int64), units.size[ui].astype(np.int64))
+    order = np.lexsort((off, ui))
+    out = {}
+    for u, s, e in zip(ui[order].tolist(), off[order].tolist(), end[order].tolist()):
+        r = out.setdefault(u, [])
+        if r and s <= r[-1][1]:
+            if e > r[-1][1]:
+                r[-1] = (r[-1][0], e)
+        else:
+            r.append((s, e))
+    return out
+
+
+def profile_blocks(profile):
+    """(address, size, count per iteration) of a profile model's blocks, or None."""
+    if profile is None or not len(getattr(profile, "block_addr", ())):
+        return None
+    loops = float(profile.meta.get("loops") or 1)
+    return (profile.block_addr.astype(np.uint64), profile.block_size.astype(np.uint64),
+            profile.block_count.astype(np.float64) / loops)
+
+
+def profile_calls(profile, functions, per_loop=True):
+    """[(caller name, callee name, count)] from a profile model's edges.
+
+    Call edges (kind 1, landing on a function entry) from a block or branch in
+    another function; counts per iteration when the profile knows its loops.
+    """
+    from ..profile.model import KIND_CALL
+    if profile is None or not len(getattr(profile, "edge_from", ())):
+        return []
+    m = (profile.edge_kind == KIND_CALL)
+    fa = functions.find(profile.edge_from[m])
+    fb = functions.find(profile.edge_to[m])
+    w = profile.edge_count[m].astype(np.float64)
+    if per_loop and profile.meta.get("loops"):
+        w = w / float(profile.meta["loops"])
+    ok = (fa >= 0) & (fb >= 0) & (fa != fb)
+    agg = {}
+    for a, b, c in zip(fa[ok].tolist(), fb[ok].tolist(), w[ok].tolist()):
+        agg[(a, b)] = agg.get((a, b), 0.0) + c
+    return [(functions.name[a], functions.name[b], c) for (a, b), c in sorted(agg.items())]
 
 
 def _check_section_end(last_region, cursor):

@@ -3,11 +3,28 @@
 64 B line; the holes that alignment leaves are filled with other small hot
 units before anything is padded. Cold units follow in their original order.
 
-Ordering: with call edges (``view.edges``: (caller k, callee k, count)) a
-C3-style clustering (Ottoni & Maher, hfsort): visit units hottest first and
-append each one's cluster to the cluster of its heaviest caller while the
-merged cluster stays under ``max_cluster`` bytes; clusters are then ordered
-by density (heat per byte). With function counts only, hotness order.
+Hot set: units with ``heat >= min_count`` (heat = the profile's count per
+workload iteration, see configs/relayout/pack.toml).
+
+Ordering (``order``):
+- with call edges (``view.edges``: (caller k, callee k, count)) a C3-style
+  clustering (Ottoni & Maher, hfsort): visit units hottest first and append
+  each one's cluster to the cluster of its heaviest caller while the merged
+  cluster stays under ``max_cluster`` bytes; clusters are then ordered by
+  density (heat per byte);
+- without edges: by heat (``order = "heat"``, the default) or by density
+  (``order = "density"``, heat per byte).
+
+Placement (``layout``):
+- without block data (``view.hot_ranges`` is None): the rule above, big units
+  64 B aligned, small ones first-fit into holes, never straddling a line;
+- with block data (``view.hot_ranges[k]``: (offset, end) byte ranges of the
+  unit that run at least ``block_min`` times per iteration), each hot unit
+  goes to the candidate start (every legal start in the next line, and every
+  hole it fits) that adds the fewest new cache lines holding hot bytes; ties
+  go to holes, then to the lowest address. For a unit hot from its first to
+  its last byte this reproduces the rule above; for a unit with a cold tail it
+  lets the next unit share the lines the tail would have wasted.
 """
 
 from ..plan import LINE, align_up, place
@@ -17,21 +34,37 @@ from .base import Strategy
 class Pack(Strategy):
     name = "pack"
 
-    def __init__(self, min_count=1, line=LINE, max_cluster=4096, **_):
+    def __init__(self, min_count=1, line=LINE, max_cluster=4096, order="heat",
+                 use_blocks=True, block_min=0.5, strict=True, **_):
         super().__init__(min_count)
         self.line = int(line)
         self.max_cluster = int(max_cluster)
+        if order not in ("density", "heat"):
+            from ...errors import LinepackError
+            raise LinepackError(f"pack: order must be 'density' or 'heat', got '{order}'")
+        self.order_by = order
+        self.use_blocks = bool(use_blocks)
+        self.block_min = float(block_min)
+        self.strict = bool(strict)
+
+    # -- ordering -----------------------------------------------------------------
+    def _key(self, view, heat, size):
+        if self.order_by == "density":
+            return -heat / max(size, 1)
+        return -heat
 
     def order(self, view):
         hot = self.hot_order(view)
+        rank = {k: i for i, k in enumerate(hot)}
         edges = [e for e in getattr(view, "edges", ()) or () if e[0] != e[1]]
         if not edges:
-            return hot
+            return sorted(hot, key=lambda k: (self._key(view, float(view.heat[k]),
+                                                         int(view.size[k])), rank[k]))
         hs = set(hot)
         best = {}
         for a, b, w in edges:
-            if a in hs and b in hs and w > best.get(b, (None, 0))[1]:
-                best[b] = (a, w)
+            if a in hs and b in hs and (w, -a) > best.get(b, (None, 0, 0))[1:]:
+                best[b] = (a, w, -a)
         cluster = {k: [k] for k in hot}
         owner = {k: k for k in hot}
         size = {k: int(view.size[k]) for k in hot}
@@ -48,15 +81,28 @@ class Pack(Strategy):
                 owner[m] = ca
             del cluster[cb]
         heat = {c: sum(float(view.heat[m]) for m in ms) for c, ms in cluster.items()}
-        keys = sorted(cluster, key=lambda c: (-heat[c] / max(size[c], 1), hot.index(c)))
+        keys = sorted(cluster, key=lambda c: (-heat[c] / max(size[c], 1), rank[c]))
         return [m for c in keys for m in cluster[c]]
 
+    # -- placement ----------------------------------------------------------------
     def layout(self, view, base):
+        ranges = getattr(view, "hot_ranges", None) if self.use_blocks else None
+        order = self.order(view)
+        if ranges is None:
+            out, cur = self._layout_units(view, base, order)
+        else:
+            out, cur = self._layout_blocks(view, base, order, ranges)
+        hot = {k for k, _ in out}
+        cold = [k for k in range(len(view)) if k not in hot]
+        out, _ = self.sequential(view, cold, cur, None, out)
+        return out
+
+    def _layout_units(self, view, base, order):
         line = self.line
         out = []
         holes = []          # [start, end) gaps left by alignment, filled first-fit
         cur = base
-        for k in self.order(view):
+        for k in order:
             size = int(view.size[k])
             al, ph = view.align[k], view.phase[k]
             if size > line:
@@ -77,10 +123,7 @@ class Pack(Strategy):
                     holes.append([cur, pos])
                 cur = pos + size
             out.append((k, pos))
-        hot = {k for k, _ in out}
-        cold = [k for k in range(len(view)) if k not in hot]
-        out, _ = self.sequential(view, cold, cur, None, out)
-        return out
+        return out, cur
 
     def _fit_hole(self, holes, size, al, ph):
         for h in holes:
@@ -89,12 +132,86 @@ class Pack(Strategy):
                 continue
             pos = place(hs, al, ph)
             if pos + size <= he and not self.straddles(pos, size, self.line):
-                # Split the hole around the placed unit.
-                holes.remove(h)
-                if pos > hs:
-                    holes.append([hs, pos])
-                if he > pos + size:
-                    holes.append([pos + size, he])
-                holes.sort()
+                self._take(holes, h, pos, size)
                 return pos
         return None
+
+    @staticmethod
+    def _take(holes, h, pos, size):
+        """Split hole h around [pos, pos + size)."""
+        hs, he = h
+        holes.remove(h)
+        if pos > hs:
+            holes.append([hs, pos])
+        if he > pos + size:
+            holes.append([pos + size, he])
+        holes.sort()
+
+    def _lines(self, pos, rng):
+        line = self.line
+        out = set()
+        for s, e in rng:
+            out.update(range((pos + s) // line, (pos + e - 1) // line + 1))
+        return out
+
+    def _candidates(self, lo, hi, al, ph, size):
+        """Legal starts p with lo <= p and p + size <= hi (hi None: p < lo + line).
+
+        strict: a unit larger than a line only at a line start, a smaller one
+        only where it does not straddle a line."""
+        line = self.line
+        if self.strict and size > line:
+            p = place(lo, al, ph, line)
+            if hi is None or p + size <= hi:
+                return [p]
+            return []
+        out = []
+        p = place(lo, al, ph)
+        step = 16 if ph else max(int(al), 1)
+        limit = lo + line if hi is None else hi - size + 1
+        while p < limit:
+            if not (self.strict and self.straddles(p, size, line)):
+                out.append(p)
+            p += step
+        if hi is None and not out:
+            out.append(place(align_up(lo, line), al, ph))
+        return out
+
+    def _layout_blocks(self, view, base, order, ranges):
+        line = self.line
+        out = []
+        holes = []
+        touched = set()     # lines holding hot bytes of units placed so far
+        cur = base
+        for k in order:
+            size = int(view.size[k])
+            al, ph = view.align[k], view.phase[k]
+            rng = ranges[k]
+            if rng is None or not len(rng):
+                rng = [(0, size)] if size else []
+            best = None
+            for h in holes:
+                if h[1] - h[0] < size:
+                    continue
+                for p in self._candidates(h[0], h[1], al, ph, size):
+                    ln = self._lines(p, rng)
+                    c = (len(ln - touched), 0, p)
+                    if best is None or c < best[0]:
+                        best = (c, h, ln)
+            for p in self._candidates(cur, None, al, ph, size):
+                ln = self._lines(p, rng)
+                c = (len(ln - touched), 1, p)
+                if best is None or c < best[0]:
+                    best = (c, None, ln)
+            (_, _, pos), h, ln = best
+            if h is not None:
+                self._take(holes, h, pos, size)
+            else:
+                if pos > cur:
+                    holes.append([cur, pos])
+                    holes.sort()
+                cur = pos + size
+            touched |= ln
+            out.append((k, pos))
+            # Holes far behind the cursor are kept: small units still fit there.
+        return out, cur
