@@ -324,6 +324,26 @@ def line_metric(plan, functions, hotness, min_count=1):
             "hot_lines_after": hot_lines(new, size)}
 
 
+def block_line_metric(plan, blocks, min_count=0.0, line=LINE):
+    """Distinct lines holding executed blocks (count >= min_count per iteration)
+    before and after the plan: the static twin of evaluate's executed lines.
+
+    Blocks move with the unit holding them; blocks outside every unit stay.
+    """
+    addr, size, count = (np.asarray(b) for b in blocks)
+    count = np.asarray(count, dtype=np.float64)
+    keep = (count > 0) & (count >= float(min_count)) & (size > 0)
+    addr = addr[keep].astype(np.uint64)
+    size = size[keep].astype(np.uint64)
+    u = plan.units
+    ui = u.find(addr)
+    new = addr.copy()
+    ok = ui >= 0
+    new[ok] = plan.new_start[ui[ok]] + (addr[ok] - u.start[ui[ok]])
+    return {"blocks": int(len(addr)), "block_lines_before": hot_lines(addr, size, line),
+            "block_lines_after": hot_lines(new, size, line)}
+
+
 def _edges(view, units, calls, functions):
     """Call edges [(caller k, callee k, count)] between units of one region view."""
     if not calls or functions is None:

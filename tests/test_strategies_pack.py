@@ -1,0 +1,257 @@
+"""Layout strategies (pack, hot64, align-all) on synthetic unit tables: the layout
+rules, cold order, growth bound, determinism, block-aware placement and the
+profile helpers of plan.py."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+from linepack.relayout import strategies
+from linepack.relayout.plan import (LINE, block_line_metric, hot_lines, make_plan,
+                                    profile_blocks, profile_calls, unit_hot_ranges)
+from linepack.relayout.units import Region, UnitTable
+
+BASE = 0xffffffff81001000
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def table(sizes, aligns=16, slack=1 << 16, phases=None):
+    starts, cur = [], BASE
+    for s in sizes:
+        starts.append(cur)
+        cur = (cur + s + aligns - 1) // aligns * aligns
+    regs = [Region("r0", BASE, cur + slack, 1)]
+    return UnitTable(starts, sizes, [0] * len(sizes), regs, phase=phases)
+
+
+def random_table(seed, n=300):
+    rng = random.Random(seed)
+    sizes = [rng.choice([rng.randint(1, 64), rng.randint(65, 2000)]) for _ in range(n)]
+    heat = [rng.choice([0, 0, 0, rng.uniform(0.01, 0.99), rng.uniform(1, 1e4)]) for _ in range(n)]
+    return table(sizes), np.asarray(heat)
+
+
+def plan_of(t, spec, heat, **kw):
+    return make_plan(t, strategies.get(spec), np.asarray(heat, float), **kw)
+
+
+def check_rules(t, p, heat, min_count=1.0):
+    """Big hot units start on a line, small hot ones do not straddle one."""
+    for k in range(len(t)):
+        if heat[k] < min_count:
+            continue
+        a, s = int(p.new_start[k]), int(t.size[k])
+        if s > LINE:
+            assert a % LINE == 0, (k, hex(a), s)
+        else:
+            assert a // LINE == (a + s - 1) // LINE, (k, hex(a), s)
+
+
+def cold_order(t, p, heat, min_count=1.0):
+    cold = [k for k in range(len(t)) if heat[k] < min_count]
+    return sorted(cold, key=lambda k: int(p.new_start[k])) == cold
+
+
+def growth(t, p):
+    return int(p.new_end.max()) - int(t.end.max())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pack_rules_cold_order_growth(seed):
+    t, heat = random_table(seed)
+    p = plan_of(t, "pack", heat)
+    check_rules(t, p, heat)
+    assert cold_order(t, p, heat)
+    hot = heat >= 1
+    # Padding is bounded: < one line per hot unit (plus nothing for cold ones).
+    assert growth(t, p) < LINE * int(hot.sum())
+    # Hot units come first, all of them before any cold one.
+    assert int(p.new_start[hot].max()) < int(p.new_start[~hot].min())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_hot64_rules(seed):
+    t, heat = random_table(seed)
+    p = plan_of(t, "hot64", heat)
+    assert all(int(p.new_start[k]) % 64 == 0 for k in np.nonzero(heat >= 1)[0])
+    assert cold_order(t, p, heat)
+
+
+def test_pack_is_deterministic():
+    t, heat = random_table(7)
+    a = plan_of(t, "pack", heat).new_start
+    b = plan_of(t, "pack", heat).new_start
+    assert (a == b).all()
+
+
+def test_pack_fills_holes_with_small_units():
+    # Big (96 B) units leave two 32 B holes; two of the 20 B hot units go there.
+    t = table([96, 96, 96, 20, 20, 20])
+    heat = [50, 40, 30, 3, 2, 1]
+    p = plan_of(t, "pack", heat)
+    check_rules(t, p, heat)
+    end_big = max(int(p.new_end[k]) for k in range(3))
+    assert sum(int(p.new_start[k]) < end_big for k in range(3, 6)) == 2
+    assert growth(t, p) <= 0
+
+
+def test_pack_density_order_option():
+    t = table([1000, 40])
+    heat = [100, 90]            # the small one is far denser
+    assert int(plan_of(t, "pack", heat).new_start[0]) < int(plan_of(t, "pack", heat).new_start[1])
+    dens = make_plan(t, strategies.get({"strategy": "pack", "order": "density"}),
+                     np.asarray(heat, float))
+    assert int(dens.new_start[1]) < int(dens.new_start[0])
+    with pytest.raises(Exception):
+        strategies.get({"strategy": "pack", "order": "nope"})
+
+
+def test_pack_min_count_threshold():
+    t = table([100, 100, 100])
+    heat = [0.5, 2, 0]
+    lo = make_plan(t, strategies.get({"strategy": "pack", "min_count": 0.1}), np.asarray(heat))
+    hi = make_plan(t, strategies.get({"strategy": "pack", "min_count": 1}), np.asarray(heat))
+    assert int(lo.new_start[0]) % 64 == 0          # hot at 0.1: aligned
+    assert int(hi.new_start[1]) == BASE            # only unit 1 hot at 1: first
+    assert int(hi.new_start[0]) < int(hi.new_start[2])
+
+
+# -- block-aware placement --------------------------------------------------------------
+
+def blocks_for(t, spans):
+    """(addr, size, count) arrays from [(unit, offset, size, count)]."""
+    a = [int(t.start[k]) + o for k, o, _, _ in spans]
+    return (np.asarray(a, np.uint64), np.asarray([s for _, _, s, _ in spans], np.uint64),
+            np.asarray([c for *_, c in spans], float))
+
+
+def test_unit_hot_ranges_merge_and_threshold():
+    t = table([200, 50])
+    b = blocks_for(t, [(0, 0, 10, 5), (0, 8, 10, 5), (0, 100, 4, 0.1), (1, 40, 20, 3)])
+    r = unit_hot_ranges(t, b, 0.5)
+    assert r == {0: [(0, 18)], 1: [(40, 50)]}          # merged; cold block dropped; clipped
+    assert unit_hot_ranges(t, b, 0)[0] == [(0, 18), (100, 104)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pack_blocks_strict_keeps_rules_and_never_worse(seed):
+    t, heat = random_table(seed)
+    rng = random.Random(seed)
+    spans = []
+    for k in np.nonzero(heat >= 1)[0].tolist():
+        s = int(t.size[k])
+        for _ in range(rng.randint(1, 4)):
+            o = rng.randrange(s)
+            spans.append((k, o, rng.randint(1, min(48, s - o)), rng.uniform(0.6, 100)))
+    b = blocks_for(t, spans)
+    plain = plan_of(t, "pack", heat)
+    blk = plan_of(t, "pack", heat, blocks=b)
+    check_rules(t, blk, heat)
+    assert cold_order(t, blk, heat)
+    assert growth(t, blk) < LINE * int((heat >= 1).sum())
+    before = block_line_metric(plain, b)["block_lines_after"]
+    after = block_line_metric(blk, b)["block_lines_after"]
+    assert after <= before
+    again = plan_of(t, "pack", heat, blocks=b)
+    assert (again.new_start == blk.new_start).all()
+
+
+def test_pack_blocks_free_shares_lines():
+    # Unit 0: 100 B, hot to its end; unit 1: 200 B, only its first 16 B run.
+    # strict starts unit 1 on a line; free lets it share unit 0's last line.
+    t = table([100, 200])
+    heat = [10, 5]
+    b = blocks_for(t, [(0, 0, 100, 10), (1, 0, 16, 5)])
+    strict = plan_of(t, "pack", heat, blocks=b)
+    free = make_plan(t, strategies.get({"strategy": "pack", "strict": False}),
+                     np.asarray(heat, float), blocks=b)
+    assert int(strict.new_start[1]) % 64 == 0
+    s = block_line_metric(strict, b)["block_lines_after"]
+    f = block_line_metric(free, b)["block_lines_after"]
+    assert f < s
+    assert int(free.new_start[1]) < int(strict.new_start[1])
+
+
+def test_pack_blocks_small_unit_goes_to_a_touched_line():
+    # A 20 B hot unit fits in the hot line another unit already occupies.
+    t = table([80, 20, 300])
+    heat = [9, 1, 8]
+    b = blocks_for(t, [(0, 0, 80, 9), (1, 0, 20, 1), (2, 0, 30, 8)])
+    p = plan_of(t, "pack", heat, blocks=b)
+    check_rules(t, p, heat)
+    m = block_line_metric(p, b)
+    assert m["block_lines_after"] <= m["block_lines_before"]
+
+
+def test_block_line_metric_identity_for_stock():
+    t = table([100, 30, 70])
+    b = blocks_for(t, [(0, 0, 100, 1), (2, 10, 10, 2)])
+    p = plan_of(t, "stock", [1, 0, 2])
+    m = block_line_metric(p, b)
+    assert m["block_lines_before"] == m["block_lines_after"] == hot_lines(b[0], b[1])
+
+
+# -- call edges and config --------------------------------------------------------------
+
+class _Funcs:
+    def __init__(self, starts, sizes, names):
+        self.start = np.asarray(starts, np.uint64)
+        self.size = np.asarray(sizes, np.uint64)
+        self.name = list(names)
+
+    def find(self, addrs):
+        a = np.asarray(addrs, np.uint64)
+        i = np.searchsorted(self.start, a, side="right").astype(np.int64) - 1
+        ok = (i >= 0) & (a < self.start[np.maximum(i, 0)] + self.size[np.maximum(i, 0)])
+        return np.where(ok, i, -1)
+
+    def index_of(self, n):
+        return self.name.index(n) if n in self.name else None
+
+
+class _Prof:
+    def __init__(self, efrom, eto, count, kind, loops=10):
+        self.edge_from = np.asarray(efrom, np.uint64)
+        self.edge_to = np.asarray(eto, np.uint64)
+        self.edge_count = np.asarray(count, np.uint64)
+        self.edge_kind = np.asarray(kind, np.uint8)
+        self.block_addr = np.asarray([0x1000], np.uint64)
+        self.block_size = np.asarray([4], np.uint32)
+        self.block_count = np.asarray([20], np.uint64)
+        self.meta = {"loops": loops}
+
+
+def test_profile_calls_and_blocks():
+    f = _Funcs([0x1000, 0x1100, 0x1200], [0x100, 0x100, 0x100], ["a", "b", "c"])
+    prof = _Prof([0x1010, 0x1020, 0x1110, 0x1010, 0x1005], [0x1100, 0x1100, 0x1200, 0x1050, 0x1000],
+                 [30, 10, 5, 7, 9], [1, 1, 1, 0, 1])
+    assert profile_calls(prof, f) == [("a", "b", 4.0), ("b", "c", 0.5)]
+    a, s, c = profile_blocks(prof)
+    assert a.tolist() == [0x1000] and c.tolist() == [2.0]
+
+
+def test_pack_with_call_edges_groups_caller_and_callee():
+    t = table([100, 300, 100, 100])
+    heat = [10, 9, 8, 7]
+    f = _Funcs(t.start, t.size, [f"f{i}" for i in range(4)])
+    t.funcs = np.arange(4)
+    p = make_plan(t, strategies.get("pack"), np.asarray(heat, float),
+                  calls=[("f0", "f3", 100.0)], functions=f)
+    order = np.argsort(p.new_start).tolist()
+    assert order.index(3) == order.index(0) + 1
+
+
+def test_pack_config_matches_defaults():
+    try:
+        import tomllib
+    except ImportError:
+        import tomli as tomllib
+    with open(os.path.join(ROOT, "configs", "relayout", "pack.toml"), "rb") as fh:
+        cfg = tomllib.load(fh)
+    a, b = strategies.get(dict(cfg)), strategies.get("pack")
+    for attr in ("min_count", "line", "max_cluster", "order_by", "use_blocks", "block_min",
+                 "strict"):
+        assert getattr(a, attr) == getattr(b, attr), attr
+    assert cfg["min_count"] == 1
