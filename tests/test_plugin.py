@@ -370,8 +370,9 @@ def _exec_sections(vmlinux):
 def test_boot_with_plugin(plugin_so, boot, vmlinux, tmp_path):
     out = tmp_path / "boot.bin"
     boot(plugin_so, {"out": out, "cache": "on", "size": 32768, "ways": 8, "line": 64,
-                     "edges": "on"})
+                     "edges": "on", "stop": hex(trace.reboot_marker(vmlinux))})
     t = trace.read_plugin_output(out)
+    assert t.roi["stopped"] and not t.roi["start"]
     insns = t.kernel_instructions
     assert insns > 1e8
     assert 0 < t.misses <= t.fetches
@@ -397,11 +398,14 @@ def test_boot_with_plugin(plugin_so, boot, vmlinux, tmp_path):
 @pytest.mark.qemu
 @pytest.mark.realkernel
 @pytest.mark.slow
-def test_icount_runs_repeat(plugin_so, boot, tmp_path):
+def test_icount_runs_repeat(plugin_so, boot, vmlinux, tmp_path):
+    # stop= at reboot(): the power-off tail after it runs for a host-timed while
+    stop = hex(trace.reboot_marker(vmlinux))
     res = []
     for i in range(2):
         out = tmp_path / f"r{i}.bin"
-        boot(plugin_so, {"out": out, "cache": "on", "size": 32768, "ways": 8, "line": 64})
+        boot(plugin_so, {"out": out, "cache": "on", "size": 32768, "ways": 8, "line": 64,
+                         "edges": "on", "stop": stop})
         t = trace.read_plugin_output(out)
         res.append((t.kernel_instructions, t.misses, t.fetches))
     (i0, m0, f0), (i1, m1, f1) = res

@@ -47,6 +47,7 @@ def main(argv=None):
 
     kernel = targets.debian_vmlinux()
     so = plugin_build.build_plugin(log=lambda m: None)
+    stop = trace.reboot_marker(kernel)      # counts end at reboot(): repeatable totals
     names = [v for v in a.variants.split(",") if v]
     times = {n: [] for n in names}
     info = {}
@@ -56,7 +57,8 @@ def main(argv=None):
         for r in range(a.repeat):
             for n in names:
                 pa = VARIANTS[n]
-                args = None if pa is None else dict(pa, out=os.path.join(tmp, f"{n}.bin"))
+                args = None if pa is None else dict(pa, out=os.path.join(tmp, f"{n}.bin"),
+                                                     stop=hex(stop))
                 t0 = time.monotonic()
                 run_workload(kernel, a.workload, loops=a.loops, icount=not a.no_icount,
                              plugin=so if args is not None else None, plugin_args=args)

@@ -156,7 +156,10 @@ def read_plugin_output(path):
 
 def read_tbtrace(path):
     """Read a ``tbtrace=`` dump: executed blocks in order (vaddr, size, ninsns)."""
-    size = os.path.getsize(path)
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read tbtrace: {e.strerror}") from None
     if size % TBTRACE_DTYPE.itemsize:
         raise BadInput(f"{path}: truncated tbtrace ({size} bytes)")
     return np.fromfile(path, TBTRACE_DTYPE)
@@ -252,10 +255,31 @@ def plugin_args(out, cache=None, edges=False, mode="kernel", start=None, stop=No
     return args
 
 
+REBOOT_SYMBOL = "__x64_sys_reboot"
+
+
+def reboot_marker(kernel):
+    """Address of ``__x64_sys_reboot`` in a vmlinux (path or ElfImage).
+
+    Pass it as ``stop=``: counting then ends when /init calls reboot(). After
+    that, the ACPI power-off path spins in delay_tsc until QEMU's main loop acts
+    on the shutdown request, and how long that takes depends on host timing. It
+    was the only run-to-run difference seen under -icount (up to ~1e5
+    instructions, in one run of three).
+    """
+    from ..image.elf import ElfImage
+    img = kernel if isinstance(kernel, ElfImage) else ElfImage(kernel)
+    addr = img.symbol_address(REBOOT_SYMBOL)
+    if not addr:
+        raise BadInput(f"{img.path}: no symbol {REBOOT_SYMBOL} (not an x86-64 Linux vmlinux?)")
+    return int(addr)
+
+
 def plugin_option(so_path, args):
     """The value of QEMU's ``-plugin`` option."""
     return ",".join([so_path] + list(args))
 
 
 __all__ = ["PluginTrace", "read_plugin_output", "read_tbtrace", "cache_config",
-           "list_cache_configs", "plugin_args", "plugin_option", "TB_DTYPE", "EDGE_DTYPE"]
+           "list_cache_configs", "plugin_args", "plugin_option", "reboot_marker", "TB_DTYPE",
+           "EDGE_DTYPE"]
