@@ -19,12 +19,18 @@ Placement (``layout``):
 - without block data (``view.hot_ranges`` is None): the rule above, big units
   64 B aligned, small ones first-fit into holes, never straddling a line;
 - with block data (``view.hot_ranges[k]``: (offset, end) byte ranges of the
-  unit that run at least ``block_min`` times per iteration), each hot unit
-  goes to the candidate start (every legal start in the next line, and every
-  hole it fits) that adds the fewest new cache lines holding hot bytes; ties
-  go to holes, then to the lowest address. For a unit hot from its first to
-  its last byte this reproduces the rule above; for a unit with a cold tail it
-  lets the next unit share the lines the tail would have wasted.
+  unit holding blocks that run at least ``block_min`` times per iteration;
+  make_plan(..., blocks=) builds them), each hot unit goes to the candidate
+  start (the legal starts in the next line, and every hole it fits) that adds
+  the fewest new cache lines holding hot bytes; ties go to holes, then to the
+  lowest address. ``strict`` (default) keeps the rule above: a big unit's only
+  candidate is the next line start, a small one never straddles; so block data
+  only steers where small units go. ``strict = false`` lets a big unit start
+  mid-line too, sharing a line with the hot tail of the unit before it.
+
+Measured on Debian 6.1 cloud, VFS-mix, 32 KiB 8-way (what-if replay, misses vs
+stock): function counts only -11.7%; + blocks -12.2%; + blocks + call edges
+-12.2%; strict = false with blocks + calls -12.6% (booted -12.9%).
 """
 
 from ..plan import LINE, align_up, place
