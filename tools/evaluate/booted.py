@@ -15,8 +15,12 @@ import numpy as np
 from ..image.elf import ElfImage
 
 # Executed kernel instructions must agree across layouts to this relative
-# tolerance, else the layouts did not run the same work.
-INSTRUCTION_TOLERANCE = 1e-4
+# tolerance, else the layouts did not run the same work. Repeat runs of one
+# image agree exactly (-icount); different layouts boot with different
+# instruction counts (e.g. sorting tables by address), which shifts timer-driven
+# work (RCU, slab flushing) by a few hundredths of a percent even with the
+# workload's fixed-time start and norandmaps (measured: 0.002-0.04 %).
+INSTRUCTION_TOLERANCE = 1e-3
 
 
 def executed_lines(trace, line=64):
