@@ -91,6 +91,13 @@ class Relayout:
         tables = [k.split('.', 1)[1] for k in s if k.startswith("table.")]
         if tables:
             print(f"  kernel tables:     {', '.join(tables)}")
+        if "orc_unwind.padding_runs" in s:
+            print(f"  ORC padding:       {s['orc_unwind.padding_runs']} padding runs, "
+                  f"{s['orc_unwind.padding_runs_covered']} already covered, "
+                  f"{s['orc_unwind.padding_entries_added']} entries added "
+                  f"({s['orc_unwind.dropped_shadowed']} shadowed + "
+                  f"{s['orc_unwind.dropped_unmapped']} dead entries reused), "
+                  f"{s['orc_unwind.padding_runs_without_entry']} without room")
         print(f"  DWARF:             {s['dwarf']}")
         for p in s["problems"][:10]:
             print(f"  problem: {p['kind']} at {p['address']}: {p['message']}")

@@ -118,6 +118,28 @@ class AddressMap:
         new, _ = self.map(addrs)
         return new != np.asarray(addrs, dtype=np.uint64)
 
+    def padding_runs(self):
+        """(start, end) uint64 arrays of the new layout's gaps inside each rewritten
+        extent: the padding the layout inserted (between moved pieces, and after
+        the last piece up to the extent's end), in address order."""
+        starts, ends = [], []
+        for lo, hi in zip(self.ext_lo.tolist(), self.ext_hi.tolist()):
+            m = (self.old_start >= np.uint64(lo)) & (self.old_start < np.uint64(hi))
+            if not m.any():
+                continue
+            ns = self.new_start[m].astype(np.int64)
+            ne = ns + (self.old_end[m] - self.old_start[m]).astype(np.int64)
+            k = np.argsort(ns, kind="stable")
+            ns, ne = ns[k], ne[k]
+            bounds_lo = np.concatenate(([lo], ne))
+            bounds_hi = np.concatenate((ns, [hi]))
+            gap = bounds_hi > bounds_lo
+            starts.append(bounds_lo[gap])
+            ends.append(bounds_hi[gap])
+        if not starts:
+            return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+        return (np.concatenate(starts).astype(np.uint64), np.concatenate(ends).astype(np.uint64))
+
     @classmethod
     def from_plan(cls, plan):
         """One piece per unit of every rewritten extent of a LayoutPlan."""

@@ -11,6 +11,7 @@ from .base import Finding, KernelTable, rel32_targets
 ORC_ENTRY = np.dtype([("sp_offset", "<i2"), ("bp_offset", "<i2"), ("bits", "<u2")])
 ORC_TYPES = 3          # 6.1: CALL, REGS, REGS_PARTIAL
 ORC_REG_MAX = 10
+ORC_REG_UNDEFINED = 0
 
 
 class OrcTable(KernelTable):
@@ -65,19 +66,69 @@ class OrcTable(KernelTable):
         return findings
 
     def update(self, ctx, entries, amap):
-        """Relayout: map IPs, re-sort both arrays together.
+        """Relayout: map IPs, re-sort both arrays together, cover inserted padding.
 
         Several entries can land on one address (a terminator at a moved
         function's end and the next function's first entry): the function's
         own entry sorts last, since the unwinder takes the last entry <= IP.
+
+        Padding the layout inserts (int3 runs between moved code) would inherit
+        the state of the code before it; each run whose covering entry is not
+        already an undefined-state entry gets one (sp_reg UNDEFINED, as
+        objtool's terminators). The arrays have a fixed size, so room comes
+        from entries that can never be found: IPs in dropped padding, and
+        shadowed entries (an entry followed by one at the same IP:
+        ``__orc_find`` returns the last entry <= IP). Runs for which there is no
+        room keep no entry and are counted. ``self.relayout_stats`` says what
+        happened.
         """
         out = entries.copy()
         ip = entries["ip"]
-        out["ip"], _ = amap.map(ip)
+        new_ip, ok = amap.map(ip)
+        out["ip"] = new_ip
         own = ctx.functions.find(ip) >= 0
+        # Entries for dropped padding (unmapped) are not kept at their old address.
+        lost = ~np.asarray(ok, bool)
         order = np.lexsort((own.astype(np.int8), out["ip"]))
+        lost = lost[order]
         out = out[order]
+        stats = {"padding_runs": 0, "padding_runs_covered": 0, "padding_entries_added": 0,
+                 "padding_runs_without_entry": 0, "dropped_unmapped": int(lost.sum()),
+                 "dropped_shadowed": 0}
+        runs = amap.padding_runs() if hasattr(amap, "padding_runs") else (np.zeros(0, np.uint64),)
+        starts = np.asarray(runs[0], dtype=np.uint64)
+        stats["padding_runs"] = int(len(starts))
+        kept = out[~lost]
+        if len(starts) and len(kept):
+            j = np.searchsorted(kept["ip"], starts, side="right").astype(np.int64) - 1
+            jc = np.maximum(j, 0)
+            undefined = (j >= 0) & ((kept["bits"][jc].astype(np.int64) & 0xF) == ORC_REG_UNDEFINED)
+            need = starts[~undefined]
+            stats["padding_runs_covered"] = int(undefined.sum())
+            free = int(lost.sum())
+            shadowed = np.nonzero(kept["ip"][:-1] == kept["ip"][1:])[0]
+            take = max(0, min(len(need) - free, len(shadowed)))
+            if take:
+                kept = np.delete(kept, shadowed[:take])
+            stats["dropped_shadowed"] = int(take)
+            n_add = min(len(need), free + take)
+            add = np.zeros(n_add, dtype=out.dtype)
+            add["ip"] = need[:n_add]                       # sp/bp offsets 0, bits 0: null state
+            stats["padding_entries_added"] = int(n_add)
+            stats["padding_runs_without_entry"] = int(len(need) - n_add)
+            is_pad = np.concatenate((np.zeros(len(kept), np.int8), np.ones(n_add, np.int8)))
+            merged = np.concatenate((kept, add))
+            out = merged[np.lexsort((is_pad, merged["ip"]))]
+        else:
+            out = kept
+        # Unused room (more lost entries than padding runs): repeat the last
+        # entry (the final section terminator); duplicates are harmless.
+        short = len(entries) - len(out)
+        if short > 0:
+            out = np.concatenate((out, np.repeat(out[-1:], short)))
+        stats["padded_with_duplicates"] = max(short, 0)
         out["entry"] = entries["entry"]
+        self.relayout_stats = stats
         return out
 
     def write(self, ctx, entries, out):

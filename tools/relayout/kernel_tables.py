@@ -60,6 +60,8 @@ def update_kernel_tables(rw, log, ctx=None):
             continue
         table.write(ctx, new, out)
         done[cls.name] = len(new)
+        for k, v in sorted((getattr(table, "relayout_stats", None) or {}).items()):
+            rw.stats[f"{cls.name}.{k}"] = v
         log(f"updated {cls.name}: {len(new)} entries")
     rw.stats.update({f"table.{k}": v for k, v in done.items()})
     return done
