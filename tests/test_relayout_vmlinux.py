@@ -70,6 +70,7 @@ def test_pack_invariants(tmp_path, vfs_profile):
     for t in ("__ex_table", "orc_unwind", "__mcount_loc"):
         assert summary[f"table.{t}"] > 0
     _check_orc_padding(summary, rw, str(out))
+    assert summary["static_keys.sites_rechecked"] > 5000
 
 
 def _check_orc_padding(summary, rw, out):
@@ -151,3 +152,35 @@ def test_cli_refusals(tmp_path):
     r = run(VMLINUX, "-o", str(tmp_path / "x"), "--profile", str(p))
     assert r.returncode == 2 and "another build" in r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def _bare_rewriter(amap):
+    from linepack.relayout.rewriter import Rewriter
+    rw = object.__new__(Rewriter)
+    rw.image, rw.amap, rw.stats, rw.problems = ElfImage(VMLINUX), amap, {}, []
+    return rw
+
+
+def test_static_key_sites_rechecked_after_layout():
+    """Every __jump_table site is re-checked; a 2-byte site whose target the layout
+    moved out of rel8 reach is a clear error (the layout must keep them together)."""
+    from linepack.image.addrmap import AddressMap
+    from linepack.kernel.base import ImageContext
+    from linepack.kernel.jump_table import JumpTable, classify
+    from linepack.relayout.rewriter import RewriteError
+    rw = _bare_rewriter(AddressMap.identity())
+    rw.check_static_keys()
+    st = rw.stats
+    assert st["static_keys.sites_rechecked"] == st["static_keys.two_byte"] + \
+        st["static_keys.five_byte"] + st["static_keys.illegal"] > 5000
+    assert st["static_keys.two_byte"] > 1000 and st["static_keys.illegal"] == 0
+    ctx = ImageContext(rw.image)
+    e = JumpTable().parse(ctx)
+    kind, _ = classify(ctx, e["code"])
+    i = int(np.nonzero(kind == 0)[0][0])                 # a nop2 site
+    code, tgt = int(e["code"][i]), int(e["target"][i])
+    assert code != tgt
+    # Move only the target's byte 4 KiB away: out of rel8 reach of the site.
+    rw = _bare_rewriter(AddressMap([tgt], [tgt + 1], [tgt + 4096]))
+    with pytest.raises(RewriteError, match=r"2-byte static-key site\(s\) would not reach"):
+        rw.check_static_keys()

@@ -91,6 +91,10 @@ class Relayout:
         tables = [k.split('.', 1)[1] for k in s if k.startswith("table.")]
         if tables:
             print(f"  kernel tables:     {', '.join(tables)}")
+        if "static_keys.sites_rechecked" in s:
+            print(f"  static keys:       {s['static_keys.sites_rechecked']} sites re-checked "
+                  f"({s['static_keys.two_byte']} 2-byte still in rel8 reach, "
+                  f"{s['static_keys.five_byte_in_rel8_reach']} 5-byte could be 2-byte)")
         if "orc_unwind.padding_runs" in s:
             print(f"  ORC padding:       {s['orc_unwind.padding_runs']} padding runs, "
                   f"{s['orc_unwind.padding_runs_covered']} already covered, "

@@ -15,6 +15,14 @@ import numpy as np
 from .base import Finding, KernelTable
 
 
+def _linker_provided(name):
+    """scripts/kallsyms.c may_be_linker_script_provide_symbol()."""
+    if len(name) < 8 or not name.startswith("__"):
+        return False
+    return (name.startswith(("__start_", "__stop_", "__end_")) or name.endswith("_start")
+            or name.endswith("_end"))
+
+
 class Kallsyms(KernelTable):
     name = "kallsyms"
     start_symbol = "kallsyms_offsets"
@@ -95,7 +103,15 @@ class Kallsyms(KernelTable):
                 if a in anchors:
                     new_addr[k] = anchors[a]
         absolute = entries["offset"] >= 0          # per-cpu symbols: absolute values
-        order = np.lexsort((np.arange(len(entries)), new_addr))
+        # Ties (several symbols at one address) in scripts/kallsyms' order
+        # (compare_symbols): strong before weak, then not a linker-script
+        # symbol (__start_x, __stop_x, __end_x, __x_start, __x_end) before one,
+        # then fewer leading underscores, then the original order. The first
+        # symbol at an address is the name backtraces print.
+        weak = np.array([t in ("w", "W") for t in self.types], dtype=np.int8)
+        provide = np.array([_linker_provided(nm) for nm in self.names], dtype=np.int8)
+        under = np.array([len(nm) - len(nm.lstrip("_")) for nm in self.names], dtype=np.int64)
+        order = np.lexsort((np.arange(len(entries)), under, provide, weak, new_addr))
         out = np.zeros(len(entries), dtype=[("addr", "<u8"), ("offset", "<i4"), ("old_index", "<i8")])
         out["addr"] = new_addr[order]
         out["old_index"] = order

@@ -127,7 +127,52 @@ class Rewriter:
         self.fix_relocations()
         self.fix_branches()
         self.fix_rip_relative()
+        self.check_static_keys()
         return self
+
+    def check_static_keys(self):
+        """Re-check every ``__jump_table`` site against its new target.
+
+        A site keeps its size (whole units move): a 2-byte site (``66 90`` /
+        ``eb rel8``) must still reach its target with rel8, else the layout
+        separated the two and the kernel would patch a wrong jump: that is an
+        error, not something to fix up here. 5-byte sites whose target is now in
+        rel8 reach are counted (re-encoding them changes function sizes: the
+        block-level rewriter's job). Kernels before 5.14 never get a 2-byte site.
+        """
+        from ..kernel.base import ImageContext
+        from ..kernel.jump_table import SHORT_SITES_SINCE, JumpTable, classify, rel8_reach
+        if self.image.symbol_address("__start___jump_table") is None:
+            return
+        ctx = ImageContext(self.image)
+        jt = JumpTable()
+        e = jt.parse(ctx)
+        if not len(e):
+            return
+        kind, _ = classify(ctx, e["code"])           # the original bytes decide the size
+        code_n, _ = self.amap.map(e["code"])
+        tgt_n, _ = self.amap.map(e["target"])
+        short = (kind == 0) | (kind == 2)
+        reach = rel8_reach(code_n, tgt_n)
+        bad = np.nonzero(short & ~reach)[0]
+        if len(bad):
+            i = int(bad[0])
+            d = int(tgt_n[i]) - (int(code_n[i]) + 2)
+            raise RewriteError(
+                f"{len(bad)} 2-byte static-key site(s) would not reach their target after "
+                f"relayout: first {ctx.symbol_at(int(e['code'][i]))} ({int(e['code'][i]):#x} -> "
+                f"{int(code_n[i]):#x}) jumps to {ctx.symbol_at(int(e['target'][i]))} "
+                f"({int(tgt_n[i]):#x}), displacement {d} is outside rel8; the layout must "
+                "keep a site and its target together")
+        if ctx.version is not None and ctx.version[:2] < SHORT_SITES_SINCE and short.any():
+            self.problem("short-static-key-on-old-kernel", e["code"][short],
+                         "2-byte static-key site in a kernel older than 5.14 (input)")
+        self.stats["static_keys.sites_rechecked"] = int(len(e))
+        self.stats["static_keys.two_byte"] = int(short.sum())
+        self.stats["static_keys.five_byte"] = int(((kind == 1) | (kind == 3)).sum())
+        self.stats["static_keys.five_byte_in_rel8_reach"] = int(
+            (((kind == 1) | (kind == 3)) & reach).sum())
+        self.stats["static_keys.illegal"] = int((kind == 4).sum())
 
     def move_code(self):
         u, p = self.units, self.plan
