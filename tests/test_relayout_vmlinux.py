@@ -3,6 +3,7 @@ stock identity, and (qemu) the rewritten kernels boot and run VFS-mix."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -184,3 +185,17 @@ def test_static_key_sites_rechecked_after_layout():
     rw = _bare_rewriter(AddressMap([tgt], [tgt + 1], [tgt + 4096]))
     with pytest.raises(RewriteError, match=r"2-byte static-key site\(s\) would not reach"):
         rw.check_static_keys()
+
+
+def test_align_all_512_refused_with_missing_bytes_and_hint(tmp_path):
+    """align-all 512 cannot fit before the pinned 2 MiB-aligned SRSO thunk: exit 2,
+    one line that says how many bytes are missing and which alignment fits."""
+    out = tmp_path / "x"
+    r = subprocess.run([sys.executable, "-m", "linepack", "relayout", VMLINUX, "-o", str(out),
+                        "--strategy", "align-all 512", "-q"], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert re.search(r"align-all 512 does not fit: .* needs \d+ more bytes; "
+                     r"the largest alignment that fits is align-all (64|128|256)$", lines[0]), lines
+    assert not out.exists()

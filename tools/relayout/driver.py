@@ -11,7 +11,7 @@ from ..image.elf import ET_EXEC, ElfImage
 from ..image.functions import FunctionTable
 from ..image.writer import write_image
 from . import strategies
-from .plan import line_metric, make_heat, make_plan
+from .plan import LayoutError, line_metric, make_heat, make_plan
 from .rewriter import Rewriter
 from .units import build_units
 
@@ -87,7 +87,10 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     heat = make_heat(units, functions, hotness)
     log(f"planning layout '{strat.name}' for {len(units)} units "
         f"({int((heat > 0).sum())} hot) in {len(units.regions)} regions")
-    plan = make_plan(units, strat, heat, calls=calls, functions=functions)
+    try:
+        plan = make_plan(units, strat, heat, calls=calls, functions=functions)
+    except LayoutError as e:
+        raise LayoutError(_no_fit_message(e, strat, units, heat, calls, functions, log)) from None
     rw = Rewriter(image, units, plan, dis, log=log)
     log("rewriting code, relocations and symbols")
     rw.run()
@@ -116,6 +119,31 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     if system_map:
         write_system_map(system_map, image, rw)
     return summary, plan, rw
+
+
+def _no_fit_message(err, strat, units, heat, calls, functions, log):
+    """The planner's "does not fit" line; for ``align-all N`` also the largest
+    alignment that does fit (found by planning smaller ones)."""
+    msg = str(err)
+    align = getattr(strat, "align", None)
+    if not isinstance(align, int) or not strat.name.startswith("align-all"):
+        return msg
+    msg = msg.replace("; use a strategy with less padding", "")
+    fits = None
+    a = align // 2
+    while a >= 1:
+        log(f"align-all {align} does not fit; trying align-all {a}")
+        try:
+            make_plan(units, strategies.get(f"align-all {a}"), heat, calls=calls,
+                      functions=functions)
+        except LayoutError:
+            a //= 2
+            continue
+        fits = a
+        break
+    hint = (f"the largest alignment that fits is align-all {fits}" if fits
+            else "no alignment fits")
+    return f"align-all {align} does not fit: {msg.removeprefix('layout does not fit: ')}; {hint}"
 
 
 def _growth(plan):
