@@ -224,14 +224,15 @@ class Rewriter:
         self.stats["symbols_updated"] = int((new != v).sum())
 
     def _target_rule(self, T, S, S_new, is_sec):
-        """New targets: a non-SECTION symbol drags targets in (or just past) its unit."""
+        """New targets. A SECTION symbol's target is mapped (the addend encodes
+        the place). A named symbol carries its target with it, as the linker
+        computed S + A: T moves by exactly as much as S (``foo+size``,
+        ``sym - __START_KERNEL_map``, and ``_text+0xfff`` = PFN_ALIGN(_text) in
+        mark_rodata_ro, whose T lands inside some moved function but means
+        "_text's page", not that function)."""
         Tm, ok = self.amap.map(T)
         dS = S_new.astype(np.int64) - S.astype(np.int64)
-        su = self.units.find(S)
-        suc = np.maximum(su, 0)
-        same = (su >= 0) & (T >= self.units.start[suc]) & (T <= self.units.end[suc])
-        T_in_ext = self.amap.in_extent(T)
-        drag = ~is_sec & (dS != 0) & (same | ~T_in_ext)
+        drag = ~is_sec
         out = np.where(drag, (T.astype(np.int64) + dS).astype(np.uint64), Tm)
         return out, ok | drag
 
