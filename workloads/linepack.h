@@ -124,12 +124,19 @@ static void lp_load_modules(void)
 		char path[300];
 		int fd;
 
+		char *params;
+
 		line[strcspn(line, "\r\n")] = 0;
 		if (!line[0])
 			continue;
+		/* "file.ko [parameters]" */
+		params = strchr(line, ' ');
+		if (params)
+			*params++ = 0;
 		snprintf(path, sizeof(path), "/lib/modules/%s", line);
 		fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (fd < 0 || (syscall(SYS_finit_module, fd, "", 0) < 0 && errno != EEXIST)) {
+		if (fd < 0 || (syscall(SYS_finit_module, fd, params ? params : "", 0) < 0 &&
+			       errno != EEXIST)) {
 			lp_say("linepack-error %s module %s: %s", lp_name, line, strerror(errno));
 			lp_finish(1);
 		}
@@ -184,6 +191,14 @@ __attribute__((noinline, used, unused)) void linepack_roi_end(void)
  * otherwise shift timer-driven work (RCU, RNG reseeds, slab flushes) into or
  * out of the measured loop.
  */
+/* A numeric environment word (kernel command line key=value reaches /init so). */
+static __attribute__((unused)) long lp_env_long(const char *key, long dflt)
+{
+	const char *v = getenv(key);
+
+	return (v && *v) ? atol(v) : dflt;
+}
+
 static __attribute__((unused)) void lp_settle(void)
 {
 	const char *env = getenv("settle_ms");

@@ -212,27 +212,77 @@ def loops_append(base, loops, extra=None):
     return " ".join(words)
 
 
-def workload_initrd(workload, modules=(), log=None):
+def workload_initrd(workload, modules=(), log=None, files=()):
     """Path of the (cached) initramfs whose /init is ``workload``'s binary.
 
-    ``modules``: host paths of .ko files (or (archive path, host path) pairs), packed
-    under /lib/modules/ (by base name when no archive path is given). The workload's
-    /init loads those under /lib/modules/ with finit_module, in the order given
-    (listed in /lib/modules/linepack.order), before its loop.
+    ``modules``: host paths of .ko files, or (archive path, host path[, parameters])
+    tuples, packed under /lib/modules/ (by base name when no archive path is given).
+    The workload's /init loads those under /lib/modules/ with finit_module, in the
+    order given (listed with their parameters in /lib/modules/linepack.order),
+    before its loop. ``files``: more (archive path, host path) pairs.
     """
     binary = _workloads.build(workload, log=log)
-    extra, order = [], []
+    extra, order = list(files), []
     for m in modules:
+        params = ""
         if isinstance(m, (tuple, list)):
             arc, host = str(m[0]).lstrip("/"), str(m[1])
+            params = str(m[2]) if len(m) > 2 else ""
         else:
             arc, host = f"lib/modules/{os.path.basename(str(m))}", str(m)
         extra.append((arc, host))
         if arc.startswith("lib/modules/") and arc.endswith(".ko"):
-            order.append(arc[len("lib/modules/"):])
+            order.append((arc[len("lib/modules/"):] + " " + params).strip())
     if order:
         extra.append(("lib/modules/linepack.order", "".join(n + "\n" for n in order).encode()))
     return _initramfs.build_initramfs(binary, extra)
+
+
+def kernel_abi(kernel):
+    """The Debian ABI number of a 6.1 cloud kernel image, from its banner (or None)."""
+    from ..image.elf import ElfImage
+    from ..kernel.base import kernel_version_of
+    _, banner = kernel_version_of(ElfImage(kernel))
+    m = re.search(r"Linux version 6\.1\.0-(\d+)-cloud-amd64", banner or "")
+    return int(m.group(1)) if m else None
+
+
+# Fixed identity for reproducible file-system images.
+_FS_UUID = "6c696e65-7061-636b-2d64-69736b303031"
+_FS_HASH_SEED = "6c696e65-7061-636b-2d68-617368303031"
+
+
+def disk_image(fs="ext4", size_mb=64, log=None):
+    """A cached, byte-reproducible empty file-system image (mkfs with fixed UUID,
+    hash seed and time)."""
+    from .. import targets
+    if fs != "ext4":
+        raise BadInput(f"disk file system '{fs}' is not supported (only ext4)")
+    mkfs = shutil.which("mkfs.ext4") or "/sbin/mkfs.ext4"
+    if not os.path.exists(mkfs):
+        raise ExternalToolError("mkfs.ext4 is not installed (apt-get install e2fsprogs)")
+    d = os.path.join(targets.cache_dir(), "disks")
+    os.makedirs(d, exist_ok=True)
+    dest = os.path.join(d, f"{fs}-{int(size_mb)}m-v2.img")
+    if os.path.exists(dest):
+        return dest
+    tmp = dest + f".{os.getpid()}.part"
+    with open(tmp, "wb") as f:
+        f.truncate(int(size_mb) << 20)
+    env = dict(os.environ, E2FSPROGS_FAKE_TIME="1577836800", MKE2FS_DETERMINISTIC="1")
+    p = subprocess.run([mkfs, "-q", "-F", "-U", _FS_UUID, "-E",
+                        # no lazy init: the kernel's ext4lazyinit thread would
+                        # otherwise zero inode tables with host-timed I/O
+                        f"hash_seed={_FS_HASH_SEED},lazy_itable_init=0,lazy_journal_init=0",
+                        "-L", "linepack", "-m", "0", tmp], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode:
+        os.unlink(tmp)
+        raise ExternalToolError(f"mkfs.ext4 failed: {p.stderr.strip().splitlines()[-1:]}")
+    os.replace(tmp, dest)
+    if log:
+        log(f"made {dest}")
+    return dest
 
 
 def run_workload(kernel, workload="vfs-mix", loops=None, icount=True, plugin=None,
@@ -246,9 +296,32 @@ def run_workload(kernel, workload="vfs-mix", loops=None, icount=True, plugin=Non
     """
     wl = _workloads.load(workload)
     loops = wl.default_loops if loops is None else int(loops)
-    initrd = workload_initrd(wl, modules)
     base = kernel_defaults()["append"] if append is None else append
-    res = run_kernel(kernel, initrd, append=loops_append(base, loops, env), memory=memory,
+    words = dict(wl.env)
+    words.update(env or {})
+    files = []
+    if wl.disk_fs and wl.disk_device == "ram":
+        # A RAM disk (brd, from the same Debian build) filled from an image in the
+        # initramfs: ext4, jbd2 and the block layer run with no host-timed I/O.
+        image = disk_image(wl.disk_fs, wl.disk_size_mb or 16, log=log)
+        from .. import targets
+        brd = targets.debian_module("drivers/block/brd.ko", abi=kernel_abi(kernel), log=log)
+        modules = tuple(modules) + (("lib/modules/brd.ko", brd,
+                                     f"rd_nr=1 rd_size={(wl.disk_size_mb or 16) * 1024}"),)
+        files.append(("disk.img", image))
+        words.setdefault("disk", "/dev/ram0")
+        words.setdefault("disk_image", "/disk.img")
+        words.setdefault("fstype", wl.disk_fs)
+    initrd = workload_initrd(wl, modules, files=files)
+    if wl.disk_fs and wl.disk_device != "ram":
+        image = disk_image(wl.disk_fs, wl.disk_size_mb or 64, log=log)
+        # snapshot=on: the guest's writes go to a temporary overlay, the image stays pristine
+        extra_args = tuple(extra_args) + (
+            "-drive", f"file={image},if=none,id=lpdisk,format=raw,snapshot=on",
+            "-device", "nvme,serial=linepack0,drive=lpdisk")
+        words.setdefault("disk", "/dev/nvme0n1")
+        words.setdefault("fstype", wl.disk_fs)
+    res = run_kernel(kernel, initrd, append=loops_append(base, loops, words or None), memory=memory,
                      icount=icount, timeout=timeout, plugin=plugin, plugin_args=plugin_args,
                      extra_args=extra_args, log=log)
     want = wl.expected_prefix(loops)

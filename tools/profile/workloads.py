@@ -70,6 +70,12 @@ class Workload:
     description: str = ""
     headers: tuple = field(default_factory=tuple)   # absolute paths
     native_needs_dir: bool = False
+    # A disk for the guest ([disk] fs = "ext4", size_mb = 64): the runner attaches
+    # a deterministic ext4 image as NVMe (built in to Debian's cloud kernel).
+    disk_fs: str = ""
+    disk_size_mb: int = 0
+    disk_device: str = "ram"         # "ram" (brd module, deterministic) or "nvme"
+    env: tuple = ()                  # (key, value) words for /init's environment
 
     def expected_prefix(self, loops=None):
         """The start of the result line a run with ``loops`` must print."""
@@ -104,6 +110,10 @@ def load(name):
             description=d.get("description", ""),
             headers=tuple(os.path.join(src, h) for h in d.get("headers", ())),
             native_needs_dir=bool(d.get("native_needs_dir", False)),
+            disk_fs=str(d.get("disk", {}).get("fs", "")),
+            disk_size_mb=int(d.get("disk", {}).get("size_mb", 0)),
+            disk_device=str(d.get("disk", {}).get("device", "ram")),
+            env=tuple(sorted((str(k), str(v)) for k, v in d.get("env", {}).items())),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise BadInput(f"{path}: missing or bad field {e}") from None
