@@ -251,11 +251,12 @@ def test_elfutils_report_no_new_error_kinds(packed):
 
 
 # -- (f) other strategies boot --------------------------------------------------------
-@pytest.mark.parametrize("strategy", ["stock", "align-all 16", "align-all 64"])
-def test_strategy_boots(work, strategy, original_boot):
-    from linepack.relayout.driver import relayout
+@pytest.mark.parametrize("strategy", ["stock", "align-all 16", "align-all 64", "hot64"])
+def test_strategy_boots(work, strategy, original_boot, vfs_profile):
+    from linepack.relayout.driver import load_profile, relayout
     out = work / ("vmlinux." + strategy.replace(" ", "-"))
-    summary, _, _ = relayout(VMLINUX, str(out), strategy)
+    hot = load_profile(str(vfs_profile))[0]
+    summary, _, _ = relayout(VMLINUX, str(out), strategy, hotness=hot)
     assert not summary["problems"], summary["problems"][:3]
     got = _boot(out)
     assert got.result_line == original_boot.result_line

@@ -179,6 +179,7 @@ def test_align_all_512_refused_with_missing_bytes_and_hint(tmp_path):
     """align-all 512 cannot fit before the pinned 2 MiB-aligned SRSO thunk: exit 2,
     one line that says how many bytes are missing and which alignment fits."""
     out = tmp_path / "x"
+    out.write_text("left alone")                 # a refused run never touches the output
     r = subprocess.run([sys.executable, "-m", "linepack", "relayout", VMLINUX, "-o", str(out),
                         "--strategy", "align-all 512", "-q"], capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
@@ -186,4 +187,5 @@ def test_align_all_512_refused_with_missing_bytes_and_hint(tmp_path):
     assert len(lines) == 1, lines
     assert re.search(r"align-all 512 does not fit: .* needs \d+ more bytes; "
                      r"the largest alignment that fits is align-all (64|128|256)$", lines[0]), lines
-    assert not out.exists()
+    assert out.read_text() == "left alone"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]      # no temp files left
