@@ -88,3 +88,36 @@ def test_changed_rip_relative_operand_is_named(ctx, vmlinux, tmp_path):
     assert p.returncode == 1
     hits = [f for f in rep["findings"] if f["check"] == "equiv.instruction-bytes"]
     assert len(hits) == 1 and name in hits[0]["message"] and "rip" in hits[0]["message"]
+
+
+def test_relocation_no_longer_describing_its_field_is_named(ctx, vmlinux, tmp_path):
+    """A field that disagrees with its relocation (S + A) is caught even where the
+    value still 'translates' by address (the `_text + 0xfff` class of bug)."""
+    im = ctx.image
+    rel = im.relocations[".data"]
+    names, syms = im.symbol_table()
+    typ = syms["info"] & 0xF
+    k = next(k for k in np.nonzero(rel.type == 1)[0].tolist()
+             if typ[rel.sym[k]] == 2 and rel.addend[k] == 0)       # a named function pointer
+    off = int(rel.offset[k])
+    val = int(im.view(off, 1, "<u8")[0])
+    bad = patched_copy(vmlinux, tmp_path / "new", {im.vaddr_to_offset(off): (val + 1).to_bytes(8, "little")})
+    p, rep = _against(bad, vmlinux, tmp_path)
+    assert p.returncode == 1
+    hits = [f for f in rep["findings"] if f["check"] == "equiv.relocation"]
+    assert len(hits) == 1 and names[rel.sym[k]] in hits[0]["message"]
+    assert rep["equivalence_relocations_checked"] > 600_000
+
+
+def test_lost_orc_entry_is_named(ctx, vmlinux, tmp_path):
+    from linepack.kernel import OrcTable
+    orc = OrcTable().parse(ctx)
+    ip, e = orc["ip"], orc["entry"]
+    i = 5000
+    # entry i now repeats entry i+1's IP: the original IP i is lost
+    bad = patched_copy(vmlinux, tmp_path / "new", {
+        ctx.image.vaddr_to_offset(int(e[i])): (int(ip[i + 1]) - int(e[i])).to_bytes(4, "little", signed=True)})
+    p, rep = _against(bad, vmlinux, tmp_path)
+    assert p.returncode == 1
+    hits = [f for f in rep["findings"] if f["check"] == "equiv.orc"]
+    assert any(f"{int(ip[i]):#x}" in f["message"] and "no entry" in f["message"] for f in hits)

@@ -317,6 +317,9 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     _check_data_relocs(old, new, amap, octx, findings, counter)
     _check_regions(old, new, of, nf, oi, ni, findings, counter)
 
+    # 3b. every relocation in NEW still describes its field (S + A [- P])
+    _check_relocations(old, new, octx, findings, counter, report)
+
     # 4. tables and symbols
     _check_tables(octx, nctx, amap, findings, counter)
     _check_symbols(old, new, octx, amap, findings, counter)
@@ -382,6 +385,63 @@ def _check_data_relocs(old, new, amap, octx, findings, counter):
                     f"at {octx.symbol_at(s[1])}, now at {s[3]:#x}"), counter)
 
 
+# (ELF type, field size, PC-relative)
+_RELOC_FIELDS = ((1, 8, False), (2, 4, True), (4, 4, True), (10, 4, False), (11, 4, False))
+
+
+def relocation_mismatches(image, exclude_lo, exclude_hi):
+    """(checked, [(field address, symbol index, addend)]) of relocations whose
+    field no longer holds S + A (absolute) or S + A - P (PC-relative), outside
+    the excluded ranges (tables sorted after the link, whose relocations the
+    build itself leaves stale)."""
+    sy = image.symtab
+    checked, bad = 0, []
+    for rel in image.relocations.values():
+        sec = rel.target
+        if not sec.is_alloc or sec.type == 8 or not len(rel):
+            continue
+        for rtype, size, pcrel in _RELOC_FIELDS:
+            sel = np.nonzero((rel.type == rtype) & (rel.sym != 0))[0]
+            if not len(sel):
+                continue
+            off = rel.offset[sel]
+            ok = (off >= np.uint64(sec.addr)) & (off + np.uint64(size) <= np.uint64(sec.end))
+            if len(exclude_lo):
+                k = np.searchsorted(exclude_lo, off, side="right").astype(np.int64) - 1
+                kc = np.maximum(k, 0)
+                ok &= ~((k >= 0) & (off < exclude_hi[kc]))
+            sel, off = sel[ok], off[ok]
+            if not len(sel):
+                continue
+            pos = (off - np.uint64(sec.addr)).astype(np.int64) + sec.offset
+            raw = image.data[pos[:, None] + np.arange(size)[None, :]].copy()
+            val = raw.view("<u8" if size == 8 else "<u4").ravel().astype(np.uint64)
+            want = (sy["value"][rel.sym[sel]].astype(np.int64) + rel.addend[sel]).astype(np.uint64)
+            if pcrel:
+                want = want - off
+            if size == 4:
+                want &= np.uint64(0xFFFFFFFF)
+            checked += len(sel)
+            for i in np.nonzero(val != want)[0].tolist():
+                bad.append((int(off[i]), int(rel.sym[sel[i]]), int(rel.addend[sel[i]])))
+    return checked, bad
+
+
+def _check_relocations(old, new, octx, findings, counter, report):
+    lo, hi = _sorted_table_ranges(octx)
+    _, bad_old = relocation_mismatches(old, lo, hi)
+    checked, bad_new = relocation_mismatches(new, lo, hi)
+    report.extra["equivalence_relocations_checked"] = checked
+    if len(bad_new) <= len(bad_old):
+        return
+    names, _ = new.symbol_table()
+    old_keys = {(s, a) for _, s, a in bad_old}
+    fresh = [b for b in bad_new if (b[1], b[2]) not in old_keys] or bad_new
+    _add(findings, "error", "equiv.relocation", fresh,
+         lambda b: (b[0], f"field at {b[0]:#x} no longer holds what its relocation says "
+                    f"({names[b[1]] or 'section ' + str(b[1])} + {b[2]:#x})"), counter)
+
+
 def _check_regions(old, new, of, nf, oi, ni, findings, counter):
     """Every function stays inside the region (between the same boundary labels)."""
     from ..image.functions import regions
@@ -403,6 +463,35 @@ def _check_regions(old, new, of, nf, oi, ni, findings, counter):
          lambda o: (o[2], f"{o[1]} function(s) left region {o[0]}"), counter)
 
 
+def _check_orc(eo, en, amap, nctx, findings, counter):
+    """ORC IPs translate as a multiset, except that relayout may drop entries the
+    unwinder can never find (another entry has the same IP) to make room for
+    'undefined' entries at the start of the int3 padding it inserts."""
+    want = np.sort(amap.map(eo["ip"]))
+    got = np.sort(en["ip"])
+    wv, wc = np.unique(want, return_counts=True)
+    gv, gc = np.unique(got, return_counts=True)
+    allv = np.union1d(wv, gv)
+    wn = np.zeros(len(allv), np.int64)
+    gn = np.zeros(len(allv), np.int64)
+    wn[np.searchsorted(allv, wv)] = wc
+    gn[np.searchsorted(allv, gv)] = gc
+    lost = allv[(gn < wn) & (gn == 0)]              # an IP the unwinder can no longer find
+    added = allv[gn > wn]
+    problems = [(int(a), "lost") for a in lost.tolist()]
+    if len(added):
+        ent = en[np.isin(en["ip"], added)]
+        undefined = (ent["bits"] & 0xF) == 0
+        first = np.array([nctx.image.read(int(a), 1)[0] if nctx.in_code([a])[0] else 0
+                          for a in ent["ip"].tolist()], dtype=np.uint8)
+        at_padding = (first == 0xCC) | nctx.code_section_ends(ent["ip"])
+        problems += [(int(a), "added") for a in ent["ip"][~(undefined & at_padding)].tolist()]
+    _add(findings, "error", "equiv.orc", problems,
+         lambda p: (p[0], f"orc_unwind: IP {p[0]:#x} " + (
+             "of the original has no entry any more" if p[1] == "lost" else
+             "is new but not an undefined entry at inserted padding")), counter)
+
+
 def _check_tables(octx, nctx, amap, findings, counter):
     address_columns = {"code", "target", "addr", "ip", "insn", "fixup", "instr", "value"}
     for cls in TABLES:
@@ -417,6 +506,9 @@ def _check_tables(octx, nctx, amap, findings, counter):
         if len(eo) != len(en):
             _add(findings, "error", "equiv.table-count", [(cls.name, len(eo), len(en))],
                  lambda c: (None, f"{c[0]}: {c[1]} entries before, {c[2]} after"), counter)
+            continue
+        if cls.name == "orc_unwind":
+            _check_orc(eo, en, amap, nctx, findings, counter)
             continue
         for colname in eo.dtype.names:
             # kallsyms is checked below by (name, address) pairs, which also
