@@ -53,7 +53,7 @@ class Relayout:
     @staticmethod
     def run(args):
         from ..relayout import strategies
-        from ..relayout.driver import load_profile, relayout
+        from ..relayout.driver import load_profile_full, relayout
 
         log = _log_fn(args.quiet)
         cfg = load_config(args.config) if args.config else {"strategy": "pack"}
@@ -65,13 +65,14 @@ class Relayout:
         if os.path.exists(args.output) and os.path.exists(args.image) and \
                 os.path.samefile(args.image, args.output):
             raise BadInput(f"{args.output}: output is the input; linepack never modifies its input")
-        hot, build_id, calls = ({}, None, [])
+        hot, build_id, calls, blocks = ({}, None, [], None)
         if args.profile:
-            hot, build_id, calls = load_profile(args.profile)
+            lp = load_profile_full(args.profile, args.image)
+            hot, build_id, calls, blocks = lp.hotness, lp.build_id, lp.calls, lp.blocks
         elif strat.name not in ("stock",) and not strat.name.startswith("align-all"):
             raise BadInput(f"strategy {strat.name} needs --profile")
         summary, plan, rw = relayout(args.image, args.output, strat, hotness=hot, calls=calls,
-                                     profile_build_id=build_id, log=log,
+                                     profile_build_id=build_id, log=log, blocks=blocks,
                                      drop_debug=not args.keep_debug,
                                      layout_map=args.layout_map, system_map=args.system_map)
         if args.keep_debug:

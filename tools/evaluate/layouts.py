@@ -55,11 +55,13 @@ def code_hash():
     return h.hexdigest()[:10]
 
 
-def hotness_hash(hotness, calls=()):
+def hotness_hash(hotness, calls=(), blocks=None):
     if not hotness:
         return "noprof"
     items = sorted((str(k), float(v)) for k, v in hotness.items())
     h = hashlib.sha256(json.dumps([items, [list(map(str, c)) for c in calls]]).encode())
+    for a in (blocks or ()):
+        h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()[:12]
 
 
@@ -127,7 +129,7 @@ class PlanMap:
 class Layouts:
     """Plans and rewritten images of strategies on one base image."""
 
-    def __init__(self, base, hotness=None, calls=(), profile_build_id=None, log=None):
+    def __init__(self, base, hotness=None, calls=(), profile_build_id=None, log=None, blocks=None):
         from ..image.elf import ElfImage
         from ..targets import cache_dir
         if not os.path.isfile(base):
@@ -137,6 +139,7 @@ class Layouts:
         self.build_id = self.image.build_id or hashlib.sha256(
             os.path.abspath(base).encode()).hexdigest()
         self.hotness, self.calls = hotness or {}, list(calls or ())
+        self.blocks = blocks
         self.profile_build_id = profile_build_id
         self.log = log or (lambda m: None)
         self.dir = os.path.join(cache_dir(), "layouts", self.build_id[:20])
@@ -146,8 +149,8 @@ class Layouts:
     def key(self, spec):
         spec = normalize_spec(spec)
         slug = re.sub(r"[^a-z0-9]+", "-", spec)
-        prof = hotness_hash(self.hotness, self.calls) if spec.split(":")[0] in NEEDS_PROFILE \
-            else "noprof"
+        prof = hotness_hash(self.hotness, self.calls, self.blocks) \
+            if spec.split(":")[0] in NEEDS_PROFILE else "noprof"
         return spec, f"{slug}-{prof}-{self._code}"
 
     def _check_profile(self, spec):
@@ -184,7 +187,8 @@ class Layouts:
             return PlanMap.load(path)
         units, functions = self._build_units()
         heat = make_heat(units, functions, self.hotness)
-        plan = make_plan(units, strategies.get(spec), heat, calls=self.calls, functions=functions)
+        plan = make_plan(units, strategies.get(spec), heat, calls=self.calls, functions=functions,
+                         blocks=self.blocks)
         pm = PlanMap.from_plan(plan)
         os.makedirs(self.dir, exist_ok=True)
         pm.save(path)
@@ -219,7 +223,7 @@ class Layouts:
         self.log(f"rewriting {os.path.basename(self.base)} with {spec} (cached as {out})")
         summary, plan, _ = relayout(self.base, out, strategies.get(spec), hotness=self.hotness,
                                     calls=self.calls, profile_build_id=self.profile_build_id,
-                                    log=self.log)
+                                    log=self.log, blocks=self.blocks)
         pm = PlanMap.from_plan(plan)
         pm.save(os.path.join(self.dir, key + ".plan.npz"))
         with open(os.path.join(self.dir, key + ".json"), "w") as f:

@@ -31,17 +31,18 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
         t0 = time.time()
         bt = wi.record_trace(base, workload, loops, caches, log=log)
         t_rec = time.time() - t0
-    hot, build_id, calls, prof_src = {}, None, [], None
+    hot, build_id, calls, blocks, prof_src = {}, None, [], None, None
     if needs_prof:
         if profile:
-            from ..relayout.driver import load_profile
-            hot, build_id, calls = load_profile(profile)
+            from ..relayout.driver import load_profile_full
+            lp = load_profile_full(profile, base)
+            hot, build_id, calls, blocks = lp.hotness, lp.build_id, lp.calls, lp.blocks
             prof_src = profile
         else:
             hot = hotness_from_trace(bt, base)
             prof_src = f"derived from the recorded {workload} run ({loops} loops)"
             log(f"profile: {prof_src}, {len(hot)} functions")
-    L = Layouts(base, hotness=hot, calls=calls, profile_build_id=build_id, log=log)
+    L = Layouts(base, hotness=hot, calls=calls, profile_build_id=build_id, log=log, blocks=blocks)
     tsize = text_size(base)
     rows, extra = [], {"json": {"base": base, "profile": prof_src, "loops": loops}}
     tables = {}

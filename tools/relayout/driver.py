@@ -53,6 +53,34 @@ def load_profile(path, image=None, per_loop=True):
     return funcs, doc.get("build_id"), doc.get("calls") or []
 
 
+class LoadedProfile:
+    """What a layout needs from a profile: hotness, call edges, executed blocks."""
+
+    def __init__(self, hotness, build_id=None, calls=(), blocks=None, profile=None):
+        self.hotness, self.build_id = hotness, build_id
+        self.calls, self.blocks, self.profile = list(calls or ()), blocks, profile
+
+
+def load_profile_full(path, image=None, per_loop=True):
+    """load_profile plus, for the profile model, call edges and blocks.
+
+    Call edges need the image's functions (``image``: a path or ElfImage); the
+    pack strategy uses them for affinity ordering and the blocks to place small
+    functions by their executed bytes.
+    """
+    hot, build_id, calls = load_profile(path, per_loop=per_loop)
+    try:
+        from ..profile.model import Profile
+        prof = Profile.load(path)
+    except Exception:   # noqa: BLE001 - the simple JSON form has no blocks or edges
+        return LoadedProfile(hot, build_id, calls)
+    from .plan import profile_blocks, profile_calls
+    if image is not None:
+        im = image if isinstance(image, ElfImage) else ElfImage(image)
+        calls = profile_calls(prof, FunctionTable(im), per_loop=per_loop)
+    return LoadedProfile(hot, build_id, calls, profile_blocks(prof), prof)
+
+
 def check_profile(image, functions, hotness, build_id):
     if build_id and image.build_id and build_id.lower() != image.build_id.lower():
         raise BadInput(f"profile is for another build (build-id {build_id[:16]}..., "
@@ -66,7 +94,7 @@ def check_profile(image, functions, hotness, build_id):
 
 
 def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), profile_build_id=None,
-             log=None, drop_debug=True, layout_map=None, system_map=None):
+             log=None, drop_debug=True, layout_map=None, system_map=None, blocks=None):
     log = log or (lambda m: None)
     if os.path.exists(out_path) and os.path.samefile(image_path, out_path):
         raise BadInput(f"{out_path}: output is the input; linepack never modifies its input")
@@ -88,7 +116,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     log(f"planning layout '{strat.name}' for {len(units)} units "
         f"({int((heat > 0).sum())} hot) in {len(units.regions)} regions")
     try:
-        plan = make_plan(units, strat, heat, calls=calls, functions=functions)
+        plan = make_plan(units, strat, heat, calls=calls, functions=functions, blocks=blocks)
     except LayoutError as e:
         raise LayoutError(_no_fit_message(e, strat, units, heat, calls, functions, log)) from None
     rw = Rewriter(image, units, plan, dis, log=log)
