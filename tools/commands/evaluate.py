@@ -64,7 +64,7 @@ def format_rows(rows):
         base = rs[0]
         mode = ", ".join(dict.fromkeys(r["mode"] for r in rs))
         hdr = (f"{'layout':<16} {'L1i misses':>12} {'vs base':>8} {'fetches':>12} {'miss rate':>9} "
-               f"{'kernel insns':>14} {'hot lines':>9} {'.text':>8} {'time s':>7}")
+               f"{'MPKI':>7} {'kernel insns':>14} {'hot lines':>9} {'.text':>8} {'time s':>7}")
         out += [f"kernel-mode L1i, {cache} ({mode})", hdr, "-" * len(hdr)]
         for r in rs:
             bm = base["misses"]
@@ -72,7 +72,9 @@ def format_rows(rows):
             spread = f" ±{sp:.3%}" if sp else ""
             out.append(
                 f"{r['layout']:<16} {r['misses']:>12,} {(r['misses'] - bm) / bm if bm else 0:>+8.2%} "
-                f"{r['fetches']:>12,} {r['miss_rate']:>9.2%} {r['instructions']:>14,} "
+                f"{r['fetches']:>12,} {r['miss_rate']:>9.2%} "
+                f"{1000.0 * r['misses'] / r['instructions'] if r['instructions'] else 0:>7.2f} "
+                f"{r['instructions']:>14,} "
                 f"{r['hot_lines']:>9,} {r.get('text_growth_pct', 0.0):>+7.2f}% "
                 f"{r['time_s']:>7.2f}{spread}")
             if r.get("booted_misses") is not None and r["mode"] == "whatif":

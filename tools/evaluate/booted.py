@@ -16,11 +16,15 @@ from ..image.elf import ElfImage
 
 # Executed kernel instructions must agree across layouts to this relative
 # tolerance, else the layouts did not run the same work. Repeat runs of one
-# image agree exactly (-icount); different layouts boot with different
-# instruction counts (e.g. sorting tables by address), which shifts timer-driven
-# work (RCU, slab flushing) by a few hundredths of a percent even with the
-# workload's fixed-time start and norandmaps (measured: 0.002-0.04 %).
-INSTRUCTION_TOLERANCE = 1e-3
+# image agree exactly (-icount). Different layouts boot with different
+# instruction counts (e.g. sorting tables by address); the RNG is seeded from
+# the TSC (= instruction count under -icount), so slab freelist order differs,
+# and time-driven work (RCU callbacks, CRNG reseeds) lands a little differently
+# in the loop even with the workload's fixed-time start and norandmaps.
+# Measured on VFS-mix: 0.002-0.04 % at 1000 loops, up to 0.2 % at 2000 loops
+# (blake2s, rcu_do_batch, kmem_cache_free). MPKI (misses per 1000 kernel
+# instructions) in the table normalises for it.
+INSTRUCTION_TOLERANCE = 5e-3
 
 
 def executed_lines(trace, line=64):
@@ -140,43 +144,3 @@ def measure_caches(path, label=None, workload="vfs-mix", loops=None, caches=("in
                 f"{n} {tr.misses:,} misses" for n, tr in trs.items()) +
                 f"; {next(iter(trs.values())).kernel_instructions:,} instructions ({wall:.1f} s)")
     return out
-
-
-def cross_check(measurements):
-    """Problems that make a comparison invalid (different work or results)."""
-    problems = []
-    if not measurements:
-        return problems
-    base = measurements[0]
-    bi = base.median("instructions")
-    for m in measurements[1:]:
-        mi = m.median("instructions")
-        if bi and abs(mi - bi) / bi > INSTRUCTION_TOLERANCE:
-            problems.append(f"{m.label}: {mi:,} kernel instructions vs {bi:,} for {base.label} "
-                            f"({(mi - bi) / bi:+.3%}): not the same work")
-        if m.runs[0]["result_line"] != base.runs[0]["result_line"]:
-            problems.append(f"{m.label}: workload result differs: {m.runs[0]['result_line']!r}")
-    return problems
-
-
-def format_table(measurements, cache_name=""):
-    """The before/after table (first row is the baseline)."""
-    if not measurements:
-        return ""
-    base = measurements[0]
-    hdr = (f"{'layout':<18} {'L1i misses':>12} {'vs base':>8} {'fetches':>12} {'miss rate':>9} "
-           f"{'kernel insns':>14} {'hot lines':>9} {'.text bytes':>12} {'.text':>7} {'wall s':>7}")
-    lines = [f"kernel-mode L1i, {cache_name}" if cache_name else "", hdr, "-" * len(hdr)]
-    for m in measurements:
-        mis, bmis = m.median("misses"), base.median("misses")
-        ts, bts = m.median("text_size"), base.median("text_size")
-        lines.append(
-            f"{m.label:<18} {mis:>12,} {(mis - bmis) / bmis if bmis else 0:>+8.1%} "
-            f"{m.median('fetches'):>12,} {m.median('miss_rate'):>9.2%} {m.median('instructions'):>14,} "
-            f"{m.median('hot_lines'):>9,} {ts:>12,} {(ts - bts) / bts if bts else 0:>+7.2%} "
-            f"{m.median('wall'):>7.1f}")
-    reps = measurements[0].runs
-    if len(reps) > 1:
-        worst = max(m.spread("misses") for m in measurements)
-        lines.append(f"{len(reps)} runs each; largest spread in misses {worst:.4%}")
-    return "\n".join(x for x in lines if x is not None)
