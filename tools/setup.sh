@@ -8,12 +8,11 @@ cd "$here"
 log() { echo "setup: $*" >&2; }
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 
-DEB_PKGS=(gcc make libc6-dev cpio qemu-system-x86 bolt-19 linux-perf elfutils libelf-dev
-          libglib2.0-dev pkg-config dpkg-dev python3-pip)
+DEB_PKGS=(gcc make libc6-dev binutils cpio e2fsprogs qemu-system-x86 qemu-user bolt-19 linux-perf
+          elfutils libelf-dev libglib2.0-dev pkg-config dpkg-dev python3-pip)
 missing=()
 for p in "${DEB_PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 # apt lists are needed both to install and to find the newest kernel ABI.
-stamp=/var/lib/apt/lists/partial
 if [ ${#missing[@]} -gt 0 ] || [ -z "$(ls /var/lib/apt/lists/*Packages* 2>/dev/null | head -1)" ] \
    || [ -n "$(find /var/lib/apt/lists -maxdepth 0 -mmin +1440 2>/dev/null)" ]; then
   log "apt-get update"
