@@ -1,15 +1,25 @@
-"""The real target: Debian's 6.1 cloud kernel, fetched with apt and cached.
+"""The real targets: Debian's cloud kernels, fetched with apt and cached.
 
-``linux-image-6.1.0-<ABI>-cloud-amd64-dbg`` carries the unstripped vmlinux
-(linked with --emit-relocs); ``linux-image-6.1.0-<ABI>-cloud-amd64`` carries the
-modules of the same build. The newest ABI in the apt lists is the default, so a
-new Debian point release keeps working; an ABI can be pinned.
+Two series (``series=``, default ``"6.1"``):
+
+- ``6.1`` (bookworm): ``linux-image-6.1.0-<ABI>-cloud-amd64-dbg`` carries the
+  unstripped vmlinux (linked with --emit-relocs); ``linux-image-6.1.0-<ABI>-cloud-amd64``
+  carries the modules of the same build. ``abi`` is the ABI number (56).
+- ``6.12`` (bookworm-backports / -security): ``linux-image-6.12.<N>+deb12-cloud-amd64-dbg``,
+  modules in ``linux-image-6.12.<N>+deb12-cloud-amd64``. ``abi`` is the upstream
+  patch level N (117). This vmlinux is linked WITHOUT --emit-relocs: verify works
+  on it, relayout refuses it.
+
+The newest ABI in the apt lists is the default, so a new Debian point release
+keeps working; an ABI can be pinned (argument, or ``$LINEPACK_KERNEL_ABI`` for
+6.1 and ``$LINEPACK_KERNEL_ABI_6_12`` for 6.12).
 
 Cache layout (``$LINEPACK_CACHE`` or ``$XDG_CACHE_HOME/linepack`` or ``~/.cache/linepack``)::
 
     debs/<package>_<version>_amd64.deb
     kernels/6.1.0-<ABI>-cloud-amd64/vmlinux
     kernels/6.1.0-<ABI>-cloud-amd64/modules/...   (only what was asked for)
+    kernels/6.12.<N>+deb12-cloud-amd64/vmlinux
 """
 
 import os
@@ -23,6 +33,36 @@ from .errors import BadInput, ExternalToolError
 SERIES = "6.1.0"
 FLAVOUR = "cloud-amd64"
 _PKG_RE = re.compile(r"^linux-image-6\.1\.0-(\d+)-cloud-amd64-dbg\b", re.M)
+
+
+class Series:
+    """How one Debian kernel series names its packages and releases."""
+
+    def __init__(self, name, release_fmt, search_re, pkg_re, env):
+        self.name, self.release_fmt, self.search_re = name, release_fmt, search_re
+        self.pkg_re, self.env = re.compile(pkg_re, re.M), env
+
+    def release(self, abi):
+        return self.release_fmt.format(abi=int(abi))
+
+
+SERIES_TABLE = {
+    "6.1": Series("6.1", SERIES + "-{abi}-" + FLAVOUR,
+                  r"^linux-image-6\.1\.0-[0-9]+-cloud-amd64-dbg$", _PKG_RE.pattern,
+                  "LINEPACK_KERNEL_ABI"),
+    "6.12": Series("6.12", "6.12.{abi}+deb12-" + FLAVOUR,
+                   r"^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-dbg$",
+                   r"^linux-image-6\.12\.(\d+)\+deb12-cloud-amd64-dbg\b",
+                   "LINEPACK_KERNEL_ABI_6_12"),
+}
+DEFAULT_SERIES = "6.1"
+
+
+def series_info(series=DEFAULT_SERIES):
+    s = SERIES_TABLE.get(str(series))
+    if s is None:
+        raise BadInput(f"unknown kernel series {series!r} (known: {', '.join(SERIES_TABLE)})")
+    return s
 
 
 def cache_dir():
@@ -45,15 +85,15 @@ def _run(cmd, what, cwd=None):
     return p.stdout
 
 
-def available_abis():
-    """ABI numbers of the -dbg cloud packages apt knows, ascending."""
-    out = _run(["apt-cache", "search", "--names-only", r"^linux-image-6\.1\.0-[0-9]+-cloud-amd64-dbg$"],
-               "apt-cache search")
-    return sorted({int(m) for m in _PKG_RE.findall(out)})
+def available_abis(series=DEFAULT_SERIES):
+    """ABI numbers of the -dbg cloud packages apt knows, ascending (6.12: patch levels)."""
+    s = series_info(series)
+    out = _run(["apt-cache", "search", "--names-only", s.search_re], "apt-cache search")
+    return sorted({int(m) for m in s.pkg_re.findall(out)})
 
 
-def release(abi):
-    return f"{SERIES}-{abi}-{FLAVOUR}"
+def release(abi, series=DEFAULT_SERIES):
+    return series_info(series).release(abi)
 
 
 def _cached_deb(package):
@@ -102,23 +142,31 @@ def _extract(deb, member, dest):
             os.unlink(tmp)
 
 
-def resolve_abi(abi=None):
+def resolve_abi(abi=None, series=DEFAULT_SERIES):
+    s = series_info(series)
     if abi is not None:
         return int(abi)
-    env = os.environ.get("LINEPACK_KERNEL_ABI")
+    env = os.environ.get(s.env)
     if env:
         return int(env)
-    abis = available_abis()
+    abis = available_abis(series)
     if not abis:
-        raise ExternalToolError("apt knows no linux-image-6.1.0-*-cloud-amd64-dbg package "
-                                "(run 'apt-get update' on a Debian 12 machine)")
+        pattern = s.release_fmt.format(abi="*")
+        raise ExternalToolError(f"apt knows no linux-image-{pattern}-dbg package "
+                                "(run 'apt-get update' on a Debian 12 machine"
+                                + (" with bookworm-backports or -security" if s.name != "6.1" else "")
+                                + ")")
     return abis[-1]
 
 
-def debian_vmlinux(abi=None, log=None):
-    """Path of the cached vmlinux of Debian's 6.1 cloud kernel (fetching it once)."""
-    abi = resolve_abi(abi)
-    rel = release(abi)
+def debian_vmlinux(abi=None, log=None, *, series=DEFAULT_SERIES):
+    """Path of the cached vmlinux of Debian's cloud kernel (fetching it once).
+
+    ``series`` is "6.1" (default; ``abi`` = ABI number) or "6.12" (``abi`` =
+    patch level, e.g. 117 for 6.12.117+deb12).
+    """
+    abi = resolve_abi(abi, series)
+    rel = release(abi, series)
     dest = os.path.join(cache_dir(), "kernels", rel, "vmlinux")
     if os.path.exists(dest):
         return dest
@@ -129,10 +177,10 @@ def debian_vmlinux(abi=None, log=None):
     return dest
 
 
-def debian_module(name, abi=None, log=None):
+def debian_module(name, abi=None, log=None, *, series=DEFAULT_SERIES):
     """Path of one cached module (.ko) of the same build, e.g. 'fs/fat/vfat.ko'."""
-    abi = resolve_abi(abi)
-    rel = release(abi)
+    abi = resolve_abi(abi, series)
+    rel = release(abi, series)
     dest = os.path.join(cache_dir(), "kernels", rel, "modules", name)
     if os.path.exists(dest):
         return dest
@@ -145,11 +193,11 @@ def _log(msg):
     print(f"linepack: {msg}", file=sys.stderr, flush=True)
 
 
-def main_fetch(abi=None):
-    path = debian_vmlinux(abi, log=_log)
+def main_fetch(abi=None, series=DEFAULT_SERIES):
+    path = debian_vmlinux(abi, log=_log, series=series)
     print(path)
     return path
 
 
 __all__ = ["cache_dir", "available_abis", "debian_vmlinux", "debian_module", "resolve_abi",
-           "release", "download_deb"]
+           "release", "download_deb", "series_info", "SERIES_TABLE", "DEFAULT_SERIES"]
