@@ -124,6 +124,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     rw.run()
     from .kernel_tables import update_kernel_tables
     update_kernel_tables(rw, log)
+    from .eh_frame import update_eh_frame
+    update_eh_frame(rw, log)
     idx, symtab = rw.symtab_bytes()
     rw.patched[idx] = symtab
     drop = []
