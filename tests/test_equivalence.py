@@ -121,3 +121,13 @@ def test_lost_orc_entry_is_named(ctx, vmlinux, tmp_path):
     assert p.returncode == 1
     hits = [f for f in rep["findings"] if f["check"] == "equiv.orc"]
     assert any(f"{int(ip[i]):#x}" in f["message"] and "no entry" in f["message"] for f in hits)
+
+
+def test_different_builds_are_named(vmlinux, tmp_path):
+    known = targets.available_abis()
+    other = next((a for a in reversed(known) if a != 56), None)
+    if other is None:
+        pytest.skip("only one Debian ABI known to apt")
+    p, rep = _against(targets.debian_vmlinux(other), vmlinux, tmp_path)
+    assert p.returncode == 1
+    assert any(f["check"] == "equiv.build-id" for f in rep["findings"])

@@ -202,6 +202,12 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     old = ElfImage(old_path)
     new = ElfImage(new_path)
     octx, nctx = ImageContext(old, log=log), ImageContext(new, log=log)
+    # relayout keeps the .notes section, so a rewrite keeps its original's build-id
+    if old.build_id and new.build_id and old.build_id != new.build_id:
+        findings.append(Finding("error", "equiv.build-id", None,
+                                f"the images come from different builds (build-id "
+                                f"{new.build_id[:16]}... vs original {old.build_id[:16]}...): "
+                                "NEW is not a rewrite of OLD"))
     of, nf = octx.functions, nctx.functions
     oi, ni, missing = match_functions(octx, nctx)
     _add(findings, "error", "equiv.function-missing", missing,
