@@ -1,6 +1,7 @@
 """``linepack profile``: record or import a profile, export it for BOLT, or show it.
 
     linepack profile --kernel VMLINUX --workload vfs-mix [--loops N] -o PROFILE   (QEMU)
+    linepack profile --program PATH [-o PROFILE] [-- ARGS...]    (qemu-x86_64, non-PIE)
     linepack profile --perf-script FILE --image IMAGE -o PROFILE [--kaslr-offset X|auto]
     linepack profile --fdata FILE --image IMAGE -o PROFILE
     linepack profile --export-fdata PROFILE [--image IMAGE] -o out.fdata
@@ -28,6 +29,9 @@ class ProfileVerb:
     def add_arguments(p):
         src = p.add_mutually_exclusive_group()
         src.add_argument("--kernel", metavar="VMLINUX", help="profile this kernel under QEMU (TCG plugin)")
+        src.add_argument("--program", metavar="PATH",
+                         help="profile this userspace program (non-PIE) under qemu-x86_64 with the "
+                              "plugin; its arguments follow '--'")
         src.add_argument("--perf-script", metavar="FILE",
                          help="import `perf script -F ip,brstack` (LBR) or `-F ip[,sym]` (IP samples) text")
         src.add_argument("--fdata", metavar="FILE", help="import a BOLT .fdata profile")
@@ -41,6 +45,8 @@ class ProfileVerb:
         p.add_argument("--loops", type=int, help="workload iterations (metadata; QEMU: how many to run)")
         p.add_argument("--cmdline", help="kernel command line the profile was recorded with (metadata)")
         p.add_argument("--top", type=int, default=15, help="functions listed by --show (default 15)")
+        p.add_argument("program_args", nargs="*", metavar="ARGS",
+                       help="with --program: the program's arguments (after '--')")
 
     @staticmethod
     def run(args):
@@ -50,6 +56,11 @@ class ProfileVerb:
             return _export(args)
         if args.kernel:
             return _record_qemu(args)
+        if getattr(args, "program", None):
+            return _record_program(args)
+        if getattr(args, "program_args", None):
+            raise BadInput(f"unexpected arguments {' '.join(args.program_args)!r} "
+                           "(program arguments go after --program PATH --)")
         if args.perf_script or args.fdata:
             return _import(args)
         raise BadInput("nothing to do: give --kernel, --perf-script, --fdata, --export-fdata or --show "
@@ -115,6 +126,20 @@ def _show(args):
     if args.image:
         prof.check_image(ElfImage(args.image))
     print("\n".join(prof.summary(top=args.top)))
+    return 0
+
+
+def _record_program(args):
+    from ..profile.user import record_user
+    _need(args, "output")
+    t0 = time.monotonic()
+    prof = record_user(args.program, args.program_args or [], output=args.output,
+                       meta=_meta(args), log=_log)
+    hot = prof.hot_functions(1)
+    print(f"{args.output}: qemu-user profile of {os.path.basename(args.program)}: "
+          f"{len(prof.func_addr)} functions, {prof.meta.get('instructions', 0):,} instructions, "
+          f"{len(prof.edge_from)} edges{', hottest ' + hot[0][0] if hot else ''} "
+          f"({time.monotonic() - t0:.1f} s)")
     return 0
 
 

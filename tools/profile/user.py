@@ -1,0 +1,170 @@
+"""Profile (and measure) a userspace program under ``qemu-x86_64`` with linepack's plugin.
+
+QEMU's user mode runs the program's own code at its link-time addresses when it
+is a non-PIE executable (ET_EXEC), so the plugin's block addresses (``mode=user``)
+are the ELF's addresses and ``Profile.from_blocks`` symbolizes them directly.
+Shared libraries and the dynamic loader run too; their blocks are outside the
+image and are left out of the profile (counted in ``meta["outside_instructions"]``),
+but they do go through the simulated cache, like on hardware.
+
+PIE executables (ET_DYN) are loaded at a base QEMU picks; they are refused with a
+clear message (relink with ``-no-pie``) rather than profiled at guessed addresses.
+
+    record_user(program, args, output=...)      -> Profile (edges on)
+    run_user(program, args, cache="intel-32k-8w") -> (PluginTrace, UserRun)  measurement
+"""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import BadInput, ExternalToolError
+from ..image.elf import ET_EXEC, ElfImage
+from . import plugin_build, trace
+from .model import Profile
+
+QEMU_USER = "qemu-x86_64"
+ET_DYN = 3
+
+
+@dataclass
+class UserRun:
+    """What the program did: exit status, output, wall time, the command."""
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    wall: float
+    command: list
+
+
+def qemu_user():
+    exe = shutil.which(QEMU_USER)
+    if exe is None:
+        raise ExternalToolError(f"{QEMU_USER} is not installed (Debian package qemu-user)")
+    return exe
+
+
+def check_program(path):
+    """The program as an ElfImage; refuses what user-mode profiling cannot place."""
+    if not os.path.exists(path):
+        raise BadInput(f"{path}: no such program")
+    image = ElfImage(path)
+    if image.type == ET_DYN:
+        raise BadInput(f"{path}: a position-independent executable (ET_DYN): its load base is "
+                       "chosen at run time, so profile addresses would not match the ELF; "
+                       "relink with -no-pie -fno-pie (and -Wl,--emit-relocs to relayout it)")
+    if image.type != ET_EXEC:
+        raise BadInput(f"{path}: not an executable (ELF type {image.type})")
+    return image
+
+
+def _exec_ranges(image):
+    secs = [s for s in image.sections if s.is_code and s.is_alloc and s.size]
+    lo = np.array([s.addr for s in secs], np.uint64)
+    hi = np.array([s.end for s in secs], np.uint64)
+    return lo, hi
+
+
+def _inside(addrs, lo, hi):
+    a = np.asarray(addrs, np.uint64)
+    m = np.zeros(a.shape, bool)
+    for x, y in zip(lo.tolist(), hi.tolist()):
+        m |= (a >= np.uint64(x)) & (a < np.uint64(y))
+    return m
+
+
+def run_user(program, args=(), cache=None, edges=False, stdin=None, cwd=None, env=None,
+             timeout=600, log=None, start=None, stop=None, check=True):
+    """Run ``program args`` under qemu-x86_64 with the plugin (mode=user).
+
+    cache: None or a cache model name/path/dict (then fetches and misses are
+    simulated). Returns (PluginTrace, UserRun). A non-zero exit raises
+    ExternalToolError when ``check``.
+    """
+    check_program(program)
+    so = plugin_build.build_plugin(log=log or (lambda m: None))
+    q = qemu_user()
+    with tempfile.TemporaryDirectory(prefix="linepack-user-") as tmp:
+        out = os.path.join(tmp, "trace.bin")
+        pargs = trace.plugin_args(out, cache=cache, edges=edges, mode="user", start=start,
+                                  stop=stop)
+        cmd = [q, "-plugin", trace.plugin_option(so, pargs), os.path.abspath(program),
+               *[str(a) for a in args]]
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run(cmd, input=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               cwd=cwd, env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise ExternalToolError(f"{os.path.basename(program)} under {QEMU_USER} did not "
+                                    f"finish in {timeout} s") from None
+        wall = time.monotonic() - t0
+        run = UserRun(p.returncode, p.stdout, p.stderr, wall, cmd)
+        if not os.path.exists(out):
+            err = p.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise ExternalToolError(f"{QEMU_USER} wrote no plugin output (exit {p.returncode}): "
+                                    f"{err[-1] if err else 'no message'}")
+        if check and p.returncode != 0:
+            err = p.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise ExternalToolError(f"{os.path.basename(program)} exited with status "
+                                    f"{p.returncode} under {QEMU_USER}: "
+                                    f"{err[-1] if err else 'no message'}")
+        tr = trace.read_plugin_output(out)
+    return tr, run
+
+
+def record_user(program, args=(), output=None, meta=None, log=None, stdin=None, cwd=None,
+                env=None, timeout=600):
+    """Profile ``program args`` (blocks + edges) under qemu-x86_64; returns the Profile."""
+    image = check_program(program)
+    if log:
+        log(f"running {os.path.basename(program)} {' '.join(map(str, args))} under "
+            f"{QEMU_USER} + plugin (mode=user, edges=on)")
+    tr, run = run_user(program, args, edges=True, stdin=stdin, cwd=cwd, env=env,
+                       timeout=timeout, log=log)
+    lo, hi = _exec_ranges(image)
+    inb = _inside(tr.tb_addr, lo, hi)
+    outside = int(np.dot(tr.tb_insns[~inb].astype(np.uint64), tr.tb_execs[~inb]))
+    ine = _inside(tr.edge_src, lo, hi) | _inside(tr.edge_dst, lo, hi)
+    last = run.stdout.decode("utf-8", "replace").strip().splitlines()
+    m = {"workload": os.path.basename(program), "loops": None,
+         "cmdline": " ".join([os.path.basename(program)] + [str(a) for a in args]),
+         "result_line": last[-1] if last else "", "exit_status": run.returncode,
+         "mode": "user", "outside_instructions": outside}
+    m.update(meta or {})
+    prof = Profile.from_blocks(image, tr.tb_addr[inb], tr.tb_size[inb], tr.tb_insns[inb],
+                               tr.tb_execs[inb], edge_src=tr.edge_src[ine],
+                               edge_dst=tr.edge_dst[ine], edge_count=tr.edge_count[ine], meta=m)
+    if not len(prof.func_addr):
+        raise BadInput(f"{program}: no executed block falls in a function of the program "
+                       "(stripped, or not the binary that ran?)")
+    if log:
+        log(f"{prof.meta['instructions']:,} instructions in the program "
+            f"({outside:,} in libraries and the loader), {len(prof.func_addr)} functions, "
+            f"{len(prof.edge_from):,} edges ({run.wall:.1f} s)")
+    if output:
+        prof.save(output)
+    return prof
+
+
+def measure_user(program, args=(), cache="intel-32k-8w", stdin=None, cwd=None, timeout=600,
+                 log=None):
+    """Simulated user-mode L1i of one run: {"fetches", "misses", "instructions",
+    "program_instructions", "stdout", "wall"}. Counts every user-mode fetch
+    (program, libraries, loader) like a hardware counter would."""
+    image = check_program(program)
+    tr, run = run_user(program, args, cache=cache, stdin=stdin, cwd=cwd, timeout=timeout, log=log)
+    lo, hi = _exec_ranges(image)
+    inb = _inside(tr.tb_addr, lo, hi)
+    return {"fetches": tr.fetches, "misses": tr.misses, "instructions": tr.instructions,
+            "program_instructions": int(np.dot(tr.tb_insns[inb].astype(np.uint64),
+                                               tr.tb_execs[inb])),
+            "program_misses": int(tr.tb_misses[inb].sum()),
+            "stdout": run.stdout, "wall": run.wall}
+
+
+__all__ = ["check_program", "run_user", "record_user", "measure_user", "UserRun"]
