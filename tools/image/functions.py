@@ -9,7 +9,7 @@ never across a boundary, because the kernel tests addresses against them.
 
 import numpy as np
 
-from .elf import STB_GLOBAL, STB_LOCAL, STB_WEAK, STT_FUNC, STT_NOTYPE
+from .elf import STB_GLOBAL, STB_LOCAL, STB_WEAK, STT_FUNC
 
 # Labels that bound kernel text regions (pairs are start/end; singles are edges).
 KERNEL_REGION_LABELS = (

@@ -21,12 +21,12 @@ so the same profile always gives the same bytes.
 
 import os
 import re
-import tempfile
 
 import numpy as np
 
 from ..errors import BadInput
 from ..image.elf import ElfImage
+from ..io import write_atomic
 from .model import KIND_OUTSIDE, Profile
 from .perf_script import read_text
 from .symbolize import Symbolizer
@@ -274,24 +274,9 @@ def export_fdata(profile, path, image=None, log=None):
     if not out:
         raise BadInput("no profile record falls inside a function of the image; nothing to export")
     text = header + "".join(out)
-    _atomic_write(path, text.encode("utf-8"))
+    write_atomic(path, text.encode("utf-8"))
     if log:
         log(f"wrote {len(out)} {'samples' if header else 'branches'} to {path}")
     return len(out)
 
 
-def _atomic_write(path, data):
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".linepack-", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

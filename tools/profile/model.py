@@ -30,13 +30,13 @@ Tables (each optional, empty when the source does not provide it):
 import io
 import json
 import os
-import tempfile
 import zipfile
 
 import numpy as np
 
 from ..errors import BadInput
 from ..image.elf import ElfImage
+from ..io import atomic_output
 from .symbolize import Symbolizer
 
 FORMAT = "linepack-profile"
@@ -378,25 +378,14 @@ class Profile:
             np.lib.format.write_array(buf, np.ascontiguousarray(getattr(self, name), dtype=dt),
                                       allow_pickle=False)
             members.append((name + ".npy", buf.getvalue()))
-        d = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".linepack-profile-", dir=d)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                with zipfile.ZipFile(f, "w") as z:
-                    for name, data in members:
-                        zi = zipfile.ZipInfo(name, date_time=_ZIP_DATE)
-                        zi.compress_type = zipfile.ZIP_DEFLATED
-                        zi.create_system = 3
-                        zi.external_attr = 0o644 << 16
-                        z.writestr(zi, data, compresslevel=6)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        with atomic_output(path) as f:
+            with zipfile.ZipFile(f, "w") as z:
+                for name, data in members:
+                    zi = zipfile.ZipInfo(name, date_time=_ZIP_DATE)
+                    zi.compress_type = zipfile.ZIP_DEFLATED
+                    zi.create_system = 3
+                    zi.external_attr = 0o644 << 16
+                    z.writestr(zi, data, compresslevel=6)
 
     @classmethod
     def load(cls, path):

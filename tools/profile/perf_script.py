@@ -103,12 +103,8 @@ class PerfScript:
 
 
 def _first_bad_line(data):
-    cc = False
     for n, line in enumerate(data.split(b"\n"), 1):
-        if _BLANK.fullmatch(line) or _IP.fullmatch(line):
-            continue
-        if _CC_HEADER.fullmatch(line):
-            cc = True
+        if _BLANK.fullmatch(line) or _IP.fullmatch(line) or _CC_HEADER.fullmatch(line):
             continue
         return n, line.decode("utf-8", "replace").strip()
     return None, None

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import BadInput
+from ..io import load_toml
 
 MAGIC = b"LPKTRACE"
 VERSION = 1
@@ -167,23 +168,6 @@ def read_tbtrace(path):
 
 # ---- cache configs ----
 
-def _load_toml(path):
-    try:
-        import tomllib
-    except ImportError:  # Python < 3.11
-        try:
-            import tomli as tomllib
-        except ImportError:
-            raise BadInput("reading TOML needs Python >= 3.11 or the 'tomli' package") from None
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise BadInput(f"{path}: bad TOML: {e}") from None
-
-
 def list_cache_configs():
     """Names of the cache models shipped in configs/cache."""
     out = []
@@ -206,7 +190,7 @@ def cache_config(name_or_path):
         else:
             raise BadInput(f"unknown cache model '{name_or_path}' (known: "
                            f"{', '.join(list_cache_configs()) or 'none'})")
-    cfg = _load_toml(path)
+    cfg = load_toml(path)
     try:
         size, ways, line = int(cfg["size"]), int(cfg["ways"]), int(cfg["line"])
     except (KeyError, TypeError, ValueError) as e:

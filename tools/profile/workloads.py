@@ -22,11 +22,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from ..errors import BadInput, ExternalToolError
-
-try:
-    import tomllib
-except ImportError:  # Python < 3.11
-    import tomli as tomllib
+from ..io import load_toml
 
 CFLAGS = ["-static", "-O2", "-Wall", "-Wextra"]
 RESULT_TAG = "linepack-result"
@@ -49,16 +45,6 @@ def configs_dir():
 def sources_dir():
     """``workloads/`` of the checkout ($LINEPACK_WORKLOADS overrides)."""
     return repo_dir("LINEPACK_WORKLOADS", "workloads")
-
-
-def load_toml(path):
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except OSError as e:
-        raise BadInput(f"cannot read {path}: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise BadInput(f"{path}: bad TOML: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,6 @@ kernel table, plus the static-key census. Produces a ``VerifyReport``.
 
 import time
 
-import numpy as np
-
 from ..image.disasm import KNOWN_UNDECODED
 from ..image.elf import ElfImage
 from ..kernel import TABLES
