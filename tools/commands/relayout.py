@@ -7,6 +7,7 @@ import time
 
 from ..cli import verb
 from ..errors import BadInput
+from ..io import load_toml
 
 
 def _log_fn(quiet):
@@ -16,20 +17,6 @@ def _log_fn(quiet):
         if not quiet:
             print(f"linepack: [{time.time() - t0:5.1f}s] {msg}", file=sys.stderr, flush=True)
     return log
-
-
-def load_config(path):
-    try:
-        import tomllib
-    except ImportError:          # Python < 3.11
-        import tomli as tomllib
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such config") from None
-    except (OSError, ValueError) as e:
-        raise BadInput(f"{path}: not a valid TOML config ({e})") from None
 
 
 @verb("relayout", "re-lay out functions of an ELF image (vmlinux) per a profile and a strategy")
@@ -56,7 +43,7 @@ class Relayout:
         from ..relayout.driver import load_profile_full, relayout
 
         log = _log_fn(args.quiet)
-        cfg = load_config(args.config) if args.config else {"strategy": "pack"}
+        cfg = load_toml(args.config) if args.config else {"strategy": "pack"}
         if args.strategy:
             cfg = {"strategy": args.strategy}
         if args.min_count is not None:
