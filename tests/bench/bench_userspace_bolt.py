@@ -1,0 +1,229 @@
+"""linepack against BOLT 19 on a real userspace program, same binary, same profile.
+
+    python3 tests/bench/bench_userspace_bolt.py [--work DIR] [--reps 3]
+
+1. Debian's lua5.4 source (``apt-get source lua5.4``, cached under
+   ~/.cache/linepack/userspace) built ``-O2 -fno-pie``, linked
+   ``-no-pie -Wl,--emit-relocs`` against the system libc (dynamic), with a
+   16 KiB never-executed ``.text.zzpad`` at the end of ``.text``: linepack keeps
+   every allocated section's size, so a layout with padding needs headroom (BOLT
+   gets the same binary).
+2. A Lua workload (sort, string patterns, gsub, closures, coroutines, pcall)
+   runs under qemu-x86_64 with linepack's plugin (mode=user, edges=on): the
+   profile. It is exported as BOLT .fdata with linepack's exporter.
+3. Layouts: linepack ``pack``; BOLT functions only
+   (``-reorder-functions=hfsort -reorder-blocks=none``); BOLT full
+   (``-reorder-functions=hfsort -reorder-blocks=ext-tsp -split-functions
+   -split-all-cold``).
+4. Each binary runs the workload under the plugin (cache=on, mode=user) with
+   several L1i models; misses of every user-mode fetch (program + libc + ld.so)
+   and of the program's own code; instructions; the output must be identical.
+   Medians of ``--reps`` runs (Lua hashes some objects by address, so
+   instruction counts vary by ~0.1% between runs).
+5. Rewriting time: median of ``--reps`` wall times of ``linepack relayout`` (CLI)
+   and ``llvm-bolt-19`` on the same input.
+
+Prints a markdown table. Training and measured runs use the same workload.
+"""
+
+import argparse
+import glob
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+
+LUA_SCRIPT = r'''
+-- linepack userspace workload: one deterministic result line
+local t = {}
+for i = 1, 20000 do t[i] = (i * 7919) % 10007 end
+table.sort(t)
+local s = 0
+for i = 1, #t do s = s + t[i] end
+local words = {}
+for w in string.gmatch(string.rep("the quick brown fox jumps over the lazy dog ", 2000), "%a+") do
+  words[w] = (words[w] or 0) + 1
+end
+local keys = {}
+for k in pairs(words) do keys[#keys + 1] = k end
+table.sort(keys)
+local parts = {}
+for _, k in ipairs(keys) do parts[#parts + 1] = string.format("%s=%d", k, words[k]) end
+local function fib(n) if n < 2 then return n end return fib(n - 1) + fib(n - 2) end
+local co = coroutine.wrap(function() for i = 1, 3000 do coroutine.yield(i) end end)
+local cs = 0
+for i = 1, 3000 do cs = cs + co() end
+local str = string.rep("abc", 3000):gsub("b", "xy"):upper()
+local ok, err = pcall(function() error("boom") end)
+local mt = setmetatable({}, {__index = function(_, k) return k * 2 end})
+local ms = 0
+for i = 1, 5000 do ms = ms + mt[i] end
+print(s, table.concat(parts, ","), fib(22), cs, #str, ok, err, ms)
+'''
+
+PAD_S = ('.section .text.zzpad,"ax",@progbits\n.fill 16384,1,0xcc\n'
+         '.section .note.GNU-stack,"",@progbits\n')
+CFLAGS = ["-O2", "-fno-pie", "-DLUA_COMPAT_5_3", "-DLUA_USE_LINUX"]
+LDFLAGS = ["-no-pie", "-Wl,--emit-relocs"]
+BOLT = "llvm-bolt-19"
+BOLT_FULL = ["-reorder-functions=hfsort", "-reorder-blocks=ext-tsp", "-split-functions",
+             "-split-all-cold"]
+BOLT_FUNCS = ["-reorder-functions=hfsort", "-reorder-blocks=none"]
+MODELS = ["intel-32k-8w", {"name": "8k-8w", "size": 8192, "ways": 8, "line": 64},
+          {"name": "8k-4w", "size": 8192, "ways": 4, "line": 64}]
+
+
+def cache_root():
+    try:
+        from linepack.targets import cache_dir
+        return os.path.join(cache_dir(), "userspace")
+    except Exception:   # noqa: BLE001
+        return os.path.expanduser("~/.cache/linepack/userspace")
+
+
+def lua_source(log=print):
+    """Directory of Debian's lua5.4 source tree (downloaded once with apt-get source)."""
+    root = cache_root()
+    found = sorted(glob.glob(os.path.join(root, "lua5.4-*", "src", "lvm.c")))
+    if found:
+        return os.path.dirname(os.path.dirname(found[-1]))
+    os.makedirs(root, exist_ok=True)
+    log("apt-get source lua5.4")
+    p = subprocess.run(["apt-get", "source", "lua5.4"], cwd=root, capture_output=True, text=True)
+    found = sorted(glob.glob(os.path.join(root, "lua5.4-*", "src", "lvm.c")))
+    if p.returncode != 0 or not found:
+        raise RuntimeError(f"apt-get source lua5.4 failed: {p.stderr.strip()[-300:]}")
+    return os.path.dirname(os.path.dirname(found[-1]))
+
+
+def build_lua(out_dir, src=None, log=print):
+    """Build lua (non-PIE, --emit-relocs) into out_dir; returns its path."""
+    src = src or lua_source(log)
+    obj = os.path.join(out_dir, "obj")
+    os.makedirs(obj, exist_ok=True)
+    with open(os.path.join(obj, "lua5.4-deb-multiarch.h"), "w") as f:
+        f.write('#define DEB_HOST_MULTIARCH "x86_64-linux-gnu"\n')
+    cs = sorted(c for c in glob.glob(os.path.join(src, "src", "*.c"))
+                if os.path.basename(c) != "luac.c")
+    procs = [subprocess.Popen(["gcc", *CFLAGS, "-I", obj, "-c", c, "-o",
+                               os.path.join(obj, os.path.basename(c)[:-2] + ".o")])
+             for c in cs]
+    if any(p.wait() for p in procs):
+        raise RuntimeError("compiling lua failed")
+    with open(os.path.join(obj, "pad.s"), "w") as f:
+        f.write(PAD_S)
+    exe = os.path.join(out_dir, "lua")
+    objs = [os.path.join(obj, os.path.basename(c)[:-2] + ".o") for c in cs]
+    subprocess.run(["gcc", *LDFLAGS, "-o", exe, *objs, os.path.join(obj, "pad.s"), "-lm", "-ldl"],
+                   check=True)
+    return exe
+
+
+def _timed(cmd, reps):
+    times = []
+    for _ in range(reps):
+        t0 = time.monotonic()
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        times.append(time.monotonic() - t0)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:2])} failed: {p.stderr.strip()[-500:]}")
+    return statistics.median(times)
+
+
+def make_layouts(exe, script, work, reps=3, log=print):
+    """Profile, fdata, linepack pack, BOLT functions-only and full.
+
+    Returns ({label: path}, {label: rewrite seconds}, profile)."""
+    from linepack.profile.fdata import export_fdata
+    from linepack.profile.user import record_user
+    prof_path = os.path.join(work, "prof.lpprof")
+    prof = record_user(exe, [script], output=prof_path, log=log)
+    fdata = os.path.join(work, "prof.fdata")
+    export_fdata(prof, fdata, image=exe)
+    out = {"original": exe}
+    secs = {}
+    out["linepack pack"] = os.path.join(work, "lua.pack")
+    secs["linepack pack"] = _timed(["linepack", "relayout", exe, "--profile", prof_path,
+                                    "--strategy", "pack", "-q", "-o", out["linepack pack"]], reps)
+    for label, flags, name in (("BOLT functions", BOLT_FUNCS, "lua.bolt-fn"),
+                               ("BOLT full", BOLT_FULL, "lua.bolt")):
+        out[label] = os.path.join(work, name)
+        secs[label] = _timed([BOLT, exe, "-o", out[label], f"-data={fdata}", *flags], reps)
+    return out, secs, prof
+
+
+def measure(binaries, script, reps=3, models=MODELS, log=print):
+    """{label: {model: {...medians...}}} and the output of each binary."""
+    from linepack.profile.user import measure_user
+    res, outputs = {}, {}
+    for label, path in binaries.items():
+        res[label] = {}
+        for m in models:
+            name = m if isinstance(m, str) else m["name"]
+            runs = [measure_user(path, [script], cache=m) for _ in range(reps)]
+            outputs.setdefault(label, set()).update(r["stdout"] for r in runs)
+            res[label][name] = {k: statistics.median(r[k] for r in runs)
+                                for k in ("misses", "program_misses", "instructions",
+                                          "program_instructions")}
+            log(f"{label:15s} {name:13s} misses {res[label][name]['misses']:>9,.0f} "
+                f"(program {res[label][name]['program_misses']:,.0f})")
+    return res, outputs
+
+
+def text_size(path):
+    from linepack.image.elf import ElfImage
+    im = ElfImage(path)
+    return sum(s.size for s in im.sections if s.is_code and s.is_alloc)
+
+
+def table(res, secs, binaries, models=MODELS):
+    names = [m if isinstance(m, str) else m["name"] for m in models]
+    head = ["layout"]
+    for n in names:
+        head += [f"{n} misses (all user)", "vs original", "vs BOLT full", f"{n} program misses"]
+    head += ["program insns", "code bytes", "rewrite s (median)"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label in binaries:
+        r = [label]
+        for n in names:
+            m = res[label][n]["misses"]
+            r += [f"{m:,.0f}", f"{m / res['original'][n]['misses'] - 1:+.1%}",
+                  f"{m / res['BOLT full'][n]['misses']:.2f}x", f"{res[label][n]['program_misses']:,.0f}"]
+        r += [f"{res[label][names[0]]['program_instructions']:,.0f}", f"{text_size(binaries[label]):,}",
+              f"{secs[label]:.2f}" if label in secs else "-"]
+        rows.append("| " + " | ".join(r) + " |")
+    return "\n".join(rows)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", help="work directory (default: a temporary one)")
+    ap.add_argument("--reps", type=int, default=3)
+    a = ap.parse_args(argv)
+    if not shutil.which(BOLT) or not shutil.which("qemu-x86_64"):
+        print(f"needs {BOLT} (bolt-19) and qemu-x86_64 (qemu-user)", file=sys.stderr)
+        return 2
+    work = a.work or tempfile.mkdtemp(prefix="linepack-bolt-")
+    os.makedirs(work, exist_ok=True)
+    log = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
+    exe = build_lua(work, log=log)
+    script = os.path.join(work, "bench.lua")
+    with open(script, "w") as f:
+        f.write(LUA_SCRIPT)
+    binaries, secs, prof = make_layouts(exe, script, work, reps=a.reps, log=log)
+    res, outputs = measure(binaries, script, reps=a.reps, log=log)
+    same = len({o for s in outputs.values() for o in s}) == 1
+    print(f"lua 5.4 (Debian source), workload {prof.meta['instructions']:,} program instructions, "
+          f"{len(prof.func_addr)} executed functions; outputs identical: {same}\n")
+    print(table(res, secs, binaries))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
