@@ -140,6 +140,9 @@ KNOWN_UNDECODED = (
     (bytes.fromhex("f20f01fe"), 4, "rmpupdate"),
     (bytes.fromhex("c4e27849c0"), 5, "tilerelease"),
     (bytes.fromhex("0f01ca"), 3, "clac"),
+    # 6.12: FRED's LKGS %di (native_lkgs, native_load_gs_index) and TDX's TDCALL
+    (bytes.fromhex("f20f00f7"), 4, "lkgs"),
+    (bytes.fromhex("660f01cc"), 4, "tdcall"),
 )
 
 

@@ -12,12 +12,12 @@ from .ksymtab import Ksymtab, KsymtabGpl
 from .mcount import McountLoc
 from .orc import OrcTable
 from .paravirt import ParaInstructions
-from .sites import RetpolineSites, ReturnSites, SmpLocks
+from .sites import CallSites, IbtEndbrSeal, RetpolineSites, ReturnSites, SmpLocks
 from .static_calls import StaticCallSites
 
 TABLES = [JumpTable, StaticCallSites, Alternatives, ParaInstructions, RetpolineSites,
-          ReturnSites, SmpLocks, ExTable, BugTable, OrcTable, McountLoc, Kallsyms,
-          Ksymtab, KsymtabGpl]
+          ReturnSites, SmpLocks, CallSites, IbtEndbrSeal, ExTable, BugTable, OrcTable, McountLoc,
+          Kallsyms, Ksymtab, KsymtabGpl]
 
 
 def table_by_name(name):

@@ -1,23 +1,44 @@
-"""``.altinstructions``: 6.1 ``struct alt_instr {s32 instr; s32 repl; u16 cpuid;
-u8 instrlen; u8 replacementlen}`` (12 bytes). The original instruction range
-must start and end on instruction boundaries; the replacement lives in
-``.altinstr_replacement`` and may not be longer than the original.
+"""``.altinstructions``: ``struct alt_instr``, one record per patch site. The
+original instruction range must start and end on instruction boundaries; the
+replacement lives in ``.altinstr_replacement`` and may not be longer than the
+original.
+
+Layouts (arch/x86/include/asm/alternative.h):
+
+- up to 6.2: ``{s32 instr; s32 repl; u16 cpuid; u8 instrlen; u8 replacementlen}``
+  (12 bytes, packed);
+- 6.3 and later: the feature word became ``u32 ft_flags`` = ``cpuid:16 | flags:16``
+  (``ALT_FLAG_NOT``, 6.12 also ``ALT_FLAG_DIRECT_CALL``), so
+  ``{s32 instr; s32 repl; u16 cpuid; u16 flags; u8 instrlen; u8 replacementlen}``
+  (14 bytes, packed). Debian 6.12's table is 129,948 bytes: a multiple of both 12
+  and 14, so the size alone cannot tell the layouts apart.
 """
 
 import numpy as np
 
 from .base import KernelTable
 
+ALT_INSTR_6_1 = np.dtype([("instr", "<i4"), ("repl", "<i4"), ("cpuid", "<u2"),
+                          ("instrlen", "u1"), ("replacementlen", "u1")])
+ALT_INSTR_6_3 = np.dtype([("instr", "<i4"), ("repl", "<i4"), ("cpuid", "<u2"), ("flags", "<u2"),
+                          ("instrlen", "u1"), ("replacementlen", "u1")])
+ALT_FLAG_NOT = 1
+ALT_FLAG_DIRECT_CALL = 2
+
 
 class Alternatives(KernelTable):
     name = ".altinstructions"
     start_symbol = "__alt_instructions"
     stop_symbol = "__alt_instructions_end"
-    dtype = np.dtype([("instr", "<i4"), ("repl", "<i4"), ("cpuid", "<u2"),
-                      ("instrlen", "u1"), ("replacementlen", "u1")])
+    layouts = [((0, 0), ALT_INSTR_6_1), ((6, 3), ALT_INSTR_6_3)]
+    dtype = ALT_INSTR_6_1
 
     def parse(self, ctx):
-        return self.decode(ctx, rel=("instr", "repl"), copy=("cpuid", "instrlen", "replacementlen"))
+        self.select_layout(ctx)
+        copy = ("cpuid", "instrlen", "replacementlen")
+        if "flags" in self.dtype.names:
+            copy += ("flags",)
+        return self.decode(ctx, rel=("instr", "repl"), copy=copy)
 
     def check(self, ctx, entries):
         findings = []

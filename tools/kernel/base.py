@@ -147,6 +147,23 @@ class ImageContext:
         return f"{ft.name[i]}+{int(addr) - int(ft.start[i]):#x}"
 
 
+def for_version(layouts, version):
+    """Pick a table's layout for a kernel version.
+
+    ``layouts`` is a list of ``(since, value)`` pairs in ascending order of
+    ``since`` (a ``(major, minor)`` tuple): the value of the newest entry whose
+    ``since`` is <= ``version`` wins. An unknown version (None: not a kernel,
+    or no ``linux_banner``) takes the newest layout.
+    """
+    if version is None:
+        return layouts[-1][1]
+    chosen = layouts[0][1]
+    for since, value in layouts:
+        if tuple(version[:2]) >= tuple(since):
+            chosen = value
+    return chosen
+
+
 def rename_fields(arr, mapping):
     """A view of a structured array with some fields renamed."""
     names = [mapping.get(n, n) for n in arr.dtype.names]
@@ -171,9 +188,19 @@ class KernelTable:
     max_findings_per_check = 20
     # True for tables relayout re-sorts by address (their link relocations go stale).
     resorted_by_relayout = False
+    # Optional [(since (major, minor), dtype)] when the record layout changed
+    # between kernel versions; ``dtype`` is then chosen from ctx.version.
+    layouts = None
+
+    def select_layout(self, ctx):
+        """Set ``self.dtype`` for this image's kernel version (tables with ``layouts``)."""
+        if self.layouts:
+            self.dtype = for_version(self.layouts, ctx.version)
+        return self.dtype
 
     def locate(self, ctx):
         """(address, count) of the table in the image, or None if absent."""
+        self.select_layout(ctx)
         a = ctx.image.symbol_address(self.start_symbol)
         b = ctx.image.symbol_address(self.stop_symbol)
         if a is None or b is None:

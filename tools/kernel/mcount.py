@@ -1,6 +1,11 @@
 """``__mcount_loc``: absolute addresses of every ``call __fentry__`` (5 bytes,
 or nop5 once patched). ftrace requires the list sorted (it is sorted at
 build time by sorttable and binary-searched at run time).
+
+Zero entries are padding: ftrace_process_locs() skips NULL pointers (the
+linker pads between objects' sections; sorttable sorts them first). Debian
+6.1 has none; Debian 6.12.117 has 622. ``parse`` returns the real sites and
+``self.padding`` counts the zeros; ``write`` puts them back in front.
 """
 
 import numpy as np
@@ -19,10 +24,12 @@ class McountLoc(KernelTable):
 
     def parse(self, ctx):
         base, raw = self.raw(ctx)
-        ent = np.zeros(len(raw), dtype=[("entry", "<u8"), ("addr", "<u8")])
-        if len(raw):
-            ent["entry"] = np.uint64(base) + np.arange(len(raw), dtype=np.uint64) * np.uint64(8)
-            ent["addr"] = raw
+        keep = np.nonzero(raw != 0)[0]
+        self.base, self.slots, self.padding = base, len(raw), len(raw) - len(keep)
+        ent = np.zeros(len(keep), dtype=[("entry", "<u8"), ("addr", "<u8")])
+        if len(keep):
+            ent["entry"] = np.uint64(base) + keep.astype(np.uint64) * np.uint64(8)
+            ent["addr"] = raw[keep]
         return ent
 
     def check(self, ctx, entries):
@@ -48,12 +55,18 @@ class McountLoc(KernelTable):
         return findings
 
     def update(self, ctx, entries, amap):
-        """Relayout: map every call site, keep the table sorted."""
+        """Relayout: map every call site, keep the table sorted (padding first)."""
         out = entries.copy()
         out["addr"], _ = amap.map(entries["addr"])
         out["addr"] = np.sort(out["addr"], kind="stable")
+        pad = getattr(self, "padding", 0)
+        if len(out):
+            base = getattr(self, "base", int(entries["entry"][0]))
+            out["entry"] = np.uint64(base) + np.arange(pad, pad + len(out), dtype=np.uint64) * np.uint64(8)
         return out
 
     def write(self, ctx, entries, out):
         if len(entries):
-            out.write(int(entries["entry"][0]), entries["addr"].astype("<u8").view(np.uint8))
+            pad = getattr(self, "padding", 0)
+            data = np.concatenate((np.zeros(pad, "<u8"), entries["addr"].astype("<u8")))
+            out.write(int(entries["entry"][0]) - 8 * pad, data.view(np.uint8))

@@ -2,16 +2,51 @@
 (6-byte entries), parallel arrays sorted by IP at build time (sorttable); the
 unwinder binary-searches them, so order is an invariant, and every IP must
 be an instruction boundary (or the end of a code section: terminators).
+
+``struct orc_entry {s16 sp_offset; s16 bp_offset; u16 bits}`` keeps its size,
+but the bits changed (arch/x86/include/asm/orc_types.h):
+
+- up to 6.3: ``sp_reg:4 bp_reg:4 type:2 end:1``; types CALL=0, REGS=1,
+  REGS_PARTIAL=2; an undefined entry is ``sp_reg == ORC_REG_UNDEFINED``.
+- 6.4 and later: ``sp_reg:4 bp_reg:4 type:3 signal:1``; types UNDEFINED=0,
+  END_OF_STACK=1, CALL=2, REGS=3, REGS_PARTIAL=4; an undefined entry is
+  ``type == ORC_TYPE_UNDEFINED`` (the all-zero entry is undefined in both).
+  6.4+ also carries ``.orc_header`` (a 20-byte hash of orc_types.h that module
+  loading compares), outside this table.
 """
 
 import numpy as np
 
-from .base import Finding, KernelTable, rel32_targets
+from .base import Finding, KernelTable, for_version, rel32_targets
 
 ORC_ENTRY = np.dtype([("sp_offset", "<i2"), ("bp_offset", "<i2"), ("bits", "<u2")])
 ORC_TYPES = 3          # 6.1: CALL, REGS, REGS_PARTIAL
 ORC_REG_MAX = 10
 ORC_REG_UNDEFINED = 0
+
+
+class OrcBits:
+    """How one kernel version packs ``orc_entry.bits``."""
+
+    def __init__(self, type_width, types, flag, undefined_by_type):
+        self.type_width, self.types, self.flag = type_width, types, flag
+        self.undefined_by_type = undefined_by_type
+
+    def fields(self, bits):
+        bits = np.asarray(bits).astype(np.int64)
+        return bits & 0xF, (bits >> 4) & 0xF, (bits >> 8) & ((1 << self.type_width) - 1)
+
+    def undefined(self, bits):
+        sp_reg, _, typ = self.fields(bits)
+        return (typ == 0) if self.undefined_by_type else (sp_reg == ORC_REG_UNDEFINED)
+
+
+ORC_BITS = [((0, 0), OrcBits(2, ORC_TYPES, "end", False)),
+            ((6, 4), OrcBits(3, 5, "signal", True))]
+
+
+def orc_bits(ctx):
+    return for_version(ORC_BITS, ctx.version)
 
 
 class OrcTable(KernelTable):
@@ -58,9 +93,9 @@ class OrcTable(KernelTable):
         self.check_sorted(ctx, findings, ip, "IPs")
         self.check_code_refs(ctx, findings, "ip", ip, allow_section_end=True,
                              allow_in_patch_sites=True)
-        bits = entries["bits"].astype(np.int64)
-        sp_reg, bp_reg, typ = bits & 0xF, (bits >> 4) & 0xF, (bits >> 8) & 0x3
-        bad = (typ >= ORC_TYPES) | (sp_reg > ORC_REG_MAX) | (bp_reg > ORC_REG_MAX)
+        layout = orc_bits(ctx)
+        sp_reg, bp_reg, typ = layout.fields(entries["bits"])
+        bad = (typ >= layout.types) | (sp_reg > ORC_REG_MAX) | (bp_reg > ORC_REG_MAX)
         self.report(findings, "error", "orc.entry", ip[bad],
                     lambda a: f"ORC entry for {ctx.symbol_at(a)} has an invalid register or type")
         return findings
@@ -102,7 +137,7 @@ class OrcTable(KernelTable):
         if len(starts) and len(kept):
             j = np.searchsorted(kept["ip"], starts, side="right").astype(np.int64) - 1
             jc = np.maximum(j, 0)
-            undefined = (j >= 0) & ((kept["bits"][jc].astype(np.int64) & 0xF) == ORC_REG_UNDEFINED)
+            undefined = (j >= 0) & orc_bits(ctx).undefined(kept["bits"][jc])
             need = starts[~undefined]
             stats["padding_runs_covered"] = int(undefined.sum())
             free = int(lost.sum())

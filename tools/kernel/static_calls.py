@@ -1,6 +1,9 @@
 """``.static_call_sites``: ``{s32 addr; s32 key}``, both relative; key low bits
 are flags (1 = init, 2 = tail call). Each site is a 5-byte ``call``/``jmp``
-rel32 (or a nop5/ret once patched) the kernel rewrites at boot.
+rel32 (or a nop5/ret once patched) the kernel rewrites at boot; a tail-call
+site may also be a 6-byte ``Jcc rel32`` (``0f 80..8f``: __static_call_validate
+accepts it in 6.1 and 6.12 alike). Same layout in 6.1 and 6.12
+(include/linux/static_call_types.h).
 """
 
 import numpy as np
@@ -33,7 +36,10 @@ class StaticCallSites(KernelTable):
         d = ctx.disasm
         i = d.containing(addr)
         ic = np.maximum(i, 0)
-        bad = (i >= 0) & ((d.size[ic] != 5) | ~np.isin(d.raw[ic, 0], SITE_OPCODES))
+        five = (d.size[ic] == 5) & np.isin(d.raw[ic, 0], SITE_OPCODES)
+        tail = (entries["flags"] & 2) != 0
+        jcc = tail & (d.size[ic] == 6) & (d.raw[ic, 0] == 0x0F) & ((d.raw[ic, 1] & 0xF0) == 0x80)
+        bad = (i >= 0) & ~(five | jcc)
         self.report(findings, "error", ".static_call_sites.insn", addr[bad],
                     lambda a: f"static call site {ctx.symbol_at(a)} is not a 5-byte call/jmp")
         return findings
