@@ -1,7 +1,8 @@
 """``__bug_table``: BUG()/WARN() sites ``{s32 bug_addr; s32 file; u16 line; u16 flags}``.
 
 Each bug_addr must point at a ``ud2`` (0f 0b) at an instruction boundary; the
-kernel searches the table linearly, so order does not matter.
+kernel searches the table linearly, so order does not matter. Same 12-byte
+record in 6.12 (include/asm-generic/bug.h, GENERIC_BUG_RELATIVE_POINTERS).
 """
 
 import numpy as np

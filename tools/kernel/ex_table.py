@@ -2,7 +2,7 @@
 
 insn and fixup are relative to their fields; data holds the handler type and
 register (not an address). Sorted by insn at build time (sorttable) because
-the kernel binary-searches it.
+the kernel binary-searches it. Unchanged in 6.12 (arch/x86/include/asm/extable.h).
 """
 
 import numpy as np

@@ -8,6 +8,13 @@ expansion starts with the type letter), ``kallsyms_markers`` (u32 offset into
 names of every 256th symbol), ``kallsyms_token_table``/``_index``, and
 ``kallsyms_seqs_of_names`` (3-byte big-endian symbol indices in name order).
 Addresses must be sorted; names must agree with the ELF symbol table.
+
+6.12 (scripts/kallsyms.c write_src): same encodings (base-relative is no longer
+optional; x86-64 SMP keeps CONFIG_KALLSYMS_ABSOLUTE_PERCPU), but the arrays
+are emitted in another order: num_syms, names, markers, token_table,
+token_index, offsets, relative_base, seqs_of_names. The parse finds each by
+its symbol and only relies on names preceding markers and token_table
+preceding token_index, true in both.
 """
 
 import numpy as np

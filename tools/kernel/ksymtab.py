@@ -2,6 +2,8 @@
 ``{s32 value; s32 name; s32 namespace}`` each relative to its field. Modules
 resolve exports by binary search on the name, so each table is name-sorted;
 every value must be the address the ELF symbol table gives that name.
+6.12 emits the entries from asm (include/linux/export-internal.h, __KSYMTAB)
+but the record is the same ``.long sym - .; .long name - .; .long ns - .``.
 """
 
 import numpy as np

@@ -1,5 +1,9 @@
 """``.parainstructions``: 6.1 ``struct paravirt_patch_site {u8 *instr; u8 type;
 u8 len;}`` padded to 16 bytes, with an ABSOLUTE instruction address.
+
+Gone since 6.8 (paravirt calls became alternatives with ALT_FLAG_DIRECT_CALL,
+see alternatives.py): Debian 6.12 has no ``__parainstructions`` and the table
+is skipped.
 """
 
 import numpy as np
