@@ -248,3 +248,17 @@ def test_relayout_refuses_612_without_emit_relocs(vmlinux, tmp_path):
         assert len(lines) == 1 and "--emit-relocs" in lines[0], p.stderr
         assert "Traceback" not in p.stderr
         assert not out.exists()
+
+
+@pytest.mark.realkernel
+def test_relayout_pack_with_profile_refuses_612(vmlinux, tmp_path):
+    """With a profile of this very build the refusal is still the --emit-relocs line."""
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"functions": {"vfs_read": 1000, "vfs_write": 900,
+                                              "schedule": 500, "do_sys_openat2": 100}}))
+    out = tmp_path / "new.vmlinux"
+    p = run_linepack("relayout", vmlinux, "--profile", prof, "--strategy", "pack", "-o", out)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--emit-relocs" in lines[0], p.stderr
+    assert not out.exists()
