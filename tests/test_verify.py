@@ -80,7 +80,30 @@ def test_image_without_jump_table_is_fine(tmp_path):
     subprocess.run(["gcc", "-O2", str(src), "-o", str(exe)], check=True)
     p, rep = _report(tmp_path, exe)
     assert p.returncode == 0
-    assert rep["static_keys"] is None and rep["tables"] == {}
+    assert rep["static_keys"] is None
+    # a userspace program: only its unwind tables
+    assert set(rep["tables"]) == {".eh_frame"} and rep["tables"][".eh_frame"]["ok"]
+
+
+def test_stale_eh_frame_hdr_is_named(tmp_path):
+    exe = _build(tmp_path, "eh")
+    from linepack.image.elf import ElfImage
+    im = ElfImage(exe)
+    hdr = im.section(".eh_frame_hdr")
+    raw = bytes(im.section_bytes(hdr))
+    assert raw[0] == 1 and raw[3] == 0x3B            # version 1, table: datarel sdata4
+    count = int.from_bytes(raw[8:12], "little")
+    assert count >= 3
+    # swap the first two (initial location, FDE) pairs: the table is no longer sorted
+    table = hdr.offset + 12
+    data = bytearray(open(exe, "rb").read())
+    a, b = data[table:table + 8], data[table + 8:table + 16]
+    data[table:table + 8], data[table + 8:table + 16] = b, a
+    bad = tmp_path / "eh-bad"
+    bad.write_bytes(bytes(data))
+    p, rep = _report(tmp_path, bad)
+    assert p.returncode == 1
+    assert any(f["check"] == "eh_frame.hdr" and "not sorted" in f["message"] for f in rep["findings"])
 
 
 # -- bad input: one line on stderr, exit 2, no traceback -----------------------------

@@ -7,6 +7,7 @@ import time
 from ..image.disasm import KNOWN_UNDECODED
 from ..image.elf import ElfImage
 from ..kernel import TABLES
+from ..errors import LinepackError
 from ..kernel.base import Finding, ImageContext
 from ..kernel.jump_table import JumpTable
 from .report import VerifyReport
@@ -23,6 +24,24 @@ def _code_checks(ctx, findings):
         findings.append(Finding("warning", "disasm.undecodable", bad[0][0],
                                 f"Capstone could not decode {len(bad)} byte(s) in functions "
                                 f"(e.g. {sample}); instruction boundaries there are approximate"))
+
+
+def _eh_frame_checks(image, report, findings):
+    """Userspace unwind tables: FDEs parse, .eh_frame_hdr sorted and agreeing."""
+    sec = image.section(".eh_frame")
+    if sec is None or not sec.size:
+        return
+    from ..relayout.eh_frame import check_eh_frame, parse_eh_frame
+    try:
+        count = len(parse_eh_frame(image.section_bytes(sec), sec.addr))
+        problems = check_eh_frame(image)
+    except LinepackError as e:
+        findings.append(Finding("warning", "eh_frame.unsupported", sec.addr,
+                                f".eh_frame not checked: {e}"))
+        return
+    for msg in problems:
+        findings.append(Finding("error", "eh_frame.hdr", sec.addr, msg))
+    report.tables[".eh_frame"] = {"entries": count, "ok": not problems}
 
 
 def verify_image(path, log=None, tables=None):
@@ -60,6 +79,7 @@ def verify_image(path, log=None, tables=None):
         log(f"{table.name}: {len(entries)} entries, {len(findings) - before} finding(s)")
         if isinstance(table, JumpTable):
             report.static_keys = table.census(ctx, entries)[0]
+    _eh_frame_checks(image, report, findings)
     if ctx.is_kernel and not report.tables:
         findings.append(Finding("warning", "kernel.tables", None,
                                 "kernel image without any recognised kernel table"))
