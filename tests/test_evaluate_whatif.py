@@ -239,3 +239,22 @@ def test_layouts_whatif_cli_bar_and_heatmap(debian_vmlinux, tmp_path):
     assert len({r["instructions"] for r in rs}) == 1
     assert rs[1]["text_growth_pct"] > rs[2]["text_growth_pct"]
     assert bar.read_bytes()[:8] == PNG and heat.read_bytes()[:8] == PNG
+
+
+def test_layout_cache_is_pruned_oldest_first(tmp_path, monkeypatch):
+    import os
+    from linepack.evaluate.layouts import prune_images
+    d = tmp_path / "buildid"
+    d.mkdir()
+    paths = []
+    for k in range(5):
+        p = d / f"l{k}.vmlinux"
+        p.write_bytes(b"x")
+        os.utime(p, ns=(10**18 + k, 10**18 + k))
+        paths.append(p)
+    (d / "l0.plan.npz").write_bytes(b"plan")
+    monkeypatch.setenv("LINEPACK_LAYOUT_CACHE_MAX", "3")
+    prune_images(str(tmp_path), keep=str(paths[0]))
+    left = sorted(p.name for p in d.iterdir())
+    # l0 is kept (just produced), l1 and l2 are the oldest others; plans stay
+    assert left == ["l0.plan.npz", "l0.vmlinux", "l3.vmlinux", "l4.vmlinux"]

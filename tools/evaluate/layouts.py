@@ -126,6 +126,27 @@ class PlanMap:
                    int(plan.moved.sum()))
 
 
+def prune_images(root, keep=None, log=None):
+    """Keep the layout cache bounded: at most $LINEPACK_LAYOUT_CACHE_MAX (default 12)
+    rewritten images under ``root``, the least recently used ones go first
+    (their small plan files stay: what-if replays do not need the image)."""
+    limit = int(os.environ.get("LINEPACK_LAYOUT_CACHE_MAX", "12"))
+    images = glob.glob(os.path.join(root, "*", "*.vmlinux"))
+    if len(images) <= limit:
+        return
+    excess = len(images) - limit
+    if keep:
+        images = [p for p in images if os.path.abspath(p) != os.path.abspath(keep)]
+    images.sort(key=lambda p: os.stat(p).st_mtime_ns)
+    for path in images[:excess]:
+        try:
+            os.unlink(path)
+            if log:
+                log(f"pruned cached image {os.path.basename(path)}")
+        except OSError:
+            pass
+
+
 class Layouts:
     """Plans and rewritten images of strategies on one base image."""
 
@@ -218,6 +239,7 @@ class Layouts:
         self._check_profile(spec)
         out = os.path.join(self.dir, key + ".vmlinux")
         if os.path.exists(out):
+            os.utime(out)            # recently used (the cache is pruned by age)
             return out
         os.makedirs(self.dir, exist_ok=True)
         self.log(f"rewriting {os.path.basename(self.base)} with {spec} (cached as {out})")
@@ -228,6 +250,7 @@ class Layouts:
         pm.save(os.path.join(self.dir, key + ".plan.npz"))
         with open(os.path.join(self.dir, key + ".json"), "w") as f:
             json.dump(summary, f, indent=1, sort_keys=True, default=str)
+        prune_images(os.path.dirname(self.dir), keep=out, log=self.log)
         return out
 
 
