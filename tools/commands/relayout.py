@@ -72,7 +72,11 @@ class Relayout:
         print(f"  padding:           {s['padding_bytes']} bytes; .text growth "
               f"{s['text_growth_bytes']:+d} bytes")
         print(f"  hot 64 B lines:    {s['hot_lines_before']} -> {s['hot_lines_after']} "
-              f"({s['hot_functions']} hot functions)")
+              f"({s['hot_functions']} hot functions, whole functions)")
+        if "block_lines_before" in s:
+            b0, b1 = s["block_lines_before"], s["block_lines_after"]
+            print(f"  executed lines:    {b0} -> {b1} ({(b1 - b0) / b0 if b0 else 0:+.1%}; 64 B lines "
+                  f"holding blocks run at least once per iteration, {s['blocks']} blocks)")
         print(f"  references fixed:  {s.get('relocations.fields_changed', 0)} relocated fields, "
               f"{s.get('branches.rel32_fixed', 0)} rel32 + {s.get('branches.rel8_fixed', 0)} rel8 "
               f"branches, {s.get('rip_relative.fixed', 0)} RIP-relative")

@@ -11,7 +11,7 @@ from ..image.elf import ET_EXEC, ElfImage
 from ..image.functions import FunctionTable
 from ..image.writer import write_image
 from . import strategies
-from .plan import LayoutError, line_metric, make_heat, make_plan
+from .plan import LayoutError, block_line_metric, line_metric, make_heat, make_plan
 from .rewriter import Rewriter
 from .units import build_units
 
@@ -139,6 +139,9 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     summary = plan.summary()
     summary.update(rw.stats)
     summary.update(line_metric(plan, functions, hotness))
+    if blocks is not None:
+        # lines holding code that runs at least once per iteration: what the cache sees
+        summary.update(block_line_metric(plan, blocks, min_count=1.0))
     summary["padding_bytes"] = int(_padding(plan))
     summary["text_growth_bytes"] = int(_growth(plan))
     summary["dwarf"] = "dropped" if drop else "kept"
