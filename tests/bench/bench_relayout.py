@@ -12,6 +12,7 @@ relayout issue: relayout + verify together <= 60 s and <= 2 GB.
 
 import argparse
 import json
+import shutil
 import os
 import statistics
 import subprocess
@@ -43,13 +44,19 @@ def _tree_pss_kb(pid):
     return total
 
 
-def run_measured(args):
+# BOLT 19 on the same vmlinux, with the flags of its kernel guide (it rewrites
+# functions in place; it cannot move or align them in a kernel): the anchor.
+BOLT_KERNEL_FLAGS = ["--eliminate-unreachable=0", "--simplify-conditional-tail-calls=0",
+                     "--skip-funcs=__entry_text_start,irq_entries_start"]
+
+
+def run_measured(args, argv=None):
     """(exit status, wall seconds, peak memory MiB) of one `python -m linepack ARGS`
-    process: the larger of its own ru_maxrss and the sampled peak PSS of its
-    process tree (every 50 ms)."""
+    process (or of ``argv``): the larger of its own ru_maxrss and the sampled
+    peak PSS of its process tree (every 50 ms)."""
     import threading
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "linepack", *map(str, args)],
+    p = subprocess.Popen(argv or [sys.executable, "-m", "linepack", *map(str, args)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak = [0]
     done = threading.Event()
@@ -67,8 +74,9 @@ def run_measured(args):
     p.returncode = os.waitstatus_to_exitcode(status)
     p.stderr.close()
     if p.returncode not in (0, 1):
-        sys.stderr.write(err.decode(errors="replace"))
-        raise SystemExit(f"linepack {args[0]} failed with exit status {p.returncode}")
+        sys.stderr.write(err.decode(errors="replace")[-2000:])
+        raise SystemExit(f"{(argv or ['linepack', args[0]])[:2]} failed with exit status "
+                         f"{p.returncode}")
     return p.returncode, wall, max(ru.ru_maxrss, peak[0]) / 1024.0
 
 
@@ -79,6 +87,8 @@ def main(argv=None):
     ap.add_argument("--strategy", default="pack")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", help="also write the results as JSON")
+    ap.add_argument("--no-bolt", action="store_true",
+                    help="skip the anchor (llvm-bolt-19 rewriting the same vmlinux in place)")
     a = ap.parse_args(argv)
     if not os.path.exists(a.vmlinux):
         raise SystemExit(f"{a.vmlinux}: not found (run `linepack fetch`)")
@@ -92,6 +102,11 @@ def main(argv=None):
                            stdout=subprocess.DEVNULL)
         out = os.path.join(d, "vmlinux.new")
         rows = {"relayout": [], "verify --against": [], "together": []}
+        bolt = None if a.no_bolt else (shutil.which("llvm-bolt-19") or
+                                      ("/usr/lib/llvm-19/bin/llvm-bolt"
+                                       if os.path.exists("/usr/lib/llvm-19/bin/llvm-bolt") else None))
+        if bolt:
+            rows["anchor: BOLT 19 in place"] = []
         status = {}
         for i in range(a.runs):
             r1 = run_measured(["relayout", a.vmlinux, "--profile", prof, "--strategy", a.strategy,
@@ -101,6 +116,11 @@ def main(argv=None):
             rows["verify --against"].append(r2[1:])
             rows["together"].append((r1[1] + r2[1], max(r1[2], r2[2])))
             status = {"relayout": r1[0], "verify --against": r2[0]}
+            if bolt:
+                rb = run_measured(None, [bolt, a.vmlinux, "-o", os.path.join(d, "vmlinux.bolt"),
+                                         *BOLT_KERNEL_FLAGS])
+                rows["anchor: BOLT 19 in place"].append(rb[1:])
+                status["anchor: BOLT 19 in place"] = rb[0]
             print(f"run {i + 1}: relayout {r1[1]:.1f} s {r1[2]:.0f} MiB, verify {r2[1]:.1f} s "
                   f"{r2[2]:.0f} MiB (exit {r2[0]})", file=sys.stderr, flush=True)
     result = {}
@@ -116,6 +136,12 @@ def main(argv=None):
         ex = status.get(step, "")
         print(f"{step:<18} {statistics.median(w):>8.1f} ({min(w):.1f}..{max(w):.1f})"
               f"{statistics.median(m):>12.0f} ({min(m):.0f}..{max(m):.0f})  {ex}")
+    if "anchor: BOLT 19 in place" in result:
+        b = result["anchor: BOLT 19 in place"]
+        for step in ("relayout", "together"):
+            r = result[step]
+            print(f"{step} vs BOLT (same run): {r['wall_s'] / b['wall_s']:.2f}x wall, "
+                  f"{r['rss_max_mb'] / max(b['rss_max_mb'], 1):.2f}x peak memory")
     tog = result["together"]
     ok = tog["wall_s"] <= TARGET_WALL_S and tog["rss_max_mb"] <= TARGET_RSS_MB
     print(f"target <= {TARGET_WALL_S:.0f} s and <= {TARGET_RSS_MB:.0f} MiB together: "
