@@ -4,6 +4,8 @@
     linepack evaluate --kernel BASE --layout stock --layout align-all:64 --layout pack
                       [--profile P] [--whatif]                        layouts of one image
     linepack evaluate --kernel BASE --sweep align-all:1,2,4,...,512 [--booted]
+    linepack evaluate --program ORIG --program [LABEL=]OTHER ... [-- ARGS...]
+                                                     userspace programs under qemu-x86_64
     (--cache is repeatable; --json/--csv/--plot/--heatmap write files)
 """
 
@@ -122,9 +124,15 @@ def cross_check_rows(rows):
 class Evaluate:
     @staticmethod
     def add_arguments(p):
-        p.add_argument("--kernel", action="append", required=True, metavar="VMLINUX",
+        p.add_argument("--kernel", action="append", metavar="VMLINUX",
                        help="a kernel image (repeat; the first is the baseline); LABEL=PATH names "
                        "it. With --layout/--sweep: the one base image")
+        p.add_argument("--program", action="append", metavar="[LABEL=]PATH",
+                       help="instead of --kernel: a non-PIE userspace program run under "
+                       "qemu-x86_64 (repeat; the first is the baseline); its arguments go "
+                       "after --")
+        p.add_argument("program_args", nargs="*", metavar="ARGS",
+                       help="with --program: the programs' arguments (after '--')")
         p.add_argument("--layout", action="append", metavar="STRATEGY",
                        help="a layout of the base image: stock, align-all:N, hot64, pack (repeat)")
         p.add_argument("--sweep", metavar="align-all:1,2,4,...,512",
@@ -151,6 +159,13 @@ class Evaluate:
         from ..profile.trace import cache_config
         if args.repeat < 1:
             raise BadInput("--repeat must be at least 1")
+        if args.program:
+            return _run_programs(args)
+        if not args.kernel:
+            raise BadInput("give --kernel VMLINUX (kernels) or --program PATH (userspace programs)")
+        if args.program_args:
+            raise BadInput(f"unexpected arguments {' '.join(args.program_args)!r} "
+                           "(program arguments go after --program PATH --)")
         if args.loops is not None and args.loops < 1:
             raise BadInput("--loops must be at least 1")
         caches = [cache_config(c) for c in (args.cache or ["intel-32k-8w"])]
@@ -233,3 +248,37 @@ class Evaluate:
             w.writerows(clean)
             write_atomic(args.csv, buf.getvalue().encode())
         return EXIT_FINDINGS if problems else 0
+
+
+def _run_programs(args):
+    """--program: userspace programs under qemu-x86_64 (tools/evaluate/user.py)."""
+    from ..evaluate.user import evaluate_programs, format_rows
+    from ..profile.trace import cache_config
+    other = [f for f, on in (("--kernel", args.kernel), ("--layout", args.layout),
+                             ("--sweep", args.sweep), ("--whatif", args.whatif),
+                             ("--booted", args.booted), ("--profile", args.profile),
+                             ("--loops", args.loops is not None), ("--plot", args.plot),
+                             ("--heatmap", args.heatmap)) if on]
+    if other:
+        raise BadInput(f"{other[0]} does not go with --program")
+    caches = [cache_config(c) for c in (args.cache or ["intel-32k-8w"])]
+    if len({c["name"] for c in caches}) != len(caches):
+        raise BadInput("--cache: the same cache model is given twice")
+    rows, problems = evaluate_programs(args.program, caches, args.program_args or [],
+                                       repeat=args.repeat, log=_log)
+    print(format_rows(rows))
+    for p in problems:
+        print(f"WARNING: {p}")
+    if args.json:
+        write_atomic(args.json, (json.dumps({"programs": args.program,
+                                             "args": args.program_args or [],
+                                             "caches": caches, "results": rows,
+                                             "problems": problems},
+                                            indent=2, default=str) + "\n").encode())
+    if args.csv:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        w.writeheader()
+        w.writerows(rows)
+        write_atomic(args.csv, buf.getvalue().encode())
+    return EXIT_FINDINGS if problems else 0
