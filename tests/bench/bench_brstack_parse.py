@@ -2,7 +2,9 @@
 """Benchmark: import 1 M LBR branch records from `perf script -F ip,brstack` text.
 
 Target: <= 10 s for the whole import (parse, shift detection, symbolize,
-aggregate, save). Run by hand:
+fall-through ranges -> blocks incl. disassembly of the touched functions,
+aggregate, save). The samples follow plausible paths, so most consecutive
+records form valid fall-through ranges. Run by hand:
 
     python3 tests/bench/bench_brstack_parse.py [--records N] [--image ELF] [--style 6.1|6.12|5.x]
 
@@ -26,23 +28,46 @@ FLAGS = {"5.x": "/P/-/-/0", "6.1": "/P/-/-/0/COND", "6.12": "/P/-/-/3/COND/-"}
 
 
 def generate(path, image, records, style, shift, seed=1):
+    """Synthetic brstack text whose samples follow plausible paths (newest branch first).
+
+    Execution order within a sample: branch k lands on an instruction of function g_k
+    (the same function as branch k-1's target with probability 0.8, else a Zipf-hot
+    one: a call), runs 0-15 instructions (a fall-through range), and branch k+1 leaves
+    from there. So most consecutive records form valid fall-through ranges, like real
+    LBR stacks, and the import exercises the range -> block path on ~3000 functions.
+    """
+    from linepack.image.disasm import disassemble
     from linepack.image.elf import ElfImage
     from linepack.image.functions import FunctionTable
-    ft = FunctionTable(ElfImage(image))
+    import types
+    img = ElfImage(image)
+    ft = FunctionTable(img)
     rng = np.random.default_rng(seed)
-    # A skewed workload: a few thousand hot functions, Zipf-like.
     nf = min(len(ft), 3000)
-    pick = rng.choice(len(ft), nf, replace=False)
+    pick = np.sort(rng.choice(len(ft), nf, replace=False))
+    dis = disassemble(img, types.SimpleNamespace(start=ft.start[pick], size=ft.size[pick]))
+    first = np.searchsorted(dis.addr, ft.start[pick])                  # first insn per pick
+    last = np.searchsorted(dis.addr, ft.start[pick] + ft.size[pick]) - 1
     w = 1.0 / np.arange(1, nf + 1) ** 1.1
     w /= w.sum()
-    f1 = pick[rng.choice(nf, records, p=w)]
-    f2 = np.where(rng.random(records) < 0.8, f1, pick[rng.choice(nf, records, p=w)])
-    start, size = ft.start.astype(np.uint64), np.maximum(ft.size.astype(np.uint64), 1)
+    w = w[rng.permutation(nf)]
+    # Target function of each branch (in execution order), forward-filled "same as before".
+    new_f = rng.random(records) >= 0.8
+    new_f[::32] = True
+    draw = rng.choice(nf, records, p=w)
+    src = np.maximum.accumulate(np.where(new_f, np.arange(records), 0))
+    g = draw[src]
+    n_ins = np.maximum(last[g] - first[g] + 1, 1)
+    t_idx = first[g] + rng.integers(0, 1 << 30, records) % n_ins        # landing insn
+    run = rng.integers(0, 16, records)
+    f_idx = np.minimum(t_idx + run, last[g])                             # branch insn ending the run
+    a_to = dis.addr[t_idx]
+    # from of branch k+1 = end of the run after branch k's landing; the first of a line: anywhere.
+    a_from = np.empty(records, np.uint64)
+    a_from[1:] = dis.addr[f_idx[:-1]]
+    a_from[::32] = dis.addr[f_idx[::32]]
     sh = np.uint64(shift)
-    r1 = rng.integers(0, 1 << 30, records).astype(np.uint64)
-    r2 = rng.integers(0, 1 << 30, records).astype(np.uint64)
-    a_from = start[f1] + r1 % size[f1] + sh
-    a_to = np.where(f2 == f1, start[f2] + r2 % size[f2], start[f2]) + sh
+    a_from, a_to = a_from + sh, a_to + sh
     mis = rng.random(records) < 0.03
     flags = FLAGS[style]
     mflags = flags.replace("/P/", "/M/", 1)
@@ -50,7 +75,7 @@ def generate(path, image, records, style, shift, seed=1):
         for i in range(0, records, 32):
             ents = [f"0x{a:x}/0x{b:x}{mflags if m else flags}" for a, b, m in
                     zip(a_from[i:i + 32].tolist(), a_to[i:i + 32].tolist(), mis[i:i + 32].tolist())]
-            f.write(f" {a_from[i]:x}  " + "  ".join(ents) + "\n")
+            f.write(f" {a_to[min(i + 31, records - 1)]:x}  " + "  ".join(reversed(ents)) + "\n")
 
 
 def main():

@@ -251,6 +251,45 @@ class Profile:
         return cls._finish(image, sym, m, counters, edges=edges, samples=samples)
 
     @classmethod
+    def from_lbr(cls, image, br_from, br_to, br_count=None, br_mispred=None,
+                 sample_addr=None, sample_count=None, blocks=None, block_meta=None,
+                 source="perf-lbr", meta=None, symbolizer=None):
+        """``from_branches`` plus the blocks executed along LBR fall-through ranges.
+
+        blocks: dict of ``block_addr``, ``block_size``, ``block_insns``, ``block_count``
+        (see :func:`linepack.profile.lbr.lbr_blocks`); they fill the block table and
+        ``func_insns`` (instructions run inside the ranges: a lower bound).
+        ``func_entries`` / ``func_blocks`` stay the taken-branch counts of
+        ``from_branches`` (what BOLT fdata carries, so fdata round trips keep them).
+        block_meta: extra header keys (range statistics).
+        """
+        sym = symbolizer or Symbolizer(image if isinstance(image, ElfImage) else ElfImage(image))
+        p = cls.from_branches(sym.image, br_from, br_to, br_count, br_mispred, sample_addr,
+                              sample_count, source=source, meta=meta, symbolizer=sym)
+        if block_meta:
+            p.meta.update(block_meta)
+        if not blocks or not len(blocks["block_addr"]):
+            return p
+        (ba, bs, bi), (bc,) = _aggregate((_u64(blocks["block_addr"]), _u64(blocks["block_size"]),
+                                          _u64(blocks["block_insns"])), _u64(blocks["block_count"]))
+        fi = sym.find(ba)
+        inside = fi >= 0
+        fstart = sym.functions.start[fi[inside]]
+        pos = np.searchsorted(p.func_addr, fstart)
+        pos_c = np.minimum(pos, max(len(p.func_addr) - 1, 0))
+        known = (pos < len(p.func_addr)) & (p.func_addr[pos_c] == fstart) if len(p.func_addr) else \
+            np.zeros(len(fstart), dtype=bool)
+        insns = np.zeros(len(p.func_addr), dtype=np.uint64)
+        np.add.at(insns, pos_c[known], (bc * bi)[inside][known])
+        p.func_insns = insns
+        p.block_addr, p.block_size = ba, bs.astype(np.uint32)
+        p.block_insns, p.block_count = bi.astype(np.uint32), bc
+        p.meta.update({"blocks": int(len(ba)), "block_executions": int(bc.sum()),
+                       "instructions": int((bc * bi).sum())})
+        p._validate()
+        return p
+
+    @classmethod
     def from_samples(cls, image, sample_addr, sample_count=None, source="perf-ip", meta=None,
                      symbolizer=None):
         """A profile from IP samples only: function-level hotness (``samples``)."""

@@ -16,6 +16,11 @@ Accepted inputs (one sample per line; blank lines and ``#`` comments ignored):
   IP samples, function-level hotness only. Callchain output (``perf record -g``)
   is accepted: only the first frame of each sample counts.
 
+LBR records keep their sample (line) and their index in it (``br_sample``,
+``br_pos``; perf prints the stack newest first), so that the import can form
+the fall-through ranges between consecutive branches and count the basic blocks
+they execute (see :mod:`linepack.profile.lbr`).
+
 Parsing is bulk: regular expressions over the whole text and vectorized hex
 decoding in numpy; no object per record.
 """
@@ -28,11 +33,14 @@ import numpy as np
 
 from ..errors import BadInput
 from ..image.elf import ElfImage
+from .lbr import lbr_blocks
 from .model import Profile
 from .symbolize import Symbolizer, fmt_offset, resolve_offset
 
 # One branch entry; group 3 is the first char of EVENT (P, M or -).
 _BR = re.compile(rb"0x([0-9a-fA-F]{1,16})(?:\([^)\n]*\))?/0x([0-9a-fA-F]{1,16})(?:\([^)\n]*\))?/([PM-])")
+# The same, or a newline (to number the samples: one sample per line).
+_BR_NL = re.compile(rb"(\n)|" + _BR.pattern)
 _BR_ONLY_LINE = re.compile(rb"(?m)^[ \t]*0x[0-9a-fA-F]{1,16}(?:\([^)\n]*\))?/0x")
 # brstacksym: symbolic branch entries (not supported: addresses are needed).
 _BRSYM = re.compile(rb"(?m)[ \t][^\s/]+\+0x[0-9a-fA-F]+/[^\s/]+\+0x[0-9a-fA-F]+/[PM-]")
@@ -80,6 +88,8 @@ class PerfScript:
         self.br_from = np.zeros(0, np.uint64)
         self.br_to = np.zeros(0, np.uint64)
         self.br_mispred = np.zeros(0, np.uint8)
+        self.br_sample = np.zeros(0, np.int64)   # line number (0-based) of each record's sample
+        self.br_pos = np.zeros(0, np.int64)      # index of the record in its sample (0 = newest)
         self.lines = 0
         self.bad_lines = 0
 
@@ -136,18 +146,27 @@ def parse(data, path="perf script"):
         rests = list(map(itemgetter(1), m))
 
     # Branch stacks.
-    br = _BR.findall(data)
+    br = _BR_NL.findall(data) if _BR.search(data) else []
     if br:
         ps.kind = "lbr"
-        ps.br_from = hex_to_u64(list(map(itemgetter(0), br)))
-        ps.br_to = hex_to_u64(list(map(itemgetter(1), br)))
-        events = b"".join(map(itemgetter(2), br))
+        # Newline matches carry group 1; records carry groups 2-4 (from, to, event).
+        nl = np.array(list(map(itemgetter(0), br)), dtype="S1").view(np.uint8) == ord("\n")
+        rec = np.nonzero(~nl)[0]
+        ev = np.array(list(map(itemgetter(3), br)), dtype="S1").view(np.uint8)[rec]
+        ps.br_sample = np.cumsum(nl)[rec]
+        first = np.ones(len(rec), dtype=bool)
+        first[1:] = ps.br_sample[1:] != ps.br_sample[:-1]
+        ar = np.arange(len(rec), dtype=np.int64)
+        ps.br_pos = ar - np.maximum.accumulate(np.where(first, ar, 0))
+        ps.br_from = hex_to_u64(list(map(itemgetter(1), br)))[rec]
+        ps.br_to = hex_to_u64(list(map(itemgetter(2), br)))[rec]
         del br[:]
-        ps.br_mispred = (np.frombuffer(events, dtype=np.uint8) == ord("M")).astype(np.uint8)
+        ps.br_mispred = (ev == ord("M")).astype(np.uint8)
         ps.style = _style(data)
         keep = (ps.br_from != 0) & (ps.br_to != 0)
         if not keep.all():
             ps.br_from, ps.br_to, ps.br_mispred = ps.br_from[keep], ps.br_to[keep], ps.br_mispred[keep]
+            ps.br_sample, ps.br_pos = ps.br_sample[keep], ps.br_pos[keep]
     elif ips:
         ps.kind = "ip"
 
@@ -226,10 +245,13 @@ def read_text(path):
         raise BadInput(f"{path}: cannot read: {e.strerror}") from None
 
 
-def import_perf_script(path, image, kaslr_offset=None, meta=None, log=None):
+def import_perf_script(path, image, kaslr_offset=None, meta=None, log=None, ranges=True):
     """Profile from a ``perf script`` text file for image (an ElfImage or a path).
 
     kaslr_offset: None (detect; refuse a KASLR-shifted kernel profile), "auto" or an int.
+    ranges: for LBR input, also derive the executed blocks from the fall-through
+    ranges between consecutive branch records (:mod:`linepack.profile.lbr`): the
+    block table, ``func_insns`` and ``meta["lbr_ranges"]`` / ``["lbr_ranges_invalid"]``.
     """
     image = image if isinstance(image, ElfImage) else ElfImage(image)
     data = path if isinstance(path, bytes) else read_text(path)
@@ -269,8 +291,21 @@ def import_perf_script(path, image, kaslr_offset=None, meta=None, log=None):
         m.update(meta)
     shift = np.uint64(off)
     if ps.kind == "lbr":
-        p = Profile.from_branches(image, ps.br_from - shift, ps.br_to - shift, None, ps.br_mispred,
-                                  ps.ip - shift, None, source="perf-lbr", meta=m, symbolizer=sym)
+        bf, bt = ps.br_from - shift, ps.br_to - shift
+        blocks, bmeta = None, None
+        if ranges:
+            blocks, st = lbr_blocks(image, sym, bf, bt, ps.br_sample, ps.br_pos)
+            bad = st["ranges_invalid"]
+            bmeta = {"lbr_ranges": st["ranges"], "lbr_ranges_invalid": bad}
+            if log:
+                nbad = sum(bad.values())
+                why = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in bad.items() if v)
+                log(f"{st['ranges']} fall-through ranges -> {len(blocks['block_addr'])} blocks in "
+                    f"{st['functions']} functions; {nbad} invalid range(s) dropped"
+                    + (f" ({why})" if why else ""))
+        p = Profile.from_lbr(image, bf, bt, None, ps.br_mispred, ps.ip - shift, None,
+                             blocks=blocks, block_meta=bmeta, source="perf-lbr", meta=m,
+                             symbolizer=sym)
     else:
         p = Profile.from_samples(image, ps.ip - shift, None, source="perf-ip", meta=m, symbolizer=sym)
     p.meta["samples"] = int(len(ps.ip))
