@@ -35,3 +35,32 @@ def patched_copy(src, dest, patches):
             f.seek(off)
             f.write(data)
     return str(dest)
+
+
+def verify_json(path, tmp_path, *extra):
+    """Run `linepack verify --json` on path: (CompletedProcess, report dict)."""
+    import json
+    out = tmp_path / "r.json"
+    p = run_linepack("verify", "-q", path, "--json", out, *extra)
+    return p, json.loads(out.read_text())
+
+
+def expect_fault(path, tmp_path, check, words=()):
+    """verify exits 1 and names ``check`` (and each word) in its findings."""
+    p, rep = verify_json(path, tmp_path)
+    assert p.returncode == 1, p.stdout
+    hits = [f for f in rep["findings"] if f["check"] == check]
+    assert hits, [f["check"] for f in rep["findings"]]
+    for w in words:
+        assert any(w in f["message"] for f in hits), (w, hits[:3])
+    assert check in p.stdout
+    return hits
+
+
+def file_offset(ctx, addr):
+    return ctx.image.vaddr_to_offset(int(addr))
+
+
+def rel32(field_addr, target):
+    """The s32 a field at field_addr holds to point at target."""
+    return (int(target) - int(field_addr)).to_bytes(4, "little", signed=True)

@@ -12,7 +12,7 @@ import struct
 import numpy as np
 import pytest
 
-from helpers import patched_copy, run_linepack
+from helpers import expect_fault as _expect_fault, file_offset as _off, patched_copy, rel32 as _rel, run_linepack
 from linepack import targets
 from linepack.errors import LinepackError
 from linepack.image.elf import ElfImage
@@ -176,25 +176,6 @@ def test_real_612_every_present_table_parsed_and_ok(clean_report, ctx):
     n_mcount = (ctx.image.symbol_address("__stop_mcount_loc")
                 - ctx.image.symbol_address("__start_mcount_loc")) // 8
     assert 0 < n_mcount - rep["tables"]["__mcount_loc"]["entries"] < 2000
-
-
-def _off(ctx, addr):
-    return ctx.image.vaddr_to_offset(int(addr))
-
-
-def _rel(field_addr, target):
-    return (int(target) - int(field_addr)).to_bytes(4, "little", signed=True)
-
-
-def _expect_fault(path, tmp_path, check, words=()):
-    p, rep = _verify(path, tmp_path)
-    assert p.returncode == 1, p.stdout
-    hits = [f for f in rep["findings"] if f["check"] == check]
-    assert hits, [f["check"] for f in rep["findings"]]
-    for w in words:
-        assert any(w in f["message"] for f in hits), (w, hits[:3])
-    assert check in p.stdout
-    return hits
 
 
 @pytest.mark.realkernel

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import patched_copy, run_linepack
+from helpers import expect_fault as _expect_fault, file_offset as _off, patched_copy, rel32 as _rel, run_linepack
 from linepack import targets
 from linepack.image.elf import ElfImage
 from linepack.kernel import ExTable, JumpTable, Kallsyms, OrcTable
@@ -62,25 +62,6 @@ def test_real_vmlinux_is_clean(vmlinux, abi, tmp_path):
     assert rep["tables"]["__jump_table"]["entries"] == keys["total"]
     # summary on stdout names the census
     assert f"{keys['total']} sites" in p.stdout and "result:   OK" in p.stdout
-
-
-def _off(ctx, addr):
-    return ctx.image.vaddr_to_offset(int(addr))
-
-
-def _rel(field_addr, target):
-    return (int(target) - int(field_addr)).to_bytes(4, "little", signed=True)
-
-
-def _expect_fault(path, tmp_path, check, words=()):
-    p, rep = _verify(path, tmp_path)
-    assert p.returncode == 1, p.stdout
-    hits = [f for f in rep["findings"] if f["check"] == check]
-    assert hits, [f["check"] for f in rep["findings"]]
-    for w in words:
-        assert any(w in f["message"] for f in hits), (w, hits[:3])
-    assert check in p.stdout
-    return hits
 
 
 def test_fault_static_key_site_nopped(ctx, vmlinux, tmp_path):
