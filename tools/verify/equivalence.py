@@ -22,6 +22,7 @@ import numpy as np
 
 import capstone
 
+from ..errors import LinepackError
 from ..image.elf import ElfImage, STT_SECTION
 from ..kernel import TABLES
 from ..kernel.base import Finding, ImageContext
@@ -328,6 +329,7 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
 
     # 4. tables and symbols
     _check_tables(octx, nctx, amap, findings, counter)
+    _check_eh_frame(old, new, amap, octx, findings, counter)
     _check_symbols(old, new, octx, amap, findings, counter)
     report.extra["equivalence_moved_functions"] = moved
     report.extra["against"] = old_path
@@ -496,6 +498,28 @@ def _check_orc(eo, en, amap, nctx, findings, counter):
          lambda p: (p[0], f"orc_unwind: IP {p[0]:#x} " + (
              "of the original has no entry any more" if p[1] == "lost" else
              "is new but not an undefined entry at inserted padding")), counter)
+
+
+def _check_eh_frame(old, new, amap, octx, findings, counter):
+    """Userspace unwind info: every FDE's pc_begin translates (as a multiset)."""
+    so, sn = old.section(".eh_frame"), new.section(".eh_frame")
+    if so is None or sn is None or not so.size:
+        return
+    from ..relayout.eh_frame import parse_eh_frame
+    try:
+        eo = parse_eh_frame(old.section_bytes(so), so.addr)
+        en = parse_eh_frame(new.section_bytes(sn), sn.addr)
+    except LinepackError:
+        return                      # standalone verify already reports unsupported encodings
+    want = np.sort(amap.map(eo.pc_begin))
+    got = np.sort(en.pc_begin)
+    if len(want) != len(got):
+        bad = [(None, f".eh_frame has {len(got)} FDEs, the original {len(want)}")]
+    else:
+        idx = np.nonzero(want != got)[0]
+        bad = [(int(want[i]), f".eh_frame: no FDE starts at {int(want[i]):#x} (the translated "
+                f"start of an original FDE)") for i in idx.tolist()]
+    _add(findings, "error", "equiv.eh_frame", bad, lambda b: b, counter)
 
 
 def _check_tables(octx, nctx, amap, findings, counter):
