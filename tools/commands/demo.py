@@ -38,7 +38,9 @@ class Demo:
         p.add_argument("--abi", type=int, help="pin the Debian kernel ABI (e.g. 56)")
         p.add_argument("--strategy", default="pack", help="layout strategy (default pack)")
         p.add_argument("--loops", type=int, default=2000, help="VFS-mix iterations (default 2000)")
-        p.add_argument("--cache", default="intel-32k-8w", help="L1i model for the table")
+        p.add_argument("--cache", action="append", metavar="MODEL",
+                       help="L1i model(s) for the table (repeat; default: intel-32k-8w and "
+                       "amd-64k-2w, measured in the same boots)")
         p.add_argument("--workdir", help="where outputs go (default: <cache>/demo)")
 
     @staticmethod
@@ -77,7 +79,8 @@ class Demo:
                     failed.append("boot")
                 kernels.append(f"{args.strategy}={out}")
         ev = ["evaluate", *sum((["--kernel", k] for k in kernels), []), "--workload", "vfs-mix",
-              "--loops", args.loops, "--cache", args.cache,
+              "--loops", args.loops,
+              *sum((["--cache", c] for c in (args.cache or ["intel-32k-8w", "amd-64k-2w"])), []),
               "--json", os.path.join(work, "evaluate.json")]
         if _step("before/after: kernel-mode L1i under the cache model", ev).returncode:
             failed.append("evaluate")

@@ -1,0 +1,26 @@
+"""The README's main job, end to end (small loop count): every step passes and
+the before/after table shows the pack layout."""
+
+import json
+
+import pytest
+
+from helpers import run_linepack
+
+pytestmark = [pytest.mark.realkernel, pytest.mark.qemu]
+
+
+def test_demo_runs_every_step(debian_vmlinux, tmp_path):
+    p = run_linepack("demo", "--kernel", debian_vmlinux, "--loops", 200, "--workdir", tmp_path,
+                     timeout=1800)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    assert "demo: all steps passed" in p.stdout
+    for step in ("verify the original", "profile VFS-mix", "relayout with 'pack'",
+                 "verify the new image against the original", "boot the new image",
+                 "before/after"):
+        assert f"== {step}" in p.stdout, step
+    ev = json.loads((tmp_path / "evaluate.json").read_text())
+    rows = ev["results"] if "results" in ev else ev["rows"]
+    layouts = {r.get("layout") or r.get("label") for r in rows}
+    assert {"stock", "pack"} <= layouts
+    assert (tmp_path / "vmlinux.pack").exists() and (tmp_path / "vmlinux.pack.System.map").exists()
