@@ -20,7 +20,13 @@ def test_demo_runs_every_step(debian_vmlinux, tmp_path):
                  "before/after"):
         assert f"== {step}" in p.stdout, step
     ev = json.loads((tmp_path / "evaluate.json").read_text())
-    rows = ev["results"] if "results" in ev else ev["rows"]
-    layouts = {r.get("layout") or r.get("label") for r in rows}
-    assert {"stock", "pack"} <= layouts
+    rows = ev["results"]
+    assert {r["layout"] for r in rows} == {"stock", "pack"}
+    assert {r["cache"] for r in rows} == {"intel-32k-8w", "amd-64k-2w"}
+    assert ev["problems"] == []
+    # the same workload result on both kernels, fewer misses with pack on both models
+    assert len({r["result_line"] for r in rows}) == 1
+    for cache in ("intel-32k-8w", "amd-64k-2w"):
+        by = {r["layout"]: r["misses"] for r in rows if r["cache"] == cache}
+        assert by["pack"] < by["stock"], cache
     assert (tmp_path / "vmlinux.pack").exists() and (tmp_path / "vmlinux.pack.System.map").exists()
