@@ -253,26 +253,31 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     col = np.arange(16)[None, :]
     differs = ((o_raw != n_raw) & (col < sizes[:, None])).any(axis=1)
     k_diff = np.nonzero(differs)[0]
-    # branches: compare decoded targets
+    # branches: compare decoded targets, all at once (most changed instructions are
+    # calls and jumps to moved functions)
     ob_i, ob_t, _ = od.branch_targets()
     nb_i, nb_t, _ = nd.branch_targets()
-    o_bt = dict(zip(ob_i.tolist(), ob_t.tolist()))
-    n_bt = dict(zip(nb_i.tolist(), nb_t.tolist()))
+    jo, jn = o_idx_all[k_diff], n_idx_all[k_diff]
+    po = np.minimum(np.searchsorted(ob_i, jo), max(len(ob_i) - 1, 0))
+    is_br = (ob_i[po] == jo) if len(ob_i) else np.zeros(len(jo), bool)
+    pn = np.minimum(np.searchsorted(nb_i, jn), max(len(nb_i) - 1, 0))
+    new_br = (nb_i[pn] == jn) if len(nb_i) else np.zeros(len(jn), bool)
+    t_old = ob_t[po] if len(ob_i) else np.zeros(len(jo), np.uint64)
+    t_new = nb_t[pn] if len(nb_i) else np.zeros(len(jn), np.uint64)
+    br_ok = is_br & new_br & (amap.map(t_old) == t_new)
+    branch_fixed = int(br_ok.sum())
+    wrong_target = [(int(od.addr[o]), int(nd.addr[n]), int(t), int(tn) if nb else None)
+                    for o, n, t, tn, nb in zip(jo[is_br & ~br_ok].tolist(), jn[is_br & ~br_ok].tolist(),
+                                               t_old[is_br & ~br_ok].tolist(),
+                                               t_new[is_br & ~br_ok].tolist(),
+                                               new_br[is_br & ~br_ok].tolist())]
     cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
     cs.detail = True
-    unexplained, wrong_target = [], []
-    branch_fixed = field_fixed = 0
-    for k in k_diff.tolist():
+    unexplained = []
+    field_fixed = 0
+    for k in k_diff[~is_br].tolist():
         oj, nj = int(o_idx_all[k]), int(n_idx_all[k])
         oa, na = int(od.addr[oj]), int(nd.addr[nj])
-        if oj in o_bt:
-            t_old = o_bt[oj]
-            t_new = n_bt.get(nj)
-            if t_new is None or int(amap.map(np.array([t_old], np.uint64))[0]) != t_new:
-                wrong_target.append((oa, na, t_old, t_new))
-            else:
-                branch_fixed += 1
-            continue
         size = int(sizes[k])
         ob = bytes(o_raw[k][:size])
         nb = bytes(n_raw[k][:size])
