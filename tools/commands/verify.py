@@ -23,8 +23,6 @@ class Verify:
         p.add_argument("image", help="the ELF image to check (vmlinux or an x86-64 executable)")
         p.add_argument("--against", metavar="OLD",
                        help="also prove IMAGE equivalent to its original OLD (relayout output)")
-        p.add_argument("--layout-map", metavar="FILE", help="layout map written by relayout "
-                       "(default: found beside IMAGE)")
         p.add_argument("--json", metavar="FILE", help="write the machine report to FILE ('-' = stdout)")
         p.add_argument("--strict", action="store_true", help="warnings fail too (exit 1)")
         p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
@@ -40,7 +38,7 @@ class Verify:
                 from ..verify.equivalence import verify_against
             except ImportError:
                 raise LinepackError("verify --against is not available in this build") from None
-            verify_against(report, args.image, args.against, layout_map=args.layout_map, log=log)
+            verify_against(report, args.image, args.against, log=log)
         if args.json:
             report.write_json(args.json, strict=args.strict)
         if args.json != "-":

@@ -123,6 +123,7 @@ class ElfImage:
         self._symtab = None
         self._strtab_cache = {}
         self._relocs = None
+        self._alloc = None
 
     # -- header and sections ------------------------------------------------
     def _parse_header(self):
@@ -178,12 +179,18 @@ class ElfImage:
         return self.data[sec.offset:sec.offset + sec.size]
 
     def alloc_sections(self):
-        return [s for s in self.sections if s.is_alloc and s.size and s.addr]
+        """Allocated sections with an address, in header order (computed once)."""
+        if self._alloc is None:
+            self._alloc = [(s.addr, s.end, s) for s in self.sections
+                           if s.is_alloc and s.size and s.addr]
+        return [s for _, _, s in self._alloc]
 
     def section_at(self, addr):
         """The allocated section holding virtual address addr, or None."""
-        for s in self.alloc_sections():
-            if s.addr <= addr < s.end:
+        if self._alloc is None:
+            self.alloc_sections()
+        for lo, hi, s in self._alloc:
+            if lo <= addr < hi:
                 return s
         return None
 

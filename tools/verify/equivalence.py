@@ -195,14 +195,21 @@ def _field_value(raw_bytes, off, size, signed):
     return int.from_bytes(bytes(raw_bytes[off:off + size]), "little", signed=signed)
 
 
-def verify_against(report, new_path, old_path, layout_map=None, log=None):
-    """Add equivalence findings to ``report`` (a VerifyReport of NEW)."""
+def verify_against(report, new_path, old_path, log=None):
+    """Add equivalence findings to ``report`` (a VerifyReport of NEW).
+
+    The map is never read from the rewriter's output: it is rebuilt from the
+    two symbol tables, so this check stays independent of relayout.
+    """
     log = log or (lambda m: None)
     findings = report.findings
     counter = {}
     old = ElfImage(old_path)
-    new = ElfImage(new_path)
-    octx, nctx = ImageContext(old, log=log), ImageContext(new, log=log)
+    # NEW was already decoded by the standalone verify that made ``report``
+    nctx = report.context if getattr(report, "context", None) is not None else \
+        ImageContext(ElfImage(new_path), log=log)
+    new = nctx.image
+    octx = ImageContext(old, log=log)
     # relayout keeps the .notes section, so a rewrite keeps its original's build-id
     if old.build_id and new.build_id and old.build_id != new.build_id:
         findings.append(Finding("error", "equiv.build-id", None,

@@ -19,6 +19,7 @@ class VerifyReport:
         self.instructions = 0
         self.seconds = 0.0
         self.extra = {}
+        self.context = None      # the ImageContext the checks ran on
 
     @property
     def errors(self):

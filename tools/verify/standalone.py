@@ -52,6 +52,7 @@ def verify_image(path, log=None, tables=None):
     image.symtab  # raises BadInput for stripped images
     ctx = ImageContext(image, log=log)
     report = VerifyReport(path=path, kernel_version=ctx.banner)
+    report.context = ctx          # reused by verify --against (no second decode of NEW)
     findings = report.findings
     log(f"{len(ctx.functions)} functions; decoding instructions")
     _code_checks(ctx, findings)
