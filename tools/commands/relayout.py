@@ -7,7 +7,7 @@ import time
 
 from ..cli import verb
 from ..errors import BadInput
-from ..io import load_toml
+from ..io import load_toml, write_atomic
 
 
 def _log_fn(quiet):
@@ -98,6 +98,5 @@ class Relayout:
         for p in s["problems"][:10]:
             print(f"  problem: {p['kind']} at {p['address']}: {p['message']}")
         if args.json:
-            from ..relayout.driver import _write_text_atomic
-            _write_text_atomic(args.json, json.dumps(s, indent=1, sort_keys=True) + "\n")
+            write_atomic(args.json, json.dumps(s, indent=1, sort_keys=True) + "\n")
         return 0

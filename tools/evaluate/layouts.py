@@ -13,11 +13,11 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 
 import numpy as np
 
 from ..errors import BadInput, LinepackError
+from ..io import atomic_output
 
 _RELAYOUT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                              "relayout")
@@ -87,19 +87,13 @@ class PlanMap:
 
     def save(self, path):
         a = self.amap
-        fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".npz", dir=os.path.dirname(path))
-        os.close(fd)
-        try:
-            np.savez(tmp, old_start=a.old_start, old_end=a.old_end, new_start=a.new_start,
+        with atomic_output(path) as f:
+            np.savez(f, old_start=a.old_start, old_end=a.old_end, new_start=a.new_start,
                      ext_lo=a.ext_lo, ext_hi=a.ext_hi, anchor_old=a.anchor_old,
                      anchor_new=a.anchor_new,
                      info=np.frombuffer(json.dumps({"growth": self.growth, "padding": self.padding,
                                                     "strategy": self.strategy,
                                                     "moved": self.moved}).encode(), np.uint8))
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
 
     @classmethod
     def load(cls, path):

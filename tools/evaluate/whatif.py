@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 from ..errors import BadInput
+from ..io import atomic_output
 from .cachemodel import CacheState, LineTable
 
 TRACE_FORMAT = "linepack-blocktrace"
@@ -87,16 +88,10 @@ class BlockTrace:
     def save(self, path):
         d = os.path.dirname(os.path.abspath(path))
         os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".blocktrace-", suffix=".npz", dir=d)
-        os.close(fd)
-        try:
-            meta = dict(self.meta, format=TRACE_FORMAT, version=TRACE_VERSION)
-            np.savez(tmp, blocks=self.blocks, warm=self.warm, ids=self.ids,
+        meta = dict(self.meta, format=TRACE_FORMAT, version=TRACE_VERSION)
+        with atomic_output(path) as f:
+            np.savez(f, blocks=self.blocks, warm=self.warm, ids=self.ids,
                      meta=np.frombuffer(json.dumps(meta, sort_keys=True).encode(), np.uint8))
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
 
     @classmethod
     def load(cls, path):

@@ -11,10 +11,10 @@ section indices, and so symbol and relocation links, stay valid.
 """
 
 import os
-import tempfile
 
 import numpy as np
 
+from ..io import atomic_output
 from .elf import EHDR, SHDR, SHF_ALLOC, SHT_NOBITS
 
 
@@ -64,37 +64,27 @@ def write_image(image, out_path, patched=None, drop=(), entry=None):
     ehdr["shoff"] = shoff
     if entry is not None:
         ehdr["entry"] = entry
-    directory = os.path.dirname(os.path.abspath(out_path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".linepack-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            head = image.data[:fixed_end]
-            f.write(memoryview(head))
-            f.seek(0)
-            f.write(ehdr.tobytes())
-            for idx, buf in patched.items():
-                s = secs[idx]
-                if s.flags & SHF_ALLOC:
-                    f.seek(s.offset)
-                    f.write(memoryview(np.asarray(buf, dtype=np.uint8)))
-            f.seek(fixed_end)
-            cur = fixed_end
-            for off, data in pieces:
-                if off > cur:
-                    f.write(b"\0" * (off - cur))
-                f.write(memoryview(np.asarray(data, dtype=np.uint8)))
-                cur = off + len(data)
-            if shoff > cur:
-                f.write(b"\0" * (shoff - cur))
-            f.write(shdrs.tobytes())
-            size = f.tell()
-        mode = os.stat(image.path).st_mode & 0o777
-        os.chmod(tmp, mode)
-        os.replace(tmp, out_path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_output(out_path, mode=os.stat(image.path).st_mode & 0o777) as f:
+        head = image.data[:fixed_end]
+        f.write(memoryview(head))
+        f.seek(0)
+        f.write(ehdr.tobytes())
+        for idx, buf in patched.items():
+            s = secs[idx]
+            if s.flags & SHF_ALLOC:
+                f.seek(s.offset)
+                f.write(memoryview(np.asarray(buf, dtype=np.uint8)))
+        f.seek(fixed_end)
+        cur = fixed_end
+        for off, data in pieces:
+            if off > cur:
+                f.write(b"\0" * (off - cur))
+            f.write(memoryview(np.asarray(data, dtype=np.uint8)))
+            cur = off + len(data)
+        if shoff > cur:
+            f.write(b"\0" * (shoff - cur))
+        f.write(shdrs.tobytes())
+        size = f.tell()
     return size
 
 

@@ -15,10 +15,10 @@ import hashlib
 import io
 import os
 import stat
-import tempfile
 from dataclasses import dataclass
 
 from ..errors import BadInput
+from ..io import write_atomic as _write_atomic
 
 NEWC_MAGIC = b"070701"
 TRAILER = "TRAILER!!!"
@@ -163,17 +163,9 @@ def _content(src, what):
 
 
 def write_atomic(dest, data):
-    d = os.path.dirname(os.path.abspath(dest))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".part-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """linepack.io.write_atomic, creating the directory first (cache paths)."""
+    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    _write_atomic(dest, data)
 
 
 def build_initramfs(init, extra_files=(), dest=None, cache=True):

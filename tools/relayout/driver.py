@@ -10,6 +10,7 @@ from ..image.disasm import disassemble
 from ..image.elf import ET_EXEC, ElfImage
 from ..image.functions import FunctionTable
 from ..image.writer import write_image
+from ..io import write_atomic
 from . import strategies
 from .plan import LayoutError, block_line_metric, line_metric, make_heat, make_plan
 from .rewriter import Rewriter
@@ -207,23 +208,6 @@ def _padding(plan):
     return tot
 
 
-def _write_text_atomic(path, text):
-    """Write text to path through a temp file in the same directory + rename."""
-    import tempfile
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".linepack-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_layout_map(path, plan, functions):
     """TSV: name, old address, new address, size — one line per function."""
     u = plan.units
@@ -233,7 +217,7 @@ def write_layout_map(path, plan, functions):
             old = int(functions.start[fi])
             new = int(plan.new_start[ui]) + old - int(u.start[ui])
             lines.append(f"{functions.name[fi]}\t{old:#x}\t{new:#x}\t{int(functions.size[fi])}\n")
-    _write_text_atomic(path, "".join(lines))
+    write_atomic(path, "".join(lines))
 
 
 # scripts/mksysmap (Debian 6.1): nm -n output without these lines.
@@ -304,4 +288,4 @@ def system_map_lines(image, values):
 
 def write_system_map(path, image, rw):
     """System.map of the new image, in the format and order of the kernel's own."""
-    _write_text_atomic(path, system_map_lines(image, rw.sym_new))
+    write_atomic(path, system_map_lines(image, rw.sym_new))
