@@ -21,13 +21,8 @@ NO_RELOCS = ("{path}: no link relocations in its code; relink with -Wl,--emit-re
              "Debian's linux-image-6.1.0-*-cloud-amd64-dbg)")
 
 
-def load_profile(path, image=None, per_loop=True):
-    """{function name or address: count} from a profile file.
-
-    Accepts the simple JSON form ``{"functions": {"name": count}}`` (optionally
-    ``"build_id"``, ``"calls": [[caller, callee, count], ...]``), or the
-    project's profile model when it is present.
-    """
+def _read_profile(path):
+    """(JSON document, None) for the simple form, (None, Profile) for the model."""
     if not os.path.exists(path):
         raise BadInput(f"{path}: no such profile")
     try:
@@ -35,23 +30,37 @@ def load_profile(path, image=None, per_loop=True):
             doc = json.load(f)
     except (OSError, ValueError, UnicodeDecodeError):
         doc = None
-    if not isinstance(doc, dict) or not isinstance(doc.get("functions"), dict):
-        try:   # the project's profile model
-            from ..profile.model import Profile
-            prof = Profile.load(path)
-        except Exception as e:   # noqa: BLE001
-            raise BadInput(f"{path}: not a profile (expected the profile model or "
-                           f"{{\"functions\": {{name: count}}}}): {e}") from None
-        counts = prof.function_counts()
-        loops = prof.meta.get("loops")
-        if per_loop and loops:
-            # Counts per workload iteration: min_count 1 = "runs once per iteration".
-            counts = {k: v / float(loops) for k, v in counts.items()}
-        return counts, prof.meta.get("build_id"), []
-    funcs = {}
-    for k, v in doc["functions"].items():
-        funcs[k] = float(v)
-    return funcs, doc.get("build_id"), doc.get("calls") or []
+    if isinstance(doc, dict) and isinstance(doc.get("functions"), dict):
+        return doc, None
+    try:   # the project's profile model
+        from ..profile.model import Profile
+        return None, Profile.load(path)
+    except Exception as e:   # noqa: BLE001
+        raise BadInput(f"{path}: not a profile (expected the profile model or "
+                       f"{{\"functions\": {{name: count}}}}): {e}") from None
+
+
+def _hotness(doc, prof, per_loop):
+    """(hotness {name: count}, build_id, calls by name) from either form."""
+    if prof is None:
+        return ({k: float(v) for k, v in doc["functions"].items()}, doc.get("build_id"),
+                doc.get("calls") or [])
+    counts = prof.function_counts()
+    loops = prof.meta.get("loops")
+    if per_loop and loops:
+        # Counts per workload iteration: min_count 1 = "runs once per iteration".
+        counts = {k: v / float(loops) for k, v in counts.items()}
+    return counts, prof.meta.get("build_id"), []
+
+
+def load_profile(path, per_loop=True):
+    """{function name or address: count}, build-id and call edges from a profile file.
+
+    Accepts the simple JSON form ``{"functions": {"name": count}}`` (optionally
+    ``"build_id"``, ``"calls": [[caller, callee, count], ...]``), or the
+    project's profile model.
+    """
+    return _hotness(*_read_profile(path), per_loop)
 
 
 class LoadedProfile:
@@ -69,11 +78,9 @@ def load_profile_full(path, image=None, per_loop=True):
     pack strategy uses them for affinity ordering and the blocks to place small
     functions by their executed bytes.
     """
-    hot, build_id, calls = load_profile(path, per_loop=per_loop)
-    try:
-        from ..profile.model import Profile
-        prof = Profile.load(path)
-    except Exception:   # noqa: BLE001 - the simple JSON form has no blocks or edges
+    doc, prof = _read_profile(path)
+    hot, build_id, calls = _hotness(doc, prof, per_loop)
+    if prof is None:          # the simple JSON form has no blocks or edges
         return LoadedProfile(hot, build_id, calls)
     from .plan import profile_blocks, profile_calls
     if image is not None:
