@@ -36,8 +36,10 @@ def _read_profile(path):
         from ..profile.model import Profile
         return None, Profile.load(path)
     except Exception as e:   # noqa: BLE001
+        why = str(e)
+        why = why[len(path) + 2:] if why.startswith(f"{path}: ") else why
         raise BadInput(f"{path}: not a profile (expected the profile model or "
-                       f"{{\"functions\": {{name: count}}}}): {e}") from None
+                       f"{{\"functions\": {{name: count}}}}): {why}") from None
 
 
 def _hotness(doc, prof, per_loop):
