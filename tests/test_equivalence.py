@@ -24,9 +24,9 @@ def ctx(vmlinux):
     return ImageContext(ElfImage(vmlinux))
 
 
-def _against(new, old, tmp_path):
+def _against(new, old, tmp_path, *extra):
     out = tmp_path / "eq.json"
-    p = run_linepack("verify", "-q", new, "--against", old, "--json", out)
+    p = run_linepack("verify", "-q", new, "--against", old, "--json", out, *extra)
     return p, json.loads(out.read_text())
 
 
@@ -131,3 +131,24 @@ def test_different_builds_are_named(vmlinux, tmp_path):
     p, rep = _against(targets.debian_vmlinux(other), vmlinux, tmp_path)
     assert p.returncode == 1
     assert any(f["check"] == "equiv.build-id" for f in rep["findings"])
+
+
+def test_layout_map_is_checked_against_the_symbol_tables(ctx, vmlinux, tmp_path):
+    ft = ctx.functions
+    good = tmp_path / "good.layout"
+    good.write_text("# function\told\tnew\tsize\n" + "".join(
+        f"{ft.name[i]}\t{int(ft.start[i]):#x}\t{int(ft.start[i]):#x}\t{int(ft.size[i])}\n"
+        for i in range(0, len(ft), 97)))
+    p, rep = _against(vmlinux, vmlinux, tmp_path, "--layout-map", good)
+    assert p.returncode == 0 and rep["equivalence_layout_map_rows"] > 400
+    i = ft.index_of("vfs_read")
+    bad = tmp_path / "bad.layout"
+    bad.write_text(f"vfs_read\t{int(ft.start[i]):#x}\t{int(ft.start[i]) + 64:#x}\t{int(ft.size[i])}\n")
+    p, rep = _against(vmlinux, vmlinux, tmp_path, "--layout-map", bad)
+    assert p.returncode == 1
+    assert [f["check"] for f in rep["findings"]] == ["equiv.layout-map"]
+    assert "vfs_read" in rep["findings"][0]["message"]
+    junk = tmp_path / "junk.layout"
+    junk.write_text("not a map\n")
+    q = run_linepack("verify", vmlinux, "--against", vmlinux, "--layout-map", junk)
+    assert q.returncode == 2 and len(q.stderr.strip().splitlines()) == 1

@@ -23,6 +23,9 @@ class Verify:
         p.add_argument("image", help="the ELF image to check (vmlinux or an x86-64 executable)")
         p.add_argument("--against", metavar="OLD",
                        help="also prove IMAGE equivalent to its original OLD (relayout output)")
+        p.add_argument("--layout-map", metavar="FILE",
+                       help="with --against: also check relayout's layout map (function, old, "
+                       "new, size) against the map rebuilt from the symbol tables")
         p.add_argument("--json", metavar="FILE", help="write the machine report to FILE ('-' = stdout)")
         p.add_argument("--strict", action="store_true", help="warnings fail too (exit 1)")
         p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
@@ -32,13 +35,19 @@ class Verify:
         from ..verify.standalone import verify_image
 
         log = _log(args.quiet)
+        layout_map = None
+        if args.layout_map:
+            if not args.against:
+                raise LinepackError("--layout-map needs --against OLD")
+            from ..verify.equivalence import read_layout_map
+            layout_map = read_layout_map(args.layout_map)     # bad file: fail before the work
         report = verify_image(args.image, log=log)
         if args.against:
             try:
                 from ..verify.equivalence import verify_against
             except ImportError:
                 raise LinepackError("verify --against is not available in this build") from None
-            verify_against(report, args.image, args.against, log=log)
+            verify_against(report, args.image, args.against, layout_map=layout_map, log=log)
         if args.json:
             report.write_json(args.json, strict=args.strict)
         if args.json != "-":

@@ -22,7 +22,7 @@ import numpy as np
 
 import capstone
 
-from ..errors import LinepackError
+from ..errors import BadInput, LinepackError
 from ..image.elf import ElfImage, STT_SECTION
 from ..kernel import TABLES
 from ..kernel.base import Finding, ImageContext
@@ -195,11 +195,13 @@ def _field_value(raw_bytes, off, size, signed):
     return int.from_bytes(bytes(raw_bytes[off:off + size]), "little", signed=signed)
 
 
-def verify_against(report, new_path, old_path, log=None):
+def verify_against(report, new_path, old_path, layout_map=None, log=None):
     """Add equivalence findings to ``report`` (a VerifyReport of NEW).
 
-    The map is never read from the rewriter's output: it is rebuilt from the
-    two symbol tables, so this check stays independent of relayout.
+    The map is never taken from the rewriter's output: it is rebuilt from the
+    two symbol tables, so this check stays independent of relayout. A layout
+    map written by relayout (``layout_map``: rows from read_layout_map) is
+    checked against it.
     """
     log = log or (lambda m: None)
     findings = report.findings
@@ -343,6 +345,8 @@ def verify_against(report, new_path, old_path, log=None):
     _check_tables(octx, nctx, amap, findings, counter)
     _check_eh_frame(old, new, amap, octx, findings, counter)
     _check_symbols(old, new, octx, amap, findings, counter)
+    if layout_map:
+        _check_layout_map(layout_map, of, nf, oi, ni, findings, counter, report)
     report.extra["equivalence_moved_functions"] = moved
     report.extra["against"] = old_path
     log("equivalence: " + (", ".join(f"{k} {v}" for k, v in counter.items()) or "no problems"))
@@ -510,6 +514,37 @@ def _check_orc(eo, en, amap, nctx, findings, counter):
          lambda p: (p[0], f"orc_unwind: IP {p[0]:#x} " + (
              "of the original has no entry any more" if p[1] == "lost" else
              "is new but not an undefined entry at inserted padding")), counter)
+
+
+def read_layout_map(path):
+    """relayout's layout map (TSV: function, old, new, size) as [(name, old, new)]."""
+    rows = []
+    try:
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip() or line.startswith("#"):
+                    continue
+                parts = line.rstrip("\n").split("\t")
+                try:
+                    rows.append((parts[0], int(parts[1], 16), int(parts[2], 16)))
+                except (IndexError, ValueError):
+                    raise BadInput(f"{path}:{n}: not a layout map line "
+                                   "(function, old, new, size)") from None
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read: {e.strerror}") from None
+    return rows
+
+
+def _check_layout_map(rows, of, nf, oi, ni, findings, counter, report):
+    """The layout map must say what the symbol tables say: each listed
+    function's new address."""
+    truth = dict(zip(of.start[oi].tolist(), nf.start[ni].tolist()))
+    wrong = [(new, name, old, truth[old]) for name, old, new in rows
+             if old in truth and truth[old] != new]
+    report.extra["equivalence_layout_map_rows"] = len(rows)
+    _add(findings, "error", "equiv.layout-map", wrong,
+         lambda w: (w[0], f"layout map says {w[1]} ({w[2]:#x}) moved to {w[0]:#x}, the "
+                    f"image has it at {w[3]:#x}"), counter)
 
 
 def _check_eh_frame(old, new, amap, octx, findings, counter):
