@@ -126,8 +126,10 @@ def test_not_a_kernel(tmp_path, make_file):
     initrd = make_file("i.cpio.gz", b"x")
     with pytest.raises(BadInput, match="is not a kernel"):
         qemu.run_kernel(make_file("notakernel", b"hello world" * 100), initrd)
-    with pytest.raises(BadInput, match="does not exist"):
+    with pytest.raises(BadInput, match="no such file"):
         qemu.run_kernel(str(tmp_path / "missing"), initrd)
+    with pytest.raises(BadInput, match="is a directory"):
+        qemu.run_kernel(str(tmp_path), initrd)
 
 
 def test_timeout_kills_qemu(debian_vmlinux, tmp_path):

@@ -5,12 +5,29 @@ failures (LinepackError) become one line on stderr and a distinct exit status.
 """
 
 import argparse
+import os
 import sys
+import time
 
 from . import __version__
 from .errors import EXIT_USAGE, LinepackError
+from .io import Interrupted, trap_signals
 
 VERBS = {}
+_IMPORTED = time.monotonic()
+
+
+def wall_seconds():
+    """Seconds since this process started (interpreter start-up and imports
+    included): the time a user waited for the command."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rpartition(")")[2].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
 
 
 def verb(name, help_text):
@@ -54,12 +71,18 @@ def main(argv=None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
-        return int(args._run(args) or 0)
+        # SIGINT/SIGTERM/SIGHUP become Interrupted: temp files are removed on the way out
+        # and no declared output appears (tools/io.py, OutputSet).
+        with trap_signals():
+            return int(args._run(args) or 0)
     except LinepackError as e:
         print(f"linepack: error: {e}", file=sys.stderr)
         return e.exit_code
+    except Interrupted as e:
+        print(f"linepack: interrupted by {e}; no output written", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
-        print("linepack: interrupted", file=sys.stderr)
+        print("linepack: interrupted; no output written", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0

@@ -159,6 +159,15 @@ def resolve_abi(abi=None, series=DEFAULT_SERIES):
     return abis[-1]
 
 
+def check_abi(abi, series=DEFAULT_SERIES):
+    """BadInput naming the valid ABIs when apt knows no package of ``abi`` (asked
+    only before a download: a cached kernel needs no apt lists)."""
+    known = available_abis(series)
+    if known and int(abi) not in known:
+        raise BadInput(f"ABI {abi}: apt knows no {release(abi, series)} kernel; valid: "
+                       f"{', '.join(map(str, known))} (see 'linepack fetch --list')")
+
+
 def debian_vmlinux(abi=None, log=None, *, series=DEFAULT_SERIES):
     """Path of the cached vmlinux of Debian's cloud kernel (fetching it once).
 
@@ -170,6 +179,7 @@ def debian_vmlinux(abi=None, log=None, *, series=DEFAULT_SERIES):
     dest = os.path.join(cache_dir(), "kernels", rel, "vmlinux")
     if os.path.exists(dest):
         return dest
+    check_abi(abi, series)
     deb = download_deb(f"linux-image-{rel}-dbg", log=log)
     if log:
         log(f"extracting vmlinux-{rel} from {os.path.basename(deb)}")
@@ -184,6 +194,7 @@ def debian_module(name, abi=None, log=None, *, series=DEFAULT_SERIES):
     dest = os.path.join(cache_dir(), "kernels", rel, "modules", name)
     if os.path.exists(dest):
         return dest
+    check_abi(abi, series)
     deb = download_deb(f"linux-image-{rel}", log=log)
     _extract(deb, f"lib/modules/{rel}/kernel/{name}", dest)
     return dest

@@ -28,10 +28,14 @@ class Boot:
     def run(args):
         from ..errors import BadInput
         from ..profile import qemu
+        from ..io import OutputSet
         if args.loops is not None and args.loops < 0:
             raise BadInput("--loops must be >= 0")
-        res = qemu.run_workload(args.kernel, args.workload, loops=args.loops, icount=args.icount,
-                                timeout=args.timeout, log=args.serial, append=args.append)
+        qemu.check_kernel_path(args.kernel)
+        with OutputSet(inputs=[args.kernel], outputs={"--serial": args.serial}):
+            res = qemu.run_workload(args.kernel, args.workload, loops=args.loops,
+                                    icount=args.icount, timeout=args.timeout, log=args.serial,
+                                    append=args.append)
         if args.verbose:
             print(" ".join(res.command), file=sys.stderr)
             sys.stderr.write(res.serial)

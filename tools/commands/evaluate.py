@@ -18,7 +18,8 @@ import sys
 
 from ..cli import verb
 from ..errors import EXIT_FINDINGS, BadInput
-from ..io import write_atomic
+from ..io import OutputSet, write_atomic
+from ..profile.qemu import check_kernel_path
 
 
 def _log(m):
@@ -156,6 +157,15 @@ class Evaluate:
 
     @staticmethod
     def run(args):
+        # Every output checked before any boot; all written together at the end or none.
+        inputs = [spec.rpartition("=")[2] for spec in (args.kernel or []) + (args.program or [])]
+        with OutputSet(inputs=inputs + [args.profile],
+                       outputs={"--json": args.json, "--csv": args.csv, "--plot": args.plot,
+                                "--heatmap": args.heatmap}):
+            return Evaluate._run(args)
+
+    @staticmethod
+    def _run(args):
         from ..profile.trace import cache_config
         if args.repeat < 1:
             raise BadInput("--repeat must be at least 1")
@@ -190,9 +200,7 @@ class Evaluate:
             if len(set(specs)) != len(specs):
                 raise BadInput("--layout: the same layout is given twice")
         for spec in args.kernel:
-            path = spec.rpartition("=")[2]
-            if not os.path.isfile(path):
-                raise BadInput(f"--kernel {path}: no such file")
+            check_kernel_path(spec.rpartition("=")[2])
 
         if args.layout or sweep:
             from ..evaluate.run import evaluate_layouts

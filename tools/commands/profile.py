@@ -17,6 +17,7 @@ import time
 
 from ..cli import verb
 from ..errors import BadInput
+from ..io import OutputSet
 
 
 def _log(msg):
@@ -52,19 +53,27 @@ class ProfileVerb:
     def run(args):
         if args.show:
             return _show(args)
-        if args.export_fdata:
-            return _export(args)
-        if args.kernel:
-            return _record_qemu(args)
-        if getattr(args, "program", None):
-            return _record_program(args)
-        if getattr(args, "program_args", None):
-            raise BadInput(f"unexpected arguments {' '.join(args.program_args)!r} "
-                           "(program arguments go after --program PATH --)")
-        if args.perf_script or args.fdata:
-            return _import(args)
-        raise BadInput("nothing to do: give --kernel, --perf-script, --fdata, --export-fdata or --show "
-                       "(see 'linepack profile --help')")
+        # -o checked before any work, and written only when the whole run succeeds.
+        with OutputSet(inputs=[args.kernel, args.program, args.perf_script, args.fdata,
+                               args.export_fdata, args.image],
+                       outputs={"-o": args.output}):
+            return _dispatch(args)
+
+
+def _dispatch(args):
+    if args.export_fdata:
+        return _export(args)
+    if args.kernel:
+        return _record_qemu(args)
+    if getattr(args, "program", None):
+        return _record_program(args)
+    if getattr(args, "program_args", None):
+        raise BadInput(f"unexpected arguments {' '.join(args.program_args)!r} "
+                       "(program arguments go after --program PATH --)")
+    if args.perf_script or args.fdata:
+        return _import(args)
+    raise BadInput("nothing to do: give --kernel, --perf-script, --fdata, --export-fdata or --show "
+                   "(see 'linepack profile --help')")
 
 
 def _meta(args):

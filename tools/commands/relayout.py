@@ -1,13 +1,12 @@
 """``linepack relayout``: move functions per a layout strategy and rewrite the image."""
 
 import json
-import os
 import sys
 import time
 
-from ..cli import verb
+from ..cli import verb, wall_seconds
 from ..errors import BadInput
-from ..io import load_toml, write_atomic
+from ..io import OutputSet, load_toml, write_atomic
 
 
 def _log_fn(quiet):
@@ -30,6 +29,9 @@ class Relayout:
         p.add_argument("--config", help="strategy config (configs/relayout/*.toml)")
         p.add_argument("--strategy", help="stock | align-all N | hot64 | pack (overrides --config)")
         p.add_argument("--min-count", type=float, help="hotness threshold (per workload iteration)")
+        p.add_argument("--allow-missing", action="store_true",
+                       help="accept a profile naming many functions the image does not have "
+                       "(by default more than 5%% unknown names is an error)")
         p.add_argument("--json", metavar="FILE", help="write the summary as JSON")
         p.add_argument("--system-map", metavar="FILE", help="write the new System.map")
         p.add_argument("--layout-map", metavar="FILE", help="write old -> new address per function")
@@ -43,25 +45,33 @@ class Relayout:
         from ..relayout.driver import load_profile_full, relayout
 
         log = _log_fn(args.quiet)
+        if args.min_count is not None and not args.min_count >= 0:
+            raise BadInput(f"--min-count {args.min_count:g}: must be >= 0")
         cfg = load_toml(args.config) if args.config else {"strategy": "pack"}
         if args.strategy:
             cfg = {"strategy": args.strategy}
         if args.min_count is not None:
             cfg["min_count"] = args.min_count
         strat = strategies.get(dict(cfg))
-        if os.path.exists(args.output) and os.path.exists(args.image) and \
-                os.path.samefile(args.image, args.output):
-            raise BadInput(f"{args.output}: output is the input; linepack never modifies its input")
+        # Every output checked before any work; written all together or not at all.
+        outs = OutputSet(inputs=[args.image, args.profile, args.config],
+                         outputs={"-o": args.output, "--json": args.json,
+                                  "--system-map": args.system_map,
+                                  "--layout-map": args.layout_map})
         hot, build_id, calls, blocks = ({}, None, [], None)
         if args.profile:
             lp = load_profile_full(args.profile, args.image)
             hot, build_id, calls, blocks = lp.hotness, lp.build_id, lp.calls, lp.blocks
         elif strat.name not in ("stock",) and not strat.name.startswith("align-all"):
             raise BadInput(f"strategy {strat.name} needs --profile")
-        summary, plan, rw = relayout(args.image, args.output, strat, hotness=hot, calls=calls,
-                                     profile_build_id=build_id, log=log, blocks=blocks,
-                                     drop_debug=not args.keep_debug,
-                                     layout_map=args.layout_map, system_map=args.system_map)
+        with outs:
+            summary, plan, rw = relayout(args.image, args.output, strat, hotness=hot, calls=calls,
+                                         profile_build_id=build_id, log=log, blocks=blocks,
+                                         drop_debug=not args.keep_debug,
+                                         layout_map=args.layout_map, system_map=args.system_map,
+                                         allow_missing=args.allow_missing)
+            if args.json:
+                write_atomic(args.json, json.dumps(summary, indent=1, sort_keys=True) + "\n")
         if args.keep_debug:
             print("linepack: warning: .debug_* kept but stale (old addresses)", file=sys.stderr)
         s = summary
@@ -97,6 +107,5 @@ class Relayout:
         print(f"  DWARF:             {s['dwarf']}")
         for p in s["problems"][:10]:
             print(f"  problem: {p['kind']} at {p['address']}: {p['message']}")
-        if args.json:
-            write_atomic(args.json, json.dumps(s, indent=1, sort_keys=True) + "\n")
+        print(f"  wall time:         {wall_seconds():.1f} s (the whole command)")
         return 0

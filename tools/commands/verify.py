@@ -6,8 +6,9 @@ or unreadable input.
 
 import sys
 
-from ..cli import verb
+from ..cli import verb, wall_seconds
 from ..errors import EXIT_FINDINGS, EXIT_OK, LinepackError
+from ..io import OutputSet
 
 
 def _log(quiet):
@@ -32,24 +33,32 @@ class Verify:
 
     @staticmethod
     def run(args):
+        from ..image.elf import ElfImage
         from ..verify.standalone import verify_image
 
         log = _log(args.quiet)
+        # Outputs and every input checked before the (long) verification.
+        outs = OutputSet(inputs=[args.image, args.against, args.layout_map],
+                         outputs={"--json": None if args.json == "-" else args.json})
         layout_map = None
         if args.layout_map:
             if not args.against:
                 raise LinepackError("--layout-map needs --against OLD")
             from ..verify.equivalence import read_layout_map
             layout_map = read_layout_map(args.layout_map)     # bad file: fail before the work
-        report = verify_image(args.image, log=log)
         if args.against:
-            try:
-                from ..verify.equivalence import verify_against
-            except ImportError:
-                raise LinepackError("verify --against is not available in this build") from None
-            verify_against(report, args.image, args.against, layout_map=layout_map, log=log)
-        if args.json:
-            report.write_json(args.json, strict=args.strict)
+            ElfImage(args.against)                # not an ELF, truncated, ...: fail now
+        with outs:
+            report = verify_image(args.image, log=log)
+            if args.against:
+                try:
+                    from ..verify.equivalence import verify_against
+                except ImportError:
+                    raise LinepackError("verify --against is not available in this build") from None
+                verify_against(report, args.image, args.against, layout_map=layout_map, log=log)
+            report.seconds = wall_seconds()     # the whole command, as the user waited
+            if args.json:
+                report.write_json(args.json, strict=args.strict)
         if args.json != "-":
             print(report.summary(strict=args.strict))
         return EXIT_OK if report.ok(args.strict) else EXIT_FINDINGS

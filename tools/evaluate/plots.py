@@ -9,7 +9,6 @@
   workload iteration (log scale; blank = never executed).
 """
 
-import os
 
 import numpy as np
 
@@ -27,11 +26,10 @@ def _plt():
 
 
 def _save(fig, path):
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight", metadata={"Software": None})
-    os.replace(tmp, path)
+    # through linepack.io: staged with the command's other outputs (evaluate --plot)
+    from ..io import atomic_output
+    with atomic_output(path) as f:
+        fig.savefig(f, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
 
 
 def bar_chart(rows, path, title="kernel-mode L1i misses per layout"):

@@ -27,18 +27,23 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
     needs_prof = any(s.split(":")[0] in NEEDS_PROFILE for s in specs)
     bt = None
     t_rec = 0.0
+    hot, build_id, calls, blocks, prof_src = {}, None, [], None, None
+    if profile:     # a bad profile fails here, before any boot
+        from ..image.elf import ElfImage
+        from ..image.functions import FunctionTable
+        from ..relayout.driver import check_profile, load_profile_full
+        lp = load_profile_full(profile, base)
+        im = ElfImage(base)
+        check_profile(im, FunctionTable(im), lp.hotness, lp.build_id)
+        if needs_prof:
+            hot, build_id, calls, blocks = lp.hotness, lp.build_id, lp.calls, lp.blocks
+            prof_src = profile
     if whatif or heatmap or (needs_prof and not profile):
         t0 = time.time()
         bt = wi.record_trace(base, workload, loops, caches, log=log)
         t_rec = time.time() - t0
-    hot, build_id, calls, blocks, prof_src = {}, None, [], None, None
     if needs_prof:
-        if profile:
-            from ..relayout.driver import load_profile_full
-            lp = load_profile_full(profile, base)
-            hot, build_id, calls, blocks = lp.hotness, lp.build_id, lp.calls, lp.blocks
-            prof_src = profile
-        else:
+        if not profile:
             hot = hotness_from_trace(bt, base)
             prof_src = f"derived from the recorded {workload} run ({loops} loops)"
             log(f"profile: {prof_src}, {len(hot)} functions")

@@ -86,6 +86,22 @@ def check_kernel(path):
     raise BadInput(f"{path} is not a kernel (neither an x86-64 ELF vmlinux nor a bzImage)")
 
 
+def check_kernel_path(path, flag="--kernel"):
+    """check_kernel with clear words for a missing file or a directory, and, for an
+    ELF vmlinux, its whole header and section table (a truncated file is bad input
+    here, not a QEMU failure after the boot started)."""
+    p = str(path)
+    if os.path.isdir(p):
+        raise BadInput(f"{flag} {p}: is a directory, not a kernel image")
+    if not os.path.exists(p):
+        raise BadInput(f"{flag} {p}: no such file")
+    kind = check_kernel(p)
+    if kind == "elf":
+        from ..image.elf import ElfImage
+        ElfImage(p)
+    return kind
+
+
 def _plugin_arg(plugin, plugin_args):
     if not os.path.exists(plugin):
         raise BadInput(f"TCG plugin {plugin} does not exist")
@@ -125,7 +141,10 @@ def _write_log(log, text):
     if hasattr(log, "write"):
         log.write(text)
         return
-    _initramfs.write_atomic(str(log), text.encode())
+    # linepack.io's write: a path the command declared (boot --serial) is staged with
+    # its other outputs; the directory must exist (it is never created here).
+    from ..io import write_atomic
+    write_atomic(str(log), text.encode())
 
 
 def _clean(raw):
@@ -141,10 +160,9 @@ def run_kernel(kernel, initrd, append=None, memory="512", icount=True, timeout=6
     path or file object that receives the serial output. With ``check`` (default)
     a QEMU failure, a timeout or a kernel panic raises ExternalToolError.
     """
-    for what, p in (("kernel", kernel), ("initrd", initrd)):
-        if not os.path.isfile(str(p)):
-            raise BadInput(f"{what} {p} does not exist")
-    check_kernel(kernel)
+    check_kernel_path(kernel, "kernel")
+    if not os.path.isfile(str(initrd)):
+        raise BadInput(f"initrd {initrd} does not exist")
     cmd = qemu_command(kernel, initrd, append=append, memory=memory, icount=icount, plugin=plugin,
                        plugin_args=plugin_args, extra_args=extra_args, qemu=qemu)
     if not shutil.which(cmd[0]):
@@ -303,9 +321,9 @@ def run_workload(kernel, workload="vfs-mix", loops=None, icount=True, plugin=Non
     if wl.disk_fs and wl.disk_device == "ram":
         # A RAM disk (brd, from the same Debian build) filled from an image in the
         # initramfs: ext4, jbd2 and the block layer run with no host-timed I/O.
-        image = disk_image(wl.disk_fs, wl.disk_size_mb or 16, log=log)
+        image = disk_image(wl.disk_fs, wl.disk_size_mb or 16)
         from .. import targets
-        brd = targets.debian_module("drivers/block/brd.ko", abi=kernel_abi(kernel), log=log)
+        brd = targets.debian_module("drivers/block/brd.ko", abi=kernel_abi(kernel))
         modules = tuple(modules) + (("lib/modules/brd.ko", brd,
                                      f"rd_nr=1 rd_size={(wl.disk_size_mb or 16) * 1024}"),)
         files.append(("disk.img", image))
@@ -314,7 +332,7 @@ def run_workload(kernel, workload="vfs-mix", loops=None, icount=True, plugin=Non
         words.setdefault("fstype", wl.disk_fs)
     initrd = workload_initrd(wl, modules, files=files)
     if wl.disk_fs and wl.disk_device != "ram":
-        image = disk_image(wl.disk_fs, wl.disk_size_mb or 64, log=log)
+        image = disk_image(wl.disk_fs, wl.disk_size_mb or 64)
         # snapshot=on: the guest's writes go to a temporary overlay, the image stays pristine
         extra_args = tuple(extra_args) + (
             "-drive", f"file={image},if=none,id=lpdisk,format=raw,snapshot=on",

@@ -91,20 +91,32 @@ def load_profile_full(path, image=None, per_loop=True):
     return LoadedProfile(hot, build_id, calls, profile_blocks(prof), prof)
 
 
-def check_profile(image, functions, hotness, build_id):
+# A profile of the same build names (almost) only functions the image has; more
+# unknown names than this share means another build or a garbled profile.
+MISSING_SHARE = 0.05
+
+
+def check_profile(image, functions, hotness, build_id, allow_missing=False):
+    """BadInput for a profile of another build: a build-id mismatch, or more than
+    MISSING_SHARE of its named functions unknown (unless ``allow_missing``)."""
     if build_id and image.build_id and build_id.lower() != image.build_id.lower():
         raise BadInput(f"profile is for another build (build-id {build_id[:16]}..., "
                        f"image has {image.build_id[:16]}...)")
     names = [k for k in hotness if isinstance(k, str) and not k.startswith("0x")]
-    if names:
-        missing = sum(1 for n in names if functions.index_of(n) is None)
-        if missing > max(10, len(names) // 2):
-            raise BadInput(f"profile is for another build: {missing} of {len(names)} profiled "
-                           "functions are not in the image")
+    if not names:
+        return 0
+    missing = [n for n in names if functions.index_of(n) is None]
+    if missing and len(missing) > MISSING_SHARE * len(names) and not allow_missing:
+        examples = ", ".join(sorted(missing)[:3])
+        raise BadInput(f"profile names {len(missing)} of {len(names)} functions that are not in "
+                       f"{image.path} (e.g. {examples}): another build? (--allow-missing to "
+                       "use it anyway)")
+    return len(missing)
 
 
 def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), profile_build_id=None,
-             log=None, drop_debug=True, layout_map=None, system_map=None, blocks=None):
+             log=None, drop_debug=True, layout_map=None, system_map=None, blocks=None,
+             allow_missing=False):
     log = log or (lambda m: None)
     if os.path.exists(out_path) and os.path.samefile(image_path, out_path):
         raise BadInput(f"{out_path}: output is the input; linepack never modifies its input")
@@ -119,7 +131,9 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     if not len(functions):
         raise BadInput(f"{image_path}: no function symbols")
     hotness = hotness or {}
-    check_profile(image, functions, hotness, profile_build_id)
+    missing = check_profile(image, functions, hotness, profile_build_id, allow_missing)
+    if missing:
+        log(f"profile: {missing} named functions are not in the image (ignored)")
     log(f"disassembling {len(functions)} functions")
     units, dis = build_units(image, functions, lambda u: disassemble(image, u), log=log)
     heat = make_heat(units, functions, hotness)
@@ -138,10 +152,10 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     update_eh_frame(rw, log)
     idx, symtab = rw.symtab_bytes()
     rw.patched[idx] = symtab
-    drop = []
+    debug = [s.index for s in image.sections if not s.is_alloc and
+             (s.name.startswith(".debug_") or s.name.startswith(".rela.debug_"))]
+    drop = debug if drop_debug else []
     if drop_debug:
-        drop = [s.index for s in image.sections if not s.is_alloc and
-                (s.name.startswith(".debug_") or s.name.startswith(".rela.debug_"))]
         if drop:
             log(f"dropping DWARF ({len(drop)} .debug_* sections): it would describe old addresses")
     log(f"writing {out_path}")
@@ -154,7 +168,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         summary.update(block_line_metric(plan, blocks, min_count=1.0))
     summary["padding_bytes"] = int(_padding(plan))
     summary["text_growth_bytes"] = int(_growth(plan))
-    summary["dwarf"] = "dropped" if drop else "kept"
+    summary["dwarf"] = ("none in the input" if not debug else "dropped" if drop
+                        else "kept (stale: old addresses)")
     summary["problems"] = [{"kind": k, "address": f"{a:#x}", "message": m}
                            for k, a, m in rw.problems]
     if layout_map:
