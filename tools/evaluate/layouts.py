@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import BadInput, LinepackError
 from ..io import atomic_output
 
-_RELAYOUT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+_RELAYOUT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
                              "relayout")
 NEEDS_PROFILE = ("hot64", "pack")
 

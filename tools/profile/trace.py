@@ -61,7 +61,7 @@ FLAG_CACHE, FLAG_EDGES, FLAG_START, FLAG_STOP, FLAG_STARTED, FLAG_STOPPED, FLAG_
 EDGE_FALLTHROUGH = 1
 MODES = ("kernel", "user", "all")
 
-_here = os.path.dirname(os.path.abspath(__file__))
+_here = os.path.dirname(os.path.realpath(__file__))
 CONFIG_DIRS = [os.path.join(os.path.dirname(os.path.dirname(_here)), "configs", "cache")]
 
 

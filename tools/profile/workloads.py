@@ -30,7 +30,7 @@ BEGIN_TAG = "linepack-begin"
 END_TAG = "linepack-end"
 ERROR_TAG = "linepack-error"
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 
 def repo_dir(env, sub):
