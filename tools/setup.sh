@@ -8,7 +8,7 @@ cd "$here"
 log() { echo "setup: $*" >&2; }
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 
-DEB_PKGS=(gcc make libc6-dev binutils cpio e2fsprogs qemu-system-x86 qemu-user bolt-19 linux-perf
+DEB_PKGS=(gcc g++ make libc6-dev binutils cpio e2fsprogs qemu-system-x86 qemu-user bolt-19 linux-perf
           elfutils libelf-dev libglib2.0-dev pkg-config dpkg-dev python3-pip)
 missing=()
 for p in "${DEB_PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
@@ -36,7 +36,10 @@ if [ -f tools/profile/plugin/Makefile ]; then
 fi
 
 if [ "${LINEPACK_SKIP_KERNEL:-0}" != 1 ]; then
-  log "fetching Debian's 6.1 cloud vmlinux (cached)"
-  "$PY" -m linepack fetch >/dev/null
+  # the vmlinux, and the modules of the same build the tests load (fat/vfat in a
+  # rewritten kernel, brd for the ext4 RAM-disk workload): no test skips for want of them
+  log "fetching Debian's 6.1 cloud vmlinux and modules of the same build (cached)"
+  "$PY" -m linepack fetch --module fs/fat/fat.ko --module fs/fat/vfat.ko \
+      --module drivers/block/brd.ko >/dev/null
 fi
 log "ready"

@@ -134,8 +134,10 @@ def _extract(deb, member, dest):
             deb_proc.stdout.close()
             deb_proc.wait()
         if deb_proc.returncode or tar.returncode:
-            raise ExternalToolError(f"cannot extract {member} from {os.path.basename(deb)}: "
-                                    f"{tar.stderr.decode(errors='replace').strip()}")
+            why = (tar.stderr.decode(errors="replace").strip().splitlines() or ["?"])[0]
+            if "Not found in archive" in why:
+                raise BadInput(f"{os.path.basename(deb)} has no {member}")
+            raise ExternalToolError(f"cannot extract {member} from {os.path.basename(deb)}: {why}")
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):

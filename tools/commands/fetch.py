@@ -15,6 +15,10 @@ class Fetch:
                        "level for 6.12, e.g. 117 for 6.12.117+deb12 (default: the newest apt knows; "
                        "env LINEPACK_KERNEL_ABI / LINEPACK_KERNEL_ABI_6_12)")
         p.add_argument("--list", action="store_true", help="list the releases apt knows and exit")
+        p.add_argument("--module", action="append", metavar="PATH",
+                       help="also cache this module of the same build (path under "
+                       "lib/modules/<release>/kernel/, e.g. fs/fat/vfat.ko; repeat) and print "
+                       "its path")
 
     @staticmethod
     def run(args):
@@ -23,4 +27,6 @@ class Fetch:
                 print(targets.release(abi, args.series))
             return 0
         targets.main_fetch(args.abi, series=args.series)
+        for m in args.module or ():
+            print(targets.debian_module(m, abi=args.abi, series=args.series))
         return 0
