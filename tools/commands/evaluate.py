@@ -59,6 +59,11 @@ def parse_sweep(spec):
     return name, out
 
 
+def _growth_cell(pct):
+    """.text growth as relayout prints it (2 decimals); n/a for another build."""
+    return "n/a" if pct is None else f"{pct:+.2f}%"
+
+
 def format_rows(rows):
     """One table per cache model; the first layout of each is the baseline."""
     out = []
@@ -78,7 +83,7 @@ def format_rows(rows):
                 f"{r['fetches']:>12,} {r['miss_rate']:>9.2%} "
                 f"{1000.0 * r['misses'] / r['instructions'] if r['instructions'] else 0:>7.2f} "
                 f"{r['instructions']:>14,} "
-                f"{r['hot_lines']:>9,} {r.get('text_growth_pct', 0.0):>+7.2f}% "
+                f"{r['hot_lines']:>9,} {_growth_cell(r.get('text_growth_pct', 0.0)):>8} "
                 f"{r['time_s']:>7.2f}{spread}")
             if r.get("booted_misses") is not None and r["mode"] == "whatif":
                 d = r["misses"] - r["booted_misses"]
@@ -218,9 +223,16 @@ class Evaluate:
                 ms = measure_caches(path, label=label or None, workload=args.workload,
                                     loops=args.loops, caches=caches, repeat=args.repeat, log=_log)
                 rows += _measurement_rows(ms, label or os.path.basename(path))
-            base_ts = rows[0]["text_size"]
+            # .text growth as relayout reports it: how far each region's code end moved
+            # (the section sizes never change), in % of the base's _stext.._etext
+            from ..evaluate.booted import code_growth
+            base_ts, base_path = rows[0]["text_size"], rows[0]["image"]
+            growth = {}
             for r in rows:
-                r["text_growth_pct"] = 100.0 * (r["text_size"] - base_ts) / base_ts if base_ts else 0
+                if r["image"] not in growth:
+                    growth[r["image"]] = code_growth(base_path, r["image"])
+                g = r["text_growth_bytes"] = growth[r["image"]]
+                r["text_growth_pct"] = None if g is None else 100.0 * g / base_ts if base_ts else 0
         rows.sort(key=lambda r: [c["name"] for c in caches].index(r["cache"]))
         print(format_rows(rows))
         problems = cross_check_rows(rows) + extra.get("problems", [])

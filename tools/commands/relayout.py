@@ -79,8 +79,8 @@ class Relayout:
         print(f"  functions moved:   {s['functions_moved']} ({s['units_moved']} units of "
               f"{s['units']})")
         print(f"  hot text:          {s['hot_text_bytes']} bytes in {s['hot_units']} units")
-        print(f"  padding:           {s['padding_bytes']} bytes; .text growth "
-              f"{s['text_growth_bytes']:+d} bytes")
+        print(f"  padding:           {s['padding_bytes']:,} bytes; .text growth "
+              f"{s['text_growth_bytes']:+,} bytes ({s['text_growth_pct']:+.2f}% of .text)")
         print(f"  hot 64 B lines:    {s['hot_lines_before']} -> {s['hot_lines_after']} "
               f"({s['hot_functions']} hot functions, whole functions)")
         if "block_lines_before" in s:

@@ -43,12 +43,26 @@ def executed_lines(trace, line=64):
 
 
 def text_size(path):
-    im = ElfImage(path)
-    a, b = im.symbol_address("_stext"), im.symbol_address("_etext")
-    if a is None or b is None:
-        s = im.section(".text")
-        return s.size if s else 0
-    return b - a
+    from ..image.functions import text_size as image_text_size
+    return image_text_size(ElfImage(path))
+
+
+def code_growth(base_path, path):
+    """.text growth of ``path`` over ``base_path`` in bytes, as relayout reports it (how
+    far the end of the moved code went, per run of regions), read from the two images;
+    0 for the base itself; None when ``path`` is not a rewrite of the base (another
+    build-id, or no function table): then there is no growth to speak of."""
+    if os.path.realpath(base_path) == os.path.realpath(path):
+        return 0
+    from ..errors import LinepackError
+    from ..relayout.driver import text_growth_between
+    try:
+        a, b = ElfImage(base_path).build_id, ElfImage(path).build_id
+        if a != b:
+            return None
+        return text_growth_between(base_path, path)
+    except LinepackError:
+        return None
 
 
 class Measurement:

@@ -125,3 +125,13 @@ def regions(image):
             if b > a:
                 out.append(Region(f"{sec.name}:{cuts[a]}", a, b, sec.index))
     return out
+
+
+def text_size(image):
+    """Bytes of kernel text, ``_etext - _stext`` (a userspace image: its .text section):
+    the base every ".text growth" percentage is taken of (relayout, evaluate, README)."""
+    a, b = image.symbol_address("_stext"), image.symbol_address("_etext")
+    if a is None or b is None:
+        s = image.section(".text")
+        return s.size if s else 0
+    return b - a

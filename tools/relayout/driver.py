@@ -8,7 +8,7 @@ import numpy as np
 from ..errors import BadInput
 from ..image.disasm import disassemble
 from ..image.elf import ET_EXEC, ElfImage
-from ..image.functions import FunctionTable
+from ..image.functions import FunctionTable, text_size
 from ..image.writer import write_image
 from ..io import write_atomic
 from . import strategies
@@ -168,6 +168,9 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         summary.update(block_line_metric(plan, blocks, min_count=1.0))
     summary["padding_bytes"] = int(_padding(plan))
     summary["text_growth_bytes"] = int(_growth(plan))
+    tsize = text_size(image)
+    summary["text_growth_pct"] = round(100.0 * summary["text_growth_bytes"] / tsize, 4) \
+        if tsize else 0.0
     summary["dwarf"] = ("none in the input" if not debug else "dropped" if drop
                         else "kept (stale: old addresses)")
     summary["problems"] = [{"kind": k, "address": f"{a:#x}", "message": m}
@@ -202,6 +205,33 @@ def _no_fit_message(err, strat, units, heat, calls, functions, log):
     hint = (f"the largest alignment that fits is align-all {fits}" if fits
             else "no alignment fits")
     return f"align-all {align} does not fit: {msg.removeprefix('layout does not fit: ')}; {hint}"
+
+
+def plan_between(base_path, new_path):
+    """The LayoutPlan that turned ``base_path`` into ``new_path`` (a relayout output,
+    which keeps the symbol table's order), read back from the two symbol tables: each
+    unit of the base starts where its first function starts in the new image."""
+    from .plan import LayoutPlan
+    base, new = ElfImage(base_path), ElfImage(new_path)
+    fa, fb = FunctionTable(base), FunctionTable(new)
+    units, _ = build_units(base, fa)
+    b_by_sym = dict(zip(fb.sym_index.tolist(), fb.start.tolist()))
+    a_sym = fa.sym_index.tolist()
+    new_start = units.start.copy()
+    for ui in range(len(units)):
+        if not units.members[ui]:
+            continue          # code outside any function: no symbol tells where it went
+        fi, off = units.members[ui][0]
+        b = b_by_sym.get(a_sym[fi])
+        if b is not None:
+            new_start[ui] = b - off
+    return LayoutPlan(units, new_start, [r.start for r in units.regions], None, None)
+
+
+def text_growth_between(base_path, new_path):
+    """relayout's ".text growth" (bytes) of ``new_path`` over its original, measured
+    from the two images alone (evaluate uses it for kernels given by path)."""
+    return int(_growth(plan_between(base_path, new_path)))
 
 
 def _growth(plan):
