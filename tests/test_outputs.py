@@ -327,3 +327,18 @@ def test_fetch_unknown_abi_names_the_valid_ones():
     p = run_linepack("fetch", "--abi", "9999", timeout=120)
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     assert "9999" in p.stderr and str(known[-1]) in p.stderr
+
+
+def test_a_failed_boot_keeps_its_serial_log(fixture_dir, tmp_path, capsys, monkeypatch):
+    """The one output kept on failure: the serial log is what explains a failed boot."""
+    fake = tmp_path / "fake-qemu"
+    fake.write_text("#!/bin/sh\necho 'Kernel panic - not syncing: fake'\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("LINEPACK_QEMU", str(fake))
+    log = tmp_path / "serial.log"
+    rc = main(["boot", "--kernel", str(fixture_dir / "hl"), "--workload", "pipe", "--no-icount",
+               "--serial", str(log)])
+    err = capsys.readouterr().err
+    assert rc == 3 and "Kernel panic - not syncing: fake" in err, err
+    assert "Kernel panic - not syncing: fake" in log.read_text()
+    assert sorted(os.listdir(tmp_path)) == ["fake-qemu", "serial.log"]

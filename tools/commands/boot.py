@@ -26,16 +26,20 @@ class Boot:
 
     @staticmethod
     def run(args):
-        from ..errors import BadInput
+        from ..errors import BadInput, ExternalToolError
         from ..profile import qemu
         from ..io import OutputSet
         if args.loops is not None and args.loops < 0:
             raise BadInput("--loops must be >= 0")
         qemu.check_kernel_path(args.kernel)
-        with OutputSet(inputs=[args.kernel], outputs={"--serial": args.serial}):
-            res = qemu.run_workload(args.kernel, args.workload, loops=args.loops,
-                                    icount=args.icount, timeout=args.timeout, log=args.serial,
-                                    append=args.append)
+        with OutputSet(inputs=[args.kernel], outputs={"--serial": args.serial}) as outs:
+            try:
+                res = qemu.run_workload(args.kernel, args.workload, loops=args.loops,
+                                        icount=args.icount, timeout=args.timeout,
+                                        log=args.serial, append=args.append)
+            except ExternalToolError:
+                outs.commit()      # a failed boot's serial log is the one worth keeping
+                raise
         if args.verbose:
             print(" ".join(res.command), file=sys.stderr)
             sys.stderr.write(res.serial)
