@@ -13,9 +13,8 @@ Progress goes to stderr; one summary line (or the --show report) to stdout.
 import importlib
 import os
 import sys
-import time
 
-from ..cli import verb
+from ..cli import verb, wall_seconds
 from ..errors import BadInput
 from ..io import OutputSet
 
@@ -97,7 +96,6 @@ def _import(args):
     from ..image.elf import ElfImage
     from ..profile.symbolize import parse_offset
     _need(args, "image", "output")
-    t0 = time.monotonic()
     image = ElfImage(args.image)
     if args.perf_script:
         from ..profile.perf_script import import_perf_script
@@ -113,7 +111,7 @@ def _import(args):
     top = f", hottest {hot[0][0]}" if hot else ""
     print(f"{args.output}: {prof.source} profile of {os.path.basename(image.path)}: "
           f"{len(prof.func_addr)} functions, {prof.meta.get('samples', 0)} samples, "
-          f"{len(prof.edge_from)} edges{top} ({time.monotonic() - t0:.1f} s)")
+          f"{len(prof.edge_from)} edges{top} ({wall_seconds():.1f} s)")
     return 0
 
 
@@ -141,14 +139,13 @@ def _show(args):
 def _record_program(args):
     from ..profile.user import record_user
     _need(args, "output")
-    t0 = time.monotonic()
     prof = record_user(args.program, args.program_args or [], output=args.output,
                        meta=_meta(args), log=_log)
     hot = prof.hot_functions(1)
     print(f"{args.output}: qemu-user profile of {os.path.basename(args.program)}: "
           f"{len(prof.func_addr)} functions, {prof.meta.get('instructions', 0):,} instructions, "
           f"{len(prof.edge_from)} edges{', hottest ' + hot[0][0] if hot else ''} "
-          f"({time.monotonic() - t0:.1f} s)")
+          f"({wall_seconds():.1f} s)")
     return 0
 
 
