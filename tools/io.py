@@ -112,8 +112,7 @@ def check_output_path(path, flag="output"):
     try:
         pst = os.stat(parent)
     except FileNotFoundError:
-        raise BadInput(f"{name}: directory {os.path.dirname(os.path.abspath(path))} does not "
-                       "exist") from None
+        raise BadInput(f"{name}: directory {parent} does not exist") from None
     except NotADirectoryError:
         raise BadInput(f"{name}: a parent of it is not a directory") from None
     except OSError as e:
