@@ -45,7 +45,7 @@ class Alternatives(KernelTable):
         instr = entries["instr"]
         self.check_code_refs(ctx, findings, "instr", instr)
         end = instr + entries["instrlen"].astype(np.uint64)
-        self.check_code_refs(ctx, findings, "instr_end", end)
+        self.check_code_refs(ctx, findings, "instr_end", end, end_of_range=True)
         longer = entries["replacementlen"] > entries["instrlen"]
         self.report(findings, "error", ".altinstructions.length", instr[longer],
                     lambda a: f"alternative at {ctx.symbol_at(a)}: replacement longer than original")

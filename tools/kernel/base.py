@@ -82,10 +82,28 @@ class ImageContext:
         return self._functions
 
     @property
-    def disasm(self):
-        if self._disasm is None:
+    def function_disasm(self):
+        """Instructions of the sized FUNC symbols only."""
+        if getattr(self, "_function_disasm", None) is None:
             self.log(f"disassembling {len(self.functions)} functions")
-            self._disasm = disassemble(self.image, self.functions)
+            self._function_disasm = disassemble(self.image, self.functions)
+        return self._function_disasm
+
+    @property
+    def coverage(self):
+        """The partition of every executable byte (linepack.image.coverage)."""
+        if getattr(self, "_coverage", None) is None:
+            from ..image.coverage import CodeCoverage
+            self._coverage = CodeCoverage(self.image, self.functions, self.function_disasm)
+        return self._coverage
+
+    @property
+    def disasm(self):
+        """Every decoded instruction of every executable section: functions
+        (``func`` = their index) and the code outside them (``func`` = -1)."""
+        if self._disasm is None:
+            from ..image.coverage import merge
+            self._disasm = merge(self.function_disasm, self.coverage.extra)
         return self._disasm
 
     def in_code(self, addrs):
@@ -270,8 +288,14 @@ class KernelTable:
                                     f"of the same ({len(addrs)} in all)"))
 
     def check_code_refs(self, ctx, findings, what, addrs, allow_outside_functions=True,
-                        allow_section_end=False, allow_in_patch_sites=False):
-        """Every address must be in code and not inside an instruction."""
+                        allow_section_end=False, allow_in_patch_sites=False, allow_padding=(),
+                        end_of_range=False):
+        """Every address must be in code, at the start of a decoded instruction.
+
+        ``allow_padding``: coverage categories (image/coverage.py) an address
+        may also point at (ORC: objtool describes int3 fill too);
+        ``end_of_range``: the addresses are exclusive ends (the end of an
+        instruction is enough)."""
         addrs = np.asarray(addrs, dtype=np.uint64)
         not_code = ~ctx.in_code(addrs)
         if allow_section_end:
@@ -284,6 +308,22 @@ class KernelTable:
         self.report(findings, "error", f"{self.name}.{what}-boundary", addrs[mid],
                     lambda a: f"{self.name}: {what} {ctx.symbol_at(a)} ({a:#x}) is inside an "
                               "instruction, not at its start")
+        # every executable byte is classified (image/coverage.py): an address in
+        # code that starts no decoded instruction points at fill or data
+        d = ctx.disasm
+        no_insn = ~not_code & (d.containing(addrs) < 0)
+        if end_of_range:
+            # an end may also be the first byte after the last instruction
+            before = d.containing(addrs - np.uint64(1))
+            bc = np.maximum(before, 0)
+            no_insn &= ~((before >= 0) & (d.addr[bc] + d.size[bc].astype(np.uint64) == addrs))
+        if allow_section_end:
+            no_insn &= ~ctx.code_section_ends(addrs)
+        if allow_padding and no_insn.any():
+            no_insn &= ~np.isin(ctx.coverage.category_at(addrs), allow_padding)
+        self.report(findings, "error", f"{self.name}.{what}-not-instruction", addrs[no_insn],
+                    lambda a: f"{self.name}: {what} {ctx.symbol_at(a)} ({a:#x}) is "
+                              f"{ctx.coverage.describe(a)}, not an instruction")
         if not allow_outside_functions:
             outside = (ctx.functions.find(addrs) < 0) & ~not_code
             self.report(findings, "error", f"{self.name}.{what}-in-function", addrs[outside],

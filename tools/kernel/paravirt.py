@@ -31,5 +31,5 @@ class ParaInstructions(KernelTable):
         findings = []
         self.check_code_refs(ctx, findings, "instr", entries["instr"])
         self.check_code_refs(ctx, findings, "instr_end",
-                             entries["instr"] + entries["len"].astype(np.uint64))
+                             entries["instr"] + entries["len"].astype(np.uint64), end_of_range=True)
         return findings

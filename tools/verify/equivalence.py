@@ -241,7 +241,7 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     same_size[oi[size_diff]] = False
     matched_func = np.zeros(len(of), dtype=bool)
     matched_func[oi] = True
-    use = matched_func[od.func] & same_size[od.func]
+    use = _compared_instructions(od, matched_func, same_size)
     o_addr = od.addr[use]
     o_size = od.size[use]
     n_addr = amap.map(o_addr)
@@ -351,6 +351,18 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     report.extra["against"] = old_path
     log("equivalence: " + (", ".join(f"{k} {v}" for k, v in counter.items()) or "no problems"))
     return report
+
+
+def _compared_instructions(od, matched_func, same_size):
+    """Which instructions of OLD are compared: those of matched functions that
+    kept their size, and every instruction outside functions (``func`` -1:
+    entry code, thunks, asm labels, .altinstr_replacement ...), which must
+    sit at its mapped address (it moves with the code symbol or function
+    before it, or stays) with the same length and translated bytes."""
+    f = od.func.astype(np.int64)
+    inside = f >= 0
+    fc = np.where(inside, f, 0)
+    return np.where(inside, matched_func[fc] & same_size[fc], True)
 
 
 def _code_ranges(image):
