@@ -241,7 +241,7 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     same_size[oi[size_diff]] = False
     matched_func = np.zeros(len(of), dtype=bool)
     matched_func[oi] = True
-    use = _compared_instructions(od, matched_func, same_size)
+    use = _compared_instructions(octx, od, matched_func, same_size)
     o_addr = od.addr[use]
     o_size = od.size[use]
     n_addr = amap.map(o_addr)
@@ -353,16 +353,21 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     return report
 
 
-def _compared_instructions(od, matched_func, same_size):
+def _compared_instructions(octx, od, matched_func, same_size):
     """Which instructions of OLD are compared: those of matched functions that
     kept their size, and every instruction outside functions (``func`` -1:
-    entry code, thunks, asm labels, .altinstr_replacement ...), which must
-    sit at its mapped address (it moves with the code symbol or function
-    before it, or stays) with the same length and translated bytes."""
+    entry code, thunks, asm labels, .altinstr_replacement ...) except int3/nop
+    padding (relayout drops and inserts fill), which must sit at its mapped
+    address (it moves with the code symbol or function before it, or stays)
+    with the same length and translated bytes."""
+    from ..image.coverage import R_PADDING
     f = od.func.astype(np.int64)
     inside = f >= 0
     fc = np.where(inside, f, 0)
-    return np.where(inside, matched_func[fc] & same_size[fc], True)
+    extra = octx.coverage.extra
+    k = np.minimum(np.searchsorted(extra.addr, od.addr), max(len(extra.addr) - 1, 0))
+    padding = ~inside & (octx.coverage.reason[k] == R_PADDING) if len(extra.addr) else ~inside
+    return np.where(inside, matched_func[fc] & same_size[fc], ~padding)
 
 
 def _code_ranges(image):
