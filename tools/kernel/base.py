@@ -329,6 +329,13 @@ class KernelTable:
             self.report(findings, "error", f"{self.name}.{what}-in-function", addrs[outside],
                         lambda a: f"{self.name}: {what} {a:#x} is not inside any function")
 
+    def check_unique(self, ctx, findings, addrs, what="site"):
+        """A site is patched once: an address listed twice means a lost entry."""
+        a = np.sort(np.asarray(addrs, dtype=np.uint64))
+        dup = np.unique(a[1:][a[1:] == a[:-1]]) if len(a) > 1 else a[:0]
+        self.report(findings, "error", f"{self.name}.duplicate", dup,
+                    lambda x: f"{self.name}: {what} {ctx.symbol_at(x)} ({x:#x}) is listed twice")
+
     def check_sorted(self, ctx, findings, keys, what="entries", strict=False):
         keys = np.asarray(keys)
         if len(keys) < 2:
