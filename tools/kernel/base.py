@@ -195,6 +195,10 @@ def rel32_targets(base, values):
     return (np.asarray(base, dtype=np.int64) + np.asarray(values, dtype=np.int64)).astype(np.uint64)
 
 
+# relocation type -> (field width, PC-relative)
+_RELOC_FIELD = {1: (8, False), 2: (4, True), 4: (4, True), 10: (4, False), 11: (4, False)}
+
+
 class KernelTable:
     """Base class. Subclasses set ``name`` and the bounding symbols and dtype."""
 
@@ -269,6 +273,48 @@ class KernelTable:
 
     def check(self, ctx, entries):
         raise NotImplementedError
+
+    def check_window(self, ctx, entries, lo, hi):
+        """Check only entries[lo:hi] (plus what they need of the rest): every
+        per-entry check, order between neighbours, and the link relocations of
+        those records. The mutation test runs this after changing one entry,
+        instead of the whole table."""
+        findings = self.check(ctx, entries[lo:hi])
+        self.check_relocations(ctx, findings, entries[lo:hi])
+        return findings
+
+    def check_relocations(self, ctx, findings, entries):
+        """Every field of these records that carries a link relocation
+        (``--emit-relocs``) holds S + A (absolute) or S + A - P (PC-relative):
+        a second, independent source for each address. Tables the build sorts
+        after the link (their relocations are stale by design) are skipped."""
+        if self.resorted_by_relayout or not len(entries) or "entry" not in (entries.dtype.names or ()):
+            return
+        size = self.dtype.itemsize
+        lo = int(entries["entry"].min())
+        hi = int(entries["entry"].max()) + size
+        sec = ctx.image.section_at(lo)
+        rel = ctx.image.relocations.get(sec.name) if sec is not None else None
+        if rel is None or not len(rel):
+            return
+        sel = np.nonzero((rel.offset >= np.uint64(lo)) & (rel.offset < np.uint64(hi)) & (rel.sym != 0))[0]
+        if not len(sel):
+            return
+        sy = ctx.image.symtab
+        bad = []
+        for k in sel.tolist():
+            rtype = int(rel.type[k])
+            field = _RELOC_FIELD.get(rtype)
+            if field is None:
+                continue
+            width, pcrel = field
+            off = int(rel.offset[k])
+            val = int.from_bytes(bytes(ctx.image.read(off, width)), "little")
+            want = int(sy["value"][rel.sym[k]]) + int(rel.addend[k]) - (off if pcrel else 0)
+            if val != want & ((1 << (8 * width)) - 1):
+                bad.append(off)
+        self.report(findings, "error", f"{self.name}.relocation", bad,
+                    lambda a: f"{self.name}: field at {a:#x} disagrees with its link relocation")
 
     def update(self, ctx, entries, amap):
         raise NotImplementedError(f"{self.name}: update for relayout is not implemented")

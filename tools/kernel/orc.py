@@ -101,6 +101,17 @@ class OrcTable(KernelTable):
                     lambda a: f"ORC entry for {ctx.symbol_at(a)} has an invalid register or type")
         return findings
 
+    def check_window(self, ctx, entries, lo, hi):
+        # the parallel-size check is about the whole table: done on every parse
+        count, self._orc_count = self._orc_count, hi - lo
+        try:
+            findings = self.check(ctx, entries[lo:hi])
+        finally:
+            self._orc_count = count
+        if count != len(entries):
+            findings.append(Finding("error", "orc.parallel", None, "sizes differ"))
+        return findings
+
     def update(self, ctx, entries, amap):
         """Relayout: map IPs, re-sort both arrays together, cover inserted padding.
 

@@ -65,10 +65,10 @@ class StaticCallSites(KernelTable):
         disp = np.where(disp >= 1 << 31, disp - (1 << 32), disp)
         tgt = (addr.astype(np.int64) + 5 + disp).astype(np.uint64)
         wrong = [a for a, dr, t, kn in zip(addr.tolist(), direct.tolist(), tgt.tolist(), key_name)
-                 if dr and kn is not None and sct.get(t) is not None and sct[t] != kn]
+                 if dr and kn is not None and sct.get(t) != kn]
         self.report(findings, "error", ".static_call_sites.target", wrong,
-                    lambda a: f"static call site {ctx.symbol_at(a)} calls another static call's "
-                              "trampoline than its key's")
+                    lambda a: f"static call site {ctx.symbol_at(a)} does not call its key's "
+                              "__SCT__ trampoline")
         return findings
 
 

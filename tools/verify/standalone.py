@@ -96,6 +96,7 @@ def verify_image(path, log=None, tables=None):
         entries = table.parse(ctx)
         before = len(findings)
         found = table.check(ctx, entries)
+        table.check_relocations(ctx, found, entries)
         findings.extend(found)
         errors = sum(1 for f in found if f.severity == "error")
         report.tables[table.name] = {"entries": int(len(entries)), "ok": errors == 0}

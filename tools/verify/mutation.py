@@ -1,0 +1,380 @@
+"""Mutation testing of verify itself: corrupt one table entry (or one
+instruction of a rewritten image) in memory, run only the checks that read
+what changed, and see whether verify names the fault with its table and
+address.
+
+Nothing is written to disk: :class:`PatchedImage` overlays a copy of each
+touched section on the mapped image, and every mutation is undone after its
+check. The code partition (functions, swept asm code, padding) does not
+depend on any kernel table (image/coverage.py), so a table mutation leaves
+the decoded instructions valid and only the table's own check has to run,
+on a window of entries around the mutated ones (``KernelTable.check_window``).
+
+Mutation classes (table, field, kind) that no static check can catch are not
+generated; ``UNDETECTABLE`` lists them with the reason (the README repeats it).
+"""
+
+import copy
+
+import numpy as np
+
+from ..kernel import TABLES
+from ..kernel.base import ImageContext
+
+# (table, field) -> why a wrong value there cannot be seen in the image alone.
+UNDETECTABLE = {
+    ("__jump_table", "key: another key of the same initial state"):
+        "any static_key is a valid key; which one a site tests is the program's meaning",
+    ("__jump_table", "flags bit 1"):
+        "C sites set it (2 | branch), asm sites leave it clear; nothing in the image ties it to a site",
+    (".altinstructions", "cpuid: another valid feature bit"):
+        "every feature bit below NCAPINTS*32 is legal; which one selects the patch is the source's choice",
+    ("__bug_table", "file, line"):
+        "debug text for the WARN/BUG message; any string and line number are well-formed",
+    ("__bug_table", "flags: ONCE / NO_CUT_HERE"):
+        "both settings are legal for any site",
+    ("__ex_table", "data: another valid handler type or register"):
+        "each type is legal for any faulting instruction; only the source says which one applies",
+    ("orc_unwind", "sp_offset, bp_offset, valid registers/types"):
+        "the stack state at an IP needs objtool's whole-function stack analysis to recompute",
+    ("orc_unwind", "ip: moved to another instruction between its neighbours"):
+        "a boundary between the neighbouring IPs is a well-formed IP; which one is right needs the stack analysis",
+    ("kallsyms", "a symbol the ELF symtab does not have"):
+        "no second source for its address",
+}
+
+
+class PatchedImage:
+    """An ElfImage with some bytes changed in memory (copy-on-write per section)."""
+
+    def __init__(self, base):
+        self.base = base
+        self._copies = {}
+
+    def __getattr__(self, name):
+        return getattr(self.base, name)
+
+    def _buf(self, sec):
+        if sec.index not in self._copies:
+            self._copies[sec.index] = np.array(self.base.section_bytes(sec), dtype=np.uint8)
+        return self._copies[sec.index]
+
+    def section_bytes(self, sec):
+        if sec.index in self._copies:
+            return self._copies[sec.index]
+        return self.base.section_bytes(sec)
+
+    def read(self, addr, size):
+        s = self.base.section_at(addr)
+        if s is None or s.index not in self._copies:
+            return self.base.read(addr, size)
+        if addr + size > s.end:
+            raise ValueError(f"address {addr:#x}+{size} is not file-backed")
+        off = addr - s.addr
+        return self._copies[s.index][off:off + size]
+
+    def view(self, addr, count, dtype):
+        dtype = np.dtype(dtype)
+        return self.read(addr, count * dtype.itemsize).view(dtype)
+
+    def patch(self, addr, data):
+        """Write bytes at addr; returns the token that undoes it."""
+        s = self.base.section_at(addr)
+        buf = self._buf(s)
+        off = addr - s.addr
+        old = bytes(buf[off:off + len(data)])
+        buf[off:off + len(data)] = np.frombuffer(bytes(data), np.uint8)
+        return addr, old
+
+    def undo(self, token):
+        addr, old = token
+        s = self.base.section_at(addr)
+        off = addr - s.addr
+        self._copies[s.index][off:off + len(old)] = np.frombuffer(old, np.uint8)
+
+
+def patched_context(ctx):
+    """An ImageContext over a PatchedImage sharing ctx's decoded code and caches."""
+    pctx = copy.copy(ctx)
+    pctx.image = PatchedImage(ctx.image)
+    return pctx
+
+
+# -- table entry mutations ---------------------------------------------------------
+
+def _s32(v):
+    return int(v).to_bytes(4, "little", signed=True)
+
+
+class Field:
+    """One field of a table record: where it is and how to corrupt it."""
+
+    def __init__(self, name, offset, kind, storage=0):
+        # kind: rel32 / abs64 (code addresses), len8, flags (key fields), ...
+        self.name, self.offset, self.kind, self.storage = name, offset, kind, storage
+
+
+def table_fields(table, ctx):
+    """The mutable fields of one table for this kernel's layout."""
+    n = table.name
+    if n == "__jump_table":
+        return [Field("code", 0, "rel32"), Field("target", 4, "rel32"), Field("key", 8, "jump_key")]
+    if n == ".static_call_sites":
+        return [Field("addr", 0, "rel32"), Field("key", 4, "call_key")]
+    if n == ".altinstructions":
+        dt = table.dtype
+        return [Field("instr", 0, "rel32"), Field("repl", 4, "rel32_repl"),
+                Field("cpuid", dt.fields["cpuid"][1], "cpuid"),
+                Field("instrlen", dt.fields["instrlen"][1], "len8"),
+                Field("replacementlen", dt.fields["replacementlen"][1], "len8_repl")]
+    if n == ".parainstructions":
+        return [Field("instr", 0, "abs64"), Field("type", 8, "type8"), Field("len", 9, "len8")]
+    if n in (".retpoline_sites", ".return_sites", ".smp_locks", ".call_sites", ".ibt_endbr_seal"):
+        return [Field("addr", 0, "rel32")]
+    if n == "__ex_table":
+        return [Field("insn", 0, "rel32"), Field("fixup", 4, "rel32"), Field("data", 8, "extype")]
+    if n == "__bug_table":
+        return [Field("bug_addr", 0, "rel32"), Field("flags", 10, "bugflags")]
+    if n == "orc_unwind":
+        return [Field("ip", 0, "rel32"), Field("bits", 4, "orcbits", storage=1)]
+    if n == "__mcount_loc":
+        return [Field("addr", 0, "abs64")]
+    if n == "kallsyms":
+        return [Field("offset", 0, "kallsyms")]
+    if n in ("__ksymtab", "__ksymtab_gpl"):
+        return [Field("value", 0, "rel32_export"), Field("name", 4, "rel32_name")]
+    return []
+
+
+def _entry_sites(table, entries):
+    """The code address each entry is about (its region decides func/non-func/init)."""
+    for f in ("code", "addr", "instr", "insn", "ip", "value"):
+        if entries.dtype.names and f in entries.dtype.names:
+            return entries[f].astype(np.uint64)
+    return None
+
+
+def region_of(ctx, addrs):
+    """'func' / 'non-func' / 'init' for code addresses ('' outside code)."""
+    addrs = np.asarray(addrs, np.uint64)
+    init = ctx.image.section(".init.text")
+    in_init = np.zeros(len(addrs), bool) if init is None else \
+        (addrs >= np.uint64(init.addr)) & (addrs < np.uint64(init.end))
+    in_func = ctx.functions.find(addrs) >= 0
+    in_code = ctx.in_code(addrs)
+    return np.where(~in_code, "", np.where(in_init, "init", np.where(in_func, "func", "non-func")))
+
+
+class TableMutator:
+    """Generates and checks mutations of one table's entries."""
+
+    def __init__(self, ctx, pctx, cls, rng):
+        self.ctx, self.pctx, self.rng = ctx, pctx, rng
+        self.table = cls()
+        self.loc = self.table.locate(ctx)
+        self.entries = self.table.parse(ctx) if self.loc is not None else None
+        self.fields = table_fields(self.table, ctx) if self.loc is not None else []
+        self.storage = self.table.ranges(ctx)
+
+    def record_address(self, field, raw_index):
+        base, _count, size = self.storage[field.storage]
+        return base + raw_index * size + field.offset
+
+    # index in the parsed entries -> index of the raw record (site lists drop zeros)
+    def raw_index(self, k):
+        e = self.entries
+        if e.dtype.names and "entry" in e.dtype.names:
+            return (int(e["entry"][k]) - self.storage[0][0]) // self.storage[0][2]
+        return k
+
+    def _insn_after(self, a):
+        d = self.ctx.disasm
+        i = int(d.containing([a])[0])
+        return None if i < 0 else int(d.addr[i]) + int(d.size[i])
+
+    def _other_function_insn(self, a):
+        """An instruction start in a random function other than the one holding a."""
+        ft, d = self.ctx.functions, self.ctx.disasm
+        own = int(ft.find([a])[0])
+        for _ in range(20):
+            j = int(self.rng.integers(len(ft)))
+            if j == own:
+                continue
+            lo = np.searchsorted(d.addr, ft.start[j])
+            hi = np.searchsorted(d.addr, ft.end[j])
+            if hi - lo > 2:
+                return int(d.addr[lo + 1 + int(self.rng.integers(hi - lo - 2))])
+        return None
+
+    def mutations(self, field, k):
+        """[(kind, [(addr, bytes)], involved addresses)] for entry k and field."""
+        e, pimg = self.entries, self.ctx.image
+        r = self.raw_index(k)
+        at = self.record_address(field, r)
+        out = []
+
+        def rel_to(target, where=at):
+            return _s32(int(target) - where)
+
+        cur_rel = int.from_bytes(bytes(pimg.read(at, 4)), "little", signed=True) if field.kind != "abs64" else 0
+        if field.kind in ("rel32", "rel32_repl", "abs64", "rel32_export"):
+            t = at + cur_rel if field.kind != "abs64" else int(pimg.view(at, 1, "<u8")[0])
+            enc = (lambda x: rel_to(x)) if field.kind != "abs64" else (lambda x: int(x).to_bytes(8, "little"))
+            out.append(("off by one", [(at, enc(t + 1))], {t, t + 1}))
+            nxt = self._insn_after(t)
+            if nxt is not None:
+                out.append(("off by an instruction", [(at, enc(nxt))], {t, nxt}))
+            if field.kind != "rel32_repl":
+                other = self._other_function_insn(t)
+                if other is not None:
+                    out.append(("into another function", [(at, enc(other))], {t, other}))
+            # swap with the next entry's field
+            if k + 1 < len(e):
+                at2 = self.record_address(field, self.raw_index(k + 1))
+                if field.kind == "abs64":
+                    t2 = int(pimg.view(at2, 1, "<u8")[0])
+                    enc2 = lambda x: int(x).to_bytes(8, "little")
+                    patches = [(at, enc2(t2)), (at2, enc2(t))]
+                else:
+                    t2 = at2 + int.from_bytes(bytes(pimg.read(at2, 4)), "little", signed=True)
+                    patches = [(at, rel_to(t2)), (at2, rel_to(t, at2))]
+                if t2 != t and self._swap_matters(field, k, t, t2):
+                    out.append(("swapped pair", patches, {t, t2, at, at2}))
+        elif field.kind == "rel32_name":
+            t = at + cur_rel
+            out.append(("off by one", [(at, rel_to(t + 1))], {t + 1}))
+        elif field.kind == "jump_key":
+            raw = int(pimg.view(at, 1, "<i8")[0])
+            site = int(e["code"][k])
+            enc = lambda v: int(v).to_bytes(8, "little", signed=True)
+            out.append(("wrong flag (branch)", [(at, enc(raw ^ 1))], {site}))
+            out.append(("misaligned key", [(at, enc(raw + 4))], {site}))
+            out.append(("key into code", [(at, enc(site - at))], {site}))
+        elif field.kind == "call_key":
+            site = int(e["addr"][k])
+            out.append(("wrong flag (tail)", [(at, _s32(cur_rel ^ 1))], {site}))
+            out.append(("wrong flag (init)", [(at, _s32(cur_rel ^ 2))], {site}))
+            out.append(("off by one", [(at, _s32(cur_rel + 4))], {site}))
+            # swap keys with an entry of another static call
+            key = int(e["key"][k])
+            other = np.nonzero(e["key"] != np.uint64(key))[0]
+            if len(other):
+                j = int(other[self.rng.integers(len(other))])
+                at2 = self.record_address(field, self.raw_index(j))
+                r2 = int.from_bytes(bytes(pimg.read(at2, 4)), "little", signed=True)
+                out.append(("swapped pair", [(at, _s32(at2 + r2 - at)), (at2, _s32(at + cur_rel - at2))],
+                            {site, int(e["addr"][j])}))
+        elif field.kind in ("len8", "len8_repl"):
+            v = int(pimg.read(at, 1)[0])
+            site = int(_entry_sites(self.table, e)[k])
+            out.append(("wrong length (+1)", [(at, bytes([(v + 1) & 0xFF]))], {site}))
+            if v > 1:
+                out.append(("wrong length (-1)", [(at, bytes([v - 1]))], {site}))
+        elif field.kind == "cpuid":
+            site = int(e["instr"][k])
+            out.append(("feature out of range", [(at, (0xFFFF).to_bytes(2, "little"))], {site}))
+        elif field.kind == "type8":
+            v = int(pimg.read(at, 1)[0])
+            site = int(e["instr"][k])
+            out.append(("wrong type (+1)", [(at, bytes([(v + 1) & 0xFF]))], {site}))
+            out.append(("type out of range", [(at, bytes([0xFF]))], {site}))
+        elif field.kind == "extype":
+            site = int(e["insn"][k])
+            out.append(("invalid type", [(at, bytes([0]))], {site}))
+            out.append(("type out of range", [(at, bytes([0x7F]))], {site}))
+        elif field.kind == "bugflags":
+            v = int(pimg.view(at, 1, "<u2")[0])
+            site = int(e["addr"][k])
+            out.append(("wrong flag (DONE)", [(at, (v | 4).to_bytes(2, "little"))], {site}))
+            out.append(("wrong flag (taint without WARNING)",
+                        [(at, ((v & ~1) | 0x900).to_bytes(2, "little"))], {site}))
+        elif field.kind == "orcbits":
+            v = int(pimg.view(at, 1, "<u2")[0])
+            site = int(e["ip"][k])
+            out.append(("invalid sp register", [(at, ((v & ~0xF) | 0xF).to_bytes(2, "little"))], {site}))
+            out.append(("invalid type", [(at, (v | 0x300).to_bytes(2, "little"))], {site}))
+        elif field.kind == "kallsyms":
+            out.append(("off by one", [(at, _s32(cur_rel - 1 if cur_rel < 0 else cur_rel + 1))],
+                        {int(e["addr"][k]) + 1}))
+        return out
+
+    def _swap_matters(self, field, k, t, t2):
+        """Swapping two fields can be a no-op for the image's meaning: two
+        entries of one site list exchange places (unsorted lists), ORC IPs
+        with the same state. Only swaps that change a meaning are generated."""
+        name = self.table.name
+        if name in (".retpoline_sites", ".return_sites", ".smp_locks", ".call_sites",
+                    ".ibt_endbr_seal", "__bug_table", "__ksymtab", "__ksymtab_gpl"):
+            return name in ("__ksymtab", "__ksymtab_gpl") or False
+        if name == "orc_unwind":
+            e = self.entries
+            return any(e[f][k] != e[f][k + 1] for f in ("sp_offset", "bp_offset", "bits"))
+        if name == "__jump_table" and field.name == "code":
+            e = self.entries
+            return e["key"][k] != e["key"][k + 1] or e["flags"][k] != e["flags"][k + 1]
+        return True
+
+    def check(self, k, patches, involved):
+        """Apply patches, run this table's check on a window, undo. Returns the
+        findings that name the fault (an error at one of the involved addresses
+        or at a patched record)."""
+        tokens = [self.pctx.image.patch(a, b) for a, b in patches]
+        try:
+            table = type(self.table)()
+            entries = table.parse(self.pctx)
+            found = table.check_window(self.pctx, entries, max(k - 1, 0), min(k + 3, len(entries)))
+        finally:
+            for t in reversed(tokens):
+                self.pctx.image.undo(t)
+        names = set(involved) | {a for a, _ in patches}
+        return [f for f in found if f.severity == "error" and f.address in names]
+
+
+def table_mutations(ctx, rng, per_class=8, tables=None):
+    """Run mutations over every table, field, kind and region.
+
+    Returns rows (table, field, kind, region, entry address, named: bool,
+    findings) for each mutation.
+    """
+    pctx = patched_context(ctx)
+    rows = []
+    for cls in TABLES:
+        if tables and cls.name not in tables:
+            continue
+        m = TableMutator(ctx, pctx, cls, rng)
+        if m.entries is None or not len(m.entries) or not m.fields:
+            continue
+        sites = _entry_sites(m.table, m.entries)
+        if sites is None:
+            continue
+        regions = region_of(ctx, sites)
+        for field in m.fields:
+            for region in ("func", "non-func", "init"):
+                pool = np.nonzero(regions == region)[0]
+                if m.table.name == "kallsyms":
+                    pool = pool[_in_symtab(ctx, m, pool)]
+                if not len(pool):
+                    continue
+                picks = rng.choice(pool, size=min(per_class, len(pool)), replace=False)
+                for k in sorted(int(x) for x in picks):
+                    for kind, patches, involved in m.mutations(field, k):
+                        found = m.check(k, patches, involved)
+                        rows.append((m.table.name, field.name, kind, region,
+                                     m.record_address(field, m.raw_index(k)), bool(found), found))
+    return rows
+
+
+def _in_symtab(ctx, m, pool):
+    """kallsyms entries whose name the ELF symtab knows (second source)."""
+    where = ctx.symbol_addresses()
+    return np.array([m.table.names[i] in where and len(where[m.table.names[i]]) == 1
+                     for i in pool.tolist()], dtype=bool)
+
+
+def catch_table(rows, key=lambda r: (r[0], r[3])):
+    """{key: (mutations, named)} aggregated from mutation rows."""
+    out = {}
+    for r in rows:
+        n, c = out.get(key(r), (0, 0))
+        out[key(r)] = (n + 1, c + int(r[5]))
+    return out
