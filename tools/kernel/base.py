@@ -156,6 +156,15 @@ class ImageContext:
         ic = np.maximum(i, 0)
         return (i >= 0) & (addrs < en[ic]) if len(st) else np.zeros(len(addrs), bool)
 
+    def code_piece(self, addrs):
+        """Index of the stretch between consecutive code symbols holding each address."""
+        if getattr(self, "_code_symbols", None) is None:
+            names, syms = self.image.symbol_table()
+            typ = syms["info"] & 0xF
+            v = syms["value"][(typ != 3) & (typ != 4)].astype(np.uint64)
+            self._code_symbols = np.unique(v[self.in_code(v)])
+        return np.searchsorted(self._code_symbols, np.asarray(addrs, np.uint64), side="right")
+
     def symbol_at(self, addr):
         """'func+0xoff' for messages."""
         ft = self.functions
@@ -375,6 +384,22 @@ class KernelTable:
             self.report(findings, "error", f"{self.name}.{what}-in-function", addrs[outside],
                         lambda a: f"{self.name}: {what} {a:#x} is not inside any function")
 
+    def check_same_code(self, ctx, findings, what, addrs, others):
+        """Each pair (addr, other) lies in one function (or its .cold part), or,
+        outside functions, between the same two code symbols: a site's branch
+        target or fixup stays in the site's own code."""
+        a, b = np.asarray(addrs, np.uint64), np.asarray(others, np.uint64)
+        ft = ctx.functions
+        fa, fb = ft.find(a), ft.find(b)
+        piece = ctx.code_piece
+        # allowed: the function's own gcc-split part (foo.cold), and shared
+        # fixup code outside functions (bad_get_user, .Lcopy_user_handle_tail)
+        own_part = np.array([i >= 0 and j >= 0 and ft.name[j].startswith(ft.name[i] + ".")
+                             for i, j in zip(fa.tolist(), fb.tolist())], dtype=bool)
+        bad = ((fb >= 0) & (fa != fb) & ~own_part) | ((fa < 0) & (fb < 0) & (piece(a) != piece(b)))
+        self.report(findings, "error", f"{self.name}.{what}-same-code", a[bad],
+                    lambda x: f"{self.name}: {what} of the entry at {ctx.symbol_at(x)} lies in other code")
+
     def check_unique(self, ctx, findings, addrs, what="site"):
         """A site is patched once: an address listed twice means a lost entry."""
         a = np.sort(np.asarray(addrs, dtype=np.uint64))
@@ -387,5 +412,10 @@ class KernelTable:
         if len(keys) < 2:
             return
         bad = np.nonzero(keys[1:] <= keys[:-1] if strict else keys[1:] < keys[:-1])[0]
-        self.report(findings, "error", f"{self.name}.sorted", (keys[bad + 1]).tolist(),
+        # name the entry that is out of place: the later one when it is also
+        # below the entry before the pair, else the earlier one (too big)
+        prev = keys[np.maximum(bad - 1, 0)]
+        later = (bad == 0) | (keys[bad + 1] < prev)
+        culprit = np.where(later, bad + 1, bad)
+        self.report(findings, "error", f"{self.name}.sorted", (keys[culprit]).tolist(),
                     lambda a: f"{self.name}: {what} out of order at {ctx.symbol_at(a)} ({a:#x})")

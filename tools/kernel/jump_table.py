@@ -135,6 +135,7 @@ class JumpTable(KernelTable):
         self.check_code_refs(ctx, findings, "code", code)
         self.check_code_refs(ctx, findings, "target", target)
         self._check_keys(ctx, findings, entries, kind)
+        self.check_same_code(ctx, findings, "target", code, target)
         if ctx.version is not None and ctx.version[:2] < SHORT_SITES_SINCE:
             self.report(findings, "error", "static_key.short-on-old-kernel",
                         code[(kind == 0) | (kind == 2)],
