@@ -37,6 +37,14 @@ UNDETECTABLE = {
         "each type is legal for any faulting instruction; only the source says which one applies",
     ("orc_unwind", "sp_offset, bp_offset, valid registers/types"):
         "the stack state at an IP needs objtool's whole-function stack analysis to recompute",
+    ("__jump_table", "target of a nop site: another instruction of its function"):
+        "a nop site encodes no target; any instruction of the function is a well-formed label",
+    ("__ex_table", "insn: another instruction of the same function"):
+        "any instruction of the function may fault; which one does is the source's choice",
+    ("__ex_table", "fixup: another instruction of the same function"):
+        "any instruction of the function is a well-formed landing point",
+    (".altinstructions", "instrlen/replacementlen: another instruction boundary"):
+        "a site may cover any number of whole instructions; the length is only known to the assembler",
     ("orc_unwind", "ip: moved to another instruction between its neighbours"):
         "a boundary between the neighbouring IPs is a well-formed IP; which one is right needs the stack analysis",
     ("kallsyms", "a symbol the ELF symtab does not have"):
@@ -267,9 +275,10 @@ class TableMutator:
         elif field.kind in ("len8", "len8_repl"):
             v = int(pimg.read(at, 1)[0])
             site = int(_entry_sites(self.table, e)[k])
-            out.append(("wrong length (+1)", [(at, bytes([(v + 1) & 0xFF]))], {site}))
+            start = int(e["repl"][k]) if field.kind == "len8_repl" else site
+            out.append(("wrong length (+1)", [(at, bytes([(v + 1) & 0xFF]))], {site, start + v + 1}))
             if v > 1:
-                out.append(("wrong length (-1)", [(at, bytes([v - 1]))], {site}))
+                out.append(("wrong length (-1)", [(at, bytes([v - 1]))], {site, start + v - 1}))
         elif field.kind == "cpuid":
             site = int(e["instr"][k])
             out.append(("feature out of range", [(at, (0xFFFF).to_bytes(2, "little"))], {site}))
@@ -314,6 +323,10 @@ class TableMutator:
             return e["key"][k] != e["key"][k + 1] or e["flags"][k] != e["flags"][k + 1]
         return True
 
+    def site(self, k):
+        sites = _entry_sites(self.table, self.entries)
+        return None if sites is None else int(sites[k])
+
     def check(self, k, patches, involved):
         """Apply patches, run this table's check on a window, undo. Returns the
         findings that name the fault (an error at one of the involved addresses
@@ -326,15 +339,87 @@ class TableMutator:
         finally:
             for t in reversed(tokens):
                 self.pctx.image.undo(t)
-        names = set(involved) | {a for a, _ in patches}
+        names = set(involved) | {a for a, _ in patches} | {self.site(k)}
         return [f for f in found if f.severity == "error" and f.address in names]
+
+
+def _same_code(ctx, a, b):
+    ft = ctx.functions
+    fa, fb = int(ft.find([a])[0]), int(ft.find([b])[0])
+    if fa >= 0 or fb >= 0:
+        return fa == fb
+    return int(ctx.code_piece([a])[0]) == int(ctx.code_piece([b])[0])
+
+
+def _boundary(ctx, a, end=False):
+    d = ctx.disasm
+    if d.is_boundary([a])[0]:
+        return True
+    i = int(d.containing([a - 1])[0]) if end else -1
+    return i >= 0 and int(d.addr[i]) + int(d.size[i]) == a
+
+
+def undetectable(ctx, table, field, kind, entries, k, patches, pctx):
+    """The UNDETECTABLE class a mutation falls in, or None.
+
+    Decided from what the mutation wrote (never from whether it was caught):
+    a value that is well-formed by every rule the image can show.
+    """
+    img = ctx.image
+    if table.name in ("__ex_table", "orc_unwind") and field.name in ("insn", "fixup", "ip"):
+        old = int(entries[field.name][k])
+        news = [int(x) for x in _reparsed(table, pctx, patches, field.name, k)]
+        ok = all(_boundary(ctx, n) and (table.name == "orc_unwind" or _same_code(ctx, old, n))
+                 for n in news)
+        if table.name == "orc_unwind":
+            ip = entries["ip"]
+            lo = int(ip[k - 1]) if k else 0
+            hi = int(ip[k + 1]) if k + 1 < len(ip) else 1 << 64
+            ok = ok and all(lo <= n <= hi for n in news) and kind != "swapped pair"
+            return ("orc_unwind", "ip: moved to another instruction between its neighbours") if ok else None
+        if ok and field.name == "insn":
+            ins = entries["insn"]
+            n = news[0]
+            ok = (k == 0 or int(ins[k - 1]) <= n) and (k + 1 >= len(ins) or n <= int(ins[k + 1]))
+        return ("__ex_table", f"{field.name}: another instruction of the same function") if ok else None
+    if table.name == "__jump_table" and field.name == "target":
+        from ..kernel.jump_table import classify
+        kind_k, _ = classify(ctx, entries["code"][k:k + 1])
+        news = [int(x) for x in _reparsed(table, pctx, patches, "target", k)]
+        ok = int(kind_k[0]) in (0, 1) and all(
+            _boundary(ctx, n) and _same_code(ctx, int(entries["code"][k]), n) for n in news)
+        return ("__jump_table", "target of a nop site: another instruction of its function") if ok else None
+    if table.name == "__jump_table" and field.name == "code" and kind == "swapped pair":
+        return ("__jump_table", "key: another key of the same initial state")
+    if table.name == ".altinstructions" and field.name in ("instrlen", "replacementlen"):
+        start = "instr" if field.name == "instrlen" else "repl"
+        e2 = _reparsed_entries(table, pctx, patches)
+        end = int(e2[start][k]) + int(e2[field.name][k])
+        ok = _boundary(ctx, end, end=True) and int(e2["replacementlen"][k]) <= int(e2["instrlen"][k])
+        return (".altinstructions", "instrlen/replacementlen: another instruction boundary") if ok else None
+    return None
+
+
+def _reparsed_entries(table, pctx, patches):
+    tokens = [pctx.image.patch(a, b) for a, b in patches]
+    try:
+        return type(table)().parse(pctx)
+    finally:
+        for t in reversed(tokens):
+            pctx.image.undo(t)
+
+
+def _reparsed(table, pctx, patches, field, k):
+    e = _reparsed_entries(table, pctx, patches)
+    return e[field][k:k + 2] if len(patches) > 1 else e[field][k:k + 1]
 
 
 def table_mutations(ctx, rng, per_class=8, tables=None):
     """Run mutations over every table, field, kind and region.
 
     Returns rows (table, field, kind, region, entry address, named: bool,
-    findings) for each mutation.
+    findings, undetectable class or None) for each mutation. The class is
+    only looked up for mutations verify did not name.
     """
     pctx = patched_context(ctx)
     rows = []
@@ -359,8 +444,10 @@ def table_mutations(ctx, rng, per_class=8, tables=None):
                 for k in sorted(int(x) for x in picks):
                     for kind, patches, involved in m.mutations(field, k):
                         found = m.check(k, patches, involved)
+                        why = None if found else undetectable(ctx, m.table, field, kind, m.entries,
+                                                               k, patches, pctx)
                         rows.append((m.table.name, field.name, kind, region,
-                                     m.record_address(field, m.raw_index(k)), bool(found), found))
+                                     m.record_address(field, m.raw_index(k)), bool(found), found, why))
     return rows
 
 
