@@ -465,3 +465,144 @@ def catch_table(rows, key=lambda r: (r[0], r[3])):
         n, c = out.get(key(r), (0, 0))
         out[key(r)] = (n + 1, c + int(r[5]))
     return out
+
+
+# -- code mutations under verify --against ------------------------------------------
+
+# Single-instruction nops of each length (gas's forms; 10/11 with extra 66 prefixes).
+_NOPS = {1: "90", 2: "6690", 3: "0f1f00", 4: "0f1f4000", 5: "0f1f440000", 6: "660f1f440000",
+         7: "0f1f8000000000", 8: "0f1f840000000000", 9: "660f1f840000000000",
+         10: "66660f1f840000000000", 11: "6666660f1f840000000000"}
+
+
+class CodeMutator:
+    """Mutates single instructions of NEW (a relayout of OLD) and runs the
+    instruction comparison of ``verify --against`` on just that instruction."""
+
+    def __init__(self, octx, nctx, rng):
+        from .equivalence import (_compared_instructions, _labels, _Map, _piece_ends,
+                                  _region_points, match_functions)
+        import capstone
+        self.octx, self.nctx, self.rng = octx, nctx, rng
+        old, new = octx.image, nctx.image
+        of, nf = octx.functions, nctx.functions
+        oi, ni, _missing = match_functions(octx, nctx)
+        self.amap = _Map(of.start[oi], _piece_ends(old, of)[oi], nf.start[ni], *_labels(old, new, of),
+                         points=_region_points(old, new))
+        same_size = np.ones(len(of), bool)
+        same_size[oi[of.size[oi] != nf.size[ni]]] = False
+        matched = np.zeros(len(of), bool)
+        matched[oi] = True
+        od, nd = octx.disasm, nctx.disasm
+        self.use = _compared_instructions(octx, od, matched, same_size)
+        self.new_addr = self.amap.map(od.addr)
+        k = np.searchsorted(nd.addr, self.new_addr)
+        kc = np.minimum(k, len(nd.addr) - 1)
+        self.new_row = np.where((k < len(nd.addr)) & (nd.addr[kc] == self.new_addr), kc, -1)
+        self.cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        self.cs.detail = True
+        from ..image.disasm import _Decoder
+        self.dec = _Decoder()
+
+    def candidates(self, region, moved):
+        """Old instruction rows of a region ('func' / 'non-func' / 'init'),
+        moved or not, that exist in NEW and are not nops or padding."""
+        od = self.octx.disasm
+        ok = self.use & (self.new_row >= 0)
+        ok &= (self.new_addr != od.addr) if moved else (self.new_addr == od.addr)
+        if getattr(self, "_nops", None) is None:
+            self._nops = _NOP_MASK(od)
+        ok &= ~self._nops
+        if getattr(self, "_regions", None) is None:
+            self._regions = region_of(self.octx, od.addr)
+        return np.nonzero(ok & (self._regions == region))[0]
+
+    def mutations(self, o):
+        """[(kind, new bytes)] for the NEW counterpart of old row o."""
+        nd = self.nctx.disasm
+        n = int(self.new_row[o])
+        size = int(nd.size[n])
+        cur = bytes(nd.raw[n][:size])
+        out = []
+        ins = next(self.cs.disasm(cur, int(nd.addr[n]), 1), None)
+        if ins is None:
+            return out
+        groups = set(ins.groups)
+        is_branch = bool(groups & {capstone_groups.JUMP, capstone_groups.CALL}) and \
+            any(op.type == capstone_groups.OP_IMM for op in ins.operands)
+        if is_branch:
+            # relative branch: the displacement is the last 1 or 4 bytes
+            w = 1 if size - len(ins.prefix) - (2 if cur[0] == 0x0F else 1) <= 1 else 4
+            disp = int.from_bytes(cur[size - w:], "little", signed=True)
+            nb = cur[:size - w] + ((disp + 1) & ((1 << (8 * w)) - 1)).to_bytes(w, "little")
+            out.append(("branch target", nb))
+        elif ins.imm_size:
+            off, w = ins.imm_offset, ins.imm_size
+            v = int.from_bytes(cur[off:off + w], "little")
+            nb = cur[:off] + ((v + 1) & ((1 << (8 * w)) - 1)).to_bytes(w, "little") + cur[off + w:]
+            out.append(("immediate", nb))
+        elif ins.disp_size:
+            off, w = ins.disp_offset, (4 if ins.disp_size == 2 else ins.disp_size)
+            v = int.from_bytes(cur[off:off + w], "little")
+            nb = cur[:off] + ((v + 8) & ((1 << (8 * w)) - 1)).to_bytes(w, "little") + cur[off + w:]
+            out.append(("displacement", nb))
+        if size in _NOPS:
+            out.append(("nop over the instruction", bytes.fromhex(_NOPS[size])))
+        return out
+
+    def check(self, o, new_bytes):
+        """Put new_bytes in NEW's decoded row (re-decoded, as verify would see
+        them), compare that one instruction, undo. Returns naming findings."""
+        from .equivalence import compare_instructions
+        nd = self.nctx.disasm
+        n = int(self.new_row[o])
+        dec = self.dec.decode(new_bytes, int(nd.addr[n]))
+        saved = (nd.raw[n].copy(), int(nd.size[n]))
+        try:
+            nd.raw[n] = 0
+            nd.raw[n][:len(new_bytes)] = np.frombuffer(new_bytes, np.uint8)
+            nd.size[n] = int(dec["size"][0]) if len(dec) else 1
+            use = np.zeros(len(self.use), bool)
+            use[o] = True
+            findings, counter = [], {}
+            compare_instructions(self.octx, self.nctx, self.amap, use, self.octx.is_kernel,
+                                 findings, counter)
+        finally:
+            nd.raw[n], nd.size[n] = saved
+        names = {int(self.octx.disasm.addr[o]), int(nd.addr[n])}
+        return [f for f in findings if f.severity == "error" and f.address in names]
+
+
+class _CapstoneGroups:
+    def __init__(self):
+        import capstone
+        self.JUMP, self.CALL = capstone.CS_GRP_JUMP, capstone.CS_GRP_CALL
+        self.OP_IMM = capstone.x86.X86_OP_IMM
+
+
+capstone_groups = _CapstoneGroups()
+
+
+def _NOP_MASK(dis):
+    from ..image.coverage import _is_padding_insn
+    return _is_padding_insn(dis.raw, dis.size.astype(np.int64))
+
+
+def code_mutations(octx, nctx, rng, per_class=20):
+    """Code mutations in moved and unmoved code of every region. Rows:
+    ('code', kind, region, 'moved'/'unmoved', old address, named, findings, None)."""
+    m = CodeMutator(octx, nctx, rng)
+    rows = []
+    for region in ("func", "non-func", "init"):
+        for moved in (True, False):
+            pool = m.candidates(region, moved)
+            if not len(pool):
+                continue
+            picks = rng.choice(pool, size=min(per_class, len(pool)), replace=False)
+            for o in sorted(int(x) for x in picks):
+                for kind, nb in m.mutations(o):
+                    found = m.check(o, nb)
+                    rows.append(("code", kind, region, "moved" if moved else "unmoved",
+                                 int(octx.disasm.addr[o]), bool(found), found, None))
+    m.dec.close()
+    return rows
