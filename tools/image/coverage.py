@@ -220,7 +220,10 @@ class CodeCoverage:
             return
         start = pos
         offs, lens = [], []
+        # the instruction just before this piece, if the previous sweep ended here
         last_insn = None
+        if parts and len(parts[-1][0]) and int(parts[-1][0][-1] + parts[-1][1][-1]) == pos:
+            last_insn = bytes(data[int(parts[-1][0][-1]):pos])
         clean = True
         while pos < stop:
             # decode up to the cut; the last instruction may end in the trailing fill
