@@ -42,11 +42,12 @@ UNDETECTABLE = {
     ("__ex_table", "insn: another instruction of the same function"):
         "any instruction of the function may fault; which one does is the source's choice",
     ("__ex_table", "fixup: another instruction of the same function"):
-        "any instruction of the function is a well-formed landing point",
+        "any instruction of the insn's function (or shared asm fixup code) is a well-formed landing point",
     (".altinstructions", "instrlen/replacementlen: another instruction boundary"):
         "a site may cover any number of whole instructions; the length is only known to the assembler",
     ("orc_unwind", "ip: moved to another instruction between its neighbours"):
-        "a boundary between the neighbouring IPs is a well-formed IP; which one is right needs the stack analysis",
+        "an instruction start (or int3 fill) between the neighbouring IPs is a well-formed IP; which one "
+        "is right needs the stack analysis",
     ("kallsyms", "a symbol the ELF symtab does not have"):
         "no second source for its address",
 }
@@ -369,8 +370,17 @@ def undetectable(ctx, table, field, kind, entries, k, patches, pctx):
     if table.name in ("__ex_table", "orc_unwind") and field.name in ("insn", "fixup", "ip"):
         old = int(entries[field.name][k])
         news = [int(x) for x in _reparsed(table, pctx, patches, field.name, k)]
-        ok = all(_boundary(ctx, n) and (table.name == "orc_unwind" or _same_code(ctx, old, n))
-                 for n in news)
+        if table.name == "orc_unwind":
+            from ..image.coverage import PADDING
+            # an IP at an instruction start or in int3 fill (objtool's terminators)
+            ok = all(_boundary(ctx, n) or int(ctx.coverage.category_at([n])[0]) == PADDING for n in news)
+        elif field.name == "fixup":
+            # what the check allows: the insn's own function (or non-function fixup code)
+            insn = entries["insn"][k:k + len(news)]
+            ok = all(_boundary(ctx, n) and (_same_code(ctx, int(i), n) or int(ctx.functions.find([n])[0]) < 0)
+                     for i, n in zip(insn.tolist(), news))
+        else:
+            ok = all(_boundary(ctx, n) and _same_code(ctx, old, n) for n in news)
         if table.name == "orc_unwind":
             ip = entries["ip"]
             lo = int(ip[k - 1]) if k else 0
