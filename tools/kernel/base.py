@@ -417,5 +417,7 @@ class KernelTable:
         prev = keys[np.maximum(bad - 1, 0)]
         later = (bad == 0) | (keys[bad + 1] < prev)
         culprit = np.where(later, bad + 1, bad)
+        pair = {int(keys[c]): (int(keys[b]), int(keys[b + 1])) for c, b in zip(culprit.tolist(), bad.tolist())}
         self.report(findings, "error", f"{self.name}.sorted", (keys[culprit]).tolist(),
-                    lambda a: f"{self.name}: {what} out of order at {ctx.symbol_at(a)} ({a:#x})")
+                    lambda a: f"{self.name}: {what} out of order at {ctx.symbol_at(a)} ({a:#x}): "
+                              f"{pair[a][0]:#x} before {pair[a][1]:#x}")
