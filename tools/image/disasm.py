@@ -30,9 +30,9 @@ _INSN = np.dtype({
 class _Decoder:
     """A Capstone x86-64 handle used through the C API."""
 
-    def __init__(self):
+    def __init__(self, mode=capstone.CS_MODE_64):
         self.handle = ctypes.c_size_t()
-        status = _cs.cs_open(capstone.CS_ARCH_X86, capstone.CS_MODE_64, ctypes.byref(self.handle))
+        status = _cs.cs_open(capstone.CS_ARCH_X86, mode, ctypes.byref(self.handle))
         if status != capstone.CS_ERR_OK:
             raise RuntimeError(f"capstone cs_open failed: {status}")
         self._insn = ctypes.POINTER(capstone._cs_insn)()
@@ -96,8 +96,13 @@ class Disassembly:
 
         Returns (index, target, kind) arrays; kind is 'rel8' or 'rel32' as 1 or 4.
         Instruction prefixes the kernel uses on branches (cs/ds segment hints,
-        bnd) are skipped.
+        bnd) are skipped. Computed once per Disassembly.
         """
+        if getattr(self, "_branch_targets", None) is None:
+            self._branch_targets = self._decode_branch_targets()
+        return self._branch_targets
+
+    def _decode_branch_targets(self):
         raw, addr, size = self.raw, self.addr, self.size.astype(np.uint64)
         skip = np.zeros(len(raw), dtype=np.int64)
         for _ in range(3):

@@ -45,7 +45,7 @@ class Alternatives(KernelTable):
         instr = entries["instr"]
         self.check_code_refs(ctx, findings, "instr", instr)
         end = instr + entries["instrlen"].astype(np.uint64)
-        self.check_code_refs(ctx, findings, "instr_end", end)
+        self.check_code_refs(ctx, findings, "instr_end", end, end_of_range=True)
         longer = entries["replacementlen"] > entries["instrlen"]
         self.report(findings, "error", ".altinstructions.length", instr[longer],
                     lambda a: f"alternative at {ctx.symbol_at(a)}: replacement longer than original")
@@ -59,4 +59,17 @@ class Alternatives(KernelTable):
             out &= ~ctx.in_code(r)
             self.report(findings, "error", ".altinstructions.repl", instr[out],
                         lambda a: f"alternative at {ctx.symbol_at(a)}: replacement outside code")
+        # the replacement code is decoded too (image/coverage.py): it starts and
+        # ends on its own instruction boundaries
+        r = entries["repl"][has_repl]
+        self.check_code_refs(ctx, findings, "repl", r)
+        self.check_code_refs(ctx, findings, "repl_end",
+                             r + entries["replacementlen"][has_repl].astype(np.uint64), end_of_range=True,
+                             allow_section_end=True)
+        # feature bits: NCAPINTS words of CPU features then NBUGINTS words of bugs
+        # (at most 24 words in 6.1.y and 6.12); 6.1 keeps ALT_FLAG_NOT in bit 15
+        feature = entries["cpuid"].astype(np.int64) & (0x7FFF if "flags" not in entries.dtype.names else 0xFFFF)
+        self.report(findings, "error", ".altinstructions.cpuid", instr[feature >= 32 * 24],
+                    lambda a: f"alternative at {ctx.symbol_at(a)}: feature bit beyond the last "
+                              "capability/bug word")
         return findings

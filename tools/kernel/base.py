@@ -82,10 +82,28 @@ class ImageContext:
         return self._functions
 
     @property
-    def disasm(self):
-        if self._disasm is None:
+    def function_disasm(self):
+        """Instructions of the sized FUNC symbols only."""
+        if getattr(self, "_function_disasm", None) is None:
             self.log(f"disassembling {len(self.functions)} functions")
-            self._disasm = disassemble(self.image, self.functions)
+            self._function_disasm = disassemble(self.image, self.functions)
+        return self._function_disasm
+
+    @property
+    def coverage(self):
+        """The partition of every executable byte (linepack.image.coverage)."""
+        if getattr(self, "_coverage", None) is None:
+            from ..image.coverage import CodeCoverage
+            self._coverage = CodeCoverage(self.image, self.functions, self.function_disasm)
+        return self._coverage
+
+    @property
+    def disasm(self):
+        """Every decoded instruction of every executable section: functions
+        (``func`` = their index) and the code outside them (``func`` = -1)."""
+        if self._disasm is None:
+            from ..image.coverage import merge
+            self._disasm = merge(self.function_disasm, self.coverage.extra)
         return self._disasm
 
     def in_code(self, addrs):
@@ -138,6 +156,15 @@ class ImageContext:
         ic = np.maximum(i, 0)
         return (i >= 0) & (addrs < en[ic]) if len(st) else np.zeros(len(addrs), bool)
 
+    def code_piece(self, addrs):
+        """Index of the stretch between consecutive code symbols holding each address."""
+        if getattr(self, "_code_symbols", None) is None:
+            names, syms = self.image.symbol_table()
+            typ = syms["info"] & 0xF
+            v = syms["value"][(typ != 3) & (typ != 4)].astype(np.uint64)
+            self._code_symbols = np.unique(v[self.in_code(v)])
+        return np.searchsorted(self._code_symbols, np.asarray(addrs, np.uint64), side="right")
+
     def symbol_at(self, addr):
         """'func+0xoff' for messages."""
         ft = self.functions
@@ -175,6 +202,10 @@ def rename_fields(arr, mapping):
 def rel32_targets(base, values):
     """Addresses encoded as s32 relative to each field's own address."""
     return (np.asarray(base, dtype=np.int64) + np.asarray(values, dtype=np.int64)).astype(np.uint64)
+
+
+# relocation type -> (field width, PC-relative)
+_RELOC_FIELD = {1: (8, False), 2: (4, True), 4: (4, True), 10: (4, False), 11: (4, False)}
 
 
 class KernelTable:
@@ -252,6 +283,48 @@ class KernelTable:
     def check(self, ctx, entries):
         raise NotImplementedError
 
+    def check_window(self, ctx, entries, lo, hi):
+        """Check only entries[lo:hi] (plus what they need of the rest): every
+        per-entry check, order between neighbours, and the link relocations of
+        those records. The mutation test runs this after changing one entry,
+        instead of the whole table."""
+        findings = self.check(ctx, entries[lo:hi])
+        self.check_relocations(ctx, findings, entries[lo:hi])
+        return findings
+
+    def check_relocations(self, ctx, findings, entries):
+        """Every field of these records that carries a link relocation
+        (``--emit-relocs``) holds S + A (absolute) or S + A - P (PC-relative):
+        a second, independent source for each address. Tables the build sorts
+        after the link (their relocations are stale by design) are skipped."""
+        if self.resorted_by_relayout or not len(entries) or "entry" not in (entries.dtype.names or ()):
+            return
+        size = self.dtype.itemsize
+        lo = int(entries["entry"].min())
+        hi = int(entries["entry"].max()) + size
+        sec = ctx.image.section_at(lo)
+        rel = ctx.image.relocations.get(sec.name) if sec is not None else None
+        if rel is None or not len(rel):
+            return
+        sel = np.nonzero((rel.offset >= np.uint64(lo)) & (rel.offset < np.uint64(hi)) & (rel.sym != 0))[0]
+        if not len(sel):
+            return
+        sy = ctx.image.symtab
+        bad = []
+        for k in sel.tolist():
+            rtype = int(rel.type[k])
+            field = _RELOC_FIELD.get(rtype)
+            if field is None:
+                continue
+            width, pcrel = field
+            off = int(rel.offset[k])
+            val = int.from_bytes(bytes(ctx.image.read(off, width)), "little")
+            want = int(sy["value"][rel.sym[k]]) + int(rel.addend[k]) - (off if pcrel else 0)
+            if val != want & ((1 << (8 * width)) - 1):
+                bad.append(off)
+        self.report(findings, "error", f"{self.name}.relocation", bad,
+                    lambda a: f"{self.name}: field at {a:#x} disagrees with its link relocation")
+
     def update(self, ctx, entries, amap):
         raise NotImplementedError(f"{self.name}: update for relayout is not implemented")
 
@@ -270,8 +343,14 @@ class KernelTable:
                                     f"of the same ({len(addrs)} in all)"))
 
     def check_code_refs(self, ctx, findings, what, addrs, allow_outside_functions=True,
-                        allow_section_end=False, allow_in_patch_sites=False):
-        """Every address must be in code and not inside an instruction."""
+                        allow_section_end=False, allow_in_patch_sites=False, allow_padding=(),
+                        end_of_range=False):
+        """Every address must be in code, at the start of a decoded instruction.
+
+        ``allow_padding``: coverage categories (image/coverage.py) an address
+        may also point at (ORC: objtool describes int3 fill too);
+        ``end_of_range``: the addresses are exclusive ends (the end of an
+        instruction is enough)."""
         addrs = np.asarray(addrs, dtype=np.uint64)
         not_code = ~ctx.in_code(addrs)
         if allow_section_end:
@@ -284,15 +363,61 @@ class KernelTable:
         self.report(findings, "error", f"{self.name}.{what}-boundary", addrs[mid],
                     lambda a: f"{self.name}: {what} {ctx.symbol_at(a)} ({a:#x}) is inside an "
                               "instruction, not at its start")
+        # every executable byte is classified (image/coverage.py): an address in
+        # code that starts no decoded instruction points at fill or data
+        d = ctx.disasm
+        no_insn = ~not_code & (d.containing(addrs) < 0)
+        if end_of_range:
+            # an end may also be the first byte after the last instruction
+            before = d.containing(addrs - np.uint64(1))
+            bc = np.maximum(before, 0)
+            no_insn &= ~((before >= 0) & (d.addr[bc] + d.size[bc].astype(np.uint64) == addrs))
+        if allow_section_end:
+            no_insn &= ~ctx.code_section_ends(addrs)
+        if allow_padding and no_insn.any():
+            no_insn &= ~np.isin(ctx.coverage.category_at(addrs), allow_padding)
+        self.report(findings, "error", f"{self.name}.{what}-not-instruction", addrs[no_insn],
+                    lambda a: f"{self.name}: {what} {ctx.symbol_at(a)} ({a:#x}) is "
+                              f"{ctx.coverage.describe(a)}, not an instruction")
         if not allow_outside_functions:
             outside = (ctx.functions.find(addrs) < 0) & ~not_code
             self.report(findings, "error", f"{self.name}.{what}-in-function", addrs[outside],
                         lambda a: f"{self.name}: {what} {a:#x} is not inside any function")
+
+    def check_same_code(self, ctx, findings, what, addrs, others):
+        """Each pair (addr, other) lies in one function (or its .cold part), or,
+        outside functions, between the same two code symbols: a site's branch
+        target or fixup stays in the site's own code."""
+        a, b = np.asarray(addrs, np.uint64), np.asarray(others, np.uint64)
+        ft = ctx.functions
+        fa, fb = ft.find(a), ft.find(b)
+        piece = ctx.code_piece
+        # allowed: the function's own gcc-split part (foo.cold), and shared
+        # fixup code outside functions (bad_get_user, .Lcopy_user_handle_tail)
+        own_part = np.array([i >= 0 and j >= 0 and ft.name[j].startswith(ft.name[i] + ".")
+                             for i, j in zip(fa.tolist(), fb.tolist())], dtype=bool)
+        bad = ((fb >= 0) & (fa != fb) & ~own_part) | ((fa < 0) & (fb < 0) & (piece(a) != piece(b)))
+        self.report(findings, "error", f"{self.name}.{what}-same-code", a[bad],
+                    lambda x: f"{self.name}: {what} of the entry at {ctx.symbol_at(x)} lies in other code")
+
+    def check_unique(self, ctx, findings, addrs, what="site"):
+        """A site is patched once: an address listed twice means a lost entry."""
+        a = np.sort(np.asarray(addrs, dtype=np.uint64))
+        dup = np.unique(a[1:][a[1:] == a[:-1]]) if len(a) > 1 else a[:0]
+        self.report(findings, "error", f"{self.name}.duplicate", dup,
+                    lambda x: f"{self.name}: {what} {ctx.symbol_at(x)} ({x:#x}) is listed twice")
 
     def check_sorted(self, ctx, findings, keys, what="entries", strict=False):
         keys = np.asarray(keys)
         if len(keys) < 2:
             return
         bad = np.nonzero(keys[1:] <= keys[:-1] if strict else keys[1:] < keys[:-1])[0]
-        self.report(findings, "error", f"{self.name}.sorted", (keys[bad + 1]).tolist(),
-                    lambda a: f"{self.name}: {what} out of order at {ctx.symbol_at(a)} ({a:#x})")
+        # name the entry that is out of place: the later one when it is also
+        # below the entry before the pair, else the earlier one (too big)
+        prev = keys[np.maximum(bad - 1, 0)]
+        later = (bad == 0) | (keys[bad + 1] < prev)
+        culprit = np.where(later, bad + 1, bad)
+        pair = {int(keys[c]): (int(keys[b]), int(keys[b + 1])) for c, b in zip(culprit.tolist(), bad.tolist())}
+        self.report(findings, "error", f"{self.name}.sorted", (keys[culprit]).tolist(),
+                    lambda a: f"{self.name}: {what} out of order at {ctx.symbol_at(a)} ({a:#x}): "
+                              f"{pair[a][0]:#x} before {pair[a][1]:#x}")

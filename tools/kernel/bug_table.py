@@ -31,4 +31,12 @@ class BugTable(KernelTable):
         not_ud2 = ok & ~((d.raw[ic, 0] == 0x0F) & (d.raw[ic, 1] == 0x0B))
         self.report(findings, "error", "__bug_table.ud2", addr[not_ud2],
                     lambda a: f"BUG site {ctx.symbol_at(a)} is not a ud2 instruction")
+        # flags (asm-generic/bug.h): WARNING 1, ONCE 2, DONE 4 (set at run time),
+        # NO_CUT_HERE 8, and a taint number (< 19) in the high byte of WARNs only
+        fl = entries["flags"].astype(np.int64)
+        low, taint = fl & 0xFF, fl >> 8
+        bad = ((low & ~0xB) != 0) | (taint >= 19) | ((taint != 0) & ((low & 1) == 0))
+        self.report(findings, "error", "__bug_table.flags", addr[bad],
+                    lambda a: f"BUG site {ctx.symbol_at(a)}: flags are not a valid build-time "
+                              "BUGFLAG combination")
         return findings

@@ -35,6 +35,15 @@ class ExTable(KernelTable):
         self.check_sorted(ctx, findings, entries["insn"], "faulting instructions")
         self.check_code_refs(ctx, findings, "insn", entries["insn"])
         self.check_code_refs(ctx, findings, "fixup", entries["fixup"])
+        self.check_same_code(ctx, findings, "fixup", entries["insn"], entries["fixup"])
+        # data = type (low byte) | reg:4 flags:4 | imm:16 (asm/extable_fixup_types.h):
+        # EX_TYPE_NONE (0) never appears in the table; 6.1 ends at EX_TYPE_ZEROPAD
+        # (20), 6.12 at EX_TYPE_ERETU (21)
+        typ = entries["data"] & 0xFF
+        top = 20 if ctx.version is not None and ctx.version[:2] < (6, 2) else 21
+        bad = (typ == 0) | (typ > top)
+        self.report(findings, "error", "__ex_table.type", entries["insn"][bad],
+                    lambda a: f"__ex_table: entry for {ctx.symbol_at(a)} has an unknown handler type")
         return findings
 
     def update(self, ctx, entries, amap):

@@ -69,6 +69,38 @@ class JumpTable(KernelTable):
         ent["key"] = (key & ~3).astype(np.uint64)
         return ent
 
+    def _check_keys(self, ctx, findings, entries, kind):
+        """The key is an 8-aligned ``struct static_key`` in writable data, and
+        the site's built form follows from it: the compiler emits a nop
+        exactly when the key's initial ``enabled`` equals the entry's branch
+        bit (static_branch_likely/unlikely on DEFINE_STATIC_KEY_TRUE/FALSE;
+        true of all 5,980 sites of Debian 6.1)."""
+        key, code = entries["key"], entries["code"]
+        in_data = np.zeros(len(key), bool)
+        enabled = np.zeros(len(key), np.int64)
+        for s in ctx.image.alloc_sections():
+            if s.is_code or not (s.flags & 1):          # SHF_WRITE data only
+                continue
+            m = (key >= np.uint64(s.addr)) & (key + np.uint64(4) <= np.uint64(s.end))
+            if m.any():
+                in_data |= m
+                if s.type != 8:                           # .bss keys start at 0
+                    buf = np.asarray(ctx.image.section_bytes(s))
+                    off = (key[m] - np.uint64(s.addr)).astype(np.int64)
+                    enabled[m] = buf[off] | (buf[off + 1].astype(np.int64) << 8) | \
+                        (buf[off + 2].astype(np.int64) << 16) | (buf[off + 3].astype(np.int64) << 24)
+        bad_key = ~in_data | (key % np.uint64(8) != 0)
+        self.report(findings, "error", "__jump_table.key", code[bad_key],
+                    lambda a: f"__jump_table: key of the site at {ctx.symbol_at(a)} is not an aligned "
+                              "static_key in writable data")
+        branch = (entries["flags"] & 1) != 0
+        nop = (kind == 0) | (kind == 1)
+        wrong = ~bad_key & (kind != 4) & (nop != ((enabled != 0) == branch))
+        self.report(findings, "error", "__jump_table.initial-state", code[wrong],
+                    lambda a: f"__jump_table: site at {ctx.symbol_at(a)} is built as "
+                              f"{'a nop' if bytes(ctx.image.read(a, 1))[0] != 0xEB and bytes(ctx.image.read(a, 1))[0] != 0xE9 else 'a jump'}"
+                              ", which its key's initial state and branch bit contradict")
+
     def census(self, ctx, entries):
         """Static-key statistics and per-site kinds, as the verify report shows them."""
         kind, encoded = classify(ctx, entries["code"])
@@ -102,6 +134,10 @@ class JumpTable(KernelTable):
                                     f"{int(wrong.sum())} static key jumps disagree with their targets"))
         self.check_code_refs(ctx, findings, "code", code)
         self.check_code_refs(ctx, findings, "target", target)
+        if ctx.is_kernel:
+            # struct static_key rules: a userspace image with a hand-made table has none
+            self._check_keys(ctx, findings, entries, kind)
+        self.check_same_code(ctx, findings, "target", code, target)
         if ctx.version is not None and ctx.version[:2] < SHORT_SITES_SINCE:
             self.report(findings, "error", "static_key.short-on-old-kernel",
                         code[(kind == 0) | (kind == 2)],

@@ -32,6 +32,12 @@ class Ksymtab(KernelTable):
                 self.names.append(None)
         return ent
 
+    def check_window(self, ctx, entries, lo, hi):
+        # names are parsed per table, indexed like entries: check it whole
+        findings = self.check(ctx, entries)
+        self.check_relocations(ctx, findings, entries[lo:hi])
+        return findings
+
     def check(self, ctx, entries):
         findings = []
         if len(entries) == 0:

@@ -38,6 +38,7 @@ class McountLoc(KernelTable):
         addr = entries["addr"]
         self.check_sorted(ctx, findings, addr, "call sites")
         self.check_code_refs(ctx, findings, "site", addr)
+        self.check_unique(ctx, findings, addr)
         d = ctx.disasm
         i = d.containing(addr)
         ic = np.maximum(i, 0)

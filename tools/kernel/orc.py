@@ -17,6 +17,7 @@ but the bits changed (arch/x86/include/asm/orc_types.h):
 
 import numpy as np
 
+from ..image.coverage import PADDING
 from .base import Finding, KernelTable, for_version, rel32_targets
 
 ORC_ENTRY = np.dtype([("sp_offset", "<i2"), ("bp_offset", "<i2"), ("bits", "<u2")])
@@ -92,12 +93,23 @@ class OrcTable(KernelTable):
         ip = entries["ip"]
         self.check_sorted(ctx, findings, ip, "IPs")
         self.check_code_refs(ctx, findings, "ip", ip, allow_section_end=True,
-                             allow_in_patch_sites=True)
+                             allow_in_patch_sites=True, allow_padding=(PADDING,))
         layout = orc_bits(ctx)
         sp_reg, bp_reg, typ = layout.fields(entries["bits"])
         bad = (typ >= layout.types) | (sp_reg > ORC_REG_MAX) | (bp_reg > ORC_REG_MAX)
         self.report(findings, "error", "orc.entry", ip[bad],
                     lambda a: f"ORC entry for {ctx.symbol_at(a)} has an invalid register or type")
+        return findings
+
+    def check_window(self, ctx, entries, lo, hi):
+        # the parallel-size check is about the whole table: done on every parse
+        count, self._orc_count = self._orc_count, hi - lo
+        try:
+            findings = self.check(ctx, entries[lo:hi])
+        finally:
+            self._orc_count = count
+        if count != len(entries):
+            findings.append(Finding("error", "orc.parallel", None, "sizes differ"))
         return findings
 
     def update(self, ctx, entries, amap):

@@ -29,6 +29,7 @@ class SiteList(KernelTable):
         findings = []
         addr = entries["addr"]
         self.check_code_refs(ctx, findings, "site", addr)
+        self.check_unique(ctx, findings, addr)
         if self.opcodes is not None and len(addr):
             first = np.array([ctx.image.read(a, 1)[0] if c else 0
                               for a, c in zip(addr.tolist(), ctx.in_code(addr).tolist())], dtype=np.uint8)

@@ -23,6 +23,7 @@ import numpy as np
 import capstone
 
 from ..errors import BadInput, LinepackError
+from ..image.disasm import Disassembly
 from ..image.elf import ElfImage, STT_SECTION
 from ..kernel import TABLES
 from ..kernel.base import Finding, ImageContext
@@ -241,7 +242,34 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     same_size[oi[size_diff]] = False
     matched_func = np.zeros(len(of), dtype=bool)
     matched_func[oi] = True
-    use = matched_func[od.func] & same_size[od.func]
+    use = _compared_instructions(octx, od, matched_func, same_size)
+    report.extra.update(compare_instructions(octx, nctx, amap, use, kernel, findings, counter))
+
+    # 3. data: relocated pointers translate; nothing stale
+    _check_data_relocs(old, new, amap, octx, findings, counter)
+    _check_regions(old, new, of, nf, oi, ni, findings, counter)
+
+    # 3b. every relocation in NEW still describes its field (S + A [- P])
+    _check_relocations(old, new, octx, findings, counter, report)
+
+    # 4. tables and symbols
+    _check_tables(octx, nctx, amap, findings, counter)
+    _check_eh_frame(old, new, amap, octx, findings, counter)
+    _check_symbols(old, new, octx, amap, findings, counter)
+    if layout_map:
+        _check_layout_map(layout_map, of, nf, oi, ni, findings, counter, report)
+    report.extra["equivalence_moved_functions"] = moved
+    report.extra["against"] = old_path
+    log("equivalence: " + (", ".join(f"{k} {v}" for k, v in counter.items()) or "no problems"))
+    return report
+
+
+def compare_instructions(octx, nctx, amap, use, kernel, findings, counter):
+    """Steps 1 and 2 for the instructions of OLD selected by ``use``: each sits
+    at its mapped address in NEW with the same length, and every byte that
+    differs is a translated address field. Cost follows ``use``, so the
+    mutation test runs it on one instruction at a time."""
+    od, nd = octx.disasm, nctx.disasm
     o_addr = od.addr[use]
     o_size = od.size[use]
     n_addr = amap.map(o_addr)
@@ -252,7 +280,6 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     _add(findings, "error", "equiv.instruction", bad.tolist(),
          lambda k: (int(n_addr[k]), f"instruction of {octx.symbol_at(int(o_addr[k]))} has no "
                     f"same-length counterpart at {int(n_addr[k]):#x}"), counter)
-    report.extra["equivalence_instructions"] = int(found.sum())
 
     # 2. differing bytes must be translated address fields
     o_idx_all = np.nonzero(use)[0][found]          # old disasm index
@@ -265,14 +292,17 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     # branches: compare decoded targets, all at once (most changed instructions are
     # calls and jumps to moved functions)
     ob_i, ob_t, _ = od.branch_targets()
-    nb_i, nb_t, _ = nd.branch_targets()
     jo, jn = o_idx_all[k_diff], n_idx_all[k_diff]
     po = np.minimum(np.searchsorted(ob_i, jo), max(len(ob_i) - 1, 0))
     is_br = (ob_i[po] == jo) if len(ob_i) else np.zeros(len(jo), bool)
-    pn = np.minimum(np.searchsorted(nb_i, jn), max(len(nb_i) - 1, 0))
-    new_br = (nb_i[pn] == jn) if len(nb_i) else np.zeros(len(jn), bool)
+    # NEW's targets only for the changed rows (NEW's rows may be patched in place
+    # by the mutation test, so nothing is cached for them)
+    sub_i, sub_t, _ = Disassembly(nd.addr[jn], nd.size[jn], nd.func[jn], nd.raw[jn], []).branch_targets()
+    new_br = np.zeros(len(jn), bool)
+    new_br[sub_i] = True
     t_old = ob_t[po] if len(ob_i) else np.zeros(len(jo), np.uint64)
-    t_new = nb_t[pn] if len(nb_i) else np.zeros(len(jn), np.uint64)
+    t_new = np.zeros(len(jn), np.uint64)
+    t_new[sub_i] = sub_t
     br_ok = is_br & new_br & (amap.map(t_old) == t_new)
     branch_fixed = int(br_ok.sum())
     wrong_target = [(int(od.addr[o]), int(nd.addr[n]), int(t), int(tn) if nb else None)
@@ -331,26 +361,26 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     _add(findings, "error", "equiv.instruction-bytes", unexplained,
          lambda u: (u[0], f"{octx.symbol_at(u[0])}: '{u[1]}' changed in a way that is not a "
                     "translated address"), counter)
-    report.extra["equivalence_translated_branches"] = branch_fixed
-    report.extra["equivalence_translated_fields"] = field_fixed
+    return {"equivalence_instructions": int(found.sum()),
+            "equivalence_translated_branches": branch_fixed,
+            "equivalence_translated_fields": field_fixed}
 
-    # 3. data: relocated pointers translate; nothing stale
-    _check_data_relocs(old, new, amap, octx, findings, counter)
-    _check_regions(old, new, of, nf, oi, ni, findings, counter)
 
-    # 3b. every relocation in NEW still describes its field (S + A [- P])
-    _check_relocations(old, new, octx, findings, counter, report)
-
-    # 4. tables and symbols
-    _check_tables(octx, nctx, amap, findings, counter)
-    _check_eh_frame(old, new, amap, octx, findings, counter)
-    _check_symbols(old, new, octx, amap, findings, counter)
-    if layout_map:
-        _check_layout_map(layout_map, of, nf, oi, ni, findings, counter, report)
-    report.extra["equivalence_moved_functions"] = moved
-    report.extra["against"] = old_path
-    log("equivalence: " + (", ".join(f"{k} {v}" for k, v in counter.items()) or "no problems"))
-    return report
+def _compared_instructions(octx, od, matched_func, same_size):
+    """Which instructions of OLD are compared: those of matched functions that
+    kept their size, and every instruction outside functions (``func`` -1:
+    entry code, thunks, asm labels, .altinstr_replacement ...) except int3/nop
+    padding (relayout drops and inserts fill), which must sit at its mapped
+    address (it moves with the code symbol or function before it, or stays)
+    with the same length and translated bytes."""
+    from ..image.coverage import R_PADDING
+    f = od.func.astype(np.int64)
+    inside = f >= 0
+    fc = np.where(inside, f, 0)
+    extra = octx.coverage.extra
+    k = np.minimum(np.searchsorted(extra.addr, od.addr), max(len(extra.addr) - 1, 0))
+    padding = ~inside & (octx.coverage.reason[k] == R_PADDING) if len(extra.addr) else ~inside
+    return np.where(inside, matched_func[fc] & same_size[fc], ~padding)
 
 
 def _code_ranges(image):

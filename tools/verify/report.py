@@ -20,6 +20,7 @@ class VerifyReport:
         self.seconds = 0.0
         self.extra = {}
         self.context = None      # the ImageContext the checks ran on
+        self.coverage = None     # {"sections": [...], "unexplained": [...], ...}
 
     @property
     def errors(self):
@@ -44,6 +45,8 @@ class VerifyReport:
             "static_keys": self.static_keys,
             "tables": self.tables,
         }
+        if self.coverage is not None:
+            d["coverage"] = self.coverage
         d.update(self.extra)
         return d
 
@@ -60,6 +63,12 @@ class VerifyReport:
         if self.kernel_version:
             lines.append(f"kernel:   {self.kernel_version[:100]}")
         lines.append(f"code:     {self.functions} functions, {self.instructions} instructions decoded")
+        if self.coverage is not None:
+            lines.append(f"coverage: {'section':22s} {'bytes':>10s} {'decoded':>10s} {'padding':>10s} "
+                         f"{'data':>6s} {'unexplained':>11s}")
+            for r in self.coverage["sections"]:
+                lines.append(f"          {r['section']:22s} {r['bytes']:10d} {r['decoded']:10d} "
+                             f"{r['padding']:10d} {r['data']:6d} {r['unexplained']:11d}")
         if self.static_keys:
             s = self.static_keys
             lines.append(f"static keys: {s['total']} sites = {s['nop2']} nop2 + {s['nop5']} nop5 + "

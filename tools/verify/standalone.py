@@ -26,6 +26,27 @@ def _code_checks(ctx, findings):
                                 f"(e.g. {sample}); instruction boundaries there are approximate"))
 
 
+def _coverage(ctx, report, findings):
+    """The partition of every executable byte: table in the report, and each
+    unexplained run or decoding conflict as a warning with its address."""
+    cov = ctx.coverage
+    runs = lambda items: [{"address": f"{a:#x}", "section": sec, "bytes": int(n), "reason": why}
+                          for a, sec, n, why in items]
+    report.coverage = {
+        "sections": cov.table(),
+        "unexplained": runs(cov.unexplained),
+        "data": runs(cov.data_runs),
+        "conflicts": [{"address": f"{a:#x}", "section": sec, "reason": why}
+                      for a, sec, why in cov.conflicts],
+    }
+    for a, sec, n, why in cov.unexplained[:20]:
+        findings.append(Finding("warning", "coverage.unexplained", a,
+                                f"{n} unexplained byte(s) at {ctx.symbol_at(a)} in {sec}: {why}"))
+    for a, sec, why in cov.conflicts[:20]:
+        findings.append(Finding("warning", "coverage.conflict", a,
+                                f"decoding conflict at {ctx.symbol_at(a)} in {sec}: {why}"))
+
+
 def _eh_frame_checks(image, report, findings):
     """Userspace unwind tables: FDEs parse, .eh_frame_hdr sorted and agreeing."""
     sec = image.section(".eh_frame")
@@ -59,6 +80,7 @@ def verify_image(path, log=None, tables=None):
     report.functions = len(ctx.functions)
     report.instructions = len(ctx.disasm)
     report.known_undecoded = {name: 0 for _, _, name in KNOWN_UNDECODED}
+    _coverage(ctx, report, findings)
     for cls in TABLES:
         if tables and cls.name not in tables:
             continue
@@ -74,6 +96,7 @@ def verify_image(path, log=None, tables=None):
         entries = table.parse(ctx)
         before = len(findings)
         found = table.check(ctx, entries)
+        table.check_relocations(ctx, found, entries)
         findings.extend(found)
         errors = sum(1 for f in found if f.severity == "error")
         report.tables[table.name] = {"entries": int(len(entries)), "ok": errors == 0}
