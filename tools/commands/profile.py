@@ -126,6 +126,9 @@ def _show(args):
     if args.image:
         prof.check_image(ElfImage(args.image))
     print("\n".join(prof.summary(top=args.top)))
+    if prof.metric == "insns":
+        from ..profile.emulation import emulation_shares
+        print("\n".join(emulation_shares(prof).lines()))
     return 0
 
 
