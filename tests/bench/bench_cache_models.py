@@ -45,7 +45,8 @@ def main():
         cells = []
         for lay in LAYOUTS:
             m = get[(lay, c["name"])]["misses"]
-            cells.append(f"{m:,}" + ("" if lay == "stock" else f" ({100 * (m - base) / base:+.1f}%)"))
+            rel = f" ({100 * (m - base) / base:+.1f}%)" if base else ""
+            cells.append(f"{m:,}" + ("" if lay == "stock" else rel))
         rank = sorted(LAYOUTS, key=lambda lay: (get[(lay, c["name"])]["misses"], lay))
         print(f"| {c['name']} | {c['kind']} | " + " | ".join(cells) + " | " + " < ".join(rank) + " |")
     ins = {lay: get[(lay, caches[0]["name"])]["instructions"] for lay in LAYOUTS}
