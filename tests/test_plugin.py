@@ -92,6 +92,17 @@ def test_cache_configs():
                     "line=64", "edges=on", "start=0x10"]
     with pytest.raises(BadInput):
         trace.cache_config("no-such-cache")
+    nlp = trace.plugin_args("/tmp/x.bin", cache="intel-32k-8w-nlp")
+    assert nlp[2:] == ["cache=on", "size=32768", "ways=8", "line=64", "prefetch=on"]
+    l2 = trace.plugin_args("/tmp/x.bin", cache="l2-2m-16w")
+    assert l2[2:] == ["cache=on", "size=32768", "ways=8", "line=64", "l2size=2097152", "l2ways=16"]
+    for name, entries, page in (("itlb-4k", 128, 4096), ("itlb-2m", 8, 2 << 20)):
+        c = trace.cache_config(name)
+        assert c["kind"] == "itlb" and c["line"] == page and c["size"] // page == entries
+    from linepack.evaluate.cachemodel import CacheState
+    with pytest.raises(BadInput, match="booted"):
+        CacheState(trace.cache_config("l2-1m-16w"))
+    CacheState(trace.cache_config("itlb-2m"))          # a plain LRU: the what-if replays it
 
 
 def test_bad_cache_config(tmp_path):
@@ -99,6 +110,12 @@ def test_bad_cache_config(tmp_path):
     p.write_text("size = 24576\nways = 8\nline = 64\n")   # 48 sets: not a power of two
     with pytest.raises(BadInput):
         trace.cache_config(str(p))
+    for text in ("size = 32768\nways = 8\nline = 64\nl2_size = 100000\n",
+                 "size = 32768\nways = 8\nline = 64\nprefetch = 'stream'\n",
+                 "size = 32768\nways = 8\nline = 64\nprefetch = 'next-line'\nl2_size = 1048576\n"):
+        p.write_text(text)
+        with pytest.raises(BadInput):
+            trace.cache_config(str(p))
 
 
 # ---------------------------------------------------------------- user mode: exact reference
@@ -171,8 +188,24 @@ class _Code:
         raise AssertionError(f"block {va:#x} is outside the program")
 
 
-def _reference(code, tt, size, ways, line):
-    """Python LRU replay of the executed blocks: fetches, misses, per-block, edges."""
+def _lru(sets, nsets, ways, li):
+    """Access li in a list of OrderedDict sets; True on a miss (li becomes MRU)."""
+    s = sets[li % nsets]
+    if li in s:
+        s.move_to_end(li)
+        return False
+    s[li] = True
+    if len(s) > ways:
+        s.popitem(last=False)
+    return True
+
+
+def _reference(code, tt, size, ways, line, prefetch=False, l2=None):
+    """Python LRU replay of the executed blocks: fetches, misses, per-block, edges.
+
+    prefetch: every fetch of line L also fills L+1 (MRU unless present, uncounted);
+    l2: (size, ways) of a second level that L1 misses look up; misses are then L2 misses.
+    """
     nsets = size // (ways * line)
     keys = list(zip(tt["vaddr"].tolist(), tt["size"].tolist(), tt["ninsns"].tolist()))
     info = {}
@@ -185,6 +218,9 @@ def _reference(code, tt, size, ways, line):
                     lines.append(li)
         info[k] = (lines, (k[0], sum(ln for _, ln in ins), len(ins)), ins[-1])
     sets = [OrderedDict() for _ in range(nsets)]
+    if l2:
+        l2sets_n = l2[0] // (l2[1] * line)
+        l2sets = [OrderedDict() for _ in range(l2sets_n)]
     last = None
     fetches = misses = 0
     per = {}
@@ -198,14 +234,16 @@ def _reference(code, tt, size, ways, line):
                 continue
             last = li
             f += 1
-            s = sets[li % nsets]
-            if li in s:
-                s.move_to_end(li)
-            else:
-                m += 1
-                s[li] = True
-                if len(s) > ways:
-                    s.popitem(last=False)
+            miss = _lru(sets, nsets, ways, li)
+            if prefetch:
+                s = sets[(li + 1) % nsets]
+                if li + 1 not in s:
+                    s[li + 1] = True
+                    if len(s) > ways:
+                        s.popitem(last=False)
+            if miss and l2:
+                miss = _lru(l2sets, l2sets_n, l2[1], li)
+            m += miss
         fetches += f
         misses += m
         p = per.setdefault(outkey, [0, 0, 0])
@@ -218,15 +256,26 @@ def _reference(code, tt, size, ways, line):
     return fetches, misses, per, edges
 
 
-@pytest.mark.parametrize("geom", [(1024, 2, 64), (2048, 4, 32), (32768, 8, 64)])
+@pytest.mark.parametrize("geom", [(1024, 2, 64), (2048, 4, 32), (32768, 8, 64),
+                                  (1024, 2, 64, "prefetch"), (2048, 4, 32, "prefetch"),
+                                  (512, 2, 64, (2048, 4)), (1024, 2, 32, (4096, 16)),
+                                  (4 * 4096, 2, 4096)])      # an iTLB: 4 entries of 4 KiB pages
 def test_cache_model_matches_python_lru(plugin_so, user_prog, tmp_path, geom):
-    size, ways, line = geom
+    size, ways, line = geom[:3]
+    prefetch = len(geom) > 3 and geom[3] == "prefetch"
+    l2 = geom[3] if len(geom) > 3 and isinstance(geom[3], tuple) else None
+    extra = (["prefetch=on"] if prefetch else []) + \
+        ([f"l2size={l2[0]}", f"l2ways={l2[1]}"] if l2 else [])
     out, tbt = tmp_path / "o.bin", tmp_path / "t.bin"
     _run_user(plugin_so, user_prog, [f"out={out}", "mode=user", "cache=on", f"size={size}",
-                                     f"ways={ways}", f"line={line}", "edges=on", f"tbtrace={tbt}"])
+                                     f"ways={ways}", f"line={line}", "edges=on", f"tbtrace={tbt}",
+                                     *extra])
     t = trace.read_plugin_output(out)
     tt = trace.read_tbtrace(tbt)
-    fetches, misses, per, edges = _reference(_Code(user_prog), tt, size, ways, line)
+    assert t.cache.get("prefetch") == ("next-line" if prefetch else None)
+    assert t.cache.get("l2", False) == bool(l2)
+    fetches, misses, per, edges = _reference(_Code(user_prog), tt, size, ways, line,
+                                             prefetch=prefetch, l2=l2)
     assert (t.fetches, t.misses) == (fetches, misses)
     assert 0 < t.misses < t.fetches
     got = {(int(a), int(s), int(n)): [int(e), int(f), int(m)] for a, s, n, e, f, m in
@@ -275,7 +324,8 @@ def test_region_of_interest(plugin_so, user_prog, tmp_path):
 
 
 def test_unknown_argument_is_an_error(plugin_so, user_prog, tmp_path):
-    for bad in ("bogus=1", "cache=maybe", "mode=kern", "ways=3", "size=1000"):
+    for bad in ("bogus=1", "cache=maybe", "mode=kern", "ways=3", "size=1000", "l2size=1000",
+                "prefetch=maybe", "line=4194304", "prefetch=on,l2size=65536"):
         p = subprocess.run(["qemu-x86_64", "-plugin", f"{plugin_so},out={tmp_path}/x.bin,{bad}",
                             str(user_prog), "10"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, timeout=60)

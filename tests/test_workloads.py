@@ -12,7 +12,8 @@ from elftools.elf.elffile import ELFFile
 from linepack.errors import BadInput, ExternalToolError
 from linepack.profile import initramfs, workloads
 
-SMALL = {"vfs-mix": 200, "pipe": 300, "vdso": 1000}
+SMALL = {"vfs-mix": 200, "pipe": 300, "vdso": 1000, "fork-exec": 20, "tcp-loopback": 50,
+         "epoll": 100, "dirwalk": 1, "fsync": 10}
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
 

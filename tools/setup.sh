@@ -41,5 +41,13 @@ if [ "${LINEPACK_SKIP_KERNEL:-0}" != 1 ]; then
   log "fetching Debian's 6.1 cloud vmlinux and modules of the same build (cached)"
   "$PY" -m linepack fetch --module fs/fat/fat.ko --module fs/fat/vfat.ko \
       --module drivers/block/brd.ko >/dev/null
+  vmlinux="$("$PY" -m linepack fetch)"
+  # Headers of the same build: the slab-bulk workload's kernel module is built against them.
+  rel="$(basename "$(dirname "$vmlinux")")"
+  if ! dpkg-query -W -f='${Status}' "linux-headers-$rel" 2>/dev/null | grep -q "ok installed"; then
+    log "installing linux-headers-$rel"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends \
+      "linux-headers-$rel" >/dev/null
+  fi
 fi
 log "ready"

@@ -4,6 +4,8 @@
     linepack evaluate --kernel BASE --layout stock --layout align-all:64 --layout pack
                       [--profile P] [--whatif]                        layouts of one image
     linepack evaluate --kernel BASE --sweep align-all:1,2,4,...,512 [--booted]
+    linepack evaluate --kernel BASE --train W1,W2,... --test W1,W2,... [--strategy pack] [--weights ...]
+                                                     generalization matrix (what-if replay)
     linepack evaluate --program ORIG --program [LABEL=]OTHER ... [-- ARGS...]
                                                      userspace programs under qemu-x86_64
     (--cache is repeatable; --json/--csv/--plot/--heatmap write files)
@@ -153,6 +155,14 @@ class Evaluate:
         p.add_argument("--cache", action="append", metavar="MODEL",
                        help="cache model: a name in configs/cache/ or a TOML path (repeat; "
                        "default intel-32k-8w)")
+        p.add_argument("--train", metavar="W1,W2,...",
+                       help="generalization matrix: a layout per training workload, one from "
+                            "their merged profile (and leave-one-out ones), replayed on --test")
+        p.add_argument("--test", metavar="W1,W2,...", help="with --train: the workloads to test on")
+        p.add_argument("--strategy", default="pack", help="with --train: the layout strategy "
+                                                          "(default pack)")
+        p.add_argument("--weights", metavar="W1,W2,...",
+                       help="with --train: weights of the training workloads in the merged profile")
         p.add_argument("--repeat", type=int, default=1, help="boots per image (default 1)")
         p.add_argument("--json", metavar="FILE")
         p.add_argument("--csv", metavar="FILE")
@@ -176,6 +186,10 @@ class Evaluate:
             raise BadInput("--repeat must be at least 1")
         if args.program:
             return _run_programs(args)
+        if args.train or args.test:
+            return _run_matrix(args)
+        if args.weights:
+            raise BadInput("--weights goes with --train")
         if not args.kernel:
             raise BadInput("give --kernel VMLINUX (kernels) or --program PATH (userspace programs)")
         if args.program_args:
@@ -268,6 +282,46 @@ class Evaluate:
             w.writerows(clean)
             write_atomic(args.csv, buf.getvalue().encode())
         return EXIT_FINDINGS if problems else 0
+
+
+def _run_matrix(args):
+    from ..evaluate.matrix import format_matrix, generalization_matrix, heatmap_png, matrix_json
+    from ..evaluate.layouts import normalize_spec
+    from ..profile import workloads
+    from ..profile.trace import cache_config
+    if not (args.train and args.test):
+        raise BadInput("--train and --test go together (comma-separated workload names)")
+    if not args.kernel or len(args.kernel) != 1:
+        raise BadInput("--train/--test take exactly one --kernel (the base image)")
+    if args.layout or args.sweep or args.profile or args.heatmap:
+        raise BadInput("--train/--test do not go with --layout, --sweep, --profile or --heatmap")
+    base = args.kernel[0].rpartition("=")[2]
+    if not os.path.isfile(base):
+        raise BadInput(f"--kernel {base}: no such file")
+    train = [w.strip() for w in args.train.split(",") if w.strip()]
+    test = [w.strip() for w in args.test.split(",") if w.strip()]
+    for w in train + test:
+        workloads.load(w)                      # unknown names: one clear error before any boot
+    weights = None
+    if args.weights:
+        try:
+            weights = [float(x) for x in args.weights.split(",")]
+        except ValueError:
+            raise BadInput(f"--weights {args.weights!r}: expected comma-separated numbers") from None
+    if args.loops is not None and args.loops < 1:
+        raise BadInput("--loops must be at least 1")
+    strategy = normalize_spec(args.strategy)
+    caches = [cache_config(c) for c in (args.cache or ["intel-32k-8w"])]
+    loops = {w: args.loops for w in train + test} if args.loops else None
+    m = generalization_matrix(base, train, test, strategy=strategy, caches=caches, loops=loops,
+                              weights=weights, log=_log)
+    print(format_matrix(m))
+    if args.json:
+        write_atomic(args.json, json.dumps(matrix_json(m), indent=1, sort_keys=True) + "\n")
+    if args.plot:
+        heatmap_png(m, args.plot)
+        _log(f"wrote {args.plot}")
+    return 0
 
 
 def _run_programs(args):

@@ -6,6 +6,7 @@
     linepack profile --fdata FILE --image IMAGE -o PROFILE
     linepack profile --export-fdata PROFILE [--image IMAGE] -o out.fdata
     linepack profile --show PROFILE [--top N]
+    linepack profile --merge P1 P2 ... [--weights W1,W2,...] [--image IMAGE] -o PROFILE
 
 Progress goes to stderr; one summary line (or the --show report) to stdout.
 """
@@ -37,6 +38,10 @@ class ProfileVerb:
         src.add_argument("--fdata", metavar="FILE", help="import a BOLT .fdata profile")
         src.add_argument("--export-fdata", metavar="PROFILE", help="write PROFILE as BOLT .fdata to -o")
         src.add_argument("--show", metavar="PROFILE", help="print a summary of PROFILE")
+        src.add_argument("--merge", nargs="+", metavar="PROFILE",
+                         help="merge profiles of several workloads into -o, each normalised to "
+                              "the same total (linepack profiles; .fdata or perf script text "
+                              "with --image)")
         p.add_argument("--image", metavar="IMAGE", help="the ELF image the profile belongs to")
         p.add_argument("-o", "--output", metavar="PATH", help="output profile (or .fdata with --export-fdata)")
         p.add_argument("--kaslr-offset", metavar="X|auto",
@@ -44,22 +49,28 @@ class ProfileVerb:
         p.add_argument("--workload", help="workload name (QEMU: the one to run; imports: recorded as metadata)")
         p.add_argument("--loops", type=int, help="workload iterations (metadata; QEMU: how many to run)")
         p.add_argument("--cmdline", help="kernel command line the profile was recorded with (metadata)")
+        p.add_argument("--weights", metavar="W1,W2,...",
+                       help="with --merge: relative weight of each input (default: equal)")
         p.add_argument("--top", type=int, default=15, help="functions listed by --show (default 15)")
         p.add_argument("program_args", nargs="*", metavar="ARGS",
                        help="with --program: the program's arguments (after '--')")
 
     @staticmethod
     def run(args):
+        if args.weights and not args.merge:
+            raise BadInput("--weights applies to --merge")
         if args.show:
             return _show(args)
         # -o checked before any work, and written only when the whole run succeeds.
         with OutputSet(inputs=[args.kernel, args.program, args.perf_script, args.fdata,
-                               args.export_fdata, args.image],
+                               args.export_fdata, args.image] + list(args.merge or []),
                        outputs={"-o": args.output}):
             return _dispatch(args)
 
 
 def _dispatch(args):
+    if args.merge:
+        return _merge(args)
     if args.export_fdata:
         return _export(args)
     if args.kernel:
@@ -133,6 +144,32 @@ def _show(args):
     if args.image:
         prof.check_image(ElfImage(args.image))
     print("\n".join(prof.summary(top=args.top)))
+    if prof.metric == "insns":
+        from ..profile.emulation import emulation_shares
+        print("\n".join(emulation_shares(prof).lines()))
+    return 0
+
+
+def _merge(args):
+    from ..image.elf import ElfImage
+    from ..profile.merge import load_any, merge_profiles
+    _need(args, "output")
+    weights = None
+    if args.weights:
+        try:
+            weights = [float(w) for w in args.weights.split(",")]
+        except ValueError:
+            raise BadInput(f"--weights {args.weights!r}: expected comma-separated numbers") from None
+    image = ElfImage(args.image) if args.image else None
+    profs = [load_any(p, image, log=_log) for p in args.merge]
+    if image is not None:
+        for p in profs:
+            p.check_image(image)
+    merged = merge_profiles(profs, weights)
+    merged.save(args.output)
+    parts = ", ".join(f"{m['workload']} x{m['weight']:g}" for m in merged.meta["merged"])
+    print(f"{args.output}: merged {len(profs)} {merged.metric} profiles ({parts}): "
+          f"{len(merged.func_addr)} functions, {len(merged.edge_from)} edges")
     return 0
 
 

@@ -108,6 +108,10 @@ class CacheState:
     """One cache model's state: LRU tags and the last fetched line."""
 
     def __init__(self, cfg):
+        if cfg.get("prefetch") or cfg.get("l2_size"):
+            from ..errors import BadInput
+            raise BadInput(f"cache model '{cfg.get('name')}': the what-if replay models a plain "
+                           "L1 (no prefetch, no L2); measure it on booted kernels")
         self.cfg = dict(cfg)
         self.sets = int(cfg["size"]) // (int(cfg["ways"]) * int(cfg["line"]))
         self.ways = int(cfg["ways"])

@@ -303,6 +303,27 @@ def disk_image(fs="ext4", size_mb=64, log=None):
     return dest
 
 
+# Load order of the virtio-blk stack (each after the modules it depends on).
+VIRTIO_BLK_MODULES = ("drivers/virtio/virtio_ring.ko", "drivers/virtio/virtio.ko",
+                      "drivers/virtio/virtio_pci_modern_dev.ko",
+                      "drivers/virtio/virtio_pci_legacy_dev.ko", "drivers/virtio/virtio_pci.ko",
+                      "drivers/block/virtio_blk.ko")
+
+
+def _workload_modules(wl, kernel):
+    """The workload's own kernel module ([module] in its config), built for ``kernel``."""
+    if not wl.module_source:
+        return ()
+    from .kmod import build_module
+    abi = kernel_abi(kernel)
+    if abi is None:
+        raise BadInput(f"workload {wl.name} loads a kernel module, which is built against "
+                       f"Debian's 6.1 cloud headers: {kernel} is not a Debian 6.1 cloud kernel")
+    ko = build_module(wl.module_source, f"6.1.0-{abi}-cloud-amd64")
+    name = os.path.basename(wl.module_source.rstrip("/"))
+    return ((f"lib/modules/linepack_{name}.ko", ko, wl.module_params),)
+
+
 def run_workload(kernel, workload="vfs-mix", loops=None, icount=True, plugin=None,
                  plugin_args=None, timeout=600, modules=(), log=None, append=None, memory="512",
                  extra_args=(), env=None):
@@ -330,9 +351,23 @@ def run_workload(kernel, workload="vfs-mix", loops=None, icount=True, plugin=Non
         words.setdefault("disk", "/dev/ram0")
         words.setdefault("disk_image", "/disk.img")
         words.setdefault("fstype", wl.disk_fs)
+    modules = tuple(modules) + _workload_modules(wl, kernel)
+    if wl.disk_fs and wl.disk_device == "virtio":
+        # virtio-blk and its transport are modules in Debian's cloud kernel
+        from .. import targets
+        abi = kernel_abi(kernel)
+        modules = tuple(modules) + tuple(targets.debian_module(m, abi=abi)
+                                         for m in VIRTIO_BLK_MODULES)
     initrd = workload_initrd(wl, modules, files=files)
-    if wl.disk_fs and wl.disk_device != "ram":
-        image = disk_image(wl.disk_fs, wl.disk_size_mb or 64)
+    if wl.disk_fs and wl.disk_device == "virtio":
+        image = disk_image(wl.disk_fs, wl.disk_size_mb or 64, log=log)
+        extra_args = tuple(extra_args) + (
+            "-drive", f"file={image},if=none,id=lpdisk,format=raw,snapshot=on",
+            "-device", "virtio-blk-pci,drive=lpdisk")
+        words.setdefault("disk", "/dev/vda")
+        words.setdefault("fstype", wl.disk_fs)
+    elif wl.disk_fs and wl.disk_device != "ram":
+        image = disk_image(wl.disk_fs, wl.disk_size_mb or 64, log=log)
         # snapshot=on: the guest's writes go to a temporary overlay, the image stays pristine
         extra_args = tuple(extra_args) + (
             "-drive", f"file={image},if=none,id=lpdisk,format=raw,snapshot=on",

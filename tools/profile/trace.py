@@ -23,6 +23,12 @@ Cache models live in ``configs/cache/*.toml``::
     ways = 8
     line = 64           # bytes
     policy = "lru"      # the only policy the plugin implements
+    prefetch = "next-line"   # optional: each fetch of line L also fills L+1
+    l2_size = 1048576   # optional: a second level behind this L1 (misses = L2 misses)
+    l2_ways = 16
+
+An iTLB is the same model with ``line`` = the page size (a fetch = entering a page,
+size = entries x page size).
 
 ``cache_config(name_or_path)`` loads one; ``plugin_args(...)`` turns options into
 the ``-plugin`` argument list.
@@ -44,7 +50,7 @@ HEADER_DTYPE = np.dtype([
     ("magic", "S8"), ("version", "<u4"), ("header_size", "<u4"),
     ("tb_record_size", "<u4"), ("edge_record_size", "<u4"),
     ("flags", "<u4"), ("mode", "<u4"),
-    ("cache_size", "<u4"), ("cache_ways", "<u4"), ("line_size", "<u4"), ("_pad0", "<u4"),
+    ("cache_size", "<u4"), ("cache_ways", "<u4"), ("line_size", "<u4"), ("model_flags", "<u4"),
     ("n_tbs", "<u8"), ("n_edges", "<u8"), ("fetches", "<u8"), ("misses", "<u8"),
     ("roi_start", "<u8"), ("roi_stop", "<u8"), ("translations", "<u8"),
     ("phantoms", "<u8"), ("start_count", "<u8"), ("stop_count", "<u8"),
@@ -56,6 +62,8 @@ EDGE_DTYPE = np.dtype([("src", "<u8"), ("dst", "<u8"), ("count", "<u8"),
 TBTRACE_DTYPE = np.dtype([("vaddr", "<u8"), ("size", "<u4"), ("ninsns", "<u4")])
 assert HEADER_DTYPE.itemsize == HEADER_SIZE and TB_DTYPE.itemsize == 40 and EDGE_DTYPE.itemsize == 32
 
+MODEL_PREFETCH, MODEL_L2 = 1, 2          # header model_flags
+MAX_LINE = 1 << 21                        # 2 MiB: an iTLB of 2 MiB pages is a cache of such "lines"
 FLAG_CACHE, FLAG_EDGES, FLAG_START, FLAG_STOP, FLAG_STARTED, FLAG_STOPPED, FLAG_SYSTEM = (
     1, 2, 4, 8, 16, 32, 64)
 EDGE_FALLTHROUGH = 1
@@ -136,6 +144,10 @@ def read_plugin_output(path):
     mode = int(h["mode"])
     cache = ({"size": int(h["cache_size"]), "ways": int(h["cache_ways"]),
               "line": int(h["line_size"])} if flags & FLAG_CACHE else {})
+    if cache and int(h["model_flags"]) & MODEL_PREFETCH:
+        cache["prefetch"] = "next-line"
+    if cache and int(h["model_flags"]) & MODEL_L2:
+        cache["l2"] = True             # misses are L2 misses
     roi = {}
     if flags & (FLAG_START | FLAG_STOP):
         roi = {"start": int(h["roi_start"]) if flags & FLAG_START else None,
@@ -199,12 +211,33 @@ def cache_config(name_or_path):
     if policy != "lru":
         raise BadInput(f"{path}: policy '{policy}' is not supported (only lru)")
     sets = size // (ways * line) if ways > 0 and line > 0 else 0
-    if (line <= 0 or line & (line - 1) or ways < 1 or ways > 64 or sets < 1
-            or size != sets * ways * line or sets & (sets - 1)):
+    if (line <= 0 or line & (line - 1) or line > MAX_LINE or ways < 1 or ways > 64 or sets < 1
+            or size != sets * ways * line or sets & (sets - 1) or size >= 1 << 31):
         raise BadInput(f"{path}: cache geometry size={size} ways={ways} line={line}: "
-                       "size/(ways*line) must be a power of two, line a power of two, ways 1..64")
-    return {"name": str(cfg.get("name", os.path.basename(path)[:-5])), "size": size,
-            "ways": ways, "line": line, "policy": policy, "sets": sets}
+                       "size/(ways*line) must be a power of two, line a power of two "
+                       f"<= {MAX_LINE}, ways 1..64")
+    out = {"name": str(cfg.get("name", os.path.basename(path)[:-5])), "size": size,
+           "ways": ways, "line": line, "policy": policy, "sets": sets,
+           "kind": str(cfg.get("kind", "l1i"))}
+    prefetch = str(cfg.get("prefetch", "none")).lower()
+    if prefetch not in ("none", "next-line"):
+        raise BadInput(f"{path}: prefetch '{prefetch}' is not supported (none or next-line)")
+    if prefetch != "none":
+        out["prefetch"] = prefetch
+    if "l2_size" in cfg:
+        try:
+            l2s, l2w = int(cfg["l2_size"]), int(cfg.get("l2_ways", 16))
+        except (TypeError, ValueError) as e:
+            raise BadInput(f"{path}: l2_size and l2_ways must be integers ({e})") from None
+        l2sets = l2s // (l2w * line) if l2w > 0 else 0
+        if (l2w < 1 or l2w > 64 or l2sets < 1 or l2s != l2sets * l2w * line
+                or l2sets & (l2sets - 1) or l2s >= 1 << 31):
+            raise BadInput(f"{path}: L2 geometry l2_size={l2s} l2_ways={l2w} line={line}: "
+                           "l2_size/(l2_ways*line) must be a power of two, l2_ways 1..64")
+        if prefetch != "none":
+            raise BadInput(f"{path}: prefetch and l2_size cannot be combined")
+        out.update({"l2_size": l2s, "l2_ways": l2w})
+    return out
 
 
 def plugin_args(out, cache=None, edges=False, mode="kernel", start=None, stop=None, tbtrace=None,
@@ -221,6 +254,10 @@ def plugin_args(out, cache=None, edges=False, mode="kernel", start=None, stop=No
     if cache is not None:
         c = cache if isinstance(cache, dict) else cache_config(cache)
         args += ["cache=on", f"size={c['size']}", f"ways={c['ways']}", f"line={c['line']}"]
+        if c.get("prefetch"):
+            args.append("prefetch=on")
+        if c.get("l2_size"):
+            args += [f"l2size={c['l2_size']}", f"l2ways={c['l2_ways']}"]
     if edges:
         args.append("edges=on")
     if start is not None:

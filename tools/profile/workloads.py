@@ -60,8 +60,12 @@ class Workload:
     # a deterministic ext4 image as NVMe (built in to Debian's cloud kernel).
     disk_fs: str = ""
     disk_size_mb: int = 0
-    disk_device: str = "ram"         # "ram" (brd module, deterministic) or "nvme"
+    disk_device: str = "ram"         # "ram" (brd module, deterministic), "nvme" or "virtio"
     env: tuple = ()                  # (key, value) words for /init's environment
+    # An out-of-tree kernel module built against the kernel's linux-headers and
+    # loaded by /init ([module] source = "modules/x" under workloads/, params = "...").
+    module_source: str = ""          # absolute directory, or ""
+    module_params: str = ""
 
     def expected_prefix(self, loops=None):
         """The start of the result line a run with ``loops`` must print."""
@@ -100,6 +104,8 @@ def load(name):
             disk_size_mb=int(d.get("disk", {}).get("size_mb", 0)),
             disk_device=str(d.get("disk", {}).get("device", "ram")),
             env=tuple(sorted((str(k), str(v)) for k, v in d.get("env", {}).items())),
+            module_source=os.path.join(src, d["module"]["source"]) if "module" in d else "",
+            module_params=str(d.get("module", {}).get("params", "")),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise BadInput(f"{path}: missing or bad field {e}") from None

@@ -40,7 +40,13 @@
  *   out=PATH          output file (required), written atomically at exit
  *   mode=kernel|user|all   which code to record (kernel: vaddr >= 0xffff800000000000)
  *   cache=on|off      simulate the L1i (default off)
- *   size=N ways=N line=N   cache geometry (default 32768, 8, 64); sets must be a power of 2
+ *   size=N ways=N line=N   cache geometry (default 32768, 8, 64); sets must be a power of 2;
+ *                     line up to 2 MiB, so an iTLB is the same model with line = page size
+ *   prefetch=on|off   next-line prefetch: every fetch of line L also fills L+1 (MRU, no
+ *                     fetch or miss counted; a present L+1 is left where it is)
+ *   l2size=N l2ways=N a second level behind the L1 (same line size): L1 misses look it
+ *                     up, and "misses" are then the L2 misses (an instruction-only stream:
+ *                     data traffic that shares a unified L2 is not modelled)
  *   edges=on|off      record block-to-block transitions (default off)
  *   start=VADDR stop=VADDR   region of interest (decimal or 0x hex)
  *   start_count=N stop_count=M   which executions of the markers open/close it (default 1)
@@ -54,7 +60,8 @@
  *    24 u32 flags: 1 cache, 2 edges, 4 start= given, 8 stop= given, 16 window
  *           started, 32 window stopped, 64 system emulation
  *    28 u32 mode (0 kernel, 1 user, 2 all)
- *    32 u32 cache size  36 u32 ways  40 u32 line size  44 u32 reserved (0)
+ *    32 u32 cache size  36 u32 ways  40 u32 line size
+ *    44 u32 model flags: 1 next-line prefetch, 2 L2 (misses are L2 misses); 0 = plain L1
  *    48 u64 number of TB records   56 u64 number of edge records
  *    64 u64 fetches   72 u64 misses   80 u64 start=   88 u64 stop=
  *    96 u64 translations seen (in mode)   104 u64 phantom instructions dropped (see
@@ -128,6 +135,8 @@ static char *tbtrace_path;
 static enum mode mode = MODE_KERNEL;
 static bool do_cache, do_edges;
 static uint64_t cache_size = 32768, cache_ways = 8, line_size = 64;
+static bool do_prefetch;
+static uint64_t l2_size, l2_ways = 16;
 static bool have_start, have_stop;
 static uint64_t roi_start, roi_stop;
 static uint64_t start_count = 1, stop_count = 1, start_hits, stop_hits;
@@ -146,6 +155,8 @@ static FILE *tbtrace;
 static unsigned line_shift;
 static uint64_t set_mask;
 static uint64_t *cache_tags;
+static uint64_t l2_set_mask;
+static uint64_t *l2_tags;          /* NULL: no L2 */
 static uint64_t last_line = NO_LINE;
 static uint64_t total_fetches, total_misses;
 
@@ -189,23 +200,49 @@ static gboolean tb_equal(gconstpointer a, gconstpointer b)
 }
 
 /* ---- cache model ---- */
-static inline int cache_access(uint64_t line)
+/* One LRU set-associative level; returns 1 on a miss (the line is then MRU). */
+static inline int lru_access(uint64_t *tags, uint64_t mask, unsigned ways, uint64_t line)
 {
-    uint64_t *set = cache_tags + (line & set_mask) * cache_ways;
+    uint64_t *set = tags + (line & mask) * ways;
     unsigned i;
     if (set[0] == line) {
         return 0;
     }
-    for (i = 1; i < cache_ways; i++) {
+    for (i = 1; i < ways; i++) {
         if (set[i] == line) {
             memmove(set + 1, set, i * sizeof(*set));
             set[0] = line;
             return 0;
         }
     }
-    memmove(set + 1, set, (cache_ways - 1) * sizeof(*set));
+    memmove(set + 1, set, (ways - 1) * sizeof(*set));
     set[0] = line;
     return 1;
+}
+
+/* Prefetch fill: insert line as MRU unless present (a present line keeps its place). */
+static inline void lru_fill(uint64_t *tags, uint64_t mask, unsigned ways, uint64_t line)
+{
+    uint64_t *set = tags + (line & mask) * ways;
+    for (unsigned i = 0; i < ways; i++) {
+        if (set[i] == line) {
+            return;
+        }
+    }
+    memmove(set + 1, set, (ways - 1) * sizeof(*set));
+    set[0] = line;
+}
+
+static inline int cache_access(uint64_t line)
+{
+    int miss = lru_access(cache_tags, set_mask, cache_ways, line);
+    if (do_prefetch) {
+        lru_fill(cache_tags, set_mask, cache_ways, line + 1);
+    }
+    if (miss && l2_tags) {
+        miss = lru_access(l2_tags, l2_set_mask, l2_ways, line);
+    }
+    return miss;
 }
 
 /* ---- edges ---- */
@@ -606,6 +643,7 @@ static void write_output(void)
     put32(hdr + 32, (uint32_t)cache_size);
     put32(hdr + 36, (uint32_t)cache_ways);
     put32(hdr + 40, (uint32_t)line_size);
+    put32(hdr + 44, (do_prefetch ? 1u : 0u) | (l2_tags ? 2u : 0u));
     put64(hdr + 48, nout);
     put64(hdr + 56, ne);
     put64(hdr + 64, total_fetches);
@@ -734,6 +772,12 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
             ok = parse_u64(val, &cache_ways);
         } else if (!strcmp(name, "line")) {
             ok = parse_u64(val, &line_size);
+        } else if (!strcmp(name, "prefetch")) {
+            ok = qemu_plugin_bool_parse(name, val, &do_prefetch);
+        } else if (!strcmp(name, "l2size")) {
+            ok = parse_u64(val, &l2_size);
+        } else if (!strcmp(name, "l2ways")) {
+            ok = parse_u64(val, &l2_ways);
         } else if (!strcmp(name, "start")) {
             ok = parse_u64(val, &roi_start);
             have_start = true;
@@ -746,7 +790,8 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
             ok = parse_u64(val, &stop_count) && stop_count > 0;
         } else {
             snprintf(msg, sizeof(msg), "unknown argument '%s' (known: out, mode, cache, size, "
-                     "ways, line, edges, start, stop, start_count, stop_count, tbtrace)", opt);
+                     "ways, line, prefetch, l2size, l2ways, edges, start, stop, start_count, "
+                     "stop_count, tbtrace)", opt);
             die(msg);
             return -1;
         }
@@ -760,8 +805,8 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
         die("missing out=<path>");
         return -1;
     }
-    if (!is_pow2(line_size) || line_size > 4096) {
-        die("line= must be a power of two <= 4096");
+    if (!is_pow2(line_size) || line_size > (1ULL << 21)) {
+        die("line= must be a power of two <= 2097152");
         return -1;
     }
     if (cache_ways < 1 || cache_ways > 64 || cache_size == 0 || cache_size > (1ULL << 31) ||
@@ -769,6 +814,24 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
         !is_pow2(sets = cache_size / (cache_ways * line_size))) {
         die("cache geometry: size/(ways*line) must be a power of two, ways 1..64");
         return -1;
+    }
+    if (l2_size) {
+        uint64_t l2_sets;
+        if (l2_ways < 1 || l2_ways > 64 || l2_size > (1ULL << 31) ||
+            l2_size % (l2_ways * line_size) != 0 ||
+            !is_pow2(l2_sets = l2_size / (l2_ways * line_size))) {
+            die("L2 geometry: l2size/(l2ways*line) must be a power of two, l2ways 1..64");
+            return -1;
+        }
+        if (do_prefetch) {
+            die("prefetch=on and l2size= cannot be combined (prefetches would bypass the L2)");
+            return -1;
+        }
+        l2_set_mask = l2_sets - 1;
+        l2_tags = g_new(uint64_t, l2_sets * l2_ways);
+        for (uint64_t i = 0; i < l2_sets * l2_ways; i++) {
+            l2_tags[i] = NO_LINE;
+        }
     }
     system_emulation = info->system_emulation;
     if (info->system_emulation && info->system.max_vcpus > 1) {
