@@ -38,5 +38,11 @@ fi
 if [ "${LINEPACK_SKIP_KERNEL:-0}" != 1 ]; then
   log "fetching Debian's 6.1 cloud vmlinux (cached)"
   "$PY" -m linepack fetch >/dev/null
+  # Modules of the same build that the boot tests load (fat/vfat, kyber-iosched with its own
+  # tracepoints and jump labels, brd for the RAM-disk workloads): fetched here so none skips.
+  log "fetching the modules the boot tests load (cached)"
+  "$PY" -c 'from linepack import targets
+for m in ("fs/fat/fat.ko", "fs/fat/vfat.ko", "block/kyber-iosched.ko", "drivers/block/brd.ko"):
+    targets.debian_module(m)' >&2
 fi
 log "ready"
