@@ -118,33 +118,62 @@ def _direct_target(ins):
     return None
 
 
-def _meaning(ins, translate):
-    """What an instruction does, with every code address it names passed through
-    ``translate`` (identity for the new image): mnemonic, operands, and the bytes
-    that are not an address field."""
+def _meaning(ins):
+    """What an instruction does: (mnemonic, operands, the bytes that are no
+    address field). Operands are ("target", T) for a direct branch, ("rip", T, ...)
+    for a RIP-relative operand (T its absolute target), ("imm", v) and ("mem", ...,
+    disp, ...) otherwise; the values that may name code are compared through the
+    map by ``_same_meaning``."""
     target = _direct_target(ins)
     ops = []
     for op in ins.operands:
         if op.type == cx86.X86_OP_IMM:
             v = op.imm & (2**64 - 1)
-            ops.append(("imm", translate(v) if target is not None else v, op.size))
+            ops.append(("target", v) if target is not None else ("imm", v, op.size))
         elif op.type == cx86.X86_OP_MEM:
             m = op.mem
             if m.base == cx86.X86_REG_RIP:
                 t = (ins.address + ins.size + m.disp) & (2**64 - 1)
-                ops.append(("rip", translate(t), m.segment, m.index, m.scale, op.size))
+                ops.append(("rip", t, m.segment, m.index, m.scale, op.size))
             else:
-                ops.append(("mem", m.base, m.index, m.scale, m.disp, m.segment, op.size))
+                ops.append(("mem", m.disp & (2**64 - 1), m.base, m.index, m.scale, m.segment,
+                            op.size))
         else:
             ops.append(("reg", op.reg, op.size))
     raw = bytearray(ins.bytes)
-    # the address fields themselves differ legitimately; everything else must not
-    if ins.disp_size and any(o[0] == "rip" for o in ops):
+    # address fields differ legitimately (checked by value); no other byte may
+    if ins.disp_size:
         dsz = 4 if ins.disp_size == 2 else ins.disp_size
         raw[ins.disp_offset:ins.disp_offset + dsz] = b"\0" * dsz
+    if ins.imm_size:
+        raw[ins.imm_offset:ins.imm_offset + ins.imm_size] = b"\0" * ins.imm_size
     if target is not None:
-        return (ins.mnemonic, tuple(ops), None)   # short and long forms are equal
-    return (ins.mnemonic, tuple(ops), bytes(raw))
+        raw = None                      # short and long forms are equal
+    return ins.mnemonic, ops, None if raw is None else bytes(raw)
+
+
+def _same_meaning(old_ins, new_ins, translate):
+    """True when new_ins does what old_ins did, code addresses translated."""
+    mo, oo, ro = _meaning(old_ins)
+    mn, on, rn = _meaning(new_ins)
+    if mo != mn or ro != rn or len(oo) != len(on):
+        return False
+    mask32 = 0xFFFFFFFF
+    for a, b in zip(oo, on):
+        if a[0] != b[0]:
+            return False
+        if a[0] in ("target", "rip"):
+            if translate(a[1]) != b[1] or a[2:] != b[2:]:
+                return False
+        elif a[0] in ("imm", "mem"):
+            # an absolute address (sign-extended imm32/disp32 in the kernel) may move
+            if a[2:] != b[2:]:
+                return False
+            if a[1] != b[1] and (translate(a[1]) & mask32) != (b[1] & mask32):
+                return False
+        elif a != b:
+            return False
+    return True
 
 
 def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None, orc_new=None,
@@ -222,10 +251,10 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
         if decoded_end != f.old_end:
             add("equiv.block-map", f.old_start, f"{f.name}: original does not decode to its end")
         # coverage: the pieces tile [old_start, old_end)
-        p_old = pieces["old"].astype(np.int64)
-        p_end = p_old + pieces["old_len"].astype(np.int64)
+        p_old = [int(v) for v in pieces["old"].tolist()]
+        p_end = [a + int(n) for a, n in zip(p_old, pieces["old_len"].tolist())]
         pos = f.old_start
-        for a, e in zip(p_old.tolist(), p_end.tolist()):
+        for a, e in zip(p_old, p_end):
             if a > pos:
                 add("equiv.block-lost", pos, f"{f.name}: original bytes {pos:#x}..{a:#x} are in "
                     "no piece (a block was lost)")
@@ -236,7 +265,7 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
         if pos < f.old_end:
             add("equiv.block-lost", pos, f"{f.name}: original bytes {pos:#x}..{f.old_end:#x} are "
                 "in no piece (a block was lost)")
-        for a, e in zip(p_old.tolist(), p_end.tolist()):
+        for a, e in zip(p_old, p_end):
             for edge in (a, e):
                 if edge < f.old_end and edge not in starts:
                     add("equiv.block-map", edge, f"{f.name}: piece boundary {edge:#x} is inside "
@@ -268,7 +297,7 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 n = int(amap.new[p]) + (a - int(amap.old[p]))
                 new_ins = _decode_one(cs, new_read, n)
                 if new_ins is None or new_ins.size != ins.size or \
-                        _meaning(ins, amap.map1) != _meaning(new_ins, lambda v: v):
+                        not _same_meaning(ins, new_ins, amap.map1):
                     add("equiv.block-instruction", n, f"{f.name}: '{ins.mnemonic} {ins.op_str}' "
                         f"at {a:#x} has no counterpart of the same meaning at {n:#x}"
                         + (f" (found '{new_ins.mnemonic} {new_ins.op_str}')" if new_ins else ""))
