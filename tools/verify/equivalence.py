@@ -385,6 +385,8 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
         _check_layout_map(layout_map, of, nf, oi, ni, findings, counter, report)
     report.extra["equivalence_moved_functions"] = moved
     report.extra["against"] = old_path
+    # the full count per check (the findings list stops at MAX_REPORT per check)
+    report.extra["equivalence_counts"] = {k: int(v) for k, v in counter.items()}
     log("equivalence: " + (", ".join(f"{k} {v}" for k, v in counter.items()) or "no problems"))
     return report
 
