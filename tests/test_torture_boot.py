@@ -92,7 +92,11 @@ def torture_boot(kernel, initrd, kprobes):
     from linepack.profile.qemu import kernel_defaults, run_kernel
     # Without 'quiet': warnings reach the log.
     base = " ".join(w for w in kernel_defaults()["append"].split() if w != "quiet")
-    append = f"{base} loops={LOOPS} kprobes={','.join(kprobes)}"
+    # Under TCG on a busy host, patching every __fentry__ site can hold the CPU for
+    # longer than the lockup and RCU stall detectors allow: a host-speed artifact
+    # that says nothing about the layout, so they are off (for stock as well).
+    append = (f"{base} nosoftlockup rcupdate.rcu_cpu_stall_suppress=1 loops={LOOPS} "
+              f"kprobes={','.join(kprobes)}")
     return run_kernel(str(kernel), initrd, append=append, icount=False, timeout=400, check=False)
 
 
@@ -135,13 +139,24 @@ def lines(serial, prefix):
     return [ln.strip() for ln in serial.splitlines() if ln.strip().startswith(prefix)]
 
 
-def problems(run, stock):
-    """What is wrong with a torture boot, judged against stock's; [] when nothing."""
+def problems(run, stock, may_miss=()):
+    """What is wrong with a torture boot, judged against stock's; [] when nothing.
+    ``may_miss``: kprobe specs that need not be hit (code VFS-mix may not run)."""
     found = []
-    for prefix in ("linepack-result vfs-mix", "linepack-result torture", "linepack-module"):
+    for prefix in ("linepack-result vfs-mix", "linepack-module"):
         got, want = lines(run.serial, prefix), lines(stock.serial, prefix)
         if got != want:
             found.append(f"{prefix}: {got} != stock {want}")
+    # the torture's own result: the same, but for the number of kprobes placed
+    n_probes = len(lines(run.serial, "torture-kprobe"))
+    want = [re.sub(r"kprobes_hit=\d+/\d+$", f"kprobes_hit={n_probes}/{n_probes}", ln)
+            for ln in lines(stock.serial, "linepack-result torture")]
+    got = [re.sub(r"kprobes_hit=\d+/", f"kprobes_hit={n_probes}/", ln)
+           for ln in lines(run.serial, "linepack-result torture")] if may_miss else \
+        lines(run.serial, "linepack-result torture")
+    if got != want or not got:
+        found.append(f"linepack-result torture: {lines(run.serial, 'linepack-result torture')} "
+                     f"!= {want}")
     bad_steps = [ln for ln in lines(run.serial, "torture-step") if not ln.endswith(" ok")]
     if bad_steps:
         found.append(f"steps failed: {bad_steps}")
@@ -151,9 +166,12 @@ def problems(run, stock):
     got = stacks(run.serial)
     if not got or any(s[-1] != "entry_SYSCALL_64_after_hwframe" for s in got):
         found.append(f"stack traces incomplete (not ending at the syscall entry): {got}")
-    elif got != stacks(stock.serial):
-        found.append(f"stack traces differ from stock: {got} != {stacks(stock.serial)}")
-    misses = [ln for ln in lines(run.serial, "torture-kprobe") if ln.endswith(" hits=0")]
+    elif not set(stacks(stock.serial)) <= set(got):
+        # (a kernel probed at more places has more stacks; stock's must all be there)
+        found.append(f"stack traces differ from stock: {got} lacks "
+                     f"{sorted(set(stacks(stock.serial)) - set(got))}")
+    misses = [ln for ln in lines(run.serial, "torture-kprobe")
+              if ln.endswith(" hits=0") and ln.split()[1] not in may_miss]
     if misses or not lines(run.serial, "torture-kprobe"):
         found.append(f"kprobes not hit: {misses or 'none reported'}")
     if "torture-overlap events" not in run.serial:
@@ -170,15 +188,25 @@ def stock(initrd):
 
 
 @pytest.fixture(scope="module")
-def packed(work):
+def profile(work):
     prof = work / "vfs.prof"
     r = run_linepack("profile", "--kernel", VMLINUX, "--workload", "vfs-mix",
                      "--loops", PROFILE_LOOPS, "-o", prof, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    out = work / "vmlinux.pack"
-    r = run_linepack("relayout", VMLINUX, "--profile", prof, "--strategy", "pack", "-o", out, "-q")
+    return prof
+
+
+def _relayout(work, profile, strategy):
+    out = work / f"vmlinux.{strategy}"
+    r = run_linepack("relayout", VMLINUX, "--profile", profile, "--strategy", strategy, "-o", out,
+                     "-q", timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def packed(work, profile):
+    return _relayout(work, profile, "pack")
 
 
 def test_stock_passes_the_torture(stock):
@@ -233,3 +261,29 @@ def test_corrupted_static_key_site_fails_the_torture(packed, initrd, stock, work
     assert any("jump_label" in p for p in found), found
     assert any("steps" in p or "linepack-result torture" in p for p in found), found
     bad.unlink()
+
+
+# Split functions on VFS-mix's path, in order of preference, for the blocks kprobes.
+_VFS_PATH = ("do_unlinkat", "vfs_unlink", "do_sys_openat2", "path_openat", "do_filp_open",
+             "link_path_walk", "__fput", "dput", "shmem_get_folio_gfp", "filemap_map_pages",
+             "do_mmap", "__do_munmap", "generic_perform_write", "vfs_write", "do_dentry_open",
+             "lookup_fast", "step_into", "walk_component", "kmem_cache_alloc", "kmem_cache_free")
+
+
+def test_blocks_passes_the_torture(work, profile, initrd, stock):
+    """The block-level layout (issue 9): as pack, plus kprobes on a split function's hot
+    part and on its `.cold` part (by the names /proc/kallsyms must know)."""
+    from linepack.image.elf import ElfImage
+    from linepack.profile import workloads
+    if not os.path.exists(os.path.join(workloads.configs_dir(), "relayout", "blocks.toml")):
+        pytest.skip("no 'blocks' relayout strategy in this tree (issue 9)")
+    out = _relayout(work, profile, "blocks")
+    img = ElfImage(str(out))
+    names = set(img.symbol_names())
+    img.close()
+    split = next((n for n in _VFS_PATH if n + ".cold" in names), None)
+    assert split, "none of the VFS-path functions was split"
+    specs = kprobe_specs(out) + [split, split + ".cold"]
+    run = torture_boot(out, initrd, specs)
+    # the cold part need not run; the hot part does on every iteration
+    assert problems(run, stock, may_miss=(split + ".cold",)) == [], run.serial[-3000:]

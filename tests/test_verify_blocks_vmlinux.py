@@ -146,6 +146,7 @@ def test_injected_breakages_are_named(blocks_out, baseline, work):
         # 4. a static-key site in a copied piece whose table entry still names the old code
         jt = JumpTable().parse(ctx)
         copied = rows[(rows["kind"] == bm.KIND_COPIED) & (rows["old_len"] > 0)]
+        copied = copied[np.argsort(copied["new"], kind="stable")]
         for e in jt:
             j = np.searchsorted(copied["new"], e["code"], side="right") - 1
             if j < 0 or int(copied["func"][j]) in used:
