@@ -43,7 +43,7 @@ _TS = re.compile(r"^\[\s*\d+\.\d+\]\s?")
 _COMPLAINT = re.compile(r"WARNING|BUG|Oops|Call Trace|Tainted|(?i:jump_label|ftrace|kprobe|panic|"
                         r"general protection|invalid opcode|unwind|\borc\b|corrupt|stack)")
 # ... except these, which every 6.1 cloud boot prints.
-_BENIGN = re.compile(r"^ftrace: allocat|^kprobes: kprobe jump-optimization is enabled|"
+_BENIGN = re.compile(r"^ftrace: allocat|^kprobes: kprobe jump-optimization is (enabled|disabled)|"
                      r"report a bug$|^Kernel command line:|^Command line:|^Unknown kernel command "
                      r"line parameters|^Scheduler tracepoints stat_sleep|^mem auto-init: stack:")
 
@@ -71,19 +71,28 @@ def initrd(work):
     return initramfs.build_initramfs(str(init), extra, dest=str(work / "torture.cpio.gz"))
 
 
+# A function VFS-mix runs whose first instructions have no ORC entry of their own in
+# Debian's build (the lookup there finds the entry before the function): after a
+# move, the entry that precedes it must still describe it.
+NO_OWN_ORC_ENTRY = "__x64_sys_mmap"
+
+
 def kprobe_specs(kernel):
-    """Two probes: do_unlinkat's entry (an ftrace-based kprobe on its __fentry__ site)
-    and an instruction inside vfs_unlink at least 16 bytes in (an int3 kprobe, which
-    the kernel may later optimize into a jump); both run on every VFS-mix iteration."""
+    """Three probes, all run on every VFS-mix iteration: do_unlinkat's entry (an
+    ftrace-based kprobe on its __fentry__ site), and int3 kprobes on an instruction
+    at least 16 bytes into vfs_unlink and 8 bytes into NO_OWN_ORC_ENTRY."""
     import capstone
     from linepack.image.elf import ElfImage
     img = ElfImage(str(kernel))
-    addr = img.symbol_address("vfs_unlink")
     md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    off = next(i.address - addr for i in md.disasm(bytes(img.read(addr, 64)), addr)
-               if i.address - addr >= 16)
+    specs = ["do_unlinkat"]
+    for name, least in (("vfs_unlink", 16), (NO_OWN_ORC_ENTRY, 8)):
+        addr = img.symbol_address(name)
+        off = next(i.address - addr for i in md.disasm(bytes(img.read(addr, 64)), addr)
+                   if i.address - addr >= least)
+        specs.append(f"{name}+{off:#x}")
     img.close()
-    return ["do_unlinkat", f"vfs_unlink+{off:#x}"]
+    return specs
 
 
 def torture_boot(kernel, initrd, kprobes):
@@ -122,16 +131,18 @@ _MACHINERY = re.compile(r"^0x|kprobe|optprobe|optimized_callback|^trace_|ftrace|
                         r"^aggr_pre_handler$")
 
 
-def stacks(serial):
+def stacks(serial, skip=()):
     """Each stack trace as a tuple of function names, innermost first, from the first
-    frame of probed code on (a split function's `.cold` part counts as its parent)."""
+    frame of probed code on (a split function's `.cold` part counts as its parent);
+    those starting in a function named in ``skip`` are left out."""
     out = []
     for line in serial.splitlines():
         if line.startswith("torture-stack"):
             frames = [re.sub(r"\.cold(\.\d+)?$", "", f) for f in line.split()[1:]]
             while frames and _MACHINERY.search(frames[0]):
                 frames.pop(0)
-            out.append(tuple(frames))
+            if not frames or frames[0] not in skip:
+                out.append(tuple(frames))
     return sorted(out)
 
 
@@ -139,9 +150,10 @@ def lines(serial, prefix):
     return [ln.strip() for ln in serial.splitlines() if ln.strip().startswith(prefix)]
 
 
-def problems(run, stock, may_miss=()):
+def problems(run, stock, may_miss=(), skip_stacks=()):
     """What is wrong with a torture boot, judged against stock's; [] when nothing.
-    ``may_miss``: kprobe specs that need not be hit (code VFS-mix may not run)."""
+    ``may_miss``: kprobe specs that need not be hit (code VFS-mix may not run);
+    ``skip_stacks``: functions whose stack traces are judged elsewhere."""
     found = []
     for prefix in ("linepack-result vfs-mix", "linepack-module"):
         got, want = lines(run.serial, prefix), lines(stock.serial, prefix)
@@ -163,13 +175,12 @@ def problems(run, stock, may_miss=()):
     new = kernel_complaints(run.serial) - kernel_complaints(stock.serial)
     if new:
         found.append(f"kernel complaints stock does not have: {sorted(new)[:5]}")
-    got = stacks(run.serial)
+    got, ref = stacks(run.serial, skip_stacks), stacks(stock.serial, skip_stacks)
     if not got or any(s[-1] != "entry_SYSCALL_64_after_hwframe" for s in got):
         found.append(f"stack traces incomplete (not ending at the syscall entry): {got}")
-    elif not set(stacks(stock.serial)) <= set(got):
+    elif not set(ref) <= set(got):
         # (a kernel probed at more places has more stacks; stock's must all be there)
-        found.append(f"stack traces differ from stock: {got} lacks "
-                     f"{sorted(set(stacks(stock.serial)) - set(got))}")
+        found.append(f"stack traces differ from stock: {got} lacks {sorted(set(ref) - set(got))}")
     misses = [ln for ln in lines(run.serial, "torture-kprobe")
               if ln.endswith(" hits=0") and ln.split()[1] not in may_miss]
     if misses or not lines(run.serial, "torture-kprobe"):
@@ -209,12 +220,17 @@ def packed(work, profile):
     return _relayout(work, profile, "pack")
 
 
+@pytest.fixture(scope="module")
+def pack_run(packed, initrd):
+    return torture_boot(packed, initrd, kprobe_specs(packed))
+
+
 def test_stock_passes_the_torture(stock):
     from linepack.profile import workloads
     s = stock.serial
     # The checks problems() makes against stock must hold on stock in absolute terms.
     assert lines(s, "linepack-result torture") == \
-        ["linepack-result torture modules=3 steps=ok kprobes_hit=2/2"], s[-3000:]
+        ["linepack-result torture modules=3 steps=ok kprobes_hit=3/3"], s[-3000:]
     assert lines(s, "linepack-result vfs-mix") == [workloads.run_native("vfs-mix", LOOPS)]
     assert [ln.split()[1] for ln in lines(s, "linepack-module")] == \
         [os.path.basename(m) for m in MODULES]
@@ -225,12 +241,24 @@ def test_stock_passes_the_torture(stock):
     assert ("copy_process", "kernel_clone") in [f[:2] for f in st], st
     assert ("do_unlinkat", "__x64_sys_unlink") in [f[:2] for f in st], st
     assert ("vfs_unlink", "do_unlinkat") in [f[:2] for f in st], st
+    assert (NO_OWN_ORC_ENTRY, "do_syscall_64") in [f[:2] for f in st], st
     assert problems(stock, stock) == []
 
 
-def test_pack_passes_the_torture(packed, initrd, stock):
-    run = torture_boot(packed, initrd, kprobe_specs(packed))
-    assert problems(run, stock) == [], run.serial[-3000:]
+def test_pack_passes_the_torture(pack_run, stock):
+    found = problems(pack_run, stock, skip_stacks=(NO_OWN_ORC_ENTRY,))
+    assert found == [], pack_run.serial[-3000:]
+
+
+@pytest.mark.xfail(strict=True, reason="relayout (pack) places functions that have no ORC entry "
+                   "of their own after its padding's 'undefined' entry, so the unwinder stops "
+                   "there (verify's ORC lookup check found 277 such instructions in a "
+                   "pack of a 20-loop profile, __x64_sys_mmap among them)")
+def test_pack_unwinds_from_a_function_without_its_own_orc_entry(pack_run, stock):
+    def mine(serial):
+        return [s for s in stacks(serial) if s and s[0] == NO_OWN_ORC_ENTRY]
+    assert mine(stock.serial)
+    assert mine(pack_run.serial) == mine(stock.serial)
 
 
 def _tracepoint_site(kernel):

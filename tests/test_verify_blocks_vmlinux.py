@@ -143,17 +143,18 @@ def test_injected_breakages_are_named(blocks_out, baseline, work):
             orc["sp_offset"][i] + 8, orc["bp_offset"][i], orc["bits"][i]
         _file_patch(f, img, orc_base + i * ORC_ENTRY.itemsize, ent.tobytes())
         want["equiv.orc-block-start"] = a
-        # 4. a static-key site in a copied piece whose table entry still names the old code
+        # 4. a static-key site in a split function whose table entry still names the
+        #    old code (sites are usually pieces of their own: re-sized branches)
         jt = JumpTable().parse(ctx)
-        copied = rows[(rows["kind"] == bm.KIND_COPIED) & (rows["old_len"] > 0)]
-        copied = copied[np.argsort(copied["new"], kind="stable")]
+        placed = rows[rows["old_len"] > 0]
+        placed = placed[np.argsort(placed["new"], kind="stable")]
         for e in jt:
-            j = np.searchsorted(copied["new"], e["code"], side="right") - 1
-            if j < 0 or int(copied["func"][j]) in used:
+            j = np.searchsorted(placed["new"], e["code"], side="right") - 1
+            if j < 0 or int(placed["func"][j]) in used:
                 continue
-            r = copied[j]
+            r = placed[j]
             off = int(e["code"]) - int(r["new"])
-            if off < int(r["new_len"]):
+            if off < int(r["new_len"]) and (off == 0 or int(r["kind"]) == bm.KIND_COPIED):
                 old_code = int(r["old"]) + off
                 entry = int(e["entry"])
                 _file_patch(f, img, entry, (old_code - entry).to_bytes(4, "little", signed=True))
@@ -190,5 +191,5 @@ def test_injected_breakages_are_named(blocks_out, baseline, work):
     for check, addr in want.items():
         assert after.get(check, 0) > before.get(check, 0), (check, before, after)
         listed = [f["address"] for f in rep["findings"] if f["check"] == check]
-        if after[check] <= 20:           # the report lists them all: the place is named
+        if addr is not None and after[check] <= 20:    # all listed: the place is named
             assert addr in listed, (check, hex(addr), [hex(x) for x in listed if x])
