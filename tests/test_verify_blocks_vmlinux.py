@@ -192,4 +192,4 @@ def test_injected_breakages_are_named(blocks_out, baseline, work):
         assert after.get(check, 0) > before.get(check, 0), (check, before, after)
         listed = [f["address"] for f in rep["findings"] if f["check"] == check]
         if addr is not None and after[check] <= 20:    # all listed: the place is named
-            assert addr in listed, (check, hex(addr), [hex(x) for x in listed if x])
+            assert f"{addr:#x}" in listed, (check, hex(addr), listed)
