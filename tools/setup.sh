@@ -36,11 +36,12 @@ if [ -f tools/profile/plugin/Makefile ]; then
 fi
 
 if [ "${LINEPACK_SKIP_KERNEL:-0}" != 1 ]; then
-  # the vmlinux, and the modules of the same build the tests load (fat/vfat in a
-  # rewritten kernel, brd for the ext4 RAM-disk workload): no test skips for want of them
+  # the vmlinux, and the modules of the same build the tests load (fat/vfat in a rewritten
+  # kernel, kyber-iosched with its own tracepoints and jump labels for the torture boot, brd for
+  # the ext4 RAM-disk workload): no test skips for want of them
   log "fetching Debian's 6.1 cloud vmlinux and modules of the same build (cached)"
   "$PY" -m linepack fetch --module fs/fat/fat.ko --module fs/fat/vfat.ko \
-      --module drivers/block/brd.ko >/dev/null
+      --module block/kyber-iosched.ko --module drivers/block/brd.ko >/dev/null
   vmlinux="$("$PY" -m linepack fetch)"
   # Headers of the same build: the slab-bulk workload's kernel module is built against them.
   rel="$(basename "$(dirname "$vmlinux")")"

@@ -16,6 +16,10 @@ unless asked. Then, with Capstone decoding both images:
 4. every kernel table's address columns translate as a multiset (sorted tables
    may be re-sorted), kallsyms names keep their translated addresses, and the
    symbol table's code symbols translate.
+
+When NEW carries a ``.linepack.blockmap`` (a block-level layout), the functions
+it splits are checked block by block instead (tools/verify/blocks.py), and every
+other check translates addresses through the block map where it has pieces.
 """
 
 import numpy as np
@@ -23,8 +27,9 @@ import numpy as np
 import capstone
 
 from ..errors import BadInput, LinepackError
+from ..image import blockmap as bm
 from ..image.disasm import Disassembly
-from ..image.elf import ElfImage, STT_SECTION
+from ..image.elf import ElfImage, STT_FUNC, STT_SECTION, SHT_SYMTAB
 from ..kernel import TABLES
 from ..kernel.base import Finding, ImageContext
 
@@ -103,6 +108,24 @@ class _Map:
                 alias = (self.map(o + km) - km) == n
                 ok |= phys & alias
         return ok
+
+
+class _BlockAwareMap:
+    """The function-level map, with the pieces of a block map taking precedence
+    inside split functions."""
+
+    def __init__(self, base, rows):
+        from .blocks import BlockMap
+        self.base = base
+        self.blocks = BlockMap(rows, base.map)
+
+    def map(self, addrs):
+        return self.blocks.map(addrs)
+
+    def point(self, addrs):
+        return self.base.point(addrs)
+
+    translates = _Map.translates
 
 
 def _add(findings, severity, check, items, describe, counter):
@@ -223,7 +246,14 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     oi, ni, missing = match_functions(octx, nctx)
     _add(findings, "error", "equiv.function-missing", missing,
          lambda i: (int(of.start[i]), f"function {of.name[i]} of the original is missing"), counter)
-    size_diff = np.nonzero(of.size[oi] != nf.size[ni])[0]
+    # a block-level layout: functions with pieces in the block map are split
+    rows = bm.read_blockmap(new)
+    split = np.zeros(len(of), dtype=bool)
+    if rows is not None and len(rows):
+        fidx = of.find(rows["old"][rows["old_len"] > 0].astype(np.uint64))
+        split[fidx[fidx >= 0]] = True
+        log(f"block map: {len(rows)} pieces in {int(split.sum())} split functions")
+    size_diff = np.nonzero((of.size[oi] != nf.size[ni]) & ~split[oi])[0]
     _add(findings, "error", "equiv.function-size", size_diff.tolist(),
          lambda k: (int(nf.start[ni[k]]), f"{of.name[oi[k]]} changed size "
                     f"{int(of.size[oi[k]])} -> {int(nf.size[ni[k]])}"), counter)
@@ -232,6 +262,8 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     piece_end = _piece_ends(old, of)[oi]
     amap = _Map(of.start[oi], piece_end, nf.start[ni], *_labels(old, new, of),
                 points=_region_points(old, new))
+    if split.any():
+        amap = _BlockAwareMap(amap, rows)
     kernel = octx.is_kernel
     moved = int((of.start[oi] != nf.start[ni]).sum())
     log(f"{len(oi)} functions matched, {moved} moved")
@@ -243,7 +275,11 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     matched_func = np.zeros(len(of), dtype=bool)
     matched_func[oi] = True
     use = _compared_instructions(octx, od, matched_func, same_size)
+    fidx = od.func.astype(np.int64)
+    use &= ~((fidx >= 0) & split[np.maximum(fidx, 0)])     # split functions: block-level checks
     report.extra.update(compare_instructions(octx, nctx, amap, use, kernel, findings, counter))
+    if split.any():
+        _check_blocks(octx, nctx, rows, split, oi, ni, amap, findings, counter, report)
 
     # 3. data: relocated pointers translate; nothing stale
     _check_data_relocs(old, new, amap, octx, findings, counter)
@@ -253,13 +289,17 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     _check_relocations(old, new, octx, findings, counter, report)
 
     # 4. tables and symbols
-    _check_tables(octx, nctx, amap, findings, counter)
+    cold_names = _cold_names(of, split) if split.any() else frozenset()
+    _check_tables(octx, nctx, amap, findings, counter, split_ranges=_split_ranges(
+        of, nf, split, oi, ni, new, cold_names), cold_names=cold_names)
     _check_eh_frame(old, new, amap, octx, findings, counter)
-    _check_symbols(old, new, octx, amap, findings, counter)
+    _check_symbols(old, new, octx, amap, findings, counter, cold_names)
     if layout_map:
         _check_layout_map(layout_map, of, nf, oi, ni, findings, counter, report)
     report.extra["equivalence_moved_functions"] = moved
     report.extra["against"] = old_path
+    # the full count per check (the findings list stops at MAX_REPORT per check)
+    report.extra["equivalence_counts"] = {k: int(v) for k, v in counter.items()}
     log("equivalence: " + (", ".join(f"{k} {v}" for k, v in counter.items()) or "no problems"))
     return report
 
@@ -517,6 +557,38 @@ def _check_regions(old, new, of, nf, oi, ni, findings, counter):
          lambda o: (o[2], f"{o[1]} function(s) left region {o[0]}"), counter)
 
 
+def _within(addrs, ranges):
+    """True where an address lies in one of the (sorted, disjoint) [lo, hi) ranges."""
+    lo, hi = ranges
+    a = np.asarray(addrs, np.uint64)
+    if not len(lo):
+        return np.zeros(a.shape, bool)
+    k = np.searchsorted(lo, a, side="right").astype(np.int64) - 1
+    return (k >= 0) & (a < hi[np.maximum(k, 0)])
+
+
+def _check_orc_lookup(octx, nctx, amap, split_ranges, findings, counter):
+    """A block-level layout adds ORC entries at moved pieces and compacts the
+    table (an entry equal to the one before it is redundant), so the IPs no longer
+    match as a multiset; what must hold is what the unwinder sees: the lookup at
+    every translated instruction of a function moved whole gives the original's
+    entry (split functions are checked piece by piece in blocks.py)."""
+    lo, ln = _orc_lookup(octx), _orc_lookup(nctx)
+    if lo is None or ln is None:
+        return
+    od = octx.disasm
+    a = od.addr[~_within(od.addr, split_ranges[0])]
+    b = amap.map(a)
+
+    def key(orc, x):
+        i = np.searchsorted(orc[0], x, side="right").astype(np.int64) - 1
+        return np.where(i >= 0, orc[1][np.maximum(i, 0)], -1)
+    bad = np.nonzero(key(lo, a) != key(ln, b))[0]
+    _add(findings, "error", "equiv.orc", bad.tolist(),
+         lambda k: (int(b[k]), f"ORC lookup at {int(b[k]):#x} ({octx.symbol_at(int(a[k]))}) "
+                    "differs from the original's"), counter)
+
+
 def _check_orc(eo, en, amap, nctx, findings, counter):
     """ORC IPs translate as a multiset, except that relayout may drop entries the
     unwinder can never find (another entry has the same IP) to make room for
@@ -599,8 +671,12 @@ def _check_eh_frame(old, new, amap, octx, findings, counter):
     _add(findings, "error", "equiv.eh_frame", bad, lambda b: b, counter)
 
 
-def _check_tables(octx, nctx, amap, findings, counter):
-    address_columns = {"code", "target", "addr", "ip", "insn", "fixup", "instr", "value"}
+ADDRESS_COLUMNS = {"code", "target", "addr", "ip", "insn", "fixup", "instr", "value"}
+
+
+def _check_tables(octx, nctx, amap, findings, counter, split_ranges=None,
+                  cold_names=frozenset()):
+    address_columns = ADDRESS_COLUMNS
     for cls in TABLES:
         t_old, t_new = cls(), cls()
         if t_old.locate(octx) is None:
@@ -610,12 +686,34 @@ def _check_tables(octx, nctx, amap, findings, counter):
                  lambda n: (None, f"{n} is missing from the new image"), counter)
             continue
         eo, en = t_old.parse(octx), t_new.parse(nctx)
+        if cls.name == "kallsyms" and cold_names:
+            # a block-level layout adds a `name.cold` symbol per split function (gcc's
+            # own cold parts may carry the same names: only the added ones go)
+            from collections import Counter
+            had = Counter(nm for nm in t_old.names if nm in cold_names)
+            seen, keep = Counter(), []
+            for nm in t_new.names:
+                if nm in cold_names:
+                    seen[nm] += 1
+                    keep.append(seen[nm] <= had[nm])
+                else:
+                    keep.append(True)
+            missing = sorted(nm for nm in cold_names if seen[nm] <= had[nm])
+            _add(findings, "error", "equiv.kallsyms-cold", missing,
+                 lambda nm: (None, f"kallsyms has no entry for {nm}: backtraces and kprobes "
+                             "name its cold code after the symbol before it"), counter)
+            keep = np.array(keep, dtype=bool)
+            en = en[keep]
+            t_new.names = [nm for nm, k in zip(t_new.names, keep.tolist()) if k]
         if len(eo) != len(en):
             _add(findings, "error", "equiv.table-count", [(cls.name, len(eo), len(en))],
                  lambda c: (None, f"{c[0]}: {c[1]} entries before, {c[2]} after"), counter)
             continue
         if cls.name == "orc_unwind":
-            _check_orc(eo, en, amap, nctx, findings, counter)
+            if split_ranges is None:
+                _check_orc(eo, en, amap, nctx, findings, counter)
+            else:
+                _check_orc_lookup(octx, nctx, amap, split_ranges, findings, counter)
             continue
         for colname in eo.dtype.names:
             # kallsyms is checked below by (name, address) pairs, which also
@@ -645,8 +743,16 @@ def _check_tables(octx, nctx, amap, findings, counter):
                      lambda p: (p[1], f"kallsyms {p[0]} should be at {p[1]:#x}"), counter)
 
 
-def _check_symbols(old, new, octx, amap, findings, counter):
+def _check_symbols(old, new, octx, amap, findings, counter, cold_names=frozenset()):
     so, sn = old.symtab, new.symtab
+    if cold_names and len(sn) > len(so):
+        # a block-level layout inserts its `name.cold` symbols after the locals
+        first_global = next(s.info for s in old.sections if s.type == SHT_SYMTAB)
+        extra = len(sn) - len(so)
+        names_new, _ = new.symbol_table()
+        added = names_new[first_global:first_global + extra]
+        if all(nm in cold_names for nm in added):
+            sn = np.concatenate([sn[:first_global], sn[first_global + extra:]])
     if len(so) != len(sn):
         _add(findings, "error", "equiv.symtab", [(len(so), len(sn))],
              lambda c: (None, f"symbol table has {c[1]} entries, the original {c[0]}"), counter)
@@ -663,3 +769,124 @@ def _check_symbols(old, new, octx, amap, findings, counter):
     _add(findings, "error", "equiv.symbol", bad.tolist(),
          lambda i: (int(sn["value"][i]), f"symbol {names[i]} is at {int(sn['value'][i]):#x}, "
                     f"expected {int(amap.map(np.array([so['value'][i]], np.uint64))[0]):#x}"), counter)
+
+
+# Callees that never return: the byte after a call to one is no successor.
+NORETURN = ("__stack_chk_fail", "panic", "do_exit", "do_group_exit", "make_task_dead",
+            "rewind_stack_and_make_dead", "kthread_exit", "__module_put_and_kthread_exit",
+            "machine_real_restart", "usercopy_abort", "BUG_func", "fortify_panic",
+            "__ubsan_handle_builtin_unreachable", "cpu_startup_entry", "do_task_dead",
+            "stop_this_cpu", "play_dead", "hlt_play_dead", "sev_es_terminate", "snp_abort",
+            "nmi_panic_self_stop", "panic_smp_self_stop", "ex_handler_msr_mce",
+            "cpu_bringup_and_idle", "start_kernel", "arch_call_rest_init", "__invalid_creds",
+            "__x64_sys_exit", "__x64_sys_exit_group", "x86_64_start_kernel",
+            "x86_64_start_reservations", "xen_start_kernel", "abort", "exit", "_exit",
+            "__assert_fail", "longjmp", "__longjmp_chk", "__cxa_throw", "_Unwind_Resume")
+BUGFLAG_WARNING = 1
+
+
+def _cold_names(of, split):
+    return frozenset(of.name[i] + ".cold" for i in np.nonzero(split)[0].tolist())
+
+
+def _cold_parts(new):
+    """{name.cold: [(start, end)]} of NEW's cold-part symbols."""
+    names, syms = new.symbol_table()
+    out = {}
+    is_func = (syms["info"] & 0xF) == STT_FUNC
+    for k in np.nonzero(is_func)[0].tolist():
+        if names[k].endswith(".cold"):
+            v = int(syms["value"][k])
+            out.setdefault(names[k], []).append((v, v + int(syms["size"][k])))
+    return out
+
+
+def _split_ranges(of, nf, split, oi, ni, new, cold_names):
+    """(old ranges, new part ranges) of the split functions, each as sorted (lo, hi)."""
+    if not split.any():
+        return None
+    idx = np.nonzero(split)[0]
+    old_lo, old_hi = of.start[idx], of.end[idx]
+    j_of = dict(zip(oi.tolist(), ni.tolist()))
+    lo, hi = [], []
+    for i in idx.tolist():
+        j = j_of.get(i)
+        if j is not None:
+            lo.append(int(nf.start[j]))
+            hi.append(int(nf.end[j]))
+    for parts in _cold_parts(new).values():
+        for a, b in parts:
+            lo.append(a)
+            hi.append(b)
+    o = np.argsort(old_lo)
+    n = np.argsort(np.array(lo, np.uint64))
+    return ((old_lo[o], old_hi[o]),
+            (np.array(lo, np.uint64)[n], np.array(hi, np.uint64)[n]))
+
+
+def _orc_lookup(ctx):
+    """(sorted IPs, one comparable key per entry) of an image's ORC table, or None."""
+    from ..kernel.orc import OrcTable
+    t = OrcTable()
+    if t.locate(ctx) is None:
+        return None
+    e = t.parse(ctx)
+    e = e[np.argsort(e["ip"], kind="stable")]
+    key = (e["sp_offset"].astype(np.int64) & 0xFFFF) | \
+        ((e["bp_offset"].astype(np.int64) & 0xFFFF) << 16) | (e["bits"].astype(np.int64) << 32)
+    return e["ip"].astype(np.uint64), key
+
+
+def _check_blocks(octx, nctx, rows, split, oi, ni, amap, findings, counter, report):
+    """Block-level equivalence of the split functions (tools/verify/blocks.py)."""
+    from .blocks import SplitFunction, check_blocks
+    old, new = octx.image, nctx.image
+    of, nf = octx.functions, nctx.functions
+    j_of = dict(zip(oi.tolist(), ni.tolist()))
+    cold = _cold_parts(new)
+    pieces = rows[rows["old_len"] > 0]
+    p_func = of.find(pieces["old"].astype(np.uint64))
+    funcs = []
+    for i in np.nonzero(split)[0].tolist():
+        parts = []
+        j = j_of.get(i)
+        if j is not None:
+            parts.append((bm.PART_HOT, int(nf.start[j]), int(nf.end[j])))
+        mine = pieces[(p_func == i) & (pieces["part"] == bm.PART_COLD)]
+        cands = cold.get(of.name[i] + ".cold", [])
+        if len(mine) and cands:
+            # static functions share names: the .cold symbol that holds this one's pieces
+            first = int(mine["new"].min())
+            parts.append((bm.PART_COLD,) + next(((a, b) for a, b in cands if a <= first < b),
+                                                cands[0]))
+        funcs.append(SplitFunction(of.name[i], int(of.start[i]), int(of.end[i]), parts))
+    tables = []
+    for cls in TABLES:
+        if cls.name in ("orc_unwind", "kallsyms"):
+            continue
+        t_old, t_new = cls(), cls()
+        if t_old.locate(octx) is None or t_new.locate(nctx) is None:
+            continue
+        eo, en = t_old.parse(octx), t_new.parse(nctx)
+        for col in eo.dtype.names:
+            if col in ADDRESS_COLUMNS and col in en.dtype.names:
+                tables.append((f"{cls.name}.{col}", eo[col], en[col]))
+    no_fall = set()
+    from ..kernel.bug_table import BugTable
+    bt = BugTable()
+    if bt.locate(octx) is not None:
+        be = bt.parse(octx)
+        no_fall = set(be["addr"][(be["flags"] & BUGFLAG_WARNING) == 0].tolist())
+    noreturn = set()
+    for nm in NORETURN:
+        noreturn |= octx.symbol_addresses().get(nm, set())
+    orc_old, orc_new = _orc_lookup(octx), _orc_lookup(nctx)
+    found, stats = check_blocks(rows, funcs, old.read, new.read, amap.base.map, orc_old, orc_new,
+                                tables=tables, no_fallthrough=frozenset(no_fall),
+                                noreturn=frozenset(noreturn))
+    by_check = {}
+    for f in found:
+        by_check.setdefault(f.check, []).append(f)
+    for check, items in sorted(by_check.items()):
+        _add(findings, "error", check, items, lambda f: (f.address, f.message), counter)
+    report.extra["equivalence_blocks"] = stats

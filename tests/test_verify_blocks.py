@@ -1,0 +1,225 @@
+"""Block-level equivalence (tools/verify/blocks.py) on small hand-assembled functions.
+
+Each case is an original function, a block-level rewrite of it written byte by
+byte here (hot part at the function's new address, cold part elsewhere), and the
+block map that describes it. The correct rewrite must pass; each injected
+breakage must be reported under its name.
+"""
+
+import numpy as np
+import pytest
+
+from linepack.image import blockmap as bm
+from linepack.verify.blocks import SplitFunction, check_blocks
+
+C, B, I, R = bm.KIND_COPIED, bm.KIND_BRANCH, bm.KIND_JMP_INSERTED, bm.KIND_JMP_REMOVED
+HOT, COLD = bm.PART_HOT, bm.PART_COLD
+
+
+class Memory:
+    """Bytes by address, from {base: bytes}."""
+
+    def __init__(self, chunks):
+        self.chunks = {a: bytearray(b) for a, b in chunks.items()}
+
+    def read(self, addr, n):
+        for base, data in self.chunks.items():
+            if base <= addr < base + len(data):
+                off = addr - base
+                return bytes(data[off:off + n]).ljust(n, b"\xcc")
+        return b"\xcc" * n
+
+    def patch(self, addr, data):
+        for base, chunk in self.chunks.items():
+            if base <= addr < base + len(chunk):
+                chunk[addr - base:addr - base + len(data)] = data
+                return
+        raise KeyError(hex(addr))
+
+
+def outside(a):
+    """Functions moved whole: everything at 0x5000.. moved up by 0x1000."""
+    a = np.asarray(a, np.uint64)
+    return np.where(a >= np.uint64(0x5000), a + np.uint64(0x1000), a)
+
+
+def rows_of(*specs):
+    old, old_len, new, new_len, kind, part = zip(*specs)
+    return bm.make_rows(old, old_len, new, new_len, kind, part, [1] * len(specs))
+
+
+def hx(s):
+    return bytes.fromhex(s.replace(" ", ""))
+
+
+# -- case A: the cold path split off, its jcc relaxed to rel32 ---------------------------
+#   1000 test edi,edi; 1002 jne 1007; 1004 xor eax,eax; 1006 ret
+#   1007 call 5000 (a function moved whole, to 6000); 100c mov eax,1; 1011 ret
+OLD_A = {0x1000: hx("85ff 7503 31c0 c3 e8f43f0000 b801000000 c3")}
+NEW_A = {0x2000: hx("85ff 0f85f80f0000 31c0 c3"),           # hot part 2000..200b
+         0x3000: hx("e8fb2f0000 b801000000 c3")}            # cold part 3000..300b
+
+
+def case_a():
+    f = SplitFunction("f", 0x1000, 0x1012, [(HOT, 0x2000, 0x200b), (COLD, 0x3000, 0x300b)])
+    rows = rows_of((0x1000, 2, 0x2000, 2, C, HOT), (0x1002, 2, 0x2002, 6, B, HOT),
+                   (0x1004, 3, 0x2008, 3, C, HOT), (0x1007, 11, 0x3000, 11, C, COLD))
+    orc_old = (np.array([0x1000, 0x1007], np.uint64), np.array([10, 20]))
+    orc_new = (np.array([0x2000, 0x3000], np.uint64), np.array([10, 20]))
+    return rows, [f], Memory(OLD_A), Memory(NEW_A), orc_old, orc_new
+
+
+# -- case B: the fall-through goes cold (an inserted jmp), a jmp to the next block removed --
+#   1100 test; 1102 je 110a; 1104 mov eax,1; 1109 ret (cold); 110a xor; 110c jmp 110e; 110e ret
+OLD_B = {0x1100: hx("85ff 7406 b801000000 c3 31c0 eb00 c3")}
+NEW_B = {0x2100: hx("85ff 7405 e9f70f0000 31c0 c3"),        # hot 2100..210c
+         0x3100: hx("b801000000 c3")}                       # cold 3100..3106
+
+
+def case_b():
+    g = SplitFunction("g", 0x1100, 0x110f, [(HOT, 0x2100, 0x210c), (COLD, 0x3100, 0x3106)])
+    rows = rows_of((0x1100, 2, 0x2100, 2, C, HOT), (0x1102, 2, 0x2102, 2, B, HOT),
+                   (0x1104, 0, 0x2104, 5, I, HOT), (0x1104, 6, 0x3100, 6, C, COLD),
+                   (0x110a, 2, 0x2109, 2, C, HOT), (0x110c, 2, 0x210b, 0, R, HOT),
+                   (0x110e, 1, 0x210b, 1, C, HOT))
+    orc_old = (np.array([0x1100], np.uint64), np.array([7]))
+    orc_new = (np.array([0x2100, 0x3100], np.uint64), np.array([7, 7]))
+    return rows, [g], Memory(OLD_B), Memory(NEW_B), orc_old, orc_new
+
+
+def run(rows, funcs, old, new, orc_old=None, orc_new=None, **kw):
+    findings, stats = check_blocks(rows, funcs, old.read, new.read, outside, orc_old, orc_new, **kw)
+    return findings, stats
+
+
+def checks(findings):
+    return sorted({f.check for f in findings})
+
+
+def test_correct_rewrites_pass():
+    rows, funcs, old, new, oo, on = case_a()
+    findings, stats = run(rows, funcs, old, new, oo, on,
+                          tables=[("__jump_table.code", [0x1002], [0x2002])])
+    assert findings == []
+    assert stats["instructions"] == 7 and stats["branches_reencoded"] == 1
+    assert stats["orc_checked"] == 7
+    rows, funcs, old, new, oo, on = case_b()
+    findings, stats = run(rows, funcs, old, new, oo, on)
+    assert findings == []
+    assert (stats["jmps_inserted"], stats["jmps_removed"], stats["branches_reencoded"]) == (1, 1, 1)
+    assert stats["edges"] == 4      # test, je, mov, xor fall through; ret/jmp do not
+
+
+def test_edge_broken_when_the_inserted_jmp_is_missing_or_wrong():
+    rows, funcs, old, new, oo, on = case_b()
+    no_jmp = rows[rows["kind"] != I]
+    found, _ = run(no_jmp, funcs, old, new, oo, on)
+    assert checks(found) == ["equiv.edge"]
+    assert "fall-through from 'je" in found[0].message and found[0].address == 0x2104
+    new.patch(0x2105, (0xff8).to_bytes(4, "little"))        # inserted jmp now goes to 3101
+    found, _ = run(rows, funcs, old, new, oo, on)
+    assert checks(found) == ["equiv.edge"] and "inserted jmp at 0x2104" in found[0].message
+
+
+def test_removed_jmp_must_lead_to_its_target():
+    rows, funcs, old, new, oo, on = case_b()
+    rows["new"][(rows["kind"] == R)] = 0x2109
+    found, _ = run(rows, funcs, old, new, oo, on)
+    assert "equiv.edge" in checks(found)
+    assert any("removed jmp at 0x110c went to 0x110e" in f.message for f in found)
+
+
+def test_block_lost():
+    rows, funcs, old, new, oo, on = case_b()
+    lost = rows[~((rows["old"] == 0x1104) & (rows["kind"] == C))]
+    found, _ = run(lost, funcs, old, new, oo, on)
+    assert "equiv.block-lost" in checks(found)
+    assert any(f.address == 0x1104 and "0x1104..0x110a" in f.message for f in found)
+
+
+def test_block_placed_twice():
+    rows, funcs, old, new, oo, on = case_a()
+    dup = rows_of((0x1007, 11, 0x3000, 11, C, COLD))
+    found, _ = run(bm.sort_rows(np.concatenate([rows, dup])), funcs, old, new, oo, on)
+    assert "equiv.block-twice" in checks(found)
+
+
+def test_relaxation_wrong_displacement_and_form():
+    rows, funcs, old, new, oo, on = case_a()
+    new.patch(0x2004, (0xff9).to_bytes(4, "little"))        # jne to 3001
+    found, _ = run(rows, funcs, old, new, oo, on)
+    assert checks(found) == ["equiv.relaxation"] and "displacement" in found[0].message
+    rows, funcs, old, new, oo, on = case_a()
+    new.patch(0x2003, b"\x84")                               # jne became je
+    found, _ = run(rows, funcs, old, new, oo, on)
+    assert checks(found) == ["equiv.relaxation"] and "'jne' became 'je'" in found[0].message
+    rows, funcs, old, new, oo, on = case_a()
+    rows["new_len"][rows["kind"] == B] = 2                   # map and bytes disagree on the form
+    found, _ = run(rows, funcs, old, new, oo, on)
+    assert "equiv.relaxation" in checks(found)
+    assert any("form: 6 bytes where the map says 2" in f.message for f in found)
+
+
+def test_copied_instruction_must_keep_its_meaning():
+    rows, funcs, old, new, oo, on = case_a()
+    new.patch(0x3001, (0x2ffc).to_bytes(4, "little"))       # call 6001 instead of 6000
+    found, _ = run(rows, funcs, old, new, oo, on)
+    assert checks(found) == ["equiv.block-instruction"]
+    assert "'call 0x5000' at 0x1007" in found[0].message
+    rows, funcs, old, new, oo, on = case_a()
+    new.patch(0x3006, b"\x02")                               # mov eax,2
+    found, _ = run(rows, funcs, old, new, oo, on)
+    assert checks(found) == ["equiv.block-instruction"]
+
+
+def test_piece_outside_its_part():
+    rows, funcs, old, new, oo, on = case_a()
+    funcs[0].parts = [(HOT, 0x2000, 0x200b), (COLD, 0x3000, 0x3008)]   # .cold too small
+    found, _ = run(rows, funcs, old, new, oo, on)
+    assert checks(found) == ["equiv.block-outside"]
+    funcs[0].parts = [(HOT, 0x2000, 0x200b)]                             # no .cold symbol
+    found, _ = run(rows, funcs, old, new, oo, on)
+    assert "no such symbol" in found[0].message
+
+
+def test_stale_table_entry():
+    rows, funcs, old, new, oo, on = case_a()
+    found, _ = run(rows, funcs, old, new, oo, on,
+                   tables=[("__jump_table.code", [0x1002, 0x5000], [0x1002, 0x6000])])
+    assert checks(found) == ["equiv.table-stale"]
+    assert found[0].address == 0x2002 and "__jump_table.code" in found[0].message
+
+
+def test_orc_entry_missing_at_a_block_start():
+    rows, funcs, old, new, oo, on = case_a()
+    on = (np.array([0x2000], np.uint64), np.array([10]))     # nothing for the cold part
+    found, _ = run(rows, funcs, old, new, oo, on)
+    assert checks(found) == ["equiv.orc-block-start"]
+    assert [f.address for f in found] == [0x3000]
+    # an entry in the middle of a block that the original does not have
+    rows, funcs, old, new, oo, on = case_a()
+    on = (np.array([0x2000, 0x2008, 0x3000], np.uint64), np.array([10, 99, 20]))
+    found, _ = run(rows, funcs, old, new, oo, on)
+    assert "equiv.orc-block-start" in checks(found)             # 0x2008 starts a piece
+    on = (np.array([0x2000, 0x2009, 0x3000], np.uint64), np.array([10, 99, 20]))
+    found, _ = run(rows, funcs, old, new, oo, on)
+    assert checks(found) == ["equiv.orc-block"] and found[0].address == 0x200a
+
+
+def test_piece_boundary_inside_an_instruction():
+    rows, funcs, old, new, oo, on = case_a()
+    rows["old_len"][0], rows["new_len"][0] = 1, 1
+    extra = rows_of((0x1001, 1, 0x2001, 1, C, HOT))
+    found, _ = run(bm.sort_rows(np.concatenate([rows, extra])), funcs, old, new, oo, on)
+    assert "equiv.block-map" in checks(found)
+
+
+@pytest.mark.parametrize("noreturn", [False, True])
+def test_noreturn_call_needs_no_fall_through(noreturn):
+    # 1200 call 5000 (never returns); 1205 ret, placed cold and not after the call
+    old = Memory({0x1200: hx("e8fb3d0000 c3")})
+    new = Memory({0x2200: hx("e8fb3d0000"), 0x3200: hx("c3")})
+    f = SplitFunction("h", 0x1200, 0x1206, [(HOT, 0x2200, 0x2205), (COLD, 0x3200, 0x3201)])
+    rows = rows_of((0x1200, 5, 0x2200, 5, C, HOT), (0x1205, 1, 0x3200, 1, C, COLD))
+    found, _ = run(rows, [f], old, new, noreturn=frozenset([0x5000]) if noreturn else frozenset())
+    assert checks(found) == ([] if noreturn else ["equiv.edge"])

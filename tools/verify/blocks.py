@@ -1,0 +1,421 @@
+"""Block-level equivalence: check a ``.linepack.blockmap`` claim independently.
+
+A block-level relayout says, piece by piece, where each original basic block
+of a split function went (tools/image/blockmap.py). Nothing here trusts it:
+
+- coverage: the pieces of each split function tile its original bytes exactly,
+  at instruction boundaries (``equiv.block-lost``: bytes no piece covers;
+  ``equiv.block-twice``: bytes two pieces cover, or two pieces placed on the
+  same new bytes; ``equiv.block-map``: a piece boundary inside an instruction);
+- placement: every piece lies inside its function's part in NEW, the parent
+  symbol's range (hot) or ``name.cold``'s (cold) (``equiv.block-outside``);
+- meaning: every original instruction has one counterpart that decodes to the
+  same operation, its operands translated through the block map
+  (``equiv.block-instruction``); a re-encoded branch keeps its kind and
+  condition, its length is what the map says and its target is the
+  translated target (``equiv.relaxation``, short and long forms are equal);
+- control flow: every original edge exists in NEW: branch targets (above),
+  every fall-through either still falls through to the translated successor
+  or reaches it through an inserted ``jmp``; a removed ``jmp`` must have been
+  unconditional and its place must now be its target (``equiv.edge``);
+- tables: every table entry inside a split function maps to an entry of the
+  same table in NEW (``equiv.table-stale``);
+- ORC: the unwinder's lookup at each new instruction gives the original's
+  entry, in particular at every piece start (``equiv.orc-block-start``).
+
+The core works on byte readers and arrays so that tests can hand it small
+synthetic functions; ``verify --against`` feeds it the two images.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import capstone
+from capstone import x86 as cx86
+
+from ..image import blockmap as bm
+
+NOP2 = bytes.fromhex("6690")
+NOP5 = bytes.fromhex("0f1f440000")
+# Instructions after which control never reaches the next byte.
+_NO_FALLTHROUGH = {"jmp", "ret", "retf", "iret", "iretq", "int3", "hlt", "sysret", "sysretq",
+                   "ljmp"}
+
+
+@dataclass
+class SplitFunction:
+    name: str
+    old_start: int
+    old_end: int
+    parts: list = field(default_factory=list)   # (part, new_start, new_end)
+
+
+@dataclass
+class BlockFinding:
+    check: str
+    address: "int | None"
+    message: str
+
+
+class BlockMap:
+    """old -> new addresses through the pieces; ``outside`` maps everything else
+    (functions moved whole)."""
+
+    def __init__(self, rows, outside):
+        r = rows[rows["old_len"] > 0]
+        order = np.argsort(r["old"], kind="stable")
+        r = r[order]
+        self.old = r["old"].astype(np.uint64)
+        self.old_end = self.old + r["old_len"].astype(np.uint64)
+        self.new = r["new"].astype(np.uint64)
+        self.new_len = r["new_len"].astype(np.uint64)
+        self.kind = r["kind"]
+        self.collapse = self.kind != bm.KIND_COPIED
+        self.outside = outside
+
+    def piece(self, addrs):
+        """Index of the piece covering each address, -1 where none."""
+        a = np.asarray(addrs, dtype=np.uint64)
+        i = np.searchsorted(self.old, a, side="right").astype(np.int64) - 1
+        ic = np.maximum(i, 0)
+        ok = (i >= 0) & (a < self.old_end[ic]) if len(self.old) else np.zeros(a.shape, bool)
+        return np.where(ok, i, -1)
+
+    def map(self, addrs):
+        a = np.asarray(addrs, dtype=np.uint64)
+        out = np.asarray(self.outside(a), dtype=np.uint64).copy()
+        if not len(self.old):
+            return out
+        p = self.piece(a)
+        pc = np.maximum(p, 0)
+        lin = self.new[pc] + (a - self.old[pc])
+        lin = np.where(self.collapse[pc], self.new[pc], lin)
+        return np.where(p >= 0, lin, out)
+
+    def map1(self, addr):
+        return int(self.map(np.array([addr], np.uint64))[0])
+
+
+def _cs():
+    cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    cs.detail = True
+    return cs
+
+
+def _decode_one(cs, read, addr):
+    try:
+        return next(cs.disasm(bytes(read(addr, 16)), addr, 1))
+    except (StopIteration, ValueError):
+        return None
+
+
+def _direct_target(ins):
+    """Target of a direct jmp/jcc/call, else None."""
+    if len(ins.operands) == 1 and ins.operands[0].type == cx86.X86_OP_IMM and (
+            ins.group(capstone.CS_GRP_JUMP) or ins.group(capstone.CS_GRP_CALL)):
+        return ins.operands[0].imm & (2**64 - 1)
+    return None
+
+
+def _meaning(ins):
+    """What an instruction does: (mnemonic, operands, the bytes that are no
+    address field). Operands are ("target", T) for a direct branch, ("rip", T, ...)
+    for a RIP-relative operand (T its absolute target), ("imm", v) and ("mem", ...,
+    disp, ...) otherwise; the values that may name code are compared through the
+    map by ``_same_meaning``."""
+    target = _direct_target(ins)
+    ops = []
+    for op in ins.operands:
+        if op.type == cx86.X86_OP_IMM:
+            v = op.imm & (2**64 - 1)
+            ops.append(("target", v) if target is not None else ("imm", v, op.size))
+        elif op.type == cx86.X86_OP_MEM:
+            m = op.mem
+            if m.base == cx86.X86_REG_RIP:
+                t = (ins.address + ins.size + m.disp) & (2**64 - 1)
+                ops.append(("rip", t, m.segment, m.index, m.scale, op.size))
+            else:
+                ops.append(("mem", m.disp & (2**64 - 1), m.base, m.index, m.scale, m.segment,
+                            op.size))
+        else:
+            ops.append(("reg", op.reg, op.size))
+    raw = bytearray(ins.bytes)
+    # address fields differ legitimately (checked by value); no other byte may
+    if ins.disp_size:
+        dsz = 4 if ins.disp_size == 2 else ins.disp_size
+        raw[ins.disp_offset:ins.disp_offset + dsz] = b"\0" * dsz
+    if ins.imm_size:
+        raw[ins.imm_offset:ins.imm_offset + ins.imm_size] = b"\0" * ins.imm_size
+    if target is not None:
+        raw = None                      # short and long forms are equal
+    return ins.mnemonic, ops, None if raw is None else bytes(raw)
+
+
+def _same_meaning(old_ins, new_ins, translate):
+    """True when new_ins does what old_ins did, code addresses translated."""
+    mo, oo, ro = _meaning(old_ins)
+    mn, on, rn = _meaning(new_ins)
+    if mo != mn or ro != rn or len(oo) != len(on):
+        return False
+    mask32 = 0xFFFFFFFF
+    for a, b in zip(oo, on):
+        if a[0] != b[0]:
+            return False
+        if a[0] in ("target", "rip"):
+            if translate(a[1]) != b[1] or a[2:] != b[2:]:
+                return False
+        elif a[0] in ("imm", "mem"):
+            # an absolute address (sign-extended imm32/disp32 in the kernel) may move
+            if a[2:] != b[2:]:
+                return False
+            if a[1] != b[1] and (translate(a[1]) & mask32) != (b[1] & mask32):
+                return False
+        elif a != b:
+            return False
+    return True
+
+
+def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None, orc_new=None,
+                 tables=(), no_fallthrough=frozenset(), noreturn=frozenset()):
+    """Check a block map; returns (findings, stats).
+
+    ``rows``: block map rows; ``functions``: SplitFunction per function that has
+    pieces (original range, parts in NEW); ``old_read``/``new_read``: (addr, n)
+    -> bytes; ``outside_map``: old -> new for addresses outside split functions;
+    ``orc_old``/``orc_new``: (sorted ips, entry keys) or None; ``tables``:
+    (name, old addresses, new addresses) columns; ``no_fallthrough``: original
+    addresses (e.g. BUG ud2 sites) that never fall through; ``noreturn``: call
+    targets (original addresses) that never return.
+    """
+    findings = []
+    stats = {"split_functions": len(functions), "pieces": 0, "instructions": 0,
+             "branches_reencoded": 0, "jmps_inserted": 0, "jmps_removed": 0, "edges": 0}
+
+    def add(check, addr, msg):
+        findings.append(BlockFinding(check, None if addr is None else int(addr), msg))
+
+    bad = bm.check_rows(rows)
+    for b in bad:
+        add("equiv.block-map", None, f"block map: {b}")
+    amap = BlockMap(rows, outside_map)
+    cs = _cs()
+    f_start = np.array([f.old_start for f in functions], np.uint64)
+    order = np.argsort(f_start, kind="stable")
+    functions = [functions[i] for i in order]
+    f_start = f_start[order]
+    f_end = np.array([f.old_end for f in functions], np.uint64)
+
+    # which function each row belongs to, by its original address
+    old = rows["old"].astype(np.uint64)
+    fi = np.searchsorted(f_start, old, side="right").astype(np.int64) - 1
+    fic = np.maximum(fi, 0)
+    inside = (fi >= 0) & (old < f_end[fic]) if len(functions) else np.zeros(len(rows), bool)
+    # an inserted jmp may name its function's end (a fall-through off the last block)
+    at_end = (fi >= 0) & (old == f_end[fic]) & (rows["kind"] == bm.KIND_JMP_INSERTED)
+    for k in np.nonzero(~(inside | at_end))[0].tolist():
+        add("equiv.block-map", int(rows["new"][k]),
+            f"piece at original {int(old[k]):#x} is in no split function")
+
+    # new-side overlap: two pieces on the same new bytes
+    nz = rows[rows["new_len"] > 0]
+    if len(nz) > 1:
+        o = np.argsort(nz["new"], kind="stable")
+        ns, ne = nz["new"][o].astype(np.uint64), nz["new"][o] + nz["new_len"][o].astype(np.uint64)
+        for k in np.nonzero(ne[:-1] > ns[1:])[0].tolist():
+            add("equiv.block-twice", int(ns[k + 1]),
+                f"two pieces placed on the same bytes at {int(ns[k + 1]):#x} (originals "
+                f"{int(nz['old'][o][k]):#x} and {int(nz['old'][o][k + 1]):#x})")
+
+    insert_at = {}
+    for r in rows[rows["kind"] == bm.KIND_JMP_INSERTED]:
+        insert_at[int(r["new"])] = r
+
+    orc_ok = orc_old is not None and orc_new is not None and len(orc_old[0]) and len(orc_new[0])
+
+    def orc_key(orc, addrs):
+        ips, keys = orc
+        i = np.searchsorted(ips, np.asarray(addrs, np.uint64), side="right").astype(np.int64) - 1
+        return np.where(i >= 0, keys[np.maximum(i, 0)], -1)
+
+    orc_pairs = []          # (old addr, new addr, is piece start)
+    for fidx, f in enumerate(functions):
+        sel = np.nonzero(inside & (fic == fidx))[0]
+        fr = rows[sel]
+        pieces = fr[fr["old_len"] > 0]
+        stats["pieces"] += int(len(fr))
+        code = bytes(old_read(f.old_start, f.old_end - f.old_start))
+        insns = list(cs.disasm(code, f.old_start))
+        starts = {i.address for i in insns}
+        decoded_end = insns[-1].address + insns[-1].size if insns else f.old_start
+        if decoded_end != f.old_end:
+            add("equiv.block-map", f.old_start, f"{f.name}: original does not decode to its end")
+        # coverage: the pieces tile [old_start, old_end)
+        p_old = [int(v) for v in pieces["old"].tolist()]
+        p_end = [a + int(n) for a, n in zip(p_old, pieces["old_len"].tolist())]
+        pos = f.old_start
+        for a, e in zip(p_old, p_end):
+            if a > pos:
+                add("equiv.block-lost", pos, f"{f.name}: original bytes {pos:#x}..{a:#x} are in "
+                    "no piece (a block was lost)")
+            elif a < pos:
+                add("equiv.block-twice", a, f"{f.name}: original bytes {a:#x}..{min(pos, e):#x} "
+                    "are in two pieces (a block placed twice)")
+            pos = max(pos, e)
+        if pos < f.old_end:
+            add("equiv.block-lost", pos, f"{f.name}: original bytes {pos:#x}..{f.old_end:#x} are "
+                "in no piece (a block was lost)")
+        for a, e in zip(p_old, p_end):
+            for edge in (a, e):
+                if edge < f.old_end and edge not in starts:
+                    add("equiv.block-map", edge, f"{f.name}: piece boundary {edge:#x} is inside "
+                        "an instruction")
+        # placement: inside the part the row names
+        part_ranges = {p: (s, e) for p, s, e in f.parts}
+        for r in fr:
+            if not int(r["new_len"]):
+                continue
+            rng = part_ranges.get(int(r["part"]))
+            ns, ne = int(r["new"]), int(r["new"]) + int(r["new_len"])
+            if rng is None or ns < rng[0] or ne > rng[1]:
+                where = "hot part" if int(r["part"]) == bm.PART_HOT else "cold part"
+                add("equiv.block-outside", ns, f"{f.name}: piece of original {int(r['old']):#x} "
+                    f"at {ns:#x}..{ne:#x} is outside its {where}"
+                    + (f" {rng[0]:#x}..{rng[1]:#x}" if rng else " (no such symbol in NEW)"))
+
+        # instructions and edges
+        pidx = amap.piece(np.array([i.address for i in insns], np.uint64)) if insns else []
+        for ins, p in zip(insns, pidx.tolist() if len(insns) else []):
+            if p < 0:
+                continue                        # reported as lost above
+            stats["instructions"] += 1
+            a = ins.address
+            kind = int(amap.kind[p])
+            piece_start = int(amap.old[p]) == a
+            target = _direct_target(ins)
+            if kind == bm.KIND_COPIED:
+                n = int(amap.new[p]) + (a - int(amap.old[p]))
+                new_ins = _decode_one(cs, new_read, n)
+                if new_ins is None or new_ins.size != ins.size or \
+                        not _same_meaning(ins, new_ins, amap.map1):
+                    add("equiv.block-instruction", n, f"{f.name}: '{ins.mnemonic} {ins.op_str}' "
+                        f"at {a:#x} has no counterpart of the same meaning at {n:#x}"
+                        + (f" (found '{new_ins.mnemonic} {new_ins.op_str}')" if new_ins else ""))
+                    continue
+                n_end = n + ins.size
+            elif kind == bm.KIND_BRANCH:
+                stats["branches_reencoded"] += 1
+                n = int(amap.new[p])
+                new_len = int(amap.new_len[p])
+                if int(amap.old[p]) != a or int(amap.old_end[p]) != a + ins.size:
+                    add("equiv.block-map", a, f"{f.name}: branch piece {int(amap.old[p]):#x} is "
+                        f"not exactly the instruction at {a:#x}")
+                    continue
+                new_ins = _decode_one(cs, new_read, n)
+                why = _relaxation_problem(ins, new_ins, new_len, target, amap)
+                if why:
+                    add("equiv.relaxation", n, f"{f.name}: branch at {a:#x} re-encoded wrongly: "
+                        f"{why}")
+                    continue
+                n_end = n + new_len
+            elif kind == bm.KIND_JMP_REMOVED:
+                stats["jmps_removed"] += 1
+                if ins.mnemonic != "jmp" or target is None:
+                    add("equiv.edge", int(amap.new[p]), f"{f.name}: removed '{ins.mnemonic} "
+                        f"{ins.op_str}' at {a:#x} is not an unconditional direct jmp")
+                elif amap.map1(target) != int(amap.new[p]):
+                    add("equiv.edge", int(amap.new[p]), f"{f.name}: removed jmp at {a:#x} went to "
+                        f"{target:#x} (now {amap.map1(target):#x}), but its place leads to "
+                        f"{int(amap.new[p]):#x}")
+                continue
+            else:
+                continue
+            if orc_ok:
+                orc_pairs.append((a, n, piece_start, p))
+            # fall-through edge
+            succ = a + ins.size
+            falls = ins.mnemonic not in _NO_FALLTHROUGH and a not in no_fallthrough and \
+                not (ins.group(capstone.CS_GRP_CALL) and target in noreturn)
+            if not falls or succ >= f.old_end:
+                continue
+            stats["edges"] += 1
+            want = amap.map1(succ)
+            if want == n_end:
+                continue
+            ins_row = insert_at.get(n_end)
+            if ins_row is not None and int(ins_row["old"]) == succ:
+                continue                        # checked with the inserted jmps below
+            add("equiv.edge", n_end, f"{f.name}: fall-through from '{ins.mnemonic} {ins.op_str}' at "
+                f"{a:#x} to {succ:#x} is broken: NEW continues at {n_end:#x}, the successor is at "
+                f"{want:#x}")
+
+    # inserted jmps: each a jmp to the translated fall-through target
+    for r in rows[rows["kind"] == bm.KIND_JMP_INSERTED]:
+        stats["jmps_inserted"] += 1
+        n, want = int(r["new"]), amap.map1(int(r["old"]))
+        j = _decode_one(cs, new_read, n)
+        got = _direct_target(j) if j is not None and j.mnemonic == "jmp" else None
+        if got is None or j.size != int(r["new_len"]) or got != want:
+            add("equiv.edge", n, f"inserted jmp at {n:#x} should go to {want:#x} (original "
+                f"{int(r['old']):#x})" + (f", goes to {got:#x}" if got is not None else
+                                          ", is not a direct jmp of that length"))
+        elif orc_ok:
+            orc_pairs.append((int(r["old"]), n, True, len(amap.old) + n))
+
+    # tables: entries inside split functions must map to an entry of NEW's column
+    split_lo, split_hi = f_start, f_end
+    for name, col_old, col_new in tables:
+        col_old = np.asarray(col_old, np.uint64)
+        k = np.searchsorted(split_lo, col_old, side="right").astype(np.int64) - 1
+        kc = np.maximum(k, 0)
+        mine = (k >= 0) & (col_old < split_hi[kc]) if len(split_lo) else np.zeros(len(col_old), bool)
+        if not mine.any():
+            continue
+        want = amap.map(col_old[mine])
+        have = np.isin(want, np.asarray(col_new, np.uint64))
+        for o, w in zip(col_old[mine][~have].tolist(), want[~have].tolist()):
+            add("equiv.table-stale", w, f"{name}: the entry for {o:#x} should now name {w:#x}; "
+                "NEW has no such entry (stale)")
+
+    # ORC: the lookup at each new instruction gives the original's entry
+    if orc_ok and orc_pairs:
+        pa = np.array(orc_pairs, dtype=np.uint64)
+        ko, kn = orc_key(orc_old, pa[:, 0]), orc_key(orc_new, pa[:, 1])
+        wrong = pa[ko != kn].tolist()
+        # a piece whose start is wrong is reported once, at its start
+        bad_start = {p for _, _, start, p in wrong if start}
+        for (o, n, start, p) in wrong:
+            if start:
+                add("equiv.orc-block-start", n, f"ORC at the piece start {n:#x} differs from "
+                    f"the original's at {o:#x} (entry missing or wrong)")
+            elif p not in bad_start:
+                add("equiv.orc-block", n, f"ORC at {n:#x} differs from the original's at {o:#x}")
+        stats["orc_checked"] = int(len(pa))
+    return findings, stats
+
+
+def _relaxation_problem(ins, new_ins, new_len, target, amap):
+    """Why a re-encoded branch is wrong, or None."""
+    if target is None:
+        # a static-key site that is a nop keeps being a nop (of either size)
+        if bytes(ins.bytes) in (NOP2, NOP5):
+            if new_ins is None or bytes(new_ins.bytes) not in (NOP2, NOP5) or \
+                    new_ins.size != new_len:
+                return f"a static-key nop became {new_ins.mnemonic if new_ins else 'undecodable'}"
+            return None
+        return f"'{ins.mnemonic} {ins.op_str}' is not a direct branch"
+    if new_ins is None:
+        return "NEW does not decode there"
+    if new_ins.size != new_len:
+        return f"form: {new_ins.size} bytes where the map says {new_len}"
+    if new_ins.mnemonic != ins.mnemonic:
+        return f"form: '{ins.mnemonic}' became '{new_ins.mnemonic}'"
+    got = _direct_target(new_ins)
+    want = amap.map1(target)
+    if got != want:
+        return (f"displacement: goes to {got:#x}, the original target {target:#x} is now at "
+                f"{want:#x}")
+    return None
+
+
+__all__ = ["SplitFunction", "BlockFinding", "BlockMap", "check_blocks"]
