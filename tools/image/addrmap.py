@@ -38,6 +38,10 @@ class AddressMap:
         ext = sorted((int(a), int(b)) for a, b in extents)
         self.ext_lo = np.array([a for a, _ in ext], dtype=np.uint64)
         self.ext_hi = np.array([b for _, b in ext], dtype=np.uint64)
+        # new ranges that hold code but map no old address (block layouts' inserted
+        # jmps): not padding
+        self.occupied = (np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+        self.block_rows = None
         anchors = dict(anchors or {})
         self.anchor_old = np.array(sorted(anchors), dtype=np.uint64)
         self.anchor_new = np.array([anchors[a] for a in sorted(anchors)], dtype=np.uint64)
@@ -141,8 +145,12 @@ class AddressMap:
             ns = self.new_start[m].astype(np.int64)
             ne = (self.new_end[m].astype(np.int64) if self.new_end is not None else
                   ns + (self.old_end[m] - self.old_start[m]).astype(np.int64))
-            k = np.argsort(ns, kind="stable")
+            oc = (self.occupied[0] >= np.uint64(lo)) & (self.occupied[0] < np.uint64(hi))
+            ns = np.concatenate([ns, self.occupied[0][oc].astype(np.int64)])
+            ne = np.concatenate([ne, self.occupied[1][oc].astype(np.int64)])
+            k = np.lexsort((-ne, ns))
             ns, ne = ns[k], ne[k]
+            ne = np.maximum.accumulate(ne)
             bounds_lo = np.concatenate(([lo], ne))
             bounds_hi = np.concatenate((ns, [hi]))
             gap = bounds_hi > bounds_lo

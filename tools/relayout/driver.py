@@ -123,21 +123,42 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     log(f"disassembling {len(functions)} functions")
     units, dis = build_units(image, functions, lambda u: disassemble(image, u), log=log)
     heat = make_heat(units, functions, hotness)
+    split = None
+    if getattr(strat, "block_level", False):
+        split = _split_functions(image, units, dis, functions, heat, blocks, strat, log)
+        orig_units = units
+        units, heat, parent, part = split["planning"]
     log(f"planning layout '{strat.name}' for {len(units)} units "
         f"({int((heat > 0).sum())} hot) in {len(units.regions)} regions")
     try:
-        plan = make_plan(units, strat, heat, calls=calls, functions=functions, blocks=blocks)
+        plan = make_plan(units, strat, heat, calls=calls, functions=functions,
+                         blocks=None if split else blocks)
     except LayoutError as e:
         raise LayoutError(_no_fit_message(e, strat, units, heat, calls, functions, log)) from None
-    rw = Rewriter(image, units, plan, dis, log=log)
+    if split:
+        from .block_rewriter import BlockRewriter
+        from .blocks import layout_rows
+        rows, part_bytes, cold_syms = layout_rows(split["splits"], plan, parent, part, image)
+        split_mask = np.isin(parent, [sf.unit for sf in split["splits"]])
+        rw = BlockRewriter(image, units, plan, dis, rows, part_bytes, split_mask, log=log)
+        rw.block_split = dict(split, rows=rows, cold_syms=cold_syms, orig_units=orig_units)
+    else:
+        rw = Rewriter(image, units, plan, dis, log=log)
     log("rewriting code, relocations and symbols")
     rw.run()
     from .kernel_tables import update_kernel_tables
     update_kernel_tables(rw, log)
     from .eh_frame import update_eh_frame
     update_eh_frame(rw, log)
-    idx, symtab = rw.symtab_bytes()
-    rw.patched[idx] = symtab
+    extra_sections = []
+    if split:
+        from .block_symbols import cold_symbols
+        cold_symbols(rw, image, log)
+        from ..image import blockmap as bm
+        extra_sections.append((bm.SECTION_NAME, bm.to_bytes(rw.block_split["rows"])))
+    else:
+        idx, symtab = rw.symtab_bytes()
+        rw.patched[idx] = symtab
     drop = []
     if drop_debug:
         drop = [s.index for s in image.sections if not s.is_alloc and
@@ -145,7 +166,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         if drop:
             log(f"dropping DWARF ({len(drop)} .debug_* sections): it would describe old addresses")
     log(f"writing {out_path}")
-    write_image(image, out_path, rw.patched, drop=drop, entry=rw.new_entry())
+    write_image(image, out_path, rw.patched, drop=drop, entry=rw.new_entry(),
+                extra_sections=extra_sections, header_updates=getattr(rw, "header_updates", None))
     summary = plan.summary()
     summary.update(rw.stats)
     summary.update(line_metric(plan, functions, hotness))
@@ -155,6 +177,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     summary["padding_bytes"] = int(_padding(plan))
     summary["text_growth_bytes"] = int(_growth(plan))
     summary["dwarf"] = "dropped" if drop else "kept"
+    if split:
+        summary.update(_split_summary(rw, split, heat))
     summary["problems"] = [{"kind": k, "address": f"{a:#x}", "message": m}
                            for k, a, m in rw.problems]
     if layout_map:
@@ -162,6 +186,65 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     if system_map:
         write_system_map(system_map, image, rw)
     return summary, plan, rw
+
+
+def _split_functions(image, units, dis, functions, heat, blocks, strat, log):
+    """CFG of every unit, block hotness from the profile, the split decision and
+    the planning unit table (see relayout/blocks.py)."""
+    from ..image.cfg import CFG, NORETURN, TableSites, block_counts
+    from ..kernel.base import ImageContext
+    from ..kernel.jump_table import SHORT_SITES_SINCE
+    from .blocks import choose_splits, planning_units, reason_summary
+    if blocks is None:
+        raise BadInput(f"strategy {strat.name} needs a profile with executed blocks "
+                       "(QEMU, perf LBR or BOLT fdata), not function counts only")
+    ctx = ImageContext(image)
+    ctx._disasm = dis
+    sites = TableSites.from_kernel(ctx) if ctx.is_kernel else TableSites()
+    noret = [a for a in (image.symbol_address(n) for n in NORETURN) if a is not None]
+    reloc_insn = np.zeros(len(dis), bool)
+    for r in image.relocations.values():
+        if r.target.is_code and len(r):
+            i = dis.containing(r.offset.astype(np.uint64))
+            reloc_insn[i[i >= 0]] = True
+    cfg = CFG(dis, units.start, units.end, sites, noret, reloc_insn)
+    counts = block_counts(cfg, *blocks)
+    short_keys = ctx.version is None or ctx.version[:2] >= SHORT_SITES_SINCE
+    splits, reason = choose_splits(cfg, units, heat, counts, strat.block_min_count, functions,
+                                   short_keys, strat.cold_min)
+    log(f"CFG: {len(cfg)} blocks in {len(units)} units; {len(splits)} hot functions split, "
+        f"{int(((heat >= strat.min_count) & (reason != 0)).sum())} hot ones moved whole")
+    return {"cfg": cfg, "splits": splits, "reason": reason, "block_count": counts,
+            "reasons": reason_summary(reason, heat, strat.min_count),
+            "planning": planning_units(units, heat, splits)}
+
+
+def _split_summary(rw, split, heat):
+    from ..image import blockmap as bm
+    rows = rw.block_split["rows"]
+    out = {"split": bm.summary(rows)}
+    sp = split["splits"]
+    out["split"].update({
+        "functions_split": len(sp),
+        "hot_functions_by_reason": split["reasons"],
+        "blocks": int(len(split["cfg"])),
+        "hot_part_bytes": int(sum(s.sizes[0] for s in sp)),
+        "cold_part_bytes": int(sum(s.sizes[1] for s in sp)),
+        "split_growth_bytes": int(sum(s.sizes[0] + s.sizes[1] for s in sp) -
+                                  sum(int(rw.block_split["orig_units"].size[s.unit]) for s in sp)),
+    })
+    kinds = {}
+    for s in sp:
+        for part in s.parts:
+            for p in part:
+                if p.kind == bm.KIND_BRANCH:
+                    key = f"{'long' if p.long else 'short'}"
+                    kinds[key] = kinds.get(key, 0) + 1
+    out["split"]["branches_reencoded"] = kinds
+    out["split"]["branch_bytes_saved"] = int(
+        (rows["old_len"][rows["kind"] == bm.KIND_BRANCH].astype(np.int64) -
+         rows["new_len"][rows["kind"] == bm.KIND_BRANCH].astype(np.int64)).sum())
+    return out
 
 
 def _no_fit_message(err, strat, units, heat, calls, functions, log):
