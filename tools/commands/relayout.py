@@ -28,7 +28,7 @@ class Relayout:
         p.add_argument("--profile", help="profile (linepack profile model, or JSON "
                        "{\"functions\": {name: count}})")
         p.add_argument("--config", help="strategy config (configs/relayout/*.toml)")
-        p.add_argument("--strategy", help="stock | align-all N | hot64 | pack (overrides --config)")
+        p.add_argument("--strategy", help="stock | align-all N | hot64 | pack | blocks (overrides --config)")
         p.add_argument("--min-count", type=float, help="hotness threshold (per workload iteration)")
         p.add_argument("--json", metavar="FILE", help="write the summary as JSON")
         p.add_argument("--system-map", metavar="FILE", help="write the new System.map")

@@ -17,7 +17,10 @@ Row fields:
     new      u64  new address of the piece
     old_len  u32  bytes at ``old`` in the original
     new_len  u32  bytes at ``new`` in the output
-    func     u32  symbol-table index of the function the piece belongs to
+    func     u32  symbol-table index of the function the piece belongs to, in the
+                  ORIGINAL image (the output inserts `name.cold` locals before the
+                  globals, so a global's index there is larger by the number of
+                  .cold symbols; look the function up by name in the output)
     kind     u8   KIND_COPIED, KIND_BRANCH, KIND_JMP_INSERTED, KIND_JMP_REMOVED
     part     u8   PART_HOT (the function's main part, at its symbol) or PART_COLD
                   (the ``name.cold`` part)
