@@ -42,9 +42,11 @@ REASONS = (
     "static-key site whose target is outside the function",
     "not hot",
     "no cold block worth moving",
+    "userspace function covered by .eh_frame (per-part FDEs are not written yet)",
 )
 (R_SPLIT, R_PINNED, R_NOINSTR, R_GLUED, R_UNDECODABLE, R_INDIRECT, R_MID_INSN, R_RELOC_BRANCH,
- R_REL8_OUT, R_ALT_REL8, R_FALLS_OFF, R_KEY_OUT, R_NOT_HOT, R_NO_COLD) = range(len(REASONS))
+ R_REL8_OUT, R_ALT_REL8, R_FALLS_OFF, R_KEY_OUT, R_NOT_HOT, R_NO_COLD,
+ R_EH_FRAME) = range(len(REASONS))
 
 # Callees that never return (a call to one ends its block; what follows is
 # unreachable from it). gcc marks them noreturn; objtool keeps a longer list.

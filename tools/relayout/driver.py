@@ -208,6 +208,13 @@ def _split_functions(image, units, dis, functions, heat, blocks, strat, log):
             i = dis.containing(r.offset.astype(np.uint64))
             reloc_insn[i[i >= 0]] = True
     cfg = CFG(dis, units.start, units.end, sites, noret, reloc_insn)
+    eh = image.section(".eh_frame")
+    if not ctx.is_kernel and eh is not None and eh.size:
+        from ..image.cfg import R_EH_FRAME
+        from .eh_frame import parse_eh_frame
+        fde = parse_eh_frame(image.section_bytes(eh), eh.addr)
+        covered = units.find(fde.pc_begin[fde.pc_range > 0])
+        cfg._mark(np.unique(covered[covered >= 0]), R_EH_FRAME)
     counts = block_counts(cfg, *blocks)
     short_keys = ctx.version is None or ctx.version[:2] >= SHORT_SITES_SINCE
     splits, reason = choose_splits(cfg, units, heat, counts, strat.block_min_count, functions,
