@@ -132,7 +132,9 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         f"({int((heat > 0).sum())} hot) in {len(units.regions)} regions")
     try:
         plan = make_plan(units, strat, heat, calls=calls, functions=functions,
-                         blocks=None if split else blocks)
+                         blocks=None if split else blocks,
+                         hot_ranges=_split_hot_ranges(orig_units, split, strat, blocks)
+                         if split else None)
     except LayoutError as e:
         raise LayoutError(_no_fit_message(e, strat, units, heat, calls, functions, log)) from None
     if split:
@@ -171,7 +173,11 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     summary = plan.summary()
     summary.update(rw.stats)
     summary.update(line_metric(plan, functions, hotness))
-    if blocks is not None:
+    if split:
+        from .plan import block_line_metric_amap
+        cfg = split["cfg"]
+        summary.update(block_line_metric_amap(rw.amap, cfg.start, cfg.end, split["block_count"]))
+    elif blocks is not None:
         # lines holding code that runs at least once per iteration: what the cache sees
         summary.update(block_line_metric(plan, blocks, min_count=1.0))
     summary["padding_bytes"] = int(_padding(plan))
@@ -224,6 +230,26 @@ def _split_functions(image, units, dis, functions, heat, blocks, strat, log):
     return {"cfg": cfg, "splits": splits, "reason": reason, "block_count": counts,
             "reasons": reason_summary(reason, heat, strat.min_count),
             "planning": planning_units(units, heat, splits)}
+
+
+def _split_hot_ranges(orig_units, split, strat, blocks):
+    """pack's per-unit hot byte ranges for the planning table: a split function's
+    hot part is hot throughout; a unit moved whole keeps its blocks' ranges."""
+    from .plan import unit_hot_ranges
+    if not getattr(strat, "use_blocks", False):
+        return None
+    orig = unit_hot_ranges(orig_units, blocks, getattr(strat, "block_min", 0.0))
+    _, _, parent, part = split["planning"]
+    sizes = {sf.unit: sf.sizes[0] for sf in split["splits"]}
+    out = {}
+    for k, (u, p) in enumerate(zip(parent.tolist(), part.tolist())):
+        if p:
+            continue
+        if u in sizes:
+            out[k] = [(0, sizes[u])]
+        elif u in orig:
+            out[k] = orig[u]
+    return out
 
 
 def _split_summary(rw, split, heat):

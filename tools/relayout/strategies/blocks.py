@@ -15,8 +15,13 @@ class Blocks(Pack):
     name = "blocks"
     block_level = True
 
-    def __init__(self, min_count=1, block_min_count=None, cold_min=8, use_blocks=False, **kw):
-        super().__init__(min_count=min_count, use_blocks=use_blocks, **kw)
+    positional = "block_min_count"      # evaluate --layout blocks:0.5
+
+    def __init__(self, min_count=1, block_min_count=None, cold_min=8, use_blocks=True,
+                 strict=False, **kw):
+        # strict = false: a hot part starts where it adds the fewest lines holding hot
+        # bytes (it is hot throughout, so 64 B alignment mostly adds padding)
+        super().__init__(min_count=min_count, use_blocks=use_blocks, strict=strict, **kw)
         # a block is hot when it runs at least this often per workload iteration
         self.block_min_count = float(min_count if block_min_count is None else block_min_count)
         self.cold_min = int(cold_min)
