@@ -211,10 +211,10 @@ class CFG:
         # skip int3 SLS padding after a block end
         int3 = kind == 5
         for _ in range(4):
-            pad = after[int3[after] & (after + 1 < n)]
-            if not len(pad):
+            step = int3[after] & (after + 1 < n)
+            if not step.any():
                 break
-            after = np.where(int3[after] & (after + 1 < n), after + 1, after)
+            after = np.where(step, after + 1, after)
         lead[after] = True
         # direct branch targets and table addresses that are instruction starts
         tgt_all = np.concatenate([btarget, key_tgt[is_key], sites.leaders])
@@ -242,7 +242,6 @@ class CFG:
         li = np.nonzero(lead)[0]
         # last instruction of each block: before the next leader or the end of the owner's run
         nxt = np.append(li[1:], n)
-        run_end = np.zeros(len(li), np.int64)
         # a block stops at the end of its owner's instructions
         own = fi[li]
         last = nxt - 1
@@ -254,20 +253,25 @@ class CFG:
                 while j + 1 < nxt[k] and fi[j + 1] == own[k]:
                     j += 1
                 last[k] = j
-        del run_end
         keep = own >= 0
         li, last, own = li[keep], last[keep], own[keep]
-        self.insn_first, self.insn_last, self.func = li, last, own
+        self.insn_first, self.func = li, own
         self.start = addr[li]
         self.end = iend[last]
+        # the block's terminator is its last instruction before trailing int3 padding
+        for _ in range(4):
+            back = (kind[last] == 5) & (last > li)
+            if not back.any():
+                break
+            last = np.where(back, last - 1, last)
+        self.insn_last = last          # the terminator (trailing int3s stay in the block)
         lk = kind[last]
         term = np.full(len(li), TERM_FALL, np.int8)
         term[lk == 1] = TERM_JMP
         term[lk == 2] = TERM_JCC
         term[is_key[last]] = TERM_KEY
         term[stop[last]] = TERM_STOP
-        # a jmp/jcc that is an atomic-site member is copied as is (no re-encoding):
-        # it still ends the block when it is the last instruction
+        # a jmp/jcc inside an atomic site is copied as is (blocks.py does not re-encode it)
         self.term = term
         self.target = np.where(is_key[last], key_tgt[last],
                                np.where((lk == 1) | (lk == 2), target[last], 0)).astype(np.uint64)

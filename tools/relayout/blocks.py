@@ -94,7 +94,7 @@ def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, fall
             if body_end > start:
                 pieces.append(Piece(start, body_end - start, COPY, b))
             if reencode:
-                blen = end - body_end
+                blen = int(dis.size[li])
                 raw = dis.raw[li]
                 skip = 0
                 while raw[skip] in (0x2E, 0x3E, 0xF2):
@@ -116,6 +116,8 @@ def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, fall
                 if p.kind == BRANCH and sf.block_part[tb] != part:
                     p.long = True
                 pieces.append(p)
+                if body_end + blen < end:          # int3 padding after the branch stays
+                    pieces.append(Piece(body_end + blen, end - body_end - blen, COPY, b))
             if falls[b] and b + 1 < z and (b + 1) != nxt:
                 p = Piece(int(cfg.start[b + 1]), 0, INSERTED, b, FORM_JMP, 0, b + 1)
                 p.long = sf.block_part[b + 1] != part
