@@ -217,8 +217,9 @@ def test_split_program_runs_same(prog, tmp_path):
     exe, expected = prog
     im = ElfImage(str(exe))
     out = tmp_path / "split"
+    smap = tmp_path / "System.map"
     summary, plan, rw = relayout(str(exe), str(out), "blocks", hotness={"f": 100.0, "main": 100.0},
-                                 blocks=_hot_ranges(im))
+                                 blocks=_hot_ranges(im), system_map=str(smap))
     assert not summary["problems"]
     assert summary["split"]["functions_split"] == 1
     res = subprocess.run([str(out)], capture_output=True, text=True, timeout=20)
@@ -233,6 +234,9 @@ def test_split_program_runs_same(prog, tmp_path):
     assert int(syms["value"][ci]) == int(cold_rows["new"].min())
     assert int(syms["size"][fi]) + int(syms["size"][ci]) < 400
     assert int(syms["size"][ci]) >= 360
+    lines = smap.read_text().splitlines()
+    assert f"{int(syms['value'][ci]):016x} t f.cold" in lines
+    assert lines == sorted(lines, key=lambda r: (r[:16], r[19:]))
     # byte-reproducible
     relayout(str(exe), str(tmp_path / "again"), "blocks", hotness={"f": 100.0, "main": 100.0},
              blocks=_hot_ranges(im))

@@ -412,5 +412,14 @@ def system_map_lines(image, values):
 
 
 def write_system_map(path, image, rw):
-    """System.map of the new image, in the format and order of the kernel's own."""
-    write_atomic(path, system_map_lines(image, rw.sym_new))
+    """System.map of the new image, in the format and order of the kernel's own
+    (block-level layouts: with the ``name.cold`` parts, type 't')."""
+    text = system_map_lines(image, rw.sym_new)
+    split = getattr(rw, "block_split", None)
+    if split and split.get("cold_syms"):
+        names, _ = image.symbol_table()
+        rows = [line for line in text.splitlines(True)]
+        rows += [f"{int(addr):016x} t {names[sf.sym]}.cold\n" for sf, addr, _ in split["cold_syms"]]
+        rows.sort(key=lambda r: (r[:16], r[19:].encode("latin-1", "replace")))
+        text = "".join(rows)
+    write_atomic(path, text)
