@@ -101,16 +101,16 @@ def test_symtab_has_cold_parts(split_kernel, vmlinux):
     old_names, _ = ElfImage(vmlinux).symbol_table()
     gcc_cold = sum(1 for n in old_names if n.endswith(".cold"))
     assert len(cold) - gcc_cold == summary["split"]["functions_split"]
-    by_name = {n: i for i, n in enumerate(names)}
-    for sf in rw.block_split["splits"][:50]:
-        parent = names[by_name[old_names[sf.sym]]]
-        ci = by_name.get(parent + ".cold")
-        if ci is None:                    # gcc already had a parent.cold: ours is the later one
-            continue
-        pi = by_name[parent]
+    first_global, n_new = rw.sym_index_shift
+    assert n_new == summary["split"]["functions_split"]
+    cold_at = {int(syms["value"][i]): i for i in cold[-n_new:]}   # ours follow the locals
+    for sf in rw.block_split["splits"]:
+        pi = sf.sym + (n_new if sf.sym >= first_global else 0)    # locals were inserted
+        assert names[pi] == old_names[sf.sym]
         assert int(syms["size"][pi]) == sf.sizes[0]
-        assert int(syms["value"][ci]) == sf.new_start[1] and int(syms["size"][ci]) == sf.sizes[1]
-        assert (syms["info"][ci] & 0xF) == 2
+        ci = cold_at[sf.new_start[1]]
+        assert names[ci] == old_names[sf.sym] + ".cold"
+        assert int(syms["size"][ci]) == sf.sizes[1] and (syms["info"][ci] & 0xF) == 2
 
 
 def test_verify_standalone(split_kernel):
