@@ -169,10 +169,11 @@ class OrcTable(KernelTable):
         return out
 
     def _update_blocks(self, ctx, entries, amap):
-        """Block-level relayout: an entry at the new start of every piece of a
-        split function (a copied block, a re-encoded branch, an inserted jmp)
-        with the state in effect at its original address (an inserted jmp runs
-        in the state of the block it jumps to: its row's old address), an
+        """Block-level relayout: an entry at the new start of every moved piece
+        (a copied block, a re-encoded branch, a unit moved whole) and every
+        inserted jmp, with the state in effect at its original address (an
+        inserted jmp runs in the state of the block it jumps to: its row's old
+        address), an
         undefined entry at every padding run, then the table compacted: of
         several entries at one IP the last wins (what ``__orc_find`` returns),
         and an entry with the same state as the one before it is dropped (the
@@ -188,12 +189,18 @@ class OrcTable(KernelTable):
         mapped["ip"] = new_ip[ok]
         prio = np.where(own[ok], 2, 1).astype(np.int8)
         rows = amap.block_rows
-        r = rows[(rows["new_len"] > 0) | (rows["kind"] == 0)]
-        j = np.searchsorted(sorted_ip, r["old"].astype(np.uint64), side="right").astype(np.int64) - 1
+        ins = rows[rows["kind"] == 2]
+        # every piece of the map (block-map rows and units moved whole: a function
+        # without an ORC entry of its own would otherwise inherit the state of
+        # whatever now precedes it) and every inserted jmp
+        moved = amap.new_start != amap.old_start
+        old_at = np.concatenate((amap.old_start[moved], ins["old"].astype(np.uint64)))
+        new_at = np.concatenate((amap.new_start[moved], ins["new"].astype(np.uint64)))
+        j = np.searchsorted(sorted_ip, old_at, side="right").astype(np.int64) - 1
         has = j >= 0
         src = entries[order0[np.maximum(j, 0)]][has]
         added = src.copy()
-        added["ip"] = r["new"].astype(np.uint64)[has]
+        added["ip"] = new_at[has]
         pads = amap.padding_runs()[0]
         pad = np.zeros(len(pads), dtype=entries.dtype)
         pad["ip"] = pads
