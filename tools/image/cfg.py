@@ -25,6 +25,7 @@ import numpy as np
 from .disasm import RAW
 
 TERM_FALL, TERM_JMP, TERM_JCC, TERM_KEY, TERM_STOP = 0, 1, 2, 3, 4
+BUGFLAG_WARNING = 1          # include/asm-generic/bug.h
 
 # Why a function is moved whole instead of split, in one list (index = reason code).
 REASONS = (
@@ -80,7 +81,7 @@ def _opcodes(dis):
 
 def classify(dis):
     """Per instruction: kind codes (0 other, 1 jmp, 2 jcc, 3 ret, 4 ud2, 5 int3,
-    6 hlt, 7 indirect jmp, 8 call) from the raw bytes."""
+    6 hlt, 7 indirect jmp, 8 call) from the raw bytes (CFG adds 9: a WARN ud2)."""
     skip, op, op2, op_r, modrm = _opcodes(dis)
     kind = np.zeros(len(dis), np.int8)
     kind[(op == 0xEB) | (op == 0xE9)] = 1
@@ -99,8 +100,12 @@ class TableSites:
     """Addresses kernel tables name, for the CFG: leaders, atomic ranges and
     static-key sites (code, target). Empty for non-kernel images."""
 
-    def __init__(self, leaders=(), atomic_lo=(), atomic_hi=(), key_code=(), key_target=()):
+    def __init__(self, leaders=(), atomic_lo=(), atomic_hi=(), key_code=(), key_target=(),
+                 warn=()):
         self.leaders = np.unique(np.asarray(leaders, dtype=np.uint64))
+        # ud2 of WARN() sites (__bug_table flag BUGFLAG_WARNING): the trap handler
+        # resumes after them, so they fall through (a BUG() ud2 does not)
+        self.warn = np.unique(np.asarray(warn, dtype=np.uint64))
         lo = np.asarray(atomic_lo, dtype=np.uint64)
         hi = np.asarray(atomic_hi, dtype=np.uint64)
         o = np.argsort(lo, kind="stable")
@@ -155,12 +160,14 @@ class TableSites:
             e = parse(tc)
             if e is not None:
                 leaders.append(e["addr"])
+        warn = np.zeros(0, np.uint64)
         e = parse(BugTable)
         if e is not None:
             leaders.append(e["addr"])
+            warn = e["addr"][(e["flags"] & BUGFLAG_WARNING) != 0]
         cat = lambda xs: np.concatenate([np.asarray(x, np.uint64) for x in xs]) if xs else \
             np.zeros(0, np.uint64)
-        return cls(cat(leaders), cat(lo), cat(hi), kc, kt)
+        return cls(cat(leaders), cat(lo), cat(hi), kc, kt, warn)
 
 
 class CFG:
@@ -199,8 +206,12 @@ class CFG:
             key_tgt[ki[ok]] = sites.key_target[ok]
         self.insn_key, self.insn_key_target = is_key, key_tgt
         noret = np.isin(target, np.asarray(noreturn_addrs, np.uint64)) & (kind == 8)
+        if len(sites.warn):
+            kind = kind.copy()
+            kind[np.isin(addr, sites.warn) & (kind == 4)] = 9     # WARN ud2: resumes after
+            self.insn_kind = kind
         ends_block = (kind == 1) | (kind == 2) | (kind == 3) | (kind == 4) | (kind == 6) | \
-            (kind == 7) | is_key | noret
+            (kind == 7) | (kind == 9) | is_key | noret
         stop = (kind == 3) | (kind == 4) | (kind == 6) | (kind == 7) | noret
         # leader flags per instruction
         lead = np.zeros(n, bool)
