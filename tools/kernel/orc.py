@@ -194,6 +194,8 @@ class OrcTable(KernelTable):
         # without an ORC entry of its own would otherwise inherit the state of
         # whatever now precedes it) and every inserted jmp
         moved = amap.new_start != amap.old_start
+        if amap.new_end is not None:            # a removed jmp takes no new bytes
+            moved &= amap.new_end > amap.new_start
         old_at = np.concatenate((amap.old_start[moved], ins["old"].astype(np.uint64)))
         new_at = np.concatenate((amap.new_start[moved], ins["new"].astype(np.uint64)))
         j = np.searchsorted(sorted_ip, old_at, side="right").astype(np.int64) - 1
@@ -205,7 +207,11 @@ class OrcTable(KernelTable):
         pad = np.zeros(len(pads), dtype=entries.dtype)
         pad["ip"] = pads
         merged = np.concatenate((added, mapped, pad))
-        pr = np.concatenate((np.zeros(len(added), np.int8), prio, np.full(len(pad), 3, np.int8)))
+        # at one IP the last wins: a piece's own entry (the state at its original
+        # start) over everything else; an entry mapped there from elsewhere (the end
+        # of the piece before it in the original, a point inside a re-encoded
+        # branch) can be stale
+        pr = np.concatenate((np.full(len(added), 4, np.int8), prio, np.full(len(pad), 3, np.int8)))
         o = np.lexsort((pr, merged["ip"]))
         merged = merged[o]
         last_at_ip = np.ones(len(merged), bool)
