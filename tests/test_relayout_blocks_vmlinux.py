@@ -16,6 +16,8 @@ from linepack.image import blockmap as bm
 from linepack.image.cfg import R_SPLIT, TableSites
 from linepack.image.elf import ElfImage
 
+pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow]
+
 PROFILE_LOOPS = 50
 BOOT_LOOPS = 200
 
