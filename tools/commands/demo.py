@@ -36,7 +36,9 @@ class Demo:
         p.add_argument("--kernel", metavar="VMLINUX", help="kernel to optimise (default: Debian's "
                        "6.1 cloud vmlinux, fetched and cached)")
         p.add_argument("--abi", type=int, help="pin the Debian kernel ABI (e.g. 56)")
-        p.add_argument("--strategy", default="pack", help="layout strategy (default pack)")
+        p.add_argument("--strategy", default="pack",
+                       help="layout strategy, or several comma-separated (e.g. pack,blocks: "
+                       "each is rewritten, verified, booted and shown side by side; default pack)")
         p.add_argument("--loops", type=int, default=2000, help="VFS-mix iterations (default 2000)")
         p.add_argument("--cache", action="append", metavar="MODEL",
                        help="L1i model(s) for the table (repeat; default: intel-32k-8w and "
@@ -62,22 +64,23 @@ class Demo:
         if "relayout" not in VERBS:
             print("\n== relayout: not available in this build (skipped)")
         else:
-            out = os.path.join(work, f"vmlinux.{args.strategy}")
-            r = _step(f"relayout with '{args.strategy}'",
-                      ["relayout", kernel, "--profile", prof, "--strategy", args.strategy,
-                       "-o", out, "--system-map", out + ".System.map",
-                       "--layout-map", out + ".layout"])
-            if r.returncode:
-                failed.append("relayout")
-            else:
+            for strategy in [x.strip() for x in str(args.strategy).split(",") if x.strip()]:
+                out = os.path.join(work, f"vmlinux.{strategy}")
+                r = _step(f"relayout with '{strategy}'",
+                          ["relayout", kernel, "--profile", prof, "--strategy", strategy,
+                           "-o", out, "--system-map", out + ".System.map",
+                           "--layout-map", out + ".layout"])
+                if r.returncode:
+                    failed.append(f"relayout {strategy}")
+                    continue
                 if _step("verify the new image against the original",
                          ["verify", "-q", out, "--against", kernel]).returncode:
-                    failed.append("verify --against")
+                    failed.append(f"verify --against ({strategy})")
                 if _step("boot the new image and run VFS-mix",
                          ["boot", "--kernel", out, "--workload", "vfs-mix",
                           "--loops", min(args.loops, 200)]).returncode:
-                    failed.append("boot")
-                kernels.append(f"{args.strategy}={out}")
+                    failed.append(f"boot ({strategy})")
+                kernels.append(f"{strategy}={out}")
         ev = ["evaluate", *sum((["--kernel", k] for k in kernels), []), "--workload", "vfs-mix",
               "--loops", args.loops,
               *sum((["--cache", c] for c in (args.cache or ["intel-32k-8w", "amd-64k-2w"])), []),

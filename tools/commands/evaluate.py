@@ -142,13 +142,14 @@ class Evaluate:
         p.add_argument("program_args", nargs="*", metavar="ARGS",
                        help="with --program: the programs' arguments (after '--')")
         p.add_argument("--layout", action="append", metavar="STRATEGY",
-                       help="a layout of the base image: stock, align-all:N, hot64, pack (repeat)")
+                       help="a layout of the base image: stock, align-all:N, hot64, pack, blocks "
+                       "(repeat)")
         p.add_argument("--sweep", metavar="align-all:1,2,4,...,512",
                        help="function alignment sweep (what-if unless --booted)")
         p.add_argument("--whatif", action="store_true",
                        help="replay a block trace recorded once on the base instead of booting")
         p.add_argument("--booted", action="store_true", help="--sweep: boot every point")
-        p.add_argument("--profile", help="profile for hot64/pack (default: derived from the "
+        p.add_argument("--profile", help="profile for hot64/pack/blocks (default: derived from the "
                        "recorded workload run on the base image)")
         p.add_argument("--workload", default="vfs-mix")
         p.add_argument("--loops", type=int)

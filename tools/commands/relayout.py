@@ -27,7 +27,7 @@ class Relayout:
         p.add_argument("--profile", help="profile (linepack profile model, or JSON "
                        "{\"functions\": {name: count}})")
         p.add_argument("--config", help="strategy config (configs/relayout/*.toml)")
-        p.add_argument("--strategy", help="stock | align-all N | hot64 | pack (overrides --config)")
+        p.add_argument("--strategy", help="stock | align-all N | hot64 | pack | blocks (overrides --config)")
         p.add_argument("--min-count", type=float, help="hotness threshold (per workload iteration)")
         p.add_argument("--allow-missing", action="store_true",
                        help="accept a profile naming many functions the image does not have "
@@ -97,7 +97,23 @@ class Relayout:
             print(f"  static keys:       {s['static_keys.sites_rechecked']} sites re-checked "
                   f"({s['static_keys.two_byte']} 2-byte still in rel8 reach, "
                   f"{s['static_keys.five_byte_in_rel8_reach']} 5-byte could be 2-byte)")
-        if "orc_unwind.padding_runs" in s:
+        if "split" in s:
+            sp = s["split"]
+            print(f"  block split:       {sp['functions_split']} functions split "
+                  f"({sp['hot_part_bytes']} hot + {sp['cold_part_bytes']} cold bytes, "
+                  f"{sp['split_growth_bytes']:+d}); {sp['copied']} blocks copied, "
+                  f"{sp['branch']} branches re-encoded, {sp['jmp_inserted']} jmps inserted, "
+                  f"{sp['jmp_removed']} removed")
+            for why, n in sorted(sp["hot_functions_by_reason"].items(), key=lambda x: -x[1]):
+                print(f"    hot functions {'split' if why == 'split' else 'whole: ' + why}: {n}")
+        if "static_keys.made_short" in s:
+            print(f"  static keys:       {s['static_keys.made_short']} made short, "
+                  f"{s['static_keys.made_long']} made long, {s['static_keys.unchanged']} unchanged")
+        if "orc_unwind.entries_after" in s:
+            print(f"  ORC:               {s['orc_unwind.block_entries_wanted']} block entries wanted, "
+                  f"{s['orc_unwind.entries_after']} of {s['orc_unwind.entries_before']} slots used "
+                  "after compaction")
+        if "orc_unwind.padding_runs_covered" in s:
             print(f"  ORC padding:       {s['orc_unwind.padding_runs']} padding runs, "
                   f"{s['orc_unwind.padding_runs_covered']} already covered, "
                   f"{s['orc_unwind.padding_entries_added']} entries added "

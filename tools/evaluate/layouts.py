@@ -21,7 +21,9 @@ from ..io import atomic_output
 
 _RELAYOUT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
                              "relayout")
-NEEDS_PROFILE = ("hot64", "pack")
+NEEDS_PROFILE = ("hot64", "pack", "blocks")
+# block-level layouts: their map comes from the rewrite (block map), not the plan
+BLOCK_LEVEL = ("blocks",)
 
 
 def normalize_spec(spec):
@@ -49,7 +51,9 @@ def code_hash():
         h.update(os.path.relpath(p, _RELAYOUT_DIR).encode())
         with open(p, "rb") as f:
             h.update(f.read())
-    for p in (os.path.join(os.path.dirname(_RELAYOUT_DIR), "image", "addrmap.py"),):
+    for p in [os.path.join(os.path.dirname(_RELAYOUT_DIR), "image", n)
+              for n in ("addrmap.py", "cfg.py", "blockmap.py")] + \
+            [os.path.join(os.path.dirname(_RELAYOUT_DIR), "kernel", "orc.py")]:
         with open(p, "rb") as f:
             h.update(f.read())
     return h.hexdigest()[:10]
@@ -78,6 +82,17 @@ def hotness_from_trace(bt, image_path):
     return {k: v / loops for k, v in prof.function_counts().items()}
 
 
+def blocks_from_trace(bt):
+    """(address, size, count per iteration) of the blocks a BlockTrace ran: the
+    executed ranges a block-level layout needs when no profile is given."""
+    counts = bt.block_counts()
+    ran = counts > 0
+    b = bt.blocks[ran]
+    loops = float(bt.meta.get("loops") or 1)
+    return (b["vaddr"].astype(np.uint64), b["size"].astype(np.uint64),
+            counts[ran].astype(np.float64) / loops)
+
+
 class PlanMap:
     """What replay needs of a plan: the AddressMap, plus size facts."""
 
@@ -88,9 +103,13 @@ class PlanMap:
     def save(self, path):
         a = self.amap
         with atomic_output(path) as f:
+            extra = {}
+            if a.new_end is not None:
+                extra = {"new_end": a.new_end, "collapse": a.collapse,
+                         "occ_lo": a.occupied[0], "occ_hi": a.occupied[1]}
             np.savez(f, old_start=a.old_start, old_end=a.old_end, new_start=a.new_start,
                      ext_lo=a.ext_lo, ext_hi=a.ext_hi, anchor_old=a.anchor_old,
-                     anchor_new=a.anchor_new,
+                     anchor_new=a.anchor_new, **extra,
                      info=np.frombuffer(json.dumps({"growth": self.growth, "padding": self.padding,
                                                     "strategy": self.strategy,
                                                     "moved": self.moved}).encode(), np.uint8))
@@ -102,7 +121,11 @@ class PlanMap:
         info = json.loads(bytes(z["info"]).decode())
         amap = AddressMap(z["old_start"], z["old_end"], z["new_start"],
                           list(zip(z["ext_lo"].tolist(), z["ext_hi"].tolist())),
-                          dict(zip(z["anchor_old"].tolist(), z["anchor_new"].tolist())))
+                          dict(zip(z["anchor_old"].tolist(), z["anchor_new"].tolist())),
+                          new_end=z["new_end"] if "new_end" in z else None,
+                          collapse=z["collapse"] if "collapse" in z else None)
+        if "occ_lo" in z:
+            amap.occupied = (z["occ_lo"], z["occ_hi"])
         return cls(amap, info["growth"], info["padding"], info["strategy"], info["moved"])
 
     @classmethod
@@ -155,6 +178,7 @@ class Layouts:
             os.path.abspath(base).encode()).hexdigest()
         self.hotness, self.calls = hotness or {}, list(calls or ())
         self.blocks = blocks
+        self.trace_blocks = None     # executed blocks of the recorded run (block-level layouts)
         self.profile_build_id = profile_build_id
         self.log = log or (lambda m: None)
         self.dir = os.path.join(cache_dir(), "layouts", self.build_id[:20])
@@ -164,9 +188,14 @@ class Layouts:
     def key(self, spec):
         spec = normalize_spec(spec)
         slug = re.sub(r"[^a-z0-9]+", "-", spec)
-        prof = hotness_hash(self.hotness, self.calls, self.blocks) \
+        prof = hotness_hash(self.hotness, self.calls, self._blocks_for(spec)) \
             if spec.split(":")[0] in NEEDS_PROFILE else "noprof"
         return spec, f"{slug}-{prof}-{self._code}"
+
+    def _blocks_for(self, spec):
+        if self.blocks is None and spec.split(":")[0] in BLOCK_LEVEL:
+            return self.trace_blocks
+        return self.blocks
 
     def _check_profile(self, spec):
         if spec.split(":")[0] in NEEDS_PROFILE and not self.hotness:
@@ -199,6 +228,9 @@ class Layouts:
         self._check_profile(spec)
         path = os.path.join(self.dir, key + ".plan.npz")
         if os.path.exists(path):
+            return PlanMap.load(path)
+        if spec.split(":")[0] in BLOCK_LEVEL:
+            self.image_path(spec)          # the block map exists only after the rewrite
             return PlanMap.load(path)
         units, functions = self._build_units()
         heat = make_heat(units, functions, self.hotness)
@@ -237,10 +269,14 @@ class Layouts:
             return out
         os.makedirs(self.dir, exist_ok=True)
         self.log(f"rewriting {os.path.basename(self.base)} with {spec} (cached as {out})")
-        summary, plan, _ = relayout(self.base, out, strategies.get(spec), hotness=self.hotness,
-                                    calls=self.calls, profile_build_id=self.profile_build_id,
-                                    log=self.log, blocks=self.blocks)
-        pm = PlanMap.from_plan(plan)
+        summary, plan, rw = relayout(self.base, out, strategies.get(spec), hotness=self.hotness,
+                                     calls=self.calls, profile_build_id=self.profile_build_id,
+                                     log=self.log, blocks=self._blocks_for(spec))
+        if getattr(rw, "block_split", None) is not None:
+            pm = PlanMap(rw.amap, summary["text_growth_bytes"], summary["padding_bytes"],
+                         plan.strategy, int(plan.moved.sum()))
+        else:
+            pm = PlanMap.from_plan(plan)
         pm.save(os.path.join(self.dir, key + ".plan.npz"))
         with open(os.path.join(self.dir, key + ".json"), "w") as f:
             json.dump(summary, f, indent=1, sort_keys=True, default=str)

@@ -3,7 +3,7 @@
 import time
 
 
-from .layouts import NEEDS_PROFILE, Layouts, hotness_from_trace
+from .layouts import NEEDS_PROFILE, Layouts, blocks_from_trace, hotness_from_trace
 
 
 def _pct(growth, tsize):
@@ -48,6 +48,10 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
             prof_src = f"derived from the recorded {workload} run ({loops} loops)"
             log(f"profile: {prof_src}, {len(hot)} functions")
     L = Layouts(base, hotness=hot, calls=calls, profile_build_id=build_id, log=log, blocks=blocks)
+    if blocks is None and bt is not None:
+        # block-level layouts need executed blocks; function-level ones keep the
+        # function counts they always had without a profile
+        L.trace_blocks = blocks_from_trace(bt)
     tsize = text_size(base)
     rows, extra = [], {"json": {"base": base, "profile": prof_src, "loops": loops}}
     tables = {}

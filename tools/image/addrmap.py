@@ -6,10 +6,13 @@ every reference fix goes through ``map``; nothing computes "function start +
 offset" on its own.
 
 Rules, deliberately:
-- an address inside a piece maps into the piece's new range;
+- an address inside a piece maps into the piece's new range; inside a
+  "collapsed" piece (a re-encoded branch, a removed jmp: block-level layouts)
+  every address maps to the piece's new start;
 - an address exactly at a piece's end that is not the start of another piece
   maps to the moved piece's end (``foo + size`` references, ORC terminators,
-  end markers): it belongs to the code before it;
+  end markers): it belongs to the code before it. A piece's new end is its new
+  start plus its old size unless ``new_end`` says otherwise (re-encoded branch);
 - an address at an anchor (e.g. a region boundary label) with no piece there
   maps to the anchor's new address;
 - an address inside a rewritten extent but in none of the above (dropped
@@ -21,17 +24,24 @@ import numpy as np
 
 
 class AddressMap:
-    def __init__(self, old_start, old_end, new_start, extents=(), anchors=None):
+    def __init__(self, old_start, old_end, new_start, extents=(), anchors=None,
+                 new_end=None, collapse=None):
         old_start = np.asarray(old_start, dtype=np.uint64)
         order = np.argsort(old_start, kind="stable")
         self.old_start = old_start[order]
         self.old_end = np.asarray(old_end, dtype=np.uint64)[order]
         self.new_start = np.asarray(new_start, dtype=np.uint64)[order]
+        self.new_end = None if new_end is None else np.asarray(new_end, dtype=np.uint64)[order]
+        self.collapse = None if collapse is None else np.asarray(collapse, dtype=bool)[order]
         if len(self.old_start) > 1 and (self.old_end[:-1] > self.old_start[1:]).any():
             raise ValueError("AddressMap pieces overlap")
         ext = sorted((int(a), int(b)) for a, b in extents)
         self.ext_lo = np.array([a for a, _ in ext], dtype=np.uint64)
         self.ext_hi = np.array([b for _, b in ext], dtype=np.uint64)
+        # new ranges that hold code but map no old address (block layouts' inserted
+        # jmps): not padding
+        self.occupied = (np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+        self.block_rows = None
         anchors = dict(anchors or {})
         self.anchor_old = np.array(sorted(anchors), dtype=np.uint64)
         self.anchor_new = np.array([anchors[a] for a in sorted(anchors)], dtype=np.uint64)
@@ -85,7 +95,12 @@ class AddressMap:
             inside = valid & (a < self.old_end[ic])
             at_end = valid & ~inside & (a == self.old_end[ic])
             hit = inside | at_end
-            out = np.where(hit, self.new_start[ic] + (a - self.old_start[ic]), out)
+            lin = self.new_start[ic] + (a - self.old_start[ic])
+            if self.collapse is not None:
+                lin = np.where(self.collapse[ic], self.new_start[ic], lin)
+            if self.new_end is not None:
+                lin = np.where(at_end, self.new_end[ic], lin)
+            out = np.where(hit, lin, out)
             rest = ~hit
         else:
             rest = np.ones(a.shape, bool)
@@ -128,9 +143,14 @@ class AddressMap:
             if not m.any():
                 continue
             ns = self.new_start[m].astype(np.int64)
-            ne = ns + (self.old_end[m] - self.old_start[m]).astype(np.int64)
-            k = np.argsort(ns, kind="stable")
+            ne = (self.new_end[m].astype(np.int64) if self.new_end is not None else
+                  ns + (self.old_end[m] - self.old_start[m]).astype(np.int64))
+            oc = (self.occupied[0] >= np.uint64(lo)) & (self.occupied[0] < np.uint64(hi))
+            ns = np.concatenate([ns, self.occupied[0][oc].astype(np.int64)])
+            ne = np.concatenate([ne, self.occupied[1][oc].astype(np.int64)])
+            k = np.lexsort((-ne, ns))
             ns, ne = ns[k], ne[k]
+            ne = np.maximum.accumulate(ne)
             bounds_lo = np.concatenate(([lo], ne))
             bounds_hi = np.concatenate((ns, [hi]))
             gap = bounds_hi > bounds_lo

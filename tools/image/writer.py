@@ -18,19 +18,33 @@ from ..io import atomic_output
 from .elf import EHDR, SHDR, SHF_ALLOC, SHT_NOBITS
 
 
-def write_image(image, out_path, patched=None, drop=(), entry=None):
-    """Write image with ``patched`` {section index: bytes-like of the same size}.
+def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sections=(),
+                header_updates=None):
+    """Write image with ``patched`` {section index: bytes-like of the same size}
+    (non-allocated sections may change size: they are packed after the rest).
 
     ``drop``: section indices whose contents are dropped. ``entry``: new e_entry.
+    ``extra_sections``: (name, bytes) non-allocated PROGBITS sections appended
+    after the existing ones (their names go into .shstrtab). ``header_updates``:
+    {section index: {field: value}} for the section headers (e.g. symtab info).
     Returns the output size.
     """
     patched = patched or {}
     out_path = os.fspath(out_path)
     drop = set(drop)
     secs = image.sections
+    patched = dict(patched)
     for idx, buf in patched.items():
-        if len(buf) != secs[idx].size:
+        if len(buf) != secs[idx].size and secs[idx].flags & SHF_ALLOC:
             raise ValueError(f"patched section {secs[idx].name} changed size")
+    shstrndx = int(image.ehdr["shstrndx"])
+    extra_names = []
+    if extra_sections:
+        strtab = bytearray(patched.get(shstrndx, image.section_bytes(secs[shstrndx])))
+        for name, _ in extra_sections:
+            extra_names.append(len(strtab))
+            strtab += name.encode() + b"\0"
+        patched[shstrndx] = np.frombuffer(bytes(strtab), np.uint8)
     # Everything up to the end of the allocated content is kept in place.
     fixed_end = int(image.ehdr["phoff"]) + len(image.phdrs) * 56
     for ph in image.phdrs:
@@ -55,13 +69,28 @@ def write_image(image, out_path, patched=None, drop=(), entry=None):
             data = image.section_bytes(s)
         pieces.append((pos, data))
         shdrs[s.index]["offset"] = pos
-        pos += s.size
+        shdrs[s.index]["size"] = len(data)
+        pos += len(data)
+    new_shdrs = []
+    for (name, data), name_off in zip(extra_sections, extra_names):
+        pos = (pos + 7) // 8 * 8
+        h = np.zeros(1, SHDR)
+        h["name"], h["type"], h["offset"], h["size"], h["addralign"] = name_off, 1, pos, len(data), 8
+        pieces.append((pos, np.frombuffer(bytes(data), np.uint8)))
+        new_shdrs.append(h)
+        pos += len(data)
+    if new_shdrs:
+        shdrs = np.concatenate([shdrs] + new_shdrs)
+    for idx, fields in (header_updates or {}).items():
+        for k, v in fields.items():
+            shdrs[idx][k] = v
     for s in secs[1:]:
         if s.index in drop and (s.flags & SHF_ALLOC):
             raise ValueError(f"cannot drop allocated section {s.name}")
     shoff = (pos + 7) // 8 * 8
     ehdr = image.data[:EHDR.itemsize].copy().view(EHDR)
     ehdr["shoff"] = shoff
+    ehdr["shnum"] = len(shdrs)
     if entry is not None:
         ehdr["entry"] = entry
     with atomic_output(out_path, mode=os.stat(image.path).st_mode & 0o777) as f:

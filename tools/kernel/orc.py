@@ -129,6 +129,8 @@ class OrcTable(KernelTable):
         room keep no entry and are counted. ``self.relayout_stats`` says what
         happened.
         """
+        if getattr(amap, "block_rows", None) is not None:
+            return self._update_blocks(ctx, entries, amap)
         out = entries.copy()
         ip = entries["ip"]
         new_ip, ok = amap.map(ip)
@@ -174,6 +176,73 @@ class OrcTable(KernelTable):
         if short > 0:
             out = np.concatenate((out, np.repeat(out[-1:], short)))
         stats["padded_with_duplicates"] = max(short, 0)
+        out["entry"] = entries["entry"]
+        self.relayout_stats = stats
+        return out
+
+    def _update_blocks(self, ctx, entries, amap):
+        """Block-level relayout: an entry at the new start of every moved piece
+        (a copied block, a re-encoded branch, a unit moved whole) and every
+        inserted jmp, with the state in effect at its original address (an
+        inserted jmp runs in the state of the block it jumps to: its row's old
+        address), an
+        undefined entry at every padding run, then the table compacted: of
+        several entries at one IP the last wins (what ``__orc_find`` returns),
+        and an entry with the same state as the one before it is dropped (the
+        lookup result does not change). The arrays keep their size: unused
+        slots repeat the last entry."""
+        stats = {}
+        ip = entries["ip"]
+        order0 = np.argsort(ip, kind="stable")
+        sorted_ip = ip[order0]
+        new_ip, ok = amap.map(ip)
+        own = ctx.functions.find(ip) >= 0
+        mapped = entries[ok].copy()
+        mapped["ip"] = new_ip[ok]
+        prio = np.where(own[ok], 2, 1).astype(np.int8)
+        rows = amap.block_rows
+        ins = rows[rows["kind"] == 2]
+        # every piece of the map (block-map rows and units moved whole: a function
+        # without an ORC entry of its own would otherwise inherit the state of
+        # whatever now precedes it) and every inserted jmp
+        moved = amap.new_start != amap.old_start
+        if amap.new_end is not None:            # a removed jmp takes no new bytes
+            moved &= amap.new_end > amap.new_start
+        old_at = np.concatenate((amap.old_start[moved], ins["old"].astype(np.uint64)))
+        new_at = np.concatenate((amap.new_start[moved], ins["new"].astype(np.uint64)))
+        j = np.searchsorted(sorted_ip, old_at, side="right").astype(np.int64) - 1
+        has = j >= 0
+        src = entries[order0[np.maximum(j, 0)]][has]
+        added = src.copy()
+        added["ip"] = new_at[has]
+        pads = amap.padding_runs()[0]
+        pad = np.zeros(len(pads), dtype=entries.dtype)
+        pad["ip"] = pads
+        merged = np.concatenate((added, mapped, pad))
+        # at one IP the last wins: a piece's own entry (the state at its original
+        # start) over everything else; an entry mapped there from elsewhere (the end
+        # of the piece before it in the original, a point inside a re-encoded
+        # branch) can be stale
+        pr = np.concatenate((np.full(len(added), 4, np.int8), prio, np.full(len(pad), 3, np.int8)))
+        o = np.lexsort((pr, merged["ip"]))
+        merged = merged[o]
+        last_at_ip = np.ones(len(merged), bool)
+        last_at_ip[:-1] = merged["ip"][:-1] != merged["ip"][1:]
+        merged = merged[last_at_ip]
+        state = merged[["sp_offset", "bp_offset", "bits"]]
+        same = np.zeros(len(merged), bool)
+        same[1:] = (state[1:] == state[:-1])
+        out = merged[~same]
+        stats.update({"block_entries_wanted": int(has.sum()), "dropped_unmapped": int((~ok).sum()),
+                      "padding_runs": int(len(pads)), "entries_before": int(len(entries)),
+                      "entries_after": int(len(out))})
+        if len(out) > len(entries):
+            raise ValueError(f"ORC: the block layout needs {len(out)} entries, the table holds "
+                             f"{len(entries)}")
+        short = len(entries) - len(out)
+        if short > 0:
+            out = np.concatenate((out, np.repeat(out[-1:], short)))
+        stats["padded_with_duplicates"] = int(max(short, 0))
         out["entry"] = entries["entry"]
         self.relayout_stats = stats
         return out

@@ -137,21 +137,44 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     log(f"disassembling {len(functions)} functions")
     units, dis = build_units(image, functions, lambda u: disassemble(image, u), log=log)
     heat = make_heat(units, functions, hotness)
+    split = None
+    if getattr(strat, "block_level", False):
+        split = _split_functions(image, units, dis, functions, heat, blocks, strat, log)
+        orig_units = units
+        units, heat, parent, part = split["planning"]
     log(f"planning layout '{strat.name}' for {len(units)} units "
         f"({int((heat > 0).sum())} hot) in {len(units.regions)} regions")
     try:
-        plan = make_plan(units, strat, heat, calls=calls, functions=functions, blocks=blocks)
+        plan = make_plan(units, strat, heat, calls=calls, functions=functions,
+                         blocks=None if split else blocks,
+                         hot_ranges=_split_hot_ranges(orig_units, split, strat, blocks)
+                         if split else None)
     except LayoutError as e:
         raise LayoutError(_no_fit_message(e, strat, units, heat, calls, functions, log)) from None
-    rw = Rewriter(image, units, plan, dis, log=log)
+    if split:
+        from .block_rewriter import BlockRewriter
+        from .blocks import layout_rows
+        rows, part_bytes, cold_syms = layout_rows(split["splits"], plan, parent, part, image)
+        split_mask = np.isin(parent, [sf.unit for sf in split["splits"]])
+        rw = BlockRewriter(image, units, plan, dis, rows, part_bytes, split_mask, log=log)
+        rw.block_split = dict(split, rows=rows, cold_syms=cold_syms, orig_units=orig_units)
+    else:
+        rw = Rewriter(image, units, plan, dis, log=log)
     log("rewriting code, relocations and symbols")
     rw.run()
     from .kernel_tables import update_kernel_tables
     update_kernel_tables(rw, log)
     from .eh_frame import update_eh_frame
     update_eh_frame(rw, log)
-    idx, symtab = rw.symtab_bytes()
-    rw.patched[idx] = symtab
+    extra_sections = []
+    if split:
+        from .block_symbols import cold_symbols
+        cold_symbols(rw, image, log)
+        from ..image import blockmap as bm
+        extra_sections.append((bm.SECTION_NAME, bm.to_bytes(rw.block_split["rows"])))
+    else:
+        idx, symtab = rw.symtab_bytes()
+        rw.patched[idx] = symtab
     debug = [s.index for s in image.sections if not s.is_alloc and
              (s.name.startswith(".debug_") or s.name.startswith(".rela.debug_"))]
     drop = debug if drop_debug else []
@@ -159,11 +182,16 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         if drop:
             log(f"dropping DWARF ({len(drop)} .debug_* sections): it would describe old addresses")
     log(f"writing {out_path}")
-    write_image(image, out_path, rw.patched, drop=drop, entry=rw.new_entry())
+    write_image(image, out_path, rw.patched, drop=drop, entry=rw.new_entry(),
+                extra_sections=extra_sections, header_updates=getattr(rw, "header_updates", None))
     summary = plan.summary()
     summary.update(rw.stats)
     summary.update(line_metric(plan, functions, hotness))
-    if blocks is not None:
+    if split:
+        from .plan import block_line_metric_amap
+        cfg = split["cfg"]
+        summary.update(block_line_metric_amap(rw.amap, cfg.start, cfg.end, split["block_count"]))
+    elif blocks is not None:
         # lines holding code that runs at least once per iteration: what the cache sees
         summary.update(block_line_metric(plan, blocks, min_count=1.0))
     summary["padding_bytes"] = int(_padding(plan))
@@ -173,6 +201,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         if tsize else 0.0
     summary["dwarf"] = ("none in the input" if not debug else "dropped" if drop
                         else "kept (stale: old addresses)")
+    if split:
+        summary.update(_split_summary(rw, split, heat))
     summary["problems"] = [{"kind": k, "address": f"{a:#x}", "message": m}
                            for k, a, m in rw.problems]
     if layout_map:
@@ -180,6 +210,92 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     if system_map:
         write_system_map(system_map, image, rw)
     return summary, plan, rw
+
+
+def _split_functions(image, units, dis, functions, heat, blocks, strat, log):
+    """CFG of every unit, block hotness from the profile, the split decision and
+    the planning unit table (see relayout/blocks.py)."""
+    from ..image.cfg import CFG, NORETURN, TableSites, block_counts
+    from ..kernel.base import ImageContext
+    from ..kernel.jump_table import SHORT_SITES_SINCE
+    from .blocks import choose_splits, planning_units, reason_summary
+    if blocks is None:
+        raise BadInput(f"strategy {strat.name} needs a profile with executed blocks "
+                       "(QEMU, perf LBR or BOLT fdata), not function counts only")
+    ctx = ImageContext(image)
+    ctx._disasm = dis
+    sites = TableSites.from_kernel(ctx) if ctx.is_kernel else TableSites()
+    noret = [a for a in (image.symbol_address(n) for n in NORETURN) if a is not None]
+    reloc_insn = np.zeros(len(dis), bool)
+    for r in image.relocations.values():
+        if r.target.is_code and len(r):
+            i = dis.containing(r.offset.astype(np.uint64))
+            reloc_insn[i[i >= 0]] = True
+    cfg = CFG(dis, units.start, units.end, sites, noret, reloc_insn)
+    eh = image.section(".eh_frame")
+    if not ctx.is_kernel and eh is not None and eh.size:
+        from ..image.cfg import R_EH_FRAME
+        from .eh_frame import parse_eh_frame
+        fde = parse_eh_frame(image.section_bytes(eh), eh.addr)
+        covered = units.find(fde.pc_begin[fde.pc_range > 0])
+        cfg._mark(np.unique(covered[covered >= 0]), R_EH_FRAME)
+    counts = block_counts(cfg, *blocks)
+    short_keys = ctx.version is None or ctx.version[:2] >= SHORT_SITES_SINCE
+    splits, reason = choose_splits(cfg, units, heat, counts, strat.block_min_count, functions,
+                                   short_keys, strat.cold_min)
+    log(f"CFG: {len(cfg)} blocks in {len(units)} units; {len(splits)} hot functions split, "
+        f"{int(((heat >= strat.min_count) & (reason != 0)).sum())} hot ones moved whole")
+    return {"cfg": cfg, "splits": splits, "reason": reason, "block_count": counts,
+            "reasons": reason_summary(reason, heat, strat.min_count),
+            "planning": planning_units(units, heat, splits)}
+
+
+def _split_hot_ranges(orig_units, split, strat, blocks):
+    """pack's per-unit hot byte ranges for the planning table: a split function's
+    hot part is hot throughout; a unit moved whole keeps its blocks' ranges."""
+    from .plan import unit_hot_ranges
+    if not getattr(strat, "use_blocks", False):
+        return None
+    orig = unit_hot_ranges(orig_units, blocks, getattr(strat, "block_min", 0.0))
+    _, _, parent, part = split["planning"]
+    sizes = {sf.unit: sf.sizes[0] for sf in split["splits"]}
+    out = {}
+    for k, (u, p) in enumerate(zip(parent.tolist(), part.tolist())):
+        if p:
+            continue
+        if u in sizes:
+            out[k] = [(0, sizes[u])]
+        elif u in orig:
+            out[k] = orig[u]
+    return out
+
+
+def _split_summary(rw, split, heat):
+    from ..image import blockmap as bm
+    rows = rw.block_split["rows"]
+    out = {"split": bm.summary(rows)}
+    sp = split["splits"]
+    out["split"].update({
+        "functions_split": len(sp),
+        "hot_functions_by_reason": split["reasons"],
+        "blocks": int(len(split["cfg"])),
+        "hot_part_bytes": int(sum(s.sizes[0] for s in sp)),
+        "cold_part_bytes": int(sum(s.sizes[1] for s in sp)),
+        "split_growth_bytes": int(sum(s.sizes[0] + s.sizes[1] for s in sp) -
+                                  sum(int(rw.block_split["orig_units"].size[s.unit]) for s in sp)),
+    })
+    kinds = {}
+    for s in sp:
+        for part in s.parts:
+            for p in part:
+                if p.kind == bm.KIND_BRANCH:
+                    key = f"{'long' if p.long else 'short'}"
+                    kinds[key] = kinds.get(key, 0) + 1
+    out["split"]["branches_reencoded"] = kinds
+    out["split"]["branch_bytes_saved"] = int(
+        (rows["old_len"][rows["kind"] == bm.KIND_BRANCH].astype(np.int64) -
+         rows["new_len"][rows["kind"] == bm.KIND_BRANCH].astype(np.int64)).sum())
+    return out
 
 
 def _no_fit_message(err, strat, units, heat, calls, functions, log):
@@ -341,5 +457,14 @@ def system_map_lines(image, values):
 
 
 def write_system_map(path, image, rw):
-    """System.map of the new image, in the format and order of the kernel's own."""
-    write_atomic(path, system_map_lines(image, rw.sym_new))
+    """System.map of the new image, in the format and order of the kernel's own
+    (block-level layouts: with the ``name.cold`` parts, type 't')."""
+    text = system_map_lines(image, rw.sym_new)
+    split = getattr(rw, "block_split", None)
+    if split and split.get("cold_syms"):
+        names, _ = image.symbol_table()
+        rows = [line for line in text.splitlines(True)]
+        rows += [f"{int(addr):016x} t {names[sf.sym]}.cold\n" for sf, addr, _ in split["cold_syms"]]
+        rows.sort(key=lambda r: (r[:16], r[19:].encode("latin-1", "replace")))
+        text = "".join(rows)
+    write_atomic(path, text)

@@ -119,7 +119,7 @@ def make_heat(units, functions, hotness):
     return heat
 
 
-def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None):
+def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_ranges=None):
     """Lay out every region with ``strategy``; returns a LayoutPlan.
 
     ``calls``: [(caller, callee, count)] by function name (call edges);
@@ -128,8 +128,8 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None):
     (``pack``) get them as ``view.hot_ranges`` (see ``unit_hot_ranges``).
     """
     regs = units.regions
-    ranges = None
-    if blocks is not None and getattr(strategy, "use_blocks", False):
+    ranges = hot_ranges if getattr(strategy, "use_blocks", False) else None
+    if ranges is None and blocks is not None and getattr(strategy, "use_blocks", False):
         ranges = unit_hot_ranges(units, blocks, getattr(strategy, "block_min", 0.0))
     new_start = units.start.copy()
     region_new_start = [r.start for r in regs]
@@ -341,6 +341,18 @@ def block_line_metric(plan, blocks, min_count=0.0, line=LINE):
     ok = ui >= 0
     new[ok] = plan.new_start[ui[ok]] + (addr[ok] - u.start[ui[ok]])
     return {"blocks": int(len(addr)), "block_lines_before": hot_lines(addr, size, line),
+            "block_lines_after": hot_lines(new, size, line)}
+
+
+def block_line_metric_amap(amap, start, end, counts, min_count=1.0, line=LINE):
+    """block_line_metric for block-level layouts: CFG blocks (start, end, count
+    per iteration) placed through the layout's AddressMap; each block keeps its
+    size (a re-encoded last branch may differ by a few bytes)."""
+    keep = np.asarray(counts) >= float(min_count)
+    a = np.asarray(start, np.uint64)[keep]
+    size = (np.asarray(end, np.uint64)[keep] - a).astype(np.uint64)
+    new, _ = amap.map(a)
+    return {"blocks": int(len(a)), "block_lines_before": hot_lines(a, size, line),
             "block_lines_after": hot_lines(new, size, line)}
 
 

@@ -71,7 +71,7 @@ class Rewriter:
         self.units = units
         self.plan = plan
         self.log = log or (lambda m: None)
-        self.amap = AddressMap.from_plan(plan)
+        self.amap = self.address_map()
         self.dis = unit_disasm
         self.patched = {}            # section index -> np.uint8 array (new contents)
         self.stats = {}
@@ -82,6 +82,9 @@ class Rewriter:
         self.sym_new = None
 
     # -- helpers -------------------------------------------------------------
+    def address_map(self):
+        return AddressMap.from_plan(self.plan)
+
     def buf(self, sec):
         if sec.index not in self.patched:
             self.patched[sec.index] = np.array(self.image.section_bytes(sec), dtype=np.uint8)

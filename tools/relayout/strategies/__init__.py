@@ -11,11 +11,12 @@ alignment (``view.align``), and keep cold units in their original order.
 
 from ...errors import LinepackError
 from .align_all import AlignAll
+from .blocks import Blocks
 from .hot64 import Hot64
 from .pack import Pack
 from .stock import Stock
 
-STRATEGIES = {"stock": Stock, "align-all": AlignAll, "hot64": Hot64, "pack": Pack}
+STRATEGIES = {"stock": Stock, "align-all": AlignAll, "hot64": Hot64, "pack": Pack, "blocks": Blocks}
 
 
 class UnknownStrategy(LinepackError):

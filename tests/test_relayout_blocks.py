@@ -1,0 +1,257 @@
+"""Block-level relayout (strategy ``blocks``) on a fixture built at test time:
+CFG leaders and terminators, branch relaxation to a fixpoint (a rel8 that
+loses reach grows, a rel32 brought near shrinks, static-key sites both ways),
+and an end-to-end split whose program still prints the same output."""
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from linepack.image import blockmap as bm
+from linepack.image.cfg import (CFG, R_SPLIT, TERM_FALL, TERM_JCC, TERM_JMP, TERM_STOP, TableSites,
+                                block_counts)
+from linepack.image.disasm import disassemble
+from linepack.image.elf import ElfImage
+from linepack.image.functions import FunctionTable
+from linepack.relayout import blocks as B
+from linepack.relayout.driver import relayout
+from linepack.relayout.units import build_units
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+
+# f sits in .text.hot (between main in .text.startup and crt's code in .text) so
+# that it is a unit of its own.
+# f(x): hot path entry -> key sites -> jmp to .Lhot3 over a 360-byte cold block,
+# .Lhot2/.Lhot3 hot. .Lneg (x < 0) is cold. .Lkey5 is a nop5 static-key site whose
+# target (.Lhot3) is far before the split and near after; .Lkey2 a nop2 site whose
+# target (.Lneg) is near before and in the cold part after.
+ASM = r"""
+    .section .text.hot,"ax",@progbits
+    .fill 4096, 1, 0xcc         # room for the layout (dropped padding before f)
+    .p2align 4
+    .globl f
+    .type f, @function
+f:
+    mov %edi, %eax
+    test %edi, %edi
+    js .Lneg
+.Lkey5:
+    .byte 0x0f, 0x1f, 0x44, 0x00, 0x00
+.Lkey2:
+    .byte 0x66, 0x90
+    add $1, %eax
+    {disp32} jmp .Lhot3
+.Lneg:
+    neg %eax
+    .rept 60
+    add $3, %eax
+    .endr
+    .rept 60
+    sub $3, %eax
+    .endr
+    ret
+.Lud2:
+    ud2                         # unreachable here; a WARN() site when the table says so
+.Lhot2:
+    add $2, %eax
+.Lhot3:
+    add $5, %eax
+    cmp $1000, %eax
+    jl .Lhot2
+    ret
+    .size f, .-f
+    .globl key5, key2, hot3, neg_block, hot2, ud2_site
+    .set key5, .Lkey5
+    .set key2, .Lkey2
+    .set hot3, .Lhot3
+    .set hot2, .Lhot2
+    .set neg_block, .Lneg
+    .set ud2_site, .Lud2
+    .section .note.GNU-stack,"",@progbits
+"""
+MAIN = r"""
+#include <stdio.h>
+int f(int);
+int main(void) {
+    long s = 0;
+    for (int i = -5; i < 2000; i += 7) s += f(i);
+    printf("s=%ld\n", s);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def prog(tmp_path_factory):
+    d = tmp_path_factory.mktemp("blk")
+    (d / "f.s").write_text(ASM)
+    (d / "main.c").write_text(MAIN)
+    exe = d / "prog"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
+                    str(d / "main.c"), str(d / "f.s")], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    return exe, out
+
+
+def _cfg(exe, sites=None):
+    im = ElfImage(str(exe))
+    fn = FunctionTable(im)
+    units, dis = build_units(im, fn, lambda u: disassemble(im, u))
+    return im, fn, units, dis, CFG(dis, units.start, units.end, sites)
+
+
+def _sym(im, name):
+    return im.symbol_address(name)
+
+
+def _hot_ranges(im):
+    """Executed ranges: f's entry up to .Lneg and .Lhot2..end (count 100 each)."""
+    f, neg, hot2 = _sym(im, "f"), _sym(im, "neg_block"), _sym(im, "hot2")
+    fn = FunctionTable(im)
+    end = int(fn.end[fn.index_of("f")])
+    return (np.array([f, hot2], np.uint64), np.array([neg - f, end - hot2], np.uint64),
+            np.array([100.0, 100.0]))
+
+
+def test_cfg_leaders_and_terminators(prog):
+    exe, _ = prog
+    im, fn, units, dis, cfg = _cfg(exe)
+    u = int(units.find([_sym(im, "f")])[0])
+    a, z = cfg.blocks_of(u)
+    starts = cfg.start[a:z].tolist()
+    for label in ("f", "neg_block", "hot2", "hot3"):
+        assert _sym(im, label) in starts, label
+    # the block holding the js ends in a jcc to .Lneg; the one before .Lneg in a jmp
+    bj = starts.index(_sym(im, "f"))
+    assert cfg.term[a + bj] == TERM_JCC and int(cfg.target[a + bj]) == _sym(im, "neg_block")
+    bn = starts.index(_sym(im, "neg_block"))
+    assert cfg.term[a + bn - 1] == TERM_JMP and int(cfg.target[a + bn - 1]) == _sym(im, "hot3")
+    assert cfg.term[a + bn] == TERM_STOP                     # the cold block ends in ret
+    assert cfg.reason[u] == R_SPLIT
+    # no block crosses a leader: blocks tile the function
+    assert (cfg.end[a:z - 1] == cfg.start[a + 1:z]).all()
+
+
+def test_warn_ud2_falls_through(prog):
+    """A BUG() ud2 ends control flow; a WARN() ud2 (bug table flag) resumes after itself."""
+    exe, _ = prog
+    im = ElfImage(str(exe))
+    ud2 = _sym(im, "ud2_site")
+    for warn, term in (((), TERM_STOP), ((ud2,), TERM_FALL)):
+        _, _, _, _, cfg = _cfg(exe, TableSites(warn=warn))
+        b = int(np.searchsorted(cfg.start, np.uint64(ud2)))
+        assert int(cfg.start[b]) == ud2 and cfg.term[b] == term
+
+
+def test_atomic_range_is_one_block(prog):
+    exe, _ = prog
+    im = ElfImage(str(exe))
+    key5 = _sym(im, "key5")
+    # an "alternative site" over the two key sites and the add after them
+    sites = TableSites(leaders=[key5], atomic_lo=[key5], atomic_hi=[_sym(im, "key2") + 5])
+    _, _, units, _, cfg = _cfg(exe, sites)
+    inside = (cfg.start > np.uint64(key5)) & (cfg.start < np.uint64(key5 + 10))
+    assert not inside.any()
+    assert key5 in cfg.start.tolist()
+
+
+def _split(exe, short_keys=True, with_keys=True):
+    im = ElfImage(str(exe))
+    sites = None
+    if with_keys:
+        sites = TableSites(leaders=[], key_code=[_sym(im, "key5"), _sym(im, "key2")],
+                           key_target=[_sym(im, "hot3"), _sym(im, "neg_block")])
+    im, fn, units, dis, cfg = _cfg(exe, sites)
+    counts = block_counts(cfg, *_hot_ranges(im))
+    heat = np.zeros(len(units))
+    u = int(units.find([_sym(im, "f")])[0])
+    heat[u] = 100.0
+    splits, reason = B.choose_splits(cfg, units, heat, counts, 1.0, fn, short_keys)
+    assert reason[u] == R_SPLIT
+    (sf,) = [s for s in splits if s.unit == u]
+    return im, cfg, sf
+
+
+def _pieces(sf, part):
+    return [(p.old, p.kind, p.size) for p in sf.parts[part]]
+
+
+def test_relaxation_fixpoint_and_static_keys(prog):
+    exe, _ = prog
+    im, cfg, sf = _split(exe)
+    by_old = {p.old: p for part in sf.parts for p in part}
+    f = _sym(im, "f")
+    js_at = f + 4                      # mov (2) + test (2)
+    js = by_old[js_at]
+    # a rel8 jcc whose target went to the cold part grows to rel32
+    assert js.kind == bm.KIND_BRANCH and js.size == 6 and js.long
+    # the nop5 site whose target (.Lhot3) is now near shrinks to nop2 ...
+    k5 = by_old[_sym(im, "key5")]
+    assert k5.form == B.FORM_KEY_NOP and k5.size == 2
+    # ... the nop2 site whose target (.Lneg) went cold grows to nop5
+    k2 = by_old[_sym(im, "key2")]
+    assert k2.form == B.FORM_KEY_NOP and k2.size == 5
+    # the {disp32} jmp over the cold block: .Lhot2 comes next, so it stays a jump, now rel8
+    jmps = [p for p in sf.parts[0] if p.kind == bm.KIND_BRANCH and p.form == B.FORM_JMP]
+    assert jmps and all(p.size == 2 for p in jmps)
+    # cold part: the .Lneg block and the unreachable ud2, copied
+    assert [p.old for p in sf.parts[1]] == [_sym(im, "neg_block"), _sym(im, "ud2_site")]
+    # every in-part short branch reaches its target (the fixpoint holds)
+    for part in (0, 1):
+        for p in sf.parts[part]:
+            if p.kind in (bm.KIND_BRANCH, bm.KIND_JMP_INSERTED) and not p.long:
+                d = sf.first[part][p.target_block] - (p.off + p.size)
+                assert -128 <= d <= 127
+
+
+def test_relaxation_grows_in_part_rel8(prog):
+    """A short in-part branch pushed out of reach by grown branches grows too."""
+    exe, _ = prog
+    im, cfg, sf = _split(exe)
+    part = sf.parts[0]
+    # the loop's jl back to .Lhot2 is short; grow .Lhot2's copied bytes past rel8 reach
+    jl = next(p for p in part if p.kind == bm.KIND_BRANCH and p.form == B.FORM_JCC and not p.long)
+    assert jl.size == 2
+    pad = next(p for p in part if p.kind == bm.KIND_COPIED and p.block == jl.target_block)
+    pad.old_len = pad.size = 300                  # the block now spans 300 bytes
+    B._relax(sf)
+    assert jl.long and jl.size == 6
+
+
+def test_no_keys_before_5_14(prog):
+    exe, _ = prog
+    _, _, sf = _split(exe, short_keys=False)
+    keys = [p for part in sf.parts for p in part if p.form in (B.FORM_KEY_NOP, B.FORM_KEY_JMP)]
+    assert keys and all(p.size == 5 for p in keys)
+
+
+def test_split_program_runs_same(prog, tmp_path):
+    exe, expected = prog
+    im = ElfImage(str(exe))
+    out = tmp_path / "split"
+    smap = tmp_path / "System.map"
+    summary, plan, rw = relayout(str(exe), str(out), "blocks", hotness={"f": 100.0, "main": 100.0},
+                                 blocks=_hot_ranges(im), system_map=str(smap))
+    assert not summary["problems"]
+    assert summary["split"]["functions_split"] == 1
+    res = subprocess.run([str(out)], capture_output=True, text=True, timeout=20)
+    assert res.returncode == 0 and res.stdout == expected
+    new = ElfImage(str(out))
+    rows = bm.read_blockmap(new)
+    assert rows is not None and bm.check_rows(rows) == [] and len(rows) >= 5
+    # f keeps its symbol at its hot part with the hot part's size; f.cold holds the rest
+    names, syms = new.symbol_table()
+    fi, ci = names.index("f"), names.index("f.cold")
+    cold_rows = rows[rows["part"] == bm.PART_COLD]
+    assert int(syms["value"][ci]) == int(cold_rows["new"].min())
+    assert int(syms["size"][fi]) + int(syms["size"][ci]) < 410
+    assert int(syms["size"][ci]) >= 360
+    lines = smap.read_text().splitlines()
+    assert f"{int(syms['value'][ci]):016x} t f.cold" in lines
+    assert lines == sorted(lines, key=lambda r: (r[:16], r[19:]))
+    # byte-reproducible
+    relayout(str(exe), str(tmp_path / "again"), "blocks", hotness={"f": 100.0, "main": 100.0},
+             blocks=_hot_ranges(im))
+    assert (tmp_path / "again").read_bytes() == out.read_bytes()

@@ -1,0 +1,166 @@
+"""Block-level relayout (``blocks``) of Debian's 6.1 cloud vmlinux with a real
+VFS-mix profile: the CFG on the real image, the split kernel's tables and
+symbols, standalone verify, and a boot that prints stock's result.
+
+Budget: about 4 minutes on 2 cores (a short profile, one relayout, one verify,
+two boots).
+"""
+
+import re
+
+import numpy as np
+import pytest
+
+from helpers import run_linepack
+from linepack.image import blockmap as bm
+from linepack.image.cfg import R_SPLIT, TableSites
+from linepack.image.elf import ElfImage
+
+pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow]
+
+PROFILE_LOOPS = 50
+BOOT_LOOPS = 200
+
+
+@pytest.fixture(scope="module")
+def vmlinux(debian_vmlinux):
+    return debian_vmlinux
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("blocks-vmlinux")
+
+
+@pytest.fixture(scope="module")
+def split_kernel(work, vmlinux):
+    prof = work / "vfs.prof"
+    r = run_linepack("profile", "--kernel", vmlinux, "--workload", "vfs-mix",
+                     "--loops", PROFILE_LOOPS, "-o", prof, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from linepack.relayout import strategies
+    from linepack.relayout.driver import load_profile_full, relayout
+    lp = load_profile_full(str(prof), vmlinux)
+    out = work / "vmlinux.blocks"
+    summary, plan, rw = relayout(vmlinux, str(out), strategies.get("blocks"), hotness=lp.hotness,
+                                 calls=lp.calls, profile_build_id=lp.build_id, blocks=lp.blocks)
+    return out, summary, rw
+
+
+def test_cfg_of_the_real_kernel(split_kernel, vmlinux):
+    _, summary, rw = split_kernel
+    cfg = rw.block_split["cfg"]
+    assert 400_000 < len(cfg) < 1_000_000            # 596,015 on 6.1.0-56
+    # blocks tile each function: sorted, no overlap
+    assert (cfg.start[1:] >= cfg.end[:-1]).all()
+    from linepack.kernel.base import ImageContext
+    ctx = ImageContext(rw.image)
+    ctx._disasm = rw.dis
+    sites = TableSites.from_kernel(ctx)
+    assert len(sites.atomic_lo) > 8000 and len(sites.key_code) > 5000
+    # an alternative/paravirt site is never split: no block starts strictly inside one
+    j = np.searchsorted(sites.atomic_lo, cfg.start, side="left").astype(np.int64) - 1
+    jc = np.maximum(j, 0)
+    inside = (j >= 0) & (cfg.start > sites.atomic_lo[jc]) & (cfg.start < sites.atomic_hi[jc])
+    assert not inside.any(), [hex(int(a)) for a in cfg.start[inside][:5]]
+    # every table address that is an instruction start inside a function (and not inside
+    # an atomic site) starts a block: no block crosses a table site
+    lead = sites.leaders
+    i = rw.dis.containing(lead)
+    at = (i >= 0) & (rw.dis.addr[np.maximum(i, 0)] == lead) & (cfg.insn_func[np.maximum(i, 0)] >= 0)
+    k = np.searchsorted(sites.atomic_lo, lead, side="left").astype(np.int64) - 1
+    kc = np.maximum(k, 0)
+    in_atomic = (k >= 0) & (lead > sites.atomic_lo[kc]) & (lead < sites.atomic_hi[kc])
+    want = lead[at & ~in_atomic]
+    assert np.isin(want, cfg.start).all()
+    # most functions can be split; the reasons are named
+    assert (cfg.reason == R_SPLIT).mean() > 0.9
+
+
+def test_split_summary_and_block_map(split_kernel):
+    out, summary, rw = split_kernel
+    sp = summary["split"]
+    assert sp["functions_split"] > 100 and not summary["problems"]
+    assert sp["jmp_inserted"] > 0 and sp["branch"] > 0
+    rows = bm.read_blockmap(ElfImage(str(out)))
+    assert rows is not None and bm.check_rows(rows) == []
+    assert len(rows) == sp["rows"]
+    # parts do not overlap in the new image
+    r = rows[rows["new_len"] > 0]
+    o = np.argsort(r["new"])
+    ends = r["new"][o] + r["new_len"][o].astype(np.uint64)
+    assert (r["new"][o][1:] >= ends[:-1]).all()
+    # static-key census: sites were resized in both directions or kept
+    assert summary["static_keys.sites_rechecked"] > 5000
+    # ORC: at every piece of a split function the unwinder finds the state that was in
+    # effect at the piece's original address
+    from linepack.kernel.base import ImageContext
+    from linepack.kernel.orc import OrcTable
+
+    def states(path, at):
+        e = OrcTable().parse(ImageContext(ElfImage(str(path))))
+        o = np.argsort(e["ip"], kind="stable")
+        e = e[o]
+        i = np.searchsorted(e["ip"], at, side="right") - 1
+        return e[["sp_offset", "bp_offset", "bits"]][i]
+    p = rows[(rows["new_len"] > 0) & (rows["kind"] != bm.KIND_JMP_INSERTED)]
+    before = states(rw.image.path, p["old"].astype(np.uint64))
+    after = states(out, p["new"].astype(np.uint64))
+    assert (before == after).all(), int((before != after).sum())
+
+
+def test_symtab_has_cold_parts(split_kernel, vmlinux):
+    out, summary, rw = split_kernel
+    new = ElfImage(str(out))
+    names, syms = new.symbol_table()
+    cold = [i for i, n in enumerate(names) if n.endswith(".cold")]
+    old_names, _ = ElfImage(vmlinux).symbol_table()
+    gcc_cold = sum(1 for n in old_names if n.endswith(".cold"))
+    assert len(cold) - gcc_cold == summary["split"]["functions_split"]
+    first_global, n_new = rw.sym_index_shift
+    assert n_new == summary["split"]["functions_split"]
+    cold_at = {int(syms["value"][i]): i for i in cold[-n_new:]}   # ours follow the locals
+    for sf in rw.block_split["splits"]:
+        pi = sf.sym + (n_new if sf.sym >= first_global else 0)    # locals were inserted
+        assert names[pi] == old_names[sf.sym]
+        assert int(syms["size"][pi]) == sf.sizes[0]
+        ci = cold_at[sf.new_start[1]]
+        assert names[ci] == old_names[sf.sym] + ".cold"
+        assert int(syms["size"][ci]) == sf.sizes[1] and (syms["info"][ci] & 0xF) == 2
+
+
+def test_verify_standalone(split_kernel):
+    out, _, _ = split_kernel
+    r = run_linepack("verify", out, "-q")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert re.search(r"^result:\s+OK", r.stdout, re.M)
+
+
+def _loud_append():
+    from linepack.profile.qemu import kernel_defaults
+    return " ".join(w for w in kernel_defaults()["append"].split() if w != "quiet")
+
+
+def _boot(kernel):
+    from linepack.profile.qemu import run_workload
+    return run_workload(str(kernel), "vfs-mix", loops=BOOT_LOOPS, icount=False, timeout=300,
+                        append=_loud_append())
+
+
+_TROUBLE = re.compile(r"WARNING|BUG|Oops|W\+X|Call Trace|Tainted|panic|unwind|orc|corrupt|"
+                      r"invalid opcode|general protection|jump_label", re.I)
+
+
+def _trouble(serial):
+    lines = (re.sub(r"\[\s*[\d.]+\]|0x[0-9a-f]+|\d+", "#", ln) for ln in serial.splitlines()
+             if _TROUBLE.search(ln))
+    return set(lines)
+
+
+def test_split_kernel_boots_with_stock_result(split_kernel, vmlinux):
+    out, _, _ = split_kernel
+    stock = _boot(vmlinux)
+    got = _boot(out)
+    assert got.result_line and got.result_line == stock.result_line
+    new_trouble = _trouble(got.serial) - _trouble(stock.serial)
+    assert not new_trouble, sorted(new_trouble)[:10]

@@ -1,0 +1,64 @@
+"""Symbols of a block-level layout: every split function's symbol keeps its
+name at its hot part with the hot part's size, and its cold part gets a
+``name.cold`` STT_FUNC symbol (local, sized), as gcc names its own cold parts.
+
+New local symbols must precede the globals (``sh_info`` of .symtab is the
+first non-local index), so they are inserted there and every relocation's
+symbol index at or after that point shifts by the number inserted.
+"""
+
+import numpy as np
+
+from ..image.elf import RELA, SHT_RELA, SHT_SYMTAB, SYM, STT_FUNC, STB_LOCAL
+
+
+def cold_symbols(rw, image, log=None):
+    """Patch symtab, strtab and relocation sections of ``rw`` (a BlockRewriter
+    after run()); sets ``rw.header_updates`` for the symtab's sh_info."""
+    symsec = next(s for s in image.sections if s.type == SHT_SYMTAB)
+    strsec = image.sections[symsec.link]
+    rows = np.array(image.section_bytes(symsec)).view(SYM).copy()
+    rows["value"] = rw.sym_new
+    splits = rw.block_split["splits"]
+    first_global = int(symsec.info)
+    strtab = bytearray(image.section_bytes(strsec))
+    new = np.zeros(len(splits), SYM)
+    names, _ = image.symbol_table()
+    k = 0
+    for sf in splits:
+        if not sf.sizes[1]:
+            continue
+        rows["size"][sf.sym] = sf.sizes[0]
+        new["name"][k] = len(strtab)
+        strtab += (names[sf.sym] + ".cold").encode("latin-1") + b"\0"
+        new["info"][k] = (STB_LOCAL << 4) | STT_FUNC
+        new["shndx"][k] = rows["shndx"][sf.sym]
+        new["value"][k] = sf.new_start[1]
+        new["size"][k] = sf.sizes[1]
+        k += 1
+    new = new[:k]
+    # aliases of a split function (same address) get the hot size too
+    for sf in splits:
+        same = (rows["value"] == rows["value"][sf.sym]) & ((rows["info"] & 0xF) == STT_FUNC) & \
+            (image.symtab["size"] == image.symtab["size"][sf.sym])
+        rows["size"][same] = sf.sizes[0]
+    out = np.concatenate([rows[:first_global], new, rows[first_global:]])
+    rw.patched[symsec.index] = out.view(np.uint8)
+    rw.patched[strsec.index] = np.frombuffer(bytes(strtab), np.uint8)
+    n = len(new)
+    for s in image.sections:
+        if s.type != SHT_RELA or s.link != symsec.index or not s.size:
+            continue
+        buf = rw.patched.get(s.index)
+        r = (np.array(buf) if buf is not None else np.array(image.section_bytes(s))).view(RELA).copy()
+        sym = r["info"] >> np.uint64(32)
+        typ = r["info"] & np.uint64(0xFFFFFFFF)
+        sym = np.where(sym >= np.uint64(first_global), sym + np.uint64(n), sym)
+        r["info"] = (sym << np.uint64(32)) | typ
+        rw.patched[s.index] = r.view(np.uint8)
+    rw.header_updates = {symsec.index: {"info": first_global + n}}
+    rw.sym_index_shift = (first_global, n)
+    rw.stats["cold_symbols"] = n
+    if log:
+        log(f"symbols: {n} .cold parts added, split functions sized to their hot part")
+    return n

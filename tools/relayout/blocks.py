@@ -1,0 +1,287 @@
+"""Hot/cold splitting of functions at basic-block level (the ``blocks`` strategy).
+
+Per split function: its hot blocks (run >= ``min_count`` times per workload
+iteration; the entry block always) keep their original relative order in the
+hot part, which stays at the function's symbol; the other blocks form the cold
+part ``name.cold``. Parts are made of pieces:
+
+- copied bytes (a block's instructions, bar a re-encoded last branch);
+- re-encoded branches: a direct jmp/jcc or static-key site whose target is a
+  block of the same function gets the shortest form that reaches the target;
+  a jmp to the block placed right after it disappears;
+- inserted jmps where the split broke a fall-through.
+
+Branch sizes inside a part are relaxed to a fixpoint (start short, grow what
+does not reach, repeat: sizes only grow, so it ends); a branch to the other
+part is long (the parts' distance is unknown until placement). Static-key
+sites keep their semantics (a nop stays a nop, a jmp a jmp); 2-byte sites only
+on kernels >= 5.14 (arch/x86/kernel/jump_label.c accepts nop2/jmp8 there).
+
+The hot part replaces the function's unit in the normal (pack) placement; the
+cold part is a new cold unit right after it in unit order, so the strategy
+puts it in the region's cold area after the hot text.
+"""
+
+import numpy as np
+
+from ..image import blockmap as bm
+from ..image.cfg import (R_GLUED, R_NO_COLD, R_NOINSTR, R_NOT_HOT, R_PINNED, REASONS, TERM_JCC,
+                         TERM_JMP, TERM_KEY)
+from .units import UnitTable, _func_map
+
+NOP2 = bytes.fromhex("6690")
+NOP5 = bytes.fromhex("0f1f440000")
+# piece kinds inside a part (the block map's kinds)
+COPY, BRANCH, INSERTED, REMOVED = bm.KIND_COPIED, bm.KIND_BRANCH, bm.KIND_JMP_INSERTED, \
+    bm.KIND_JMP_REMOVED
+# branch forms: (short size, long size)
+FORM_JMP, FORM_JCC, FORM_KEY_NOP, FORM_KEY_JMP = 0, 1, 2, 3
+SIZES = {FORM_JMP: (2, 5), FORM_JCC: (2, 6), FORM_KEY_NOP: (2, 5), FORM_KEY_JMP: (2, 5)}
+
+
+class Piece:
+    __slots__ = ("old", "old_len", "kind", "form", "cc", "target_block", "long", "size", "off",
+                 "block")
+
+    def __init__(self, old, old_len, kind, block, form=None, cc=0, target_block=-1):
+        self.old, self.old_len, self.kind, self.block = old, old_len, kind, block
+        self.form, self.cc, self.target_block = form, cc, target_block
+        self.long = False
+        self.size = old_len if kind == COPY else 0
+        self.off = 0
+
+
+class SplitFunction:
+    """One split function: unit index, function index, parts (lists of Pieces)."""
+
+    def __init__(self, unit, func, name, hot_blocks, cold_blocks, sym=0):
+        self.unit, self.func, self.name, self.sym = unit, func, name, sym
+        self.parts = [[], []]
+        self.blocks = (hot_blocks, cold_blocks)
+        self.sizes = [0, 0]
+        self.new_start = [0, 0]
+        self.block_part = {}
+
+
+def _cond(raw, skip):
+    """Condition code of a jcc (low nibble), from its bytes."""
+    op = raw[skip]
+    return int(raw[skip + 1] & 0xF) if op == 0x0F else int(op & 0xF)
+
+
+def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, falls=None):
+    """Pieces of both parts of one function (blocks [a, z) of ``cfg``)."""
+    a, z = cfg.blocks_of(f_unit)
+    hot = [b for b in range(a, z) if hot_mask[b]]
+    cold = [b for b in range(a, z) if not hot_mask[b]]
+    sf = SplitFunction(unit_index, f_unit, name, hot, cold, sym)
+    dis = cfg.dis
+    falls = cfg.falls_through() if falls is None else falls
+    for part, order in ((0, hot), (1, cold)):
+        for b in order:
+            sf.block_part[b] = part
+    for part, order in ((0, hot), (1, cold)):
+        pieces = sf.parts[part]
+        for k, b in enumerate(order):
+            nxt = order[k + 1] if k + 1 < len(order) else -1
+            start, end = int(cfg.start[b]), int(cfg.end[b])
+            li = int(cfg.insn_last[b])
+            t = int(cfg.term[b])
+            tb = int(cfg.target_block[b])
+            reencode = tb >= 0 and t in (TERM_JMP, TERM_JCC, TERM_KEY) and \
+                not cfg.insn_atomic[li] and (t == TERM_KEY or cfg.insn_intra[li])
+            body_end = int(dis.addr[li]) if reencode else end
+            if body_end > start:
+                pieces.append(Piece(start, body_end - start, COPY, b))
+            if reencode:
+                blen = int(dis.size[li])
+                raw = dis.raw[li]
+                skip = 0
+                while raw[skip] in (0x2E, 0x3E, 0xF2):
+                    skip += 1
+                if t == TERM_KEY:
+                    is_nop = bytes(raw[:2]) == NOP2 or bytes(raw[:5]) == NOP5
+                    form = FORM_KEY_NOP if is_nop else FORM_KEY_JMP
+                    p = Piece(body_end, blen, BRANCH, b, form, 0, tb)
+                    p.long = not short_keys
+                elif t == TERM_JMP:
+                    if tb == nxt:
+                        p = Piece(body_end, blen, REMOVED, b, target_block=tb)
+                    else:
+                        p = Piece(body_end, blen, BRANCH, b, FORM_JMP, 0, tb)
+                else:
+                    if raw[skip] == 0xE3:          # jrcxz has no long form
+                        return None
+                    p = Piece(body_end, blen, BRANCH, b, FORM_JCC, _cond(raw, skip), tb)
+                if p.kind == BRANCH and sf.block_part[tb] != part:
+                    p.long = True
+                pieces.append(p)
+                if body_end + blen < end:          # int3 padding after the branch stays
+                    pieces.append(Piece(body_end + blen, end - body_end - blen, COPY, b))
+            if falls[b] and b + 1 < z and (b + 1) != nxt:
+                p = Piece(int(cfg.start[b + 1]), 0, INSERTED, b, FORM_JMP, 0, b + 1)
+                p.long = sf.block_part[b + 1] != part
+                pieces.append(p)
+    _relax(sf)
+    return sf
+
+
+def _relax(sf):
+    """Branch sizes inside each part to a fixpoint; offsets of every piece."""
+    for part in (0, 1):
+        pieces = sf.parts[part]
+        changed = True
+        while changed:
+            changed = False
+            off = 0
+            first = {}
+            for p in pieces:
+                if p.kind in (BRANCH, INSERTED):
+                    p.size = SIZES[p.form][1 if p.long else 0]
+                elif p.kind == REMOVED:
+                    p.size = 0
+                p.off = off
+                first.setdefault(p.block, off)
+                off += p.size
+            sf.sizes[part] = off
+            for p in pieces:
+                if p.kind in (BRANCH, INSERTED) and not p.long:
+                    if sf.block_part[p.target_block] != part:
+                        p.long = changed = True
+                        continue
+                    d = first[p.target_block] - (p.off + p.size)
+                    if not -128 <= d <= 127:
+                        p.long = changed = True
+        sf.first = getattr(sf, "first", [None, None])
+        sf.first[part] = first
+
+
+def choose_splits(cfg, units, heat, block_count, min_count, functions, short_keys, cold_min=8):
+    """SplitFunction list and per-unit reason codes (REASONS) for every unit."""
+    nu = len(units)
+    reason = np.array(cfg.reason, dtype=np.int8)
+    reason = reason.copy()
+    single = np.array([len(m) == 1 for m in units.members])
+    noinstr = np.array(["noinstr" in units.regions[int(r)].name for r in units.region])
+    pinned = units.pinned.copy()
+    for i, reg in enumerate(units.regions):
+        if reg.pinned:
+            pinned |= units.region == i
+
+    def mark(mask, r):
+        sel = mask & (reason == 0)
+        reason[sel] = r
+    mark(pinned, R_PINNED)
+    mark(noinstr, R_NOINSTR)
+    mark(~single, R_GLUED)
+    mark(heat < min_count, R_NOT_HOT)
+    hot_block = block_count >= min_count
+    # the entry block of every function is hot (it stays at the symbol)
+    hot_block[cfg.func_first[cfg.func_nblocks > 0]] = True
+    splits = []
+    falls = cfg.falls_through()
+    for u in np.nonzero(reason == 0)[0].tolist():
+        a, z = cfg.blocks_of(u)
+        if z - a < 2:
+            reason[u] = R_NO_COLD
+            continue
+        cold_bytes = int((cfg.end[a:z] - cfg.start[a:z])[~hot_block[a:z]].sum())
+        if cold_bytes < cold_min:
+            reason[u] = R_NO_COLD
+            continue
+        fi = units.members[u][0][0]
+        sf = build_parts(cfg, u, u, functions.name[fi], hot_block, short_keys,
+                         int(functions.sym_index[fi]), falls)
+        if sf is None:
+            reason[u] = R_NO_COLD
+            continue
+        splits.append(sf)
+    return splits, reason
+
+
+def planning_units(units, heat, splits):
+    """A UnitTable for placement: split units shrink to their hot part; each
+    cold part is a new unit right after its parent (unit order = cold order).
+    Returns (table, heat, parent index per planning unit, part per planning unit)."""
+    by_unit = {sf.unit: sf for sf in splits}
+    st, sz, rg, nm, pn, al, ph, mem, ht, par, part = ([] for _ in range(11))
+    for i in range(len(units)):
+        sf = by_unit.get(i)
+        st.append(int(units.start[i]))
+        sz.append(sf.sizes[0] if sf else int(units.size[i]))
+        rg.append(int(units.region[i])); nm.append(units.name[i]); pn.append(bool(units.pinned[i]))
+        al.append(int(units.align[i])); ph.append(int(units.phase[i])); mem.append(units.members[i])
+        ht.append(float(heat[i])); par.append(i); part.append(0)
+        if sf:
+            st.append(int(units.start[i]) + 1)     # a sort key only: never used as an address
+            sz.append(sf.sizes[1]); rg.append(int(units.region[i]))
+            nm.append(sf.name + ".cold"); pn.append(False); al.append(1); ph.append(0)
+            mem.append([]); ht.append(0.0); par.append(i); part.append(1)
+    t = UnitTable(st, sz, rg, units.regions, nm, pn, al, ph, members=mem)
+    t.funcs = _func_map(t, len(units.funcs)) if units.funcs is not None else None
+    return t, np.array(ht), np.array(par, np.int64), np.array(part, np.int8)
+
+
+def layout_rows(splits, plan, parent, part, image):
+    """After placement: new part addresses, block map rows, part bytes.
+
+    Returns (rows, {planning unit index: bytes}, cold symbol list).
+    """
+    index = {}
+    for k in range(len(parent)):
+        index[(int(parent[k]), int(part[k]))] = k
+    old_rows = {f: [] for f in ("old", "old_len", "new", "new_len", "kind", "part", "func")}
+    out_bytes = {}
+    cold_syms = []
+    # new start of every block's first piece, per split function
+    for sf in splits:
+        for p_ in (0, 1):
+            k = index[(sf.unit, p_)]
+            sf.new_start[p_] = int(plan.new_start[k])
+    for sf in splits:
+        bstart = {}
+        for p_ in (0, 1):
+            for b, off in sf.first[p_].items():
+                bstart[b] = sf.new_start[p_] + off
+        sym = sf.sym
+        for p_ in (0, 1):
+            base = sf.new_start[p_]
+            buf = bytearray(sf.sizes[p_])
+            for p in sf.parts[p_]:
+                new = base + p.off
+                old_rows["old"].append(p.old); old_rows["old_len"].append(p.old_len)
+                old_rows["new"].append(new if p.kind != REMOVED else bstart[p.target_block])
+                old_rows["new_len"].append(p.size); old_rows["kind"].append(p.kind)
+                old_rows["part"].append(p_); old_rows["func"].append(sym)
+                if p.kind == COPY:
+                    buf[p.off:p.off + p.size] = bytes(image.read(p.old, p.old_len))
+                elif p.kind in (BRANCH, INSERTED):
+                    buf[p.off:p.off + p.size] = encode(p, new, bstart[p.target_block])
+            out_bytes[index[(sf.unit, p_)]] = bytes(buf)
+        if sf.sizes[1]:
+            cold_syms.append((sf, sf.new_start[1], sf.sizes[1]))
+    rows = bm.make_rows(**{k: np.array(v, dtype=np.uint64 if k in ("old", "new") else np.int64)
+                           for k, v in old_rows.items()})
+    return rows, out_bytes, cold_syms
+
+
+def encode(p, addr, target):
+    """Bytes of a re-encoded branch (piece ``p`` at ``addr``) to ``target``."""
+    n = p.size
+    d = target - (addr + n)
+    if p.form == FORM_KEY_NOP:
+        return NOP2 if n == 2 else NOP5
+    if p.form in (FORM_JMP, FORM_KEY_JMP):
+        if n == 2:
+            return bytes([0xEB]) + d.to_bytes(1, "little", signed=True)
+        return bytes([0xE9]) + d.to_bytes(4, "little", signed=True)
+    if n == 2:
+        return bytes([0x70 | p.cc]) + d.to_bytes(1, "little", signed=True)
+    return bytes([0x0F, 0x80 | p.cc]) + d.to_bytes(4, "little", signed=True)
+
+
+def reason_summary(reason, heat, min_count):
+    """{reason text: count} over hot units."""
+    hot = heat >= min_count
+    c = np.bincount(reason[hot], minlength=len(REASONS))
+    return {REASONS[i]: int(c[i]) for i in range(len(REASONS)) if c[i]}
