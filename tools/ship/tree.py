@@ -215,8 +215,13 @@ def debian_source(info, log=None):
     package = f"linux-source-{series}"
     root = os.path.join(targets.cache_dir(), "ship", info.release)
     dest = os.path.join(root, package)
-    if os.path.isfile(os.path.join(dest, "Makefile")):
-        return dest
+    stamp = os.path.join(dest, ".linepack-debian-version")
+    if os.path.isfile(stamp):
+        with open(stamp) as f:
+            if f.read().strip() == info.debian_version:
+                return dest
+    # Another upload of the same release (or a half-made tree): fetch again.
+    shutil.rmtree(dest, ignore_errors=True)
     versions = _apt_versions(package)
     if info.debian_version not in versions:
         have = ", ".join(versions) if versions else "none"
@@ -243,6 +248,8 @@ def debian_source(info, log=None):
         p = subprocess.run(["bash", "-o", "pipefail", "-c", sh], stderr=subprocess.PIPE, text=True)
         if p.returncode or not os.path.isdir(os.path.join(tmp, package)):
             raise ExternalToolError(f"cannot extract {package}: {p.stderr.strip()[-200:]}")
+        with open(os.path.join(tmp, package, ".linepack-debian-version"), "w") as f:
+            f.write(info.debian_version + "\n")
         os.replace(os.path.join(tmp, package), dest)
     return dest
 
