@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -243,8 +244,8 @@ def debian_source(info, log=None):
         if log:
             log(f"extracting {package} (about 1.5 GB)")
         # dpkg-deb | tar -xO the tarball | xz -d | tar -x: no copy of the tarball on disk.
-        sh = (f"dpkg-deb --fsys-tarfile {shlex_quote(deb)} | tar -xO ./usr/src/{package}.tar.xz "
-              f"| xz -dc -T0 | tar -x -C {shlex_quote(tmp)}")
+        sh = (f"dpkg-deb --fsys-tarfile {shlex.quote(deb)} | tar -xO ./usr/src/{package}.tar.xz "
+              f"| xz -dc -T0 | tar -x -C {shlex.quote(tmp)}")
         p = subprocess.run(["bash", "-o", "pipefail", "-c", sh], stderr=subprocess.PIPE, text=True)
         if p.returncode or not os.path.isdir(os.path.join(tmp, package)):
             raise ExternalToolError(f"cannot extract {package}: {p.stderr.strip()[-200:]}")
@@ -252,11 +253,6 @@ def debian_source(info, log=None):
             f.write(info.debian_version + "\n")
         os.replace(os.path.join(tmp, package), dest)
     return dest
-
-
-def shlex_quote(s):
-    import shlex
-    return shlex.quote(str(s))
 
 
 def debian_config(info, log=None):
@@ -298,7 +294,3 @@ def custom_tree(src, config, info, jobs=None, log=None):
                            + info.release.encode()).hexdigest()[:16]
     build = os.path.join(targets.cache_dir(), "ship", f"custom-{h}", "build")
     return BootTree(src, build, info.release, info.kbuild_env(), jobs=jobs, log=log), config
-
-
-def remove_tree(path):
-    shutil.rmtree(path, ignore_errors=True)
