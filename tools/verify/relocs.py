@@ -32,29 +32,29 @@ KERNEL_MAP = 0xffffffff80000000
 
 
 def relocated_fields(image):
-    """Sorted field addresses of every relocation that applies to allocated code."""
+    """Sorted field addresses (duplicates kept) of every relocation that applies to
+    allocated code."""
     sites = [r.offset[r.type != R_X86_64_NONE] for r in image.relocations.values()
              if r.target.is_code and r.target.is_alloc]
     if not sites:
         return np.zeros(0, np.uint64)
-    return np.unique(np.concatenate(sites).astype(np.uint64))
+    return np.sort(np.concatenate(sites).astype(np.uint64))
 
 
 def _has(sorted_sites, addrs):
+    if not len(sorted_sites):
+        return np.zeros(len(addrs), bool)
     i = np.searchsorted(sorted_sites, addrs)
-    ic = np.minimum(i, max(len(sorted_sites) - 1, 0))
-    return (i < len(sorted_sites)) & (sorted_sites[ic] == addrs) if len(sorted_sites) else \
-        np.zeros(len(addrs), bool)
+    ic = np.minimum(i, len(sorted_sites) - 1)
+    return (i < len(sorted_sites)) & (sorted_sites[ic] == addrs)
 
 
 def _tail(raw, size, width):
-    """Little-endian value of the last ``width`` bytes of each instruction (uint64)."""
-    rows = np.arange(len(raw))
-    pos = size.astype(np.int64) - width
-    v = np.zeros(len(raw), np.uint64)
-    for k in range(width):
-        v |= raw[rows, np.clip(pos + k, 0, raw.shape[1] - 1)].astype(np.uint64) << np.uint64(8 * k)
-    return v
+    """Little-endian value of the last ``width`` bytes of each instruction (uint64);
+    rows shorter than ``width`` get garbage and must be masked by the caller."""
+    cols = np.clip(size.astype(np.int64)[:, None] - width + np.arange(width), 0, raw.shape[1] - 1)
+    b = np.ascontiguousarray(np.take_along_axis(raw, cols, axis=1))
+    return b.view("<u4" if width == 4 else "<u8")[:, 0].astype(np.uint64)
 
 
 _LEGACY_PREFIXES = (0x66, 0x67, 0xF2, 0xF3, 0x2E, 0x3E, 0x26, 0x64, 0x65, 0x36, 0xF0)
@@ -118,23 +118,30 @@ def check_code_relocations(ctx, findings, limit=20):
             # address __START_KERNEL (= _text) as a constant, and Hyper-V MSR
             # values alias _text + small offsets.
             lo += 0x1000
-            v32 = _tail(raw, size, 4)
+            # Cheap first cut on the instruction's last byte (the address's top
+            # byte for an imm32/disp32, 0xff for an imm64), then decode the few rows.
+            rows = np.arange(len(raw))
+            last = raw[rows, np.clip(size - 1, 0, raw.shape[1] - 1)]
+            top_lo, top_hi = (lo >> 24) & 0xFF, ((hi - 1) >> 24) & 0xFF
+            movabs = (size == 10) & ((raw[:, 0] & 0xF8) == 0x48) & ((raw[:, 1] & 0xF8) == 0xB8)
+            pick = np.flatnonzero(((size >= 5) & (last >= top_lo) & (last <= top_hi)) | movabs)
+            p_raw, p_size, p_addr = raw[pick], size[pick], addr[pick]
+            v32 = _tail(p_raw, p_size, 4)
             ext = np.where(v32 >= np.uint64(1 << 31), v32 | np.uint64(0xffffffff00000000), v32)
-            op, rex = _opcode_and_rex(raw)
+            op, rex = _opcode_and_rex(p_raw)
             rex_w = (rex & 0x08) != 0
             # 32-bit operand moves zero-extend: their imm32 is a number, not an address.
             zero_ext = (((op & 0xF8) == 0xB8) | (op == 0xC7)) & ~rex_w
-            c32 = (size >= 5) & (ext >= np.uint64(lo)) & (ext < np.uint64(hi)) \
+            c32 = (p_size >= 5) & (ext >= np.uint64(lo)) & (ext < np.uint64(hi)) \
                 & ~np.isin(op, _CONSTANT_IMM_OPS) & ~zero_ext
-            # movabs $imm64, %reg: REX.W + B8+r, 10 bytes
-            op0, op1 = raw[:, 0], raw[:, 1]
-            c64 = (size == 10) & ((op0 & 0xF8) == 0x48) & ((op1 & 0xF8) == 0xB8)
-            v64 = _tail(raw, size, 8)
+            c64 = movabs[pick]
+            v64 = _tail(p_raw, p_size, 8)
             c64 &= (v64 >= np.uint64(lo)) & (v64 < np.uint64(hi))
-            field = np.concatenate([(addr + size.astype(np.uint64) - np.uint64(4))[c32 & ~c64],
-                                    (addr + np.uint64(2))[c64]])
-            value = np.concatenate([ext[c32 & ~c64], v64[c64]])
-            insn = np.concatenate([np.flatnonzero(c32 & ~c64), np.flatnonzero(c64)])
+            c32 &= ~c64
+            field = np.concatenate([(p_addr + p_size.astype(np.uint64) - np.uint64(4))[c32],
+                                    (p_addr + np.uint64(2))[c64]])
+            value = np.concatenate([ext[c32], v64[c64]])
+            insn = pick[np.concatenate([np.flatnonzero(c32), np.flatnonzero(c64)])]
             checked += len(field)
             bad = ~_has(sites, field)
             # The few unrelocated candidates are decoded in full: only a real imm32/
