@@ -85,3 +85,8 @@ def test_vmlinux_without_relocations(tmp_path):
     _one_line_exit2(run_linepack("bzimage", stripped, "-o", out), "no link relocations",
                     "Makefile.postlink")
     assert not out.exists()
+
+
+def test_output_directory_missing(tmp_path):
+    _one_line_exit2(run_linepack("bzimage", "/bin/sh", "-o", tmp_path / "no" / "bz"),
+                    "directory does not exist")

@@ -32,6 +32,11 @@ class BzImage:
             raise BadInput(f"{args.source}: no such source directory")
         if args.config and not os.path.isfile(args.config):
             raise BadInput(f"{args.config}: no such config file")
+        for out in (args.output, args.relocs):
+            if out and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+                raise BadInput(f"{out}: its directory does not exist")
+            if out and os.path.isdir(out):
+                raise BadInput(f"{out}: is a directory")
         log = (lambda m: None) if args.quiet else \
             (lambda m: print(f"bzimage: {m}", file=sys.stderr, flush=True))
         t0 = time.monotonic()
