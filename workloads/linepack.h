@@ -19,6 +19,9 @@
  *                                    when comparing runs
  *   linepack-error <name> ...        something failed; no result line follows
  *   linepack-module <file> loaded    as PID 1, for each module in linepack.order
+ *   linepack-kallsyms <addr> <type> <name>   as PID 1 with env lp_kallsyms=a,b,..:
+ *                                    those symbols' /proc/kallsyms lines (with
+ *                                    KASLR: the boot's addresses), after modules
  * When running as PID 1 the workload syncs and powers the machine off.
  */
 #ifndef LINEPACK_WORKLOAD_H
@@ -146,6 +149,44 @@ static void lp_load_modules(void)
 	fclose(order);
 }
 
+/*
+ * Print the /proc/kallsyms lines of the symbols named in env lp_kallsyms
+ * (comma-separated; module symbols too, so it runs after the modules load).
+ * As PID 1 we are root, so the addresses are real (kptr_restrict 0 or 1).
+ */
+static void lp_show_kallsyms(void)
+{
+	const char *want = getenv("lp_kallsyms");
+	char line[512];
+	FILE *f;
+
+	if (!want || !*want)
+		return;
+	mkdir("/proc", 0555);
+	mount("proc", "/proc", "proc", 0, NULL);   /* EBUSY when already mounted: fine */
+	f = fopen("/proc/kallsyms", "r");
+	if (!f) {
+		lp_fail("open /proc/kallsyms");
+		return;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char addr[32], type[4], name[256];
+		const char *p = want;
+		size_t n;
+
+		if (sscanf(line, "%31s %3s %255s", addr, type, name) != 3)
+			continue;
+		n = strlen(name);
+		for (; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+			if (strncmp(p, name, n) == 0 && (p[n] == ',' || p[n] == 0)) {
+				lp_say("linepack-kallsyms %s %s %s", addr, type, name);
+				break;
+			}
+		}
+	}
+	fclose(f);
+}
+
 /* When PID 1 in an initramfs: make sure stdout goes somewhere useful, load modules. */
 static __attribute__((unused)) void lp_init_console(void)
 {
@@ -165,6 +206,7 @@ static __attribute__((unused)) void lp_init_console(void)
 		}
 	}
 	lp_load_modules();
+	lp_show_kallsyms();
 }
 
 /*

@@ -10,7 +10,8 @@ class Boot:
     @staticmethod
     def add_arguments(p):
         p.add_argument("--kernel", required=True, metavar="VMLINUX",
-                       help="the vmlinux to boot (e.g. the path 'linepack fetch' prints)")
+                       help="the vmlinux (PVH entry) or bzImage (Linux boot protocol: the "
+                       "decompressor runs, KASLR with RDRAND entropy) to boot")
         p.add_argument("--workload", default="vfs-mix",
                        help="workload name from configs/workloads/ (default: vfs-mix)")
         p.add_argument("--loops", type=int, help="loop count (default: the workload's)")
@@ -21,6 +22,9 @@ class Boot:
         p.add_argument("--serial", metavar="FILE", help="also write the serial output to FILE")
         p.add_argument("--append", help="kernel command line instead of configs/kernel.toml's "
                        "(loops=N is added)")
+        p.add_argument("--kallsyms", metavar="NAMES", default="",
+                       help="comma-separated symbols whose /proc/kallsyms lines the guest "
+                       "prints (a bzImage's _text is always shown, with the KASLR offset)")
         p.add_argument("-v", "--verbose", action="store_true",
                        help="print the QEMU command and the whole serial output")
 
@@ -31,12 +35,18 @@ class Boot:
         from ..io import OutputSet
         if args.loops is not None and args.loops < 0:
             raise BadInput("--loops must be >= 0")
-        qemu.check_kernel_path(args.kernel)
+        bz = qemu.check_kernel_path(args.kernel) == "bzimage"
+        names = [n for n in args.kallsyms.split(",") if n]
+        if bz and "_text" not in names:
+            names.insert(0, "_text")
+        if len(",".join(names)) > 1500:
+            raise BadInput("--kallsyms: too many names for the kernel command line")
+        env = {"lp_kallsyms": ",".join(names)} if names else None
         with OutputSet(inputs=[args.kernel], outputs={"--serial": args.serial}) as outs:
             try:
                 res = qemu.run_workload(args.kernel, args.workload, loops=args.loops,
                                         icount=args.icount, timeout=args.timeout,
-                                        log=args.serial, append=args.append)
+                                        log=args.serial, append=args.append, env=env)
             except ExternalToolError:
                 outs.commit()      # a failed boot's serial log is the one worth keeping
                 raise
@@ -44,5 +54,15 @@ class Boot:
             print(" ".join(res.command), file=sys.stderr)
             sys.stderr.write(res.serial)
         print(res.result_line)
+        if names:
+            from ..ship import kaslr
+            for name, rows in sorted(kaslr.kallsyms_lines(res.serial).items()):
+                for addr, typ in rows:
+                    print(f"kallsyms {addr:016x} {typ} {name}")
+        if bz:
+            from ..ship import kaslr
+            off = kaslr.kaslr_offset(res.serial, kaslr.bzimage_link_text(args.kernel))
+            print("kaslr offset " + ("unknown (no _text in /proc/kallsyms)" if off is None
+                                     else f"{off:#x}"))
         print(f"wall {res.wall:.2f} s ({'icount' if args.icount else 'no icount'})")
         return 0

@@ -96,11 +96,17 @@ class Disassembly:
 
         Returns (index, target, kind) arrays; kind is 'rel8' or 'rel32' as 1 or 4.
         Instruction prefixes the kernel uses on branches (cs/ds segment hints,
-        bnd) are skipped. Computed once per Disassembly.
+        bnd) are skipped. Computed once per Disassembly (verify's standalone and
+        --against passes share it).
         """
-        if getattr(self, "_branch_targets", None) is None:
-            self._branch_targets = self._decode_branch_targets()
-        return self._branch_targets
+        cached = getattr(self, "_branch_targets", None)
+        if cached is not None:
+            return cached
+        found = self._decode_branch_targets()
+        for a in found:
+            a.flags.writeable = False       # shared: callers must not edit in place
+        self._branch_targets = found
+        return found
 
     def _decode_branch_targets(self):
         raw, addr, size = self.raw, self.addr, self.size.astype(np.uint64)

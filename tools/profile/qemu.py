@@ -28,6 +28,10 @@ from . import initramfs as _initramfs
 from . import workloads as _workloads
 
 QEMU = "qemu-system-x86_64"
+# A bzImage boots through the decompressor, which picks the KASLR offset from
+# RDRAND when the CPU has it (under -icount the TSC, its fallback, is the same
+# on every boot): give QEMU's default CPU model RDRAND (TCG supports it).
+KASLR_CPU = ["-cpu", "qemu64,+rdrand"]
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _TS = re.compile(r"^\[\s*\d+\.\d+\]\s*")
 
@@ -160,9 +164,12 @@ def run_kernel(kernel, initrd, append=None, memory="512", icount=True, timeout=6
     path or file object that receives the serial output. With ``check`` (default)
     a QEMU failure, a timeout or a kernel panic raises ExternalToolError.
     """
-    check_kernel_path(kernel, "kernel")
+    kind = check_kernel_path(kernel, "kernel")
     if not os.path.isfile(str(initrd)):
         raise BadInput(f"initrd {initrd} does not exist")
+    given = [str(a) for a in extra_args] + [str(a) for a in kernel_defaults()["qemu_args"]]
+    if kind == "bzimage" and "-cpu" not in given:
+        extra_args = tuple(extra_args) + tuple(KASLR_CPU)
     cmd = qemu_command(kernel, initrd, append=append, memory=memory, icount=icount, plugin=plugin,
                        plugin_args=plugin_args, extra_args=extra_args, qemu=qemu)
     if not shutil.which(cmd[0]):

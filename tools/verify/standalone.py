@@ -104,6 +104,11 @@ def verify_image(path, log=None, tables=None):
         if isinstance(table, JumpTable):
             report.static_keys = table.census(ctx, entries)[0]
     _eh_frame_checks(image, report, findings)
+    from .relocs import check_code_relocations
+    n = check_code_relocations(ctx, findings)
+    if n:
+        report.extra["relocation_fields_checked"] = n
+        log(f"relocations: {n} code fields checked against the relocation sections")
     if ctx.is_kernel and not report.tables:
         findings.append(Finding("warning", "kernel.tables", None,
                                 "kernel image without any recognised kernel table"))

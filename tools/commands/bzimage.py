@@ -1,0 +1,47 @@
+"""``linepack bzimage VMLINUX -o bzImage``: the boot image the kernel's own build makes."""
+
+import os
+import sys
+import time
+
+from ..cli import verb
+
+
+@verb("bzimage", "make the bzImage of a (rewritten) vmlinux with the kernel's own build "
+      "(relocations for KASLR included)")
+class BzImage:
+    @staticmethod
+    def add_arguments(p):
+        p.add_argument("vmlinux", help="the vmlinux (linked with --emit-relocs; relayout's output)")
+        p.add_argument("-o", "--output", required=True, metavar="BZIMAGE", help="the bzImage to write")
+        p.add_argument("--source", metavar="DIR", help="kernel source tree the vmlinux was built "
+                       "from (default for a Debian vmlinux: its linux-source package, cached)")
+        p.add_argument("--config", metavar="FILE", help="its .config (default for a Debian "
+                       "vmlinux: /boot/config-<release> of its linux-image package)")
+        p.add_argument("--relocs", metavar="FILE", help="also write the build's vmlinux.relocs")
+        p.add_argument("-j", "--jobs", type=int, help="make jobs (default: the CPU count)")
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+
+    @staticmethod
+    def run(args):
+        from ..errors import BadInput
+        from ..ship.bzimage import make_bzimage
+        if args.jobs is not None and args.jobs < 1:
+            raise BadInput("--jobs must be >= 1")
+        if args.source and not os.path.isdir(args.source):
+            raise BadInput(f"{args.source}: no such source directory")
+        if args.config and not os.path.isfile(args.config):
+            raise BadInput(f"{args.config}: no such config file")
+        for out in (args.output, args.relocs):
+            if out and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+                raise BadInput(f"{out}: its directory does not exist")
+            if out and os.path.isdir(out):
+                raise BadInput(f"{out}: is a directory")
+        log = (lambda m: None) if args.quiet else \
+            (lambda m: print(f"bzimage: {m}", file=sys.stderr, flush=True))
+        t0 = time.monotonic()
+        s = make_bzimage(args.vmlinux, args.output, source=args.source, config=args.config,
+                         relocs_out=args.relocs, jobs=args.jobs, log=log)
+        print(f"{s['bzimage']}: bzImage of {s['release']}, {s['size']:,} bytes "
+              f"({time.monotonic() - t0:.1f} s{', tree prepared' if s['prepared_now'] else ''})")
+        return 0

@@ -1,0 +1,49 @@
+"""KASLR seen from inside a booted guest: the workload's /init prints the
+/proc/kallsyms lines it was asked for (env ``lp_kallsyms``), and the offset is
+where ``_text`` landed minus where the image was linked.
+
+The link address comes from the bzImage itself: its setup header's
+``pref_address`` is the physical load address the kernel was linked for
+(LOAD_PHYSICAL_ADDR), and x86-64 maps it at ``__START_KERNEL_map + pref_address``.
+"""
+
+import re
+import struct
+
+from ..errors import BadInput
+
+START_KERNEL_MAP = 0xffffffff80000000
+_KALLSYMS_LINE = re.compile(r"linepack-kallsyms ([0-9a-f]+) (\w) (\S+)")
+
+
+def bzimage_link_text(path):
+    """Virtual address ``_text`` was linked at, from a bzImage's setup header."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(0x268)
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read: {e.strerror}") from None
+    if len(head) < 0x260 or head[0x202:0x206] != b"HdrS":
+        raise BadInput(f"{path}: not a bzImage (no 'HdrS' setup header)")
+    version = struct.unpack_from("<H", head, 0x206)[0]
+    if version < 0x20a:
+        raise BadInput(f"{path}: boot protocol {version >> 8}.{version & 0xff} has no "
+                       "pref_address (needs 2.10)")
+    return START_KERNEL_MAP + struct.unpack_from("<Q", head, 0x258)[0]
+
+
+def kallsyms_lines(serial):
+    """{name: [(address, type), ...]} of the guest's ``linepack-kallsyms`` lines."""
+    out = {}
+    for m in _KALLSYMS_LINE.finditer(serial):
+        out.setdefault(m.group(3), []).append((int(m.group(1), 16), m.group(2)))
+    return out
+
+
+def kaslr_offset(serial, link_text):
+    """The boot's KASLR offset (guest ``_text`` - link-time ``_text``), or None when
+    the guest printed no ``_text`` line (or zeros: kallsyms hidden)."""
+    got = kallsyms_lines(serial).get("_text")
+    if not got or got[0][0] == 0:
+        return None
+    return got[0][0] - link_text
