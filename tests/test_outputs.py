@@ -67,6 +67,7 @@ VERBS = {
     "evaluate-program": (["evaluate", "--program", "{hl}"], "hl",
                          {"--json": "ev.json", "--csv": "ev.csv"}),
     "boot": (["boot", "--kernel", "{hl}"], "hl", {"--serial": "serial.log"}),
+    "bzimage": (["bzimage", "{hl}"], "hl", {"-o": "bz", "--relocs": "vmlinux.relocs"}),
 }
 CASES = ["input", "other-output", "device", "missing-parent", "parent-is-file", "directory"]
 

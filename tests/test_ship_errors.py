@@ -89,4 +89,4 @@ def test_vmlinux_without_relocations(tmp_path):
 
 def test_output_directory_missing(tmp_path):
     _one_line_exit2(run_linepack("bzimage", "/bin/sh", "-o", tmp_path / "no" / "bz"),
-                    "directory does not exist")
+                    "does not exist")

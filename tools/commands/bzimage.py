@@ -25,6 +25,7 @@ class BzImage:
     @staticmethod
     def run(args):
         from ..errors import BadInput
+        from ..io import OutputSet
         from ..ship.bzimage import make_bzimage
         if args.jobs is not None and args.jobs < 1:
             raise BadInput("--jobs must be >= 1")
@@ -32,16 +33,14 @@ class BzImage:
             raise BadInput(f"{args.source}: no such source directory")
         if args.config and not os.path.isfile(args.config):
             raise BadInput(f"{args.config}: no such config file")
-        for out in (args.output, args.relocs):
-            if out and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
-                raise BadInput(f"{out}: its directory does not exist")
-            if out and os.path.isdir(out):
-                raise BadInput(f"{out}: is a directory")
         log = (lambda m: None) if args.quiet else \
             (lambda m: print(f"bzimage: {m}", file=sys.stderr, flush=True))
         t0 = time.monotonic()
-        s = make_bzimage(args.vmlinux, args.output, source=args.source, config=args.config,
-                         relocs_out=args.relocs, jobs=args.jobs, log=log)
+        # outputs checked before the (long) build; both appear together or not at all
+        with OutputSet(inputs=[args.vmlinux, args.config],
+                       outputs={"-o": args.output, "--relocs": args.relocs}):
+            s = make_bzimage(args.vmlinux, args.output, source=args.source, config=args.config,
+                             relocs_out=args.relocs, jobs=args.jobs, log=log)
         print(f"{s['bzimage']}: bzImage of {s['release']}, {s['size']:,} bytes "
               f"({time.monotonic() - t0:.1f} s{', tree prepared' if s['prepared_now'] else ''})")
         return 0
