@@ -394,7 +394,10 @@ class KernelTable:
         piece = ctx.code_piece
         # allowed: the function's own gcc-split part (foo.cold), and shared
         # fixup code outside functions (bad_get_user, .Lcopy_user_handle_tail)
-        own_part = np.array([i >= 0 and j >= 0 and ft.name[j].startswith(ft.name[i] + ".")
+        # either way round: after a block-level split the site may sit in the cold
+        # part and its fixup in the hot one
+        own_part = np.array([i >= 0 and j >= 0 and (ft.name[j].startswith(ft.name[i] + ".") or
+                                                     ft.name[i].startswith(ft.name[j] + "."))
                              for i, j in zip(fa.tolist(), fb.tolist())], dtype=bool)
         bad = ((fb >= 0) & (fa != fb) & ~own_part) | ((fa < 0) & (fb < 0) & (piece(a) != piece(b)))
         self.report(findings, "error", f"{self.name}.{what}-same-code", a[bad],
