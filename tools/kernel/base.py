@@ -91,7 +91,8 @@ class ImageContext:
 
     @property
     def coverage(self):
-        """The partition of every executable byte (linepack.image.coverage)."""
+        """The partition of every executable byte (linepack.image.coverage);
+        computed before ``disasm``, which merges its instructions."""
         if getattr(self, "_coverage", None) is None:
             from ..image.coverage import CodeCoverage
             self._coverage = CodeCoverage(self.image, self.functions, self.function_disasm)
@@ -104,6 +105,8 @@ class ImageContext:
         if self._disasm is None:
             from ..image.coverage import merge
             self._disasm = merge(self.function_disasm, self.coverage.extra)
+            # the merged arrays hold every function instruction: keep one copy
+            self._function_disasm = None
         return self._disasm
 
     def in_code(self, addrs):
@@ -202,6 +205,17 @@ def rename_fields(arr, mapping):
 def rel32_targets(base, values):
     """Addresses encoded as s32 relative to each field's own address."""
     return (np.asarray(base, dtype=np.int64) + np.asarray(values, dtype=np.int64)).astype(np.uint64)
+
+
+def _rela_rows(ctx, sec):
+    """The RELA records that apply to section sec (a numpy view), or None."""
+    if sec is None:
+        return None
+    from ..image.elf import RELA, SHT_RELA
+    for s in ctx.image.sections:
+        if s.type == SHT_RELA and s.info == sec.index and s.size:
+            return ctx.image.section_bytes(s).view(RELA)
+    return None
 
 
 # relocation type -> (field width, PC-relative)
@@ -303,23 +317,22 @@ class KernelTable:
         lo = int(entries["entry"].min())
         hi = int(entries["entry"].max()) + size
         sec = ctx.image.section_at(lo)
-        rel = ctx.image.relocations.get(sec.name) if sec is not None else None
-        if rel is None or not len(rel):
+        rows = _rela_rows(ctx, sec)
+        if rows is None or not len(rows):
             return
-        sel = np.nonzero((rel.offset >= np.uint64(lo)) & (rel.offset < np.uint64(hi)) & (rel.sym != 0))[0]
-        if not len(sel):
-            return
+        # only this section's RELA rows (image.relocations would decode every
+        # relocation section, DWARF's included)
+        rows = rows[(rows["offset"] >= np.uint64(lo)) & (rows["offset"] < np.uint64(hi))]
         sy = ctx.image.symtab
         bad = []
-        for k in sel.tolist():
-            rtype = int(rel.type[k])
+        for off, info, addend in zip(rows["offset"].tolist(), rows["info"].tolist(), rows["addend"].tolist()):
+            sym, rtype = info >> 32, info & 0xFFFFFFFF
             field = _RELOC_FIELD.get(rtype)
-            if field is None:
+            if field is None or sym == 0:
                 continue
             width, pcrel = field
-            off = int(rel.offset[k])
             val = int.from_bytes(bytes(ctx.image.read(off, width)), "little")
-            want = int(sy["value"][rel.sym[k]]) + int(rel.addend[k]) - (off if pcrel else 0)
+            want = int(sy["value"][sym]) + addend - (off if pcrel else 0)
             if val != want & ((1 << (8 * width)) - 1):
                 bad.append(off)
         self.report(findings, "error", f"{self.name}.relocation", bad,
