@@ -239,7 +239,7 @@ class Layouts:
         self.log(f"rewriting {os.path.basename(self.base)} with {spec} (cached as {out})")
         summary, plan, _ = relayout(self.base, out, strategies.get(spec), hotness=self.hotness,
                                     calls=self.calls, profile_build_id=self.profile_build_id,
-                                    log=self.log, blocks=self.blocks)
+                                    log=self.log, blocks=self.blocks, debug="strip")
         pm = PlanMap.from_plan(plan)
         pm.save(os.path.join(self.dir, key + ".plan.npz"))
         with open(os.path.join(self.dir, key + ".json"), "w") as f:

@@ -29,7 +29,9 @@ def write_image(image, out_path, patched=None, drop=(), entry=None):
     drop = set(drop)
     secs = image.sections
     for idx, buf in patched.items():
-        if len(buf) != secs[idx].size:
+        # Allocated sections keep their size (the loader's view is fixed);
+        # non-allocated ones (debug info) may be re-encoded to another size.
+        if len(buf) != secs[idx].size and secs[idx].flags & SHF_ALLOC:
             raise ValueError(f"patched section {secs[idx].name} changed size")
     # Everything up to the end of the allocated content is kept in place.
     fixed_end = int(image.ehdr["phoff"]) + len(image.phdrs) * 56
@@ -55,7 +57,8 @@ def write_image(image, out_path, patched=None, drop=(), entry=None):
             data = image.section_bytes(s)
         pieces.append((pos, data))
         shdrs[s.index]["offset"] = pos
-        pos += s.size
+        shdrs[s.index]["size"] = len(data)
+        pos += len(data)
     for s in secs[1:]:
         if s.index in drop and (s.flags & SHF_ALLOC):
             raise ValueError(f"cannot drop allocated section {s.name}")

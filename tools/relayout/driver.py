@@ -104,8 +104,11 @@ def check_profile(image, functions, hotness, build_id):
 
 
 def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), profile_build_id=None,
-             log=None, drop_debug=True, layout_map=None, system_map=None, blocks=None):
+             log=None, debug="rewrite", layout_map=None, system_map=None, blocks=None):
+    """``debug``: "rewrite" the DWARF for the new layout (default) or "strip" it."""
     log = log or (lambda m: None)
+    if debug not in ("rewrite", "strip"):
+        raise ValueError(f"debug={debug!r}: expected 'rewrite' or 'strip'")
     if os.path.exists(out_path) and os.path.samefile(image_path, out_path):
         raise BadInput(f"{out_path}: output is the input; linepack never modifies its input")
     strat = strategies.get(strategy) if not hasattr(strategy, "layout") else strategy
@@ -138,12 +141,17 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     update_eh_frame(rw, log)
     idx, symtab = rw.symtab_bytes()
     rw.patched[idx] = symtab
-    drop = []
-    if drop_debug:
-        drop = [s.index for s in image.sections if not s.is_alloc and
+    drop, dwarf_stats = [], {}
+    is_debug = [s.index for s in image.sections if not s.is_alloc and
                 (s.name.startswith(".debug_") or s.name.startswith(".rela.debug_"))]
-        if drop:
-            log(f"dropping DWARF ({len(drop)} .debug_* sections): it would describe old addresses")
+    if debug == "strip" and is_debug:
+        drop = is_debug
+        log(f"dropping DWARF ({len(drop)} .debug_* sections), as asked")
+    elif is_debug:
+        from ..dwarf.rewrite import rewrite_dwarf
+        log("rewriting DWARF for the new layout")
+        dw_patched, drop, dwarf_stats = rewrite_dwarf(image, rw.amap, log)
+        rw.patched.update(dw_patched)
     log(f"writing {out_path}")
     write_image(image, out_path, rw.patched, drop=drop, entry=rw.new_entry())
     summary = plan.summary()
@@ -154,7 +162,9 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         summary.update(block_line_metric(plan, blocks, min_count=1.0))
     summary["padding_bytes"] = int(_padding(plan))
     summary["text_growth_bytes"] = int(_growth(plan))
-    summary["dwarf"] = "dropped" if drop else "kept"
+    summary["dwarf"] = ("dropped" if debug == "strip" and is_debug else
+                        "rewritten" if is_debug else "none")
+    summary.update(dwarf_stats)
     summary["problems"] = [{"kind": k, "address": f"{a:#x}", "message": m}
                            for k, a, m in rw.problems]
     if layout_map:

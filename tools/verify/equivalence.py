@@ -26,6 +26,7 @@ from ..errors import BadInput, LinepackError
 from ..image.elf import ElfImage, STT_SECTION
 from ..kernel import TABLES
 from ..kernel.base import Finding, ImageContext
+from .debuginfo import check_debuginfo
 
 MAX_REPORT = 20
 KERNEL_MAP = 0xFFFFFFFF80000000      # x86-64 __START_KERNEL_map
@@ -345,6 +346,7 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     _check_tables(octx, nctx, amap, findings, counter)
     _check_eh_frame(old, new, amap, octx, findings, counter)
     _check_symbols(old, new, octx, amap, findings, counter)
+    check_debuginfo(old, new, amap, findings, counter, report, log)
     if layout_map:
         _check_layout_map(layout_map, of, nf, oi, ni, findings, counter, report)
     report.extra["equivalence_moved_functions"] = moved
