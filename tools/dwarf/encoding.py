@@ -3,6 +3,7 @@
 import struct
 
 DW_AT_low_pc, DW_AT_high_pc, DW_AT_ranges, DW_AT_identifier_case = 0x11, 0x12, 0x55, 0x42
+DW_AT_entry_pc = 0x52
 DW_FORM_addr, DW_FORM_data4, DW_FORM_data8, DW_FORM_sec_offset = 0x01, 0x06, 0x07, 0x17
 DW_FORM_implicit_const, DW_FORM_indirect = 0x21, 0x16
 DW_UT_compile, DW_UT_partial = 1, 3
@@ -252,8 +253,8 @@ def read_ranges(b, off, base, asz=8):
 
 
 def walk_dies(b, un, table):
-    """Yield (DIE offset, tag, {attr: (form, value position, value end)}) for
-    every DIE of a unit, in order."""
+    """Yield (DIE offset, tag, {attr: (form, value position, value end)}, code)
+    for every DIE of a unit, in order."""
     p = un.die
     while p < un.end:
         off = p
@@ -272,7 +273,7 @@ def walk_dies(b, un, table):
             e = skip_form(b, q, f, un.asz, un.osz, un.version)
             attrs[at] = (f, q, e)
             p = e
-        yield off, ab[0], attrs
+        yield off, ab[0], attrs, code
 
 
 def die_ranges(b, un, attrs, base, rnglists=None, ranges=None):

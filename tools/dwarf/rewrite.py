@@ -43,14 +43,16 @@ DW_AT_GNU_locviews = 0x2137
 
 
 class Segments:
-    """The address map as sorted disjoint segments, identity outside the
-    rewritten extents; addresses in none of them (dropped padding) are unmapped."""
+    """The address map as sorted disjoint segments: its pieces, and identity
+    outside the pieces and the rewritten extents; addresses in none of them
+    (dropped padding) are unmapped."""
 
     def __init__(self, amap):
         old = [int(x) for x in amap.old_start]
         end = [int(x) for x in amap.old_end]
         new = [int(x) for x in amap.new_start]
-        ext = sorted(zip(amap.ext_lo.tolist(), amap.ext_hi.tolist()))
+        # identity wherever neither a rewritten extent nor a piece is
+        ext = sorted(list(zip(amap.ext_lo.tolist(), amap.ext_hi.tolist())) + list(zip(old, end)))
         pos = 0
         for lo, hi in ext + [(1 << 64, 1 << 64)]:
             if lo > pos:
@@ -195,7 +197,7 @@ class DwarfRewrite:
         shndx = self._sym_section(rel)
         m = (rel.type == R_X86_64_32) & (shndx == s.index)
         pos = np.sort(rel.offset[m].astype(np.int64))
-        buf = self.buf[".debug_info"]
+        buf = np.frombuffer(self.orig[".debug_info"], np.uint8)
         val = np.zeros(len(pos), np.int64)
         for k in range(4):
             val |= buf[pos + k].astype(np.int64) << (8 * k)
@@ -231,16 +233,19 @@ class DwarfRewrite:
             if un.abbrev_off not in tables:
                 tables[un.abbrev_off] = enc.parse_abbrevs(abbrev, un.abbrev_off)[0]
         converted, relisted, kept = [], 0, 0
-        self.cu_new_ranges = []
+        self.cu_new_ranges, self.cu_old_ranges, self.abbrev_mods = [], [], {}
+        self.done_fields = set()      # .debug_info fields already pointing at a new list
         for ui, un in enumerate(self.units):
             if un.unit_type not in (enc.DW_UT_compile, enc.DW_UT_partial):
                 self.cu_new_ranges.append(None)
+                self.cu_old_ranges.append(None)
                 continue
             code, attrs = enc.top_die_attrs(info, un, tables)
             a = {at: (f, p, e) for at, f, p, e in attrs}
             base = enc.u(info, a[enc.DW_AT_low_pc][1], un.asz) if enc.DW_AT_low_pc in a and \
                 a[enc.DW_AT_low_pc][0] == enc.DW_FORM_addr else 0
             old = self._unit_ranges(un, a, base)
+            self.cu_old_ranges.append(old)
             if old is None:
                 self.cu_new_ranges.append(None)
                 continue
@@ -248,8 +253,12 @@ class DwarfRewrite:
             self.cu_new_ranges.append(new)
             if enc.DW_AT_ranges in a:
                 f, p, e = a[enc.DW_AT_ranges]
-                if new != merge_ranges(old):
+                # in place, each entry keeps its length from its translated start
+                # (the relocated start moved): right only if no entry was cut
+                if any(self.seg.ranges(lo, hi) != [(self.seg.map(lo), self.seg.map(lo) + hi - lo)]
+                       for lo, hi in old if hi > lo):
                     self._put(".debug_info", p, self._append_ranges(un, new), 4)
+                    self.done_fields.add(p)
                     relisted += 1
                 else:
                     kept += 1
@@ -259,12 +268,15 @@ class DwarfRewrite:
                 if len(new) == 1 and nlo == new[0][0]:
                     kept += 1          # one piece: low_pc patched, the length holds
                     continue
-                if self._convert_unit(un, code, tables[un.abbrev_off], a, new):
+                if self._convert_unit(ui, un, code, tables[un.abbrev_off], a, new):
                     converted.append(ui)
         self.stats["dwarf_units_relisted"] = relisted
         self.stats["dwarf_units_converted_to_ranges"] = len(converted)
         self.stats["dwarf_units_kept"] = kept
-        self.rebase_lists(converted)
+        walked = self.split_dies(tables)
+        self.finish_abbrevs(tables)
+        # lists of these units: relative to a base that moved, or cut: re-encoded
+        self.rebase_lists(sorted(set(converted) | set(walked)))
 
     def _unit_ranges(self, un, a, base):
         info = self.orig[".debug_info"]
@@ -369,39 +381,137 @@ class DwarfRewrite:
             t += bytes(16)
         return off
 
-    def _convert_unit(self, un, code, table, a, new):
-        """low_pc/high_pc -> low_pc 0 + DW_AT_ranges, through an appended copy of
-        the unit's abbreviation table (no DIE changes size)."""
+    def _ranges_attrs(self, attrs, size, keep_low):
+        """An abbreviation's attributes with high_pc (``size`` bytes) replaced by
+        DW_AT_ranges + 4 bytes of filler when needed; low_pc kept (a unit's base)
+        or renamed entry_pc (a DIE's entry: the translated start of its code)."""
+        out = []
+        for at, form, ic in attrs:
+            if at == enc.DW_AT_high_pc:
+                out.append((enc.DW_AT_ranges, enc.DW_FORM_sec_offset, None))
+                if size == 8:
+                    out.append((enc.DW_AT_identifier_case, enc.DW_FORM_data4, None))
+            elif at == enc.DW_AT_low_pc and not keep_low:
+                out.append((enc.DW_AT_entry_pc, form, ic))
+            else:
+                out.append((at, form, ic))
+        return out
+
+    @staticmethod
+    def _convertible(un, a):
+        if enc.DW_AT_high_pc not in a or enc.DW_AT_low_pc not in a:
+            return False
         f, p, e = a[enc.DW_AT_high_pc]
-        size = e - p
-        if un.osz != 4 or size not in (4, 8) or a[enc.DW_AT_low_pc][0] != enc.DW_FORM_addr:
+        return (un.osz == 4 and e - p in (4, 8) and a[enc.DW_AT_low_pc][0] == enc.DW_FORM_addr
+                and not (e - p == 8 and enc.DW_AT_identifier_case in a)
+                and enc.DW_AT_entry_pc not in a and enc.DW_AT_ranges not in a)
+
+    def _write_ranges_attr(self, un, a, new, low_value=None):
+        f, p, e = a[enc.DW_AT_high_pc]
+        self.done_fields.add(p)
+        self._put(".debug_info", p, self._append_ranges(un, new), 4)
+        if e - p == 8:
+            self._put(".debug_info", p + 4, 0, 4)       # DW_ID_case_sensitive
+        if low_value is not None:
+            self._put(".debug_info", a[enc.DW_AT_low_pc][1], low_value, un.asz)
+
+    def _convert_unit(self, ui, un, code, table, a, new):
+        """The unit DIE: low_pc/high_pc -> low_pc 0 (base: lists absolute) + DW_AT_ranges,
+        through a copy of the unit's abbreviation table (no DIE changes size)."""
+        if not self._convertible(un, a):
             self.stats["dwarf_units_not_convertible"] = \
                 self.stats.get("dwarf_units_not_convertible", 0) + 1
             return False
-        if enc.DW_AT_identifier_case in a and size == 8:
-            return False
+        size = a[enc.DW_AT_high_pc][2] - a[enc.DW_AT_high_pc][1]
         tag, children, attrs = table[code]
-        nattrs = []
-        for at, form, ic in attrs:
-            if at == enc.DW_AT_high_pc:
-                nattrs.append((enc.DW_AT_ranges, enc.DW_FORM_sec_offset, None))
-                if size == 8:
-                    nattrs.append((enc.DW_AT_identifier_case, enc.DW_FORM_data4, None))
-            else:
-                nattrs.append((at, form, ic))
-        ntable = dict(table)
-        ntable[code] = (tag, children, nattrs)
-        t = self._tail(".debug_abbrev")
-        aoff = len(self.orig[".debug_abbrev"]) + len(t)
-        t += enc.encode_abbrevs(ntable)
-        self._put(".debug_info", un.abbrev_field, aoff, un.osz)
-        roff = self._append_ranges(un, new)
-        self._put(".debug_info", p, roff, 4)
-        if size == 8:
-            self._put(".debug_info", p + 4, 0, 4)       # DW_ID_case_sensitive
-        lp = a[enc.DW_AT_low_pc][1]
-        self._put(".debug_info", lp, 0, un.asz)         # base address 0: lists absolute
+        self.abbrev_mods.setdefault(ui, {})[code] = (tag, children,
+                                                     self._ranges_attrs(attrs, size, True))
+        self._write_ranges_attr(un, a, new, low_value=0)
         return True
+
+    def _cuts(self):
+        """Old addresses where the map is discontinuous (a piece boundary whose two
+        sides do not stay adjacent), sorted."""
+        cuts = []
+        o, e, n = self.seg.old, self.seg.end, self.seg.new
+        for k in range(len(o)):
+            if k + 1 < len(o) and e[k] == o[k + 1] and n[k] + e[k] - o[k] == n[k + 1]:
+                continue
+            cuts.append(e[k])
+            if k == 0 or e[k - 1] != o[k]:
+                cuts.append(o[k])
+        return sorted(set(cuts))
+
+    def split_dies(self, tables):
+        """DIEs (subprograms, lexical blocks, inlined subroutines) with low/high pc
+        whose code now lies in several ranges: their abbreviation (in the unit's
+        copy) gets DW_AT_ranges, and every DIE using it a list. Only units holding
+        a function with a cut inside are walked (none for whole-function moves)."""
+        cuts = self._cuts()
+        from ..image.functions import FunctionTable
+        ft = FunctionTable(self.image)
+        split = []
+        for s0, n in zip(ft.start.tolist(), ft.size.tolist()):
+            k = bisect.bisect_right(cuts, s0)
+            if k < len(cuts) and cuts[k] < s0 + n:
+                split.append((s0, s0 + n))
+        self.stats["dwarf_split_functions"] = len(split)
+        if not split:
+            return []
+        split.sort()
+        starts = [s for s, _ in split]
+        walked = []
+        info = self.orig[".debug_info"]
+        dies = 0
+        for ui, un in enumerate(self.units):
+            old = self.cu_old_ranges[ui]
+            if not old or not any(self._overlaps(starts, split, lo, hi) for lo, hi in old):
+                continue
+            walked.append(ui)
+            table = tables[un.abbrev_off]
+            todo = []
+            codes = set()
+            for off, tag, a, code in enc.walk_dies(info, un, table):
+                if off == un.die or not self._convertible(un, a):
+                    continue
+                lo = enc.u(info, a[enc.DW_AT_low_pc][1], un.asz)
+                f, p, e = a[enc.DW_AT_high_pc]
+                hv = enc.u(info, p, e - p)
+                hi = hv if f == enc.DW_FORM_addr else lo + hv
+                todo.append((a, code, lo, hi))
+                k = bisect.bisect_right(cuts, lo)
+                if k < len(cuts) and cuts[k] < hi:
+                    codes.add(code)
+            mods = self.abbrev_mods.setdefault(ui, {})
+            for code in codes:
+                tag, children, attrs = table[code]
+                size = next(e - p for (a, cd, _, _) in todo if cd == code
+                            for f, p, e in [a[enc.DW_AT_high_pc]])
+                mods[code] = (tag, children, self._ranges_attrs(attrs, size, False))
+            for a, code, lo, hi in todo:
+                if code in codes:
+                    self._write_ranges_attr(un, a, self.seg.ranges(lo, hi))
+                    dies += 1
+        self.stats["dwarf_dies_converted_to_ranges"] = dies
+        return walked
+
+    @staticmethod
+    def _overlaps(starts, spans, lo, hi):
+        """Does [lo, hi) meet one of the sorted disjoint ``spans``?"""
+        k = bisect.bisect_left(starts, hi)
+        return k > 0 and spans[k - 1][1] > lo
+
+    def finish_abbrevs(self, tables):
+        for ui, mods in sorted(self.abbrev_mods.items()):
+            if not mods:
+                continue
+            un = self.units[ui]
+            ntable = dict(tables[un.abbrev_off])
+            ntable.update(mods)
+            t = self._tail(".debug_abbrev")
+            aoff = len(self.orig[".debug_abbrev"]) + len(t)
+            t += enc.encode_abbrevs(ntable)
+            self._put(".debug_info", un.abbrev_field, aoff, un.osz)
 
     def rebase_lists(self, converted):
         """Re-encode, with absolute entries, every range/location list referenced
@@ -434,7 +544,7 @@ class DwarfRewrite:
                         views.add(p + 4)
             by_off = {self.units[i].off: self.units[i] for i in converted}
             for p, v, ub in zip(pos.tolist(), val.tolist(), uo.tolist()):
-                if p in views:
+                if p in views or p in self.done_fields:
                     continue
                 un = by_off[ub]
                 base = bases[ub]

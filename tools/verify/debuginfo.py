@@ -117,7 +117,7 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
         j = np.searchsorted(fs, ro.addr, side="right").astype(np.int64) - 1
         in_code = (j >= 0) & (ro.addr < fe[np.maximum(j, 0)])
         live = np.nonzero(((ro.flags & 1) == 0) & in_code)[0]
-        mapped = np.asarray(amap.map(ro.addr[live]), np.uint64)
+        mapped = np.asarray(_map(amap, ro.addr[live]), np.uint64)
         moved = live[mapped != ro.addr[live]]
         still = live[mapped == ro.addr[live]]
         pick = moved if len(moved) <= rows_sample else rng.choice(moved, rows_sample, replace=False)
@@ -125,7 +125,7 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
             extra = min(len(still), rows_sample - len(pick), max(rows_sample // 10, 1))
             pick = np.concatenate([pick, rng.choice(still, extra, replace=False)])
         pick = np.sort(pick)
-        want = _row_keys(_Sub(ro, pick), np.asarray(amap.map(ro.addr[pick]), np.uint64))
+        want = _row_keys(_Sub(ro, pick), np.asarray(_map(amap, ro.addr[pick]), np.uint64))
         nl = np.nonzero((rn.flags & 1) == 0)[0]
         have = _row_keys(_Sub(rn, nl), rn.addr[nl])
         ok = np.isin(want, have)
@@ -135,7 +135,7 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
             problems["debuginfo.line-row"].append(
                 (int(ro.addr[r]), f"line row {int(ro.file[r])}:{int(ro.line[r])}:"
                  f"{int(ro.column[r])} of unit {int(ro.unit[r])} is not at the translated "
-                 f"address {int(amap.map(np.array([ro.addr[r]], np.uint64))[0]):#x}"))
+                 f"address {int(_map(amap, np.array([ro.addr[r]], np.uint64))[0]):#x}"))
     report.extra["debuginfo_line_rows_checked"] = checked_rows
 
     # 2. units and subprograms
@@ -176,7 +176,7 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
             continue
         odies = enc.walk_dies(oi, a, otabs[a.abbrev_off])
         ndies = enc.walk_dies(ni, b, ntabs[b.abbrev_off])
-        for (ooff, otag, oat2), (noff, ntag, nat2) in zip(odies, ndies):
+        for (ooff, otag, oat2, _), (noff, ntag, nat2, _) in zip(odies, ndies):
             if otag != DW_TAG_subprogram:
                 continue
             so = enc.die_ranges(oi, a, oat2, obase, *olists)
@@ -201,6 +201,12 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
         _add(findings, "error", check, items, lambda it: it, counter)
     log(f"debug info: {checked_rows} line rows, {len(cus)} units, {subprograms} subprograms "
         f"checked; {sum(len(v) for v in problems.values())} problems")
+
+
+def _map(amap, addrs):
+    """New addresses from the verifier's map (an array) or an AddressMap ((new, ok))."""
+    r = amap.map(np.asarray(addrs, np.uint64))
+    return np.asarray(r[0] if isinstance(r, tuple) else r, np.uint64)
 
 
 class _Sub:
