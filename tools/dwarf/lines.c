@@ -100,6 +100,9 @@ static void emit_row(out_t *o, emit_t *e, const row_t *r, uint64_t addr) {
         put(o, 0); put_uleb(o, 1 + e->addr_size); put(o, 2);
         for (int i = 0; i < e->addr_size; i++) put(o, (addr >> (8 * i)) & 0xff);
         e->st.addr = addr; e->open = 1; e->sequences++;
+        /* binutils (2.40) starts a DWARF 5 sequence with file 0's name although
+         * the register is 1: always name the file explicitly */
+        e->st.file = ~(uint64_t)0;
     }
     if (r->file != e->st.file) { put(o, 4); put_uleb(o, r->file); e->st.file = r->file; }
     if (r->column != e->st.column) { put(o, 5); put_uleb(o, r->column); e->st.column = r->column; }

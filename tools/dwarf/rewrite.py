@@ -523,7 +523,7 @@ class DwarfRewrite:
         bases = {}
         for i in converted:
             bases[self.units[i].off] = self._old_base(self.units[i])
-        relisted = 0
+        relisted = unreadable = 0
         for name in LIST_SECTIONS:
             if name not in self.orig:
                 continue
@@ -549,19 +549,28 @@ class DwarfRewrite:
                 un = by_off[ub]
                 base = bases[ub]
                 v5 = un.version >= 5
-                if not is_loc:
-                    old = (self._read_rnglist(v, base) if v5 else
-                           self._read_ranges(v, base, un.asz))
-                    new = merge_ranges(r for lo, hi in old for r in self.seg.ranges(lo, hi))
-                    self._put(".debug_info", p, self._append_ranges(un, new), 4)
-                else:
-                    vp = p + 4 if (p + 4) in views else None
-                    noff, voff = self._append_loclist(un, v, base, vp)
-                    self._put(".debug_info", p, noff, 4)
-                    if vp is not None:
-                        self._put(".debug_info", vp, voff, 4)
+                try:
+                    self._relist(un, p, v, base, v5, is_loc, views)
+                except (ValueError, IndexError):
+                    unreadable += 1     # kept as it is (and counted)
+                    continue
                 relisted += 1
         self.stats["dwarf_lists_reencoded"] = relisted
+        if unreadable:
+            self.stats["dwarf_lists_unreadable"] = unreadable
+
+    def _relist(self, un, p, v, base, v5, is_loc, views):
+        """Append list ``v`` (referenced from field ``p``) re-encoded; repoint ``p``."""
+        if not is_loc:
+            old = self._read_rnglist(v, base) if v5 else self._read_ranges(v, base, un.asz)
+            new = merge_ranges(r for lo, hi in old for r in self.seg.ranges(lo, hi))
+            self._put(".debug_info", p, self._append_ranges(un, new), 4)
+            return
+        vp = p + 4 if (p + 4) in views else None
+        noff, voff = self._append_loclist(un, v, base, vp)
+        self._put(".debug_info", p, noff, 4)
+        if vp is not None:
+            self._put(".debug_info", vp, voff, 4)
 
     def _old_base(self, un):
         info = self.orig[".debug_info"]

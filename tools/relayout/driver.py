@@ -150,7 +150,11 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     elif is_debug:
         from ..dwarf.rewrite import rewrite_dwarf
         log("rewriting DWARF for the new layout")
-        dw_patched, drop, dwarf_stats = rewrite_dwarf(image, rw.amap, log)
+        try:
+            dw_patched, drop, dwarf_stats = rewrite_dwarf(image, rw.amap, log)
+        except (ValueError, IndexError, KeyError) as e:
+            raise BadInput(f"{image_path}: cannot rewrite its DWARF ({e}); "
+                           "--strip-debug drops it instead") from None
         rw.patched.update(dw_patched)
     log(f"writing {out_path}")
     write_image(image, out_path, rw.patched, drop=drop, entry=rw.new_entry())
