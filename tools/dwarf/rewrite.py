@@ -39,7 +39,7 @@ R_X86_64_64, R_X86_64_32 = 1, 10
 LIST_SECTIONS = (".debug_rnglists", ".debug_loclists", ".debug_ranges", ".debug_loc")
 PATCHED_IN_PLACE = (".debug_info", ".debug_rnglists", ".debug_loclists", ".debug_ranges",
                     ".debug_loc", ".debug_frame")
-DW_AT_GNU_locviews = 0x2137
+DW_AT_GNU_locviews, DW_AT_stmt_list = 0x2137, 0x10
 
 
 class Segments:
@@ -131,6 +131,10 @@ class DwarfRewrite:
         s = self.secs.get(name)
         return s if s is not None and s.size else None
 
+    def has_debug_relocations(self):
+        rel = self._relocs(".debug_info")
+        return rel is not None and len(rel) > 0
+
     def run(self):
         if not self._sec(".debug_info"):
             return self
@@ -214,14 +218,7 @@ class DwarfRewrite:
         new, uold, unew, st = relines(np.frombuffer(self.orig[".debug_line"], np.uint8), so, se, sn)
         self.patched[self.secs[".debug_line"].index] = new
         self.stats.update({f"dwarf_line_{k}": v for k, v in st.items()})
-        pos, val = self._refs(".debug_line")
-        i = np.searchsorted(uold, val)
-        ic = np.minimum(i, len(uold) - 1)
-        hit = (i < len(uold)) & (uold[ic] == val)
-        for p, v in zip(pos[hit].tolist(), unew[ic[hit]].tolist()):
-            self._put(".debug_info", p, v, 4)
-        if (~hit).any():
-            self.stats["dwarf_stmt_list_unmatched"] = int((~hit).sum())
+        self.line_offsets = dict(zip(uold.tolist(), unew.tolist()))   # DW_AT_stmt_list follows
 
     # -- units: their own ranges, and lists relative to their base --------------
     def rewrite_units(self):
@@ -239,9 +236,18 @@ class DwarfRewrite:
             if un.unit_type not in (enc.DW_UT_compile, enc.DW_UT_partial):
                 self.cu_new_ranges.append(None)
                 self.cu_old_ranges.append(None)
+                self._type_unit_stmt_list(un, tables)
                 continue
             code, attrs = enc.top_die_attrs(info, un, tables)
             a = {at: (f, p, e) for at, f, p, e in attrs}
+            if DW_AT_stmt_list in a and getattr(self, "line_offsets", None):
+                f, p, e = a[DW_AT_stmt_list]
+                nv = self.line_offsets.get(enc.u(info, p, e - p))
+                if nv is None:
+                    self.stats["dwarf_stmt_list_unmatched"] = \
+                        self.stats.get("dwarf_stmt_list_unmatched", 0) + 1
+                else:
+                    self._put(".debug_info", p, nv, e - p)
             base = enc.u(info, a[enc.DW_AT_low_pc][1], un.asz) if enc.DW_AT_low_pc in a and \
                 a[enc.DW_AT_low_pc][0] == enc.DW_FORM_addr else 0
             old = self._unit_ranges(un, a, base)
@@ -277,6 +283,15 @@ class DwarfRewrite:
         self.finish_abbrevs(tables)
         # lists of these units: relative to a base that moved, or cut: re-encoded
         self.rebase_lists(sorted(set(converted) | set(walked)))
+
+    def _type_unit_stmt_list(self, un, tables):
+        if un.unit_type not in (2, 6) or not getattr(self, "line_offsets", None):
+            return
+        info = self.orig[".debug_info"]
+        _, attrs = enc.top_die_attrs(info, un, tables)
+        for at, f, p, e in attrs:
+            if at == DW_AT_stmt_list and enc.u(info, p, e - p) in self.line_offsets:
+                self._put(".debug_info", p, self.line_offsets[enc.u(info, p, e - p)], e - p)
 
     def _unit_ranges(self, un, a, base):
         info = self.orig[".debug_info"]

@@ -147,6 +147,13 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     if debug == "strip" and is_debug:
         drop = is_debug
         log(f"dropping DWARF ({len(drop)} .debug_* sections), as asked")
+    elif is_debug and not _has_debug_relocations(image):
+        # the addresses to patch are found through .rela.debug_* (a relayout output
+        # has none: its DWARF was already rewritten once)
+        drop = is_debug
+        debug = "strip"
+        log("dropping DWARF: no .rela.debug_* relocations to find its addresses "
+            "(an image relaid out before?)")
     elif is_debug:
         from ..dwarf.rewrite import rewrite_dwarf
         log("rewriting DWARF for the new layout")
@@ -176,6 +183,11 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     if system_map:
         write_system_map(system_map, image, rw)
     return summary, plan, rw
+
+
+def _has_debug_relocations(image):
+    rel = image.relocations.get(".debug_info")
+    return rel is not None and len(rel) > 0
 
 
 def _no_fit_message(err, strat, units, heat, calls, functions, log):
