@@ -73,3 +73,32 @@ def test_verify_against_checks_debug_info(packed, tmp_path):
     assert d["debuginfo_line_rows_checked"] >= 10_000
     assert d["debuginfo_units_checked"] > 2000
     assert d["debuginfo_subprograms_checked"] > 100
+
+
+def test_gdb_source_of_moved_functions(packed):
+    """gdb's `info line` and `disassemble /s` on moved kernel functions print the
+    same source (addresses aside) on NEW as on OLD."""
+    import re
+    import shutil
+    import subprocess
+    if shutil.which("gdb") is None:
+        pytest.skip("gdb not installed (tools/setup.sh installs it)")
+    out, s, rw = packed
+    ft = FunctionTable(ElfImage(VMLINUX))
+    new_ft = FunctionTable(ElfImage(str(out)))
+    names = [n for n in ("vfs_read", "ksys_lseek", "do_unlinkat")
+             if ft.index_of(n) is not None and
+             ft.start[ft.index_of(n)] != new_ft.start[new_ft.index_of(n)]]
+    assert names
+    cmds = []
+    for n in names:
+        cmds += ["-ex", f"info line {n}", "-ex", f"disassemble /s {n}"]
+
+    def gdb(path):
+        return subprocess.run(["gdb", "-batch", "-nx", *cmds, str(path)], capture_output=True,
+                              text=True, timeout=600).stdout
+    a, b = gdb(VMLINUX), gdb(out)
+    assert "fs/read_write.c" in a or "read_write.c" in a
+    strip = lambda t: re.sub(r"0x[0-9a-f]+", "ADDR", t)   # noqa: E731
+    assert strip(a) == strip(b)
+    assert a != b

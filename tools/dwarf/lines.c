@@ -17,6 +17,7 @@ typedef struct {
     uint64_t addr;
     uint64_t file, line, column, isa, disc;
     uint8_t is_stmt, basic_block, end_seq, prologue_end, epilogue_begin;
+    uint8_t file_set;            /* DW_LNS_set_file seen in this sequence */
 } row_t;
 
 typedef struct {
@@ -100,11 +101,13 @@ static void emit_row(out_t *o, emit_t *e, const row_t *r, uint64_t addr) {
         put(o, 0); put_uleb(o, 1 + e->addr_size); put(o, 2);
         for (int i = 0; i < e->addr_size; i++) put(o, (addr >> (8 * i)) & 0xff);
         e->st.addr = addr; e->open = 1; e->sequences++;
-        /* binutils (2.40) starts a DWARF 5 sequence with file 0's name although
-         * the register is 1: always name the file explicitly */
-        e->st.file = ~(uint64_t)0;
     }
-    if (r->file != e->st.file) { put(o, 4); put_uleb(o, r->file); e->st.file = r->file; }
+    /* Whether the file register was ever set matters to binutils (2.40), which
+     * names an unset register by file 0 in DWARF 5 while others use file 1:
+     * keep the original's choice. */
+    if (r->file != e->st.file || (r->file_set && !e->st.file_set)) {
+        put(o, 4); put_uleb(o, r->file); e->st.file = r->file; e->st.file_set = 1;
+    }
     if (r->column != e->st.column) { put(o, 5); put_uleb(o, r->column); e->st.column = r->column; }
     if (r->is_stmt != e->st.is_stmt) { put(o, 6); e->st.is_stmt = r->is_stmt; }
     if (r->basic_block && e->opcode_base > 7) put(o, 7);
@@ -283,7 +286,7 @@ static int64_t run_units(const uint8_t *in, int64_t in_len, const segs_t *sp, in
                 case 1: emit = 1; break;
                 case 2: r.addr += get_uleb(q, uend, &q) * e.min_inst; break;
                 case 3: r.line += get_sleb(q, uend, &q); break;
-                case 4: r.file = get_uleb(q, uend, &q); break;
+                case 4: r.file = get_uleb(q, uend, &q); r.file_set = 1; break;
                 case 5: r.column = get_uleb(q, uend, &q); break;
                 case 6: r.is_stmt = !r.is_stmt; break;
                 case 7: r.basic_block = 1; break;
