@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("add
                                 reason="needs gcc and binutils")
 
 PAD = '.section .text.zzpad,"ax",@progbits\n.fill 16384,1,0xcc\n.section .note.GNU-stack,"",@progbits\n'
-HOT = {"delta": 100, "push": 95, "gamma_": 90, "alpha": 80, "beta": 70}
+HOT = HOT_C = {"delta": 100, "push": 95, "gamma_": 90, "alpha": 80, "beta": 70}
 
 
 @pytest.fixture(scope="module", params=[4, 5], ids=["dwarf4", "dwarf5"])
@@ -170,7 +170,7 @@ def test_split_functions_by_hand_made_map(moved, tmp_path):
     dis = disassemble(im, ft, jobs=1)
     olds, ends, news, split = [], [], [], []
     for i, name in enumerate(ft.name):
-        if name not in HOT:
+        if name not in HOT_C:      # assembler DIEs' 1-byte high pc cannot become ranges
             continue
         s, e = int(ft.start[i]), int(ft.start[i] + ft.size[i])
         ins = dis.addr[(dis.addr > s) & (dis.addr < e)]
@@ -241,3 +241,36 @@ def test_relaid_out_image_drops_dwarf_it_cannot_place(moved, tmp_path):
     s2, _, _ = relayout(str(out), str(tmp_path / "again"), "hot64", hotness=HOT)
     assert s2["dwarf"] == "dropped"
     assert ElfImage(str(tmp_path / "again")).section(".debug_info").size == 0
+
+
+@pytest.mark.parametrize("v", [4, 5])
+def test_assembler_unit_with_one_byte_high_pc(tmp_path, v):
+    """GNU as describes a unit by low pc + a 1-byte DW_FORM_udata high pc: moving one
+    of its functions away still gives the unit DW_AT_ranges (same-size filler)."""
+    (tmp_path / "pad.s").write_text(PAD)
+    exe = tmp_path / "prog"
+    subprocess.run(["gcc", "-g", f"-gdwarf-{v}", "-O2", "-fno-pie", "-no-pie",
+                    "-Wl,--emit-relocs", "-o", str(exe), os.path.join(FIXTURES, "c", "dwarf_c.s"),
+                    os.path.join(FIXTURES, "c", "dwarf_b.c"), str(tmp_path / "pad.s"),
+                    "-nostartfiles", "-e", "asm_one"], check=True, capture_output=True)
+    im = ElfImage(str(exe))
+    two, pad = im.symbol_address("asm_two"), im.section(".text").addr + im.section(".text").size
+    pad = (pad - 16384 + 63) // 64 * 64          # inside the int3 filler at .text's end
+    amap = AddressMap([two], [two + 4], [pad])
+    patched, drop, stats = rewrite_dwarf(im, amap)
+    assert stats["dwarf_units_converted_to_ranges"] >= 1
+    assert "dwarf_units_not_convertible" not in stats
+    dest = tmp_path / "moved"
+    write_image(im, str(dest), patched, drop=drop)
+    diff = differences(exe, dest, [two, two + 3], [pad, pad + 3], ("addr2line",))
+    assert diff["addr2line"] == [] and diff["addr2line.unknown"] == 0
+    findings, counter = [], {}
+
+    class R:
+        extra = {}
+    check_debuginfo(im, ElfImage(str(dest)), amap, findings, counter, R())
+    assert counter["debuginfo.unit-range"] == 0, [f.message for f in findings]
+    if llvm_tool("llvm-dwarfdump"):
+        before, _ = _dwarfdump_errors(exe)
+        after, text = _dwarfdump_errors(dest)
+        assert after <= before, text[-2000:]

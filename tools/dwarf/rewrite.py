@@ -40,6 +40,7 @@ LIST_SECTIONS = (".debug_rnglists", ".debug_loclists", ".debug_ranges", ".debug_
 PATCHED_IN_PLACE = (".debug_info", ".debug_rnglists", ".debug_loclists", ".debug_ranges",
                     ".debug_loc", ".debug_frame")
 DW_AT_GNU_locviews, DW_AT_stmt_list = 0x2137, 0x10
+DW_AT_linepack_pad, DW_FORM_block1 = 0x3fe0, 0x0a     # filler: a vendor attribute, skipped by readers
 
 
 class Segments:
@@ -434,14 +435,40 @@ class DwarfRewrite:
         """The unit DIE: low_pc/high_pc -> low_pc 0 (base: lists absolute) + DW_AT_ranges,
         through a copy of the unit's abbreviation table (no DIE changes size)."""
         if not self._convertible(un, a):
-            self.stats["dwarf_units_not_convertible"] = \
-                self.stats.get("dwarf_units_not_convertible", 0) + 1
-            return False
+            return self._convert_short_unit(ui, un, code, table, a, new)
         size = a[enc.DW_AT_high_pc][2] - a[enc.DW_AT_high_pc][1]
         tag, children, attrs = table[code]
         self.abbrev_mods.setdefault(ui, {})[code] = (tag, children,
                                                      self._ranges_attrs(attrs, size, True))
         self._write_ranges_attr(un, a, new, low_value=0)
+        return True
+
+    def _convert_short_unit(self, ui, un, code, table, a, new):
+        """A unit DIE whose high pc is too short for a section offset (the
+        assembler's 1-2 byte DW_FORM_udata): adjacent low_pc + high_pc become
+        DW_AT_ranges + a DW_FORM_block1 filler (vendor attribute 0x3fe0) of the
+        same total size; with no low_pc the unit's base is 0."""
+        lf, lp, le = a[enc.DW_AT_low_pc]
+        hf, hp, he = a[enc.DW_AT_high_pc]
+        if un.osz != 4 or lf != enc.DW_FORM_addr or le != hp or he - lp < 5 or \
+                enc.DW_AT_ranges in a:
+            self.stats["dwarf_units_not_convertible"] = \
+                self.stats.get("dwarf_units_not_convertible", 0) + 1
+            return False
+        tag, children, attrs = table[code]
+        nattrs = []
+        for at, form, ic in attrs:
+            if at == enc.DW_AT_low_pc:
+                nattrs += [(enc.DW_AT_ranges, enc.DW_FORM_sec_offset, None),
+                           (DW_AT_linepack_pad, DW_FORM_block1, None)]
+            elif at != enc.DW_AT_high_pc:
+                nattrs.append((at, form, ic))
+        self.abbrev_mods.setdefault(ui, {})[code] = (tag, children, nattrs)
+        self.done_fields.add(lp)
+        pad = he - lp - 4
+        self._put(".debug_info", lp, self._append_ranges(un, new), 4)
+        self.buf[".debug_info"][lp + 4:he] = np.frombuffer(bytes([pad - 1]) + bytes(pad - 1),
+                                                           np.uint8)
         return True
 
     def _cuts(self):
