@@ -10,7 +10,8 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 
 DEB_PKGS=(gcc g++ make libc6-dev binutils cpio e2fsprogs qemu-system-x86 qemu-user bolt-19 linux-perf
           elfutils libelf-dev libglib2.0-dev pkg-config dpkg-dev python3-pip
-          flex bison bc libssl-dev lz4 xz-utils)   # the last line: the kernel's boot-image build (bzimage)
+          flex bison bc libssl-dev lz4 xz-utils   # the kernel's boot-image build (bzimage)
+          llvm-19 gdb)   # llvm-dwarfdump/llvm-symbolizer and gdb: the DWARF checks
 missing=()
 for p in "${DEB_PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 # apt lists are needed both to install and to find the newest kernel ABI.

@@ -1,5 +1,6 @@
 """``linepack relayout``: move functions per a layout strategy and rewrite the image."""
 
+import argparse
 import json
 import sys
 import time
@@ -35,8 +36,9 @@ class Relayout:
         p.add_argument("--json", metavar="FILE", help="write the summary as JSON")
         p.add_argument("--system-map", metavar="FILE", help="write the new System.map")
         p.add_argument("--layout-map", metavar="FILE", help="write old -> new address per function")
-        p.add_argument("--keep-debug", action="store_true",
-                       help="keep .debug_* sections (stale: they describe old addresses)")
+        p.add_argument("--strip-debug", action="store_true",
+                       help="drop the DWARF instead of rewriting it for the new layout")
+        p.add_argument("--keep-debug", action="store_true", help=argparse.SUPPRESS)
         p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
     @staticmethod
@@ -44,6 +46,9 @@ class Relayout:
         from ..relayout import strategies
         from ..relayout.driver import load_profile_full, relayout
 
+        if args.keep_debug:
+            raise BadInput("--keep-debug is gone: relayout now rewrites the DWARF for the new "
+                           "layout by default (--strip-debug drops it)")
         log = _log_fn(args.quiet)
         if args.min_count is not None and not args.min_count >= 0:
             raise BadInput(f"--min-count {args.min_count:g}: must be >= 0")
@@ -67,13 +72,11 @@ class Relayout:
         with outs:
             summary, plan, rw = relayout(args.image, args.output, strat, hotness=hot, calls=calls,
                                          profile_build_id=build_id, log=log, blocks=blocks,
-                                         drop_debug=not args.keep_debug,
+                                         debug="strip" if args.strip_debug else "rewrite",
                                          layout_map=args.layout_map, system_map=args.system_map,
                                          allow_missing=args.allow_missing)
             if args.json:
                 write_atomic(args.json, json.dumps(summary, indent=1, sort_keys=True) + "\n")
-        if args.keep_debug:
-            print("linepack: warning: .debug_* kept but stale (old addresses)", file=sys.stderr)
         s = summary
         print(f"relayout {args.image} -> {args.output} ({s['strategy']})")
         print(f"  functions moved:   {s['functions_moved']} ({s['units_moved']} units of "
@@ -120,7 +123,10 @@ class Relayout:
                   f"({s['orc_unwind.dropped_shadowed']} shadowed + "
                   f"{s['orc_unwind.dropped_unmapped']} dead entries reused), "
                   f"{s['orc_unwind.padding_runs_without_entry']} without room")
-        print(f"  DWARF:             {s['dwarf']}")
+        print(f"  DWARF:             {s['dwarf']}" + (
+            f" ({s.get('dwarf_line_sequences_out', 0)} line sequences, "
+            f"{s.get('dwarf_units_relisted', 0) + s.get('dwarf_units_converted_to_ranges', 0)} "
+            f"unit range lists rebuilt)" if s['dwarf'] == 'rewritten' else ""))
         for p in s["problems"][:10]:
             print(f"  problem: {p['kind']} at {p['address']}: {p['message']}")
         print(f"  wall time:         {wall_seconds():.1f} s (the whole command)")

@@ -271,7 +271,7 @@ class Layouts:
         self.log(f"rewriting {os.path.basename(self.base)} with {spec} (cached as {out})")
         summary, plan, rw = relayout(self.base, out, strategies.get(spec), hotness=self.hotness,
                                      calls=self.calls, profile_build_id=self.profile_build_id,
-                                     log=self.log, blocks=self._blocks_for(spec))
+                                     log=self.log, blocks=self._blocks_for(spec), debug="strip")
         if getattr(rw, "block_split", None) is not None:
             pm = PlanMap(rw.amap, summary["text_growth_bytes"], summary["padding_bytes"],
                          plan.strategy, int(plan.moved.sum()))

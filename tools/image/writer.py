@@ -35,6 +35,8 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
     secs = image.sections
     patched = dict(patched)
     for idx, buf in patched.items():
+        # Allocated sections keep their size (the loader's view is fixed);
+        # non-allocated ones (debug info) may be re-encoded to another size.
         if len(buf) != secs[idx].size and secs[idx].flags & SHF_ALLOC:
             raise ValueError(f"patched section {secs[idx].name} changed size")
     shstrndx = int(image.ehdr["shstrndx"])

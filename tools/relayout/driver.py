@@ -115,9 +115,12 @@ def check_profile(image, functions, hotness, build_id, allow_missing=False):
 
 
 def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), profile_build_id=None,
-             log=None, drop_debug=True, layout_map=None, system_map=None, blocks=None,
+             log=None, debug="rewrite", layout_map=None, system_map=None, blocks=None,
              allow_missing=False):
+    """``debug``: "rewrite" the DWARF for the new layout (default) or "strip" it."""
     log = log or (lambda m: None)
+    if debug not in ("rewrite", "strip"):
+        raise ValueError(f"debug={debug!r}: expected 'rewrite' or 'strip'")
     if os.path.exists(out_path) and os.path.samefile(image_path, out_path):
         raise BadInput(f"{out_path}: output is the input; linepack never modifies its input")
     strat = strategies.get(strategy) if not hasattr(strategy, "layout") else strategy
@@ -175,12 +178,28 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     else:
         idx, symtab = rw.symtab_bytes()
         rw.patched[idx] = symtab
-    debug = [s.index for s in image.sections if not s.is_alloc and
-             (s.name.startswith(".debug_") or s.name.startswith(".rela.debug_"))]
-    drop = debug if drop_debug else []
-    if drop_debug:
-        if drop:
-            log(f"dropping DWARF ({len(drop)} .debug_* sections): it would describe old addresses")
+    drop, dwarf_stats = [], {}
+    is_debug = [s.index for s in image.sections if not s.is_alloc and
+                (s.name.startswith(".debug_") or s.name.startswith(".rela.debug_"))]
+    if debug == "strip" and is_debug:
+        drop = is_debug
+        log(f"dropping DWARF ({len(drop)} .debug_* sections), as asked")
+    elif is_debug and not _has_debug_relocations(image):
+        # the addresses to patch are found through .rela.debug_* (a relayout output
+        # has none: its DWARF was already rewritten once)
+        drop = is_debug
+        debug = "strip"
+        log("dropping DWARF: no .rela.debug_* relocations to find its addresses "
+            "(an image relaid out before?)")
+    elif is_debug:
+        from ..dwarf.rewrite import rewrite_dwarf
+        log("rewriting DWARF for the new layout")
+        try:
+            dw_patched, drop, dwarf_stats = rewrite_dwarf(image, rw.amap, log)
+        except (ValueError, IndexError, KeyError) as e:
+            raise BadInput(f"{image_path}: cannot rewrite its DWARF ({e}); "
+                           "--strip-debug drops it instead") from None
+        rw.patched.update(dw_patched)
     log(f"writing {out_path}")
     write_image(image, out_path, rw.patched, drop=drop, entry=rw.new_entry(),
                 extra_sections=extra_sections, header_updates=getattr(rw, "header_updates", None))
@@ -199,8 +218,9 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     tsize = text_size(image)
     summary["text_growth_pct"] = round(100.0 * summary["text_growth_bytes"] / tsize, 4) \
         if tsize else 0.0
-    summary["dwarf"] = ("none in the input" if not debug else "dropped" if drop
-                        else "kept (stale: old addresses)")
+    summary["dwarf"] = ("dropped" if debug == "strip" and is_debug else
+                        "rewritten" if is_debug else "none in the input")
+    summary.update(dwarf_stats)
     if split:
         summary.update(_split_summary(rw, split, heat))
     summary["problems"] = [{"kind": k, "address": f"{a:#x}", "message": m}
@@ -296,6 +316,11 @@ def _split_summary(rw, split, heat):
         (rows["old_len"][rows["kind"] == bm.KIND_BRANCH].astype(np.int64) -
          rows["new_len"][rows["kind"] == bm.KIND_BRANCH].astype(np.int64)).sum())
     return out
+
+
+def _has_debug_relocations(image):
+    rel = image.relocations.get(".debug_info")
+    return rel is not None and len(rel) > 0
 
 
 def _no_fit_message(err, strat, units, heat, calls, functions, log):

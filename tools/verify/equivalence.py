@@ -32,6 +32,7 @@ from ..image.disasm import Disassembly
 from ..image.elf import ElfImage, STT_FUNC, STT_SECTION, SHT_SYMTAB
 from ..kernel import TABLES
 from ..kernel.base import Finding, ImageContext
+from .debuginfo import check_debuginfo
 
 MAX_REPORT = 20
 KERNEL_MAP = 0xFFFFFFFF80000000      # x86-64 __START_KERNEL_map
@@ -294,6 +295,7 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
         of, nf, split, oi, ni, new, cold_names), cold_names=cold_names)
     _check_eh_frame(old, new, amap, octx, findings, counter)
     _check_symbols(old, new, octx, amap, findings, counter, cold_names)
+    check_debuginfo(old, new, amap, findings, counter, report, log)
     if layout_map:
         _check_layout_map(layout_map, of, nf, oi, ni, findings, counter, report)
     report.extra["equivalence_moved_functions"] = moved

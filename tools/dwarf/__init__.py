@@ -1,0 +1,1 @@
+"""DWARF for a new code layout: rewrite (relayout) and check (verify --against)."""

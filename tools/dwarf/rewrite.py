@@ -1,0 +1,751 @@
+"""Rewrite DWARF (versions 4 and 5) for a new code layout given by an AddressMap.
+
+The map is a sorted list of pieces (old start, old end, new start); a function
+may be one piece (function-level relayout) or many (block-level). What changes:
+
+- every absolute address field that the link relocated (.rela.debug_*): low/high
+  pc, entry pcs, call sites, range/location list starts and base addresses,
+  DW_OP_addr, FDE starts — patched in place to its translated value (same size);
+- .debug_line: every sequence re-sequenced by the C core (lines.c): one output
+  sequence per contiguous new range, so each stays monotonic; DW_AT_stmt_list
+  offsets follow;
+- .debug_aranges: rebuilt from the translated ranges;
+- a unit's own ranges: when its code no longer maps to the same ranges, a new
+  range list is appended (a new .debug_rnglists contribution, or to
+  .debug_ranges) and DW_AT_ranges repointed; a unit described by
+  low_pc/high_pc whose code is now in several ranges gets DW_AT_ranges instead
+  (an appended copy of its abbreviation table: high_pc becomes ranges plus, when
+  high_pc was 8 bytes, DW_AT_identifier_case = case-sensitive as 4 bytes of
+  filler so no DIE changes size), with base address 0; every range and location
+  list of such a unit (their entries are relative to the unit's base) is
+  re-encoded with absolute entries and appended, with its GNU location-view list;
+- everything else is copied.
+
+The .rela.debug_* sections are dropped: .debug_line, .debug_aranges and the
+appended lists are re-encoded, so their relocations would no longer describe
+them, and no consumer of a linked image reads them (the kernel's relocs tool
+reads relocations of allocated sections only; linepack verify checks allocated
+sections).
+"""
+
+import bisect
+
+import numpy as np
+
+from . import encoding as enc
+from .native import relines
+
+R_X86_64_64, R_X86_64_32 = 1, 10
+LIST_SECTIONS = (".debug_rnglists", ".debug_loclists", ".debug_ranges", ".debug_loc")
+PATCHED_IN_PLACE = (".debug_info", ".debug_rnglists", ".debug_loclists", ".debug_ranges",
+                    ".debug_loc", ".debug_frame")
+DW_AT_GNU_locviews, DW_AT_stmt_list = 0x2137, 0x10
+DW_AT_linepack_pad, DW_FORM_block1 = 0x3fe0, 0x0a     # filler: a vendor attribute, skipped by readers
+
+
+class Segments:
+    """The address map as sorted disjoint segments: its pieces, and identity
+    outside the pieces and the rewritten extents; addresses in none of them
+    (dropped padding) are unmapped."""
+
+    def __init__(self, amap):
+        old = [int(x) for x in amap.old_start]
+        end = [int(x) for x in amap.old_end]
+        new = [int(x) for x in amap.new_start]
+        # identity wherever neither a rewritten extent nor a piece is
+        ext = sorted(list(zip(amap.ext_lo.tolist(), amap.ext_hi.tolist())) + list(zip(old, end)))
+        pos = 0
+        for lo, hi in ext + [(1 << 64, 1 << 64)]:
+            if lo > pos:
+                old.append(pos)
+                end.append(lo)
+                new.append(pos)
+            pos = max(pos, hi)
+        order = sorted(range(len(old)), key=lambda i: old[i])
+        self.old = [old[i] for i in order]
+        self.end = [end[i] for i in order]
+        self.new = [new[i] for i in order]
+
+    def arrays(self):
+        m = [i for i in range(len(self.old)) if self.end[i] > self.old[i]]
+        return (np.array([min(self.old[i], (1 << 64) - 1) for i in m], np.uint64),
+                np.array([min(self.end[i], (1 << 64) - 1) for i in m], np.uint64),
+                np.array([self.new[i] for i in m], np.uint64))
+
+    def map(self, a):
+        """New address of ``a`` (start-inclusive; a segment's end maps to its new
+        end), or None when unmapped."""
+        k = bisect.bisect_right(self.end, a)
+        if k < len(self.old) and self.old[k] <= a:
+            return self.new[k] + a - self.old[k]
+        if k > 0 and self.end[k - 1] == a:
+            return self.new[k - 1] + a - self.old[k - 1]
+        return None
+
+    def ranges(self, lo, hi):
+        """New ranges [(lo, hi)] of old [lo, hi): contiguous runs merged, sorted."""
+        out = []
+        k = bisect.bisect_right(self.end, lo)
+        while k < len(self.old) and self.old[k] < hi:
+            a, b = max(lo, self.old[k]), min(hi, self.end[k])
+            na = self.new[k] + a - self.old[k]
+            if out and out[-1][1] == na:
+                out[-1] = (out[-1][0], na + b - a)
+            else:
+                out.append((na, na + b - a))
+            k += 1
+        return out
+
+    def same_shape(self, lo, hi, delta):
+        """True when [lo, hi) lies in one segment that moved by ``delta``."""
+        k = bisect.bisect_right(self.end, lo)
+        if k < len(self.old) and self.old[k] <= lo and hi <= self.end[k]:
+            return self.new[k] - self.old[k] == delta
+        return False
+
+
+def merge_ranges(rs):
+    rs = sorted(r for r in rs if r[1] > r[0])
+    out = []
+    for lo, hi in rs:
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+class DwarfRewrite:
+    """Rewrite the DWARF of ``image`` for ``amap``; results in ``patched``
+    {section index: uint8 array (any size)}, ``drop`` [section index], ``stats``."""
+
+    def __init__(self, image, amap, log=None):
+        self.image, self.amap = image, amap
+        self.log = log or (lambda m: None)
+        self.secs = {s.name: s for s in image.sections}
+        self.patched, self.drop, self.stats = {}, [], {}
+        self.orig = {}
+        self.buf = {}
+        self.append = {}       # section name -> bytearray appended after the original
+
+    def _sec(self, name):
+        s = self.secs.get(name)
+        return s if s is not None and s.size else None
+
+    def has_debug_relocations(self):
+        rel = self._relocs(".debug_info")
+        return rel is not None and len(rel) > 0
+
+    def run(self):
+        if not self._sec(".debug_info"):
+            return self
+        self.seg = Segments(self.amap)
+        for name in PATCHED_IN_PLACE + (".debug_line", ".debug_aranges", ".debug_abbrev"):
+            s = self._sec(name)
+            if s is not None:
+                self.orig[name] = bytes(self.image.section_bytes(s))
+        for name in PATCHED_IN_PLACE:
+            if name in self.orig:
+                self.buf[name] = np.frombuffer(self.orig[name], np.uint8).copy()
+        self.patch_addresses()
+        self.rewrite_lines()
+        self.rewrite_units()
+        self.rewrite_aranges()
+        self.check_frame()
+        self.finish()
+        return self
+
+    # -- absolute addresses through the link relocations ------------------------
+    def _relocs(self, name):
+        return self.image.relocations.get(name)
+
+    def _sym_section(self, rel):
+        shndx = self.image.symtab["shndx"][rel.sym].astype(np.int64)
+        return shndx
+
+    def patch_addresses(self):
+        secs = self.image.sections
+        alloc = np.array([bool(s.is_alloc) for s in secs] + [False], bool)
+        amap = self.amap
+        fields = unmapped = 0
+        for name in PATCHED_IN_PLACE:
+            rel = self._relocs(name)
+            if rel is None or name not in self.buf:
+                continue
+            shndx = self._sym_section(rel)
+            shndx = np.where(shndx < len(secs), shndx, len(secs))
+            m = (rel.type == R_X86_64_64) & alloc[shndx]
+            pos = rel.offset[m].astype(np.int64)
+            if not len(pos):
+                continue
+            buf = self.buf[name]
+            val = np.zeros(len(pos), np.uint64)
+            for k in range(8):
+                val |= buf[pos + k].astype(np.uint64) << np.uint64(8 * k)
+            new, ok = amap.map(val)
+            new = np.where(ok, new, val)
+            for k in range(8):
+                buf[pos + k] = ((new >> np.uint64(8 * k)) & np.uint64(0xFF)).astype(np.uint8)
+            fields += int((new != val).sum())
+            unmapped += int((~ok).sum())
+        self.stats["dwarf_address_fields_moved"] = fields
+        if unmapped:
+            self.stats["dwarf_addresses_in_padding"] = unmapped
+
+    def _refs(self, target):
+        """(field offsets in .debug_info, referenced offsets) of 4-byte section
+        offsets into ``target`` (from the link relocations)."""
+        rel = self._relocs(".debug_info")
+        s = self._sec(target)
+        if rel is None or s is None:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        shndx = self._sym_section(rel)
+        m = (rel.type == R_X86_64_32) & (shndx == s.index)
+        pos = np.sort(rel.offset[m].astype(np.int64))
+        buf = np.frombuffer(self.orig[".debug_info"], np.uint8)
+        val = np.zeros(len(pos), np.int64)
+        for k in range(4):
+            val |= buf[pos + k].astype(np.int64) << (8 * k)
+        return pos, val
+
+    def _put(self, name, pos, value, n):
+        self.buf[name][pos:pos + n] = np.frombuffer(enc.pack_u(value, n), np.uint8)
+
+    # -- line programs -----------------------------------------------------------
+    def rewrite_lines(self):
+        if ".debug_line" not in self.orig:
+            return
+        so, se, sn = self.seg.arrays()
+        new, uold, unew, st = relines(np.frombuffer(self.orig[".debug_line"], np.uint8), so, se, sn)
+        self.patched[self.secs[".debug_line"].index] = new
+        self.stats.update({f"dwarf_line_{k}": v for k, v in st.items()})
+        self.line_offsets = dict(zip(uold.tolist(), unew.tolist()))   # DW_AT_stmt_list follows
+
+    # -- units: their own ranges, and lists relative to their base --------------
+    def rewrite_units(self):
+        info = self.orig[".debug_info"]
+        abbrev = self.orig.get(".debug_abbrev", b"")
+        self.units = enc.units(info)
+        tables = {}
+        for un in self.units:
+            if un.abbrev_off not in tables:
+                tables[un.abbrev_off] = enc.parse_abbrevs(abbrev, un.abbrev_off)[0]
+        converted, relisted, kept = [], 0, 0
+        self.cu_new_ranges, self.cu_old_ranges, self.abbrev_mods = [], [], {}
+        self.done_fields = set()      # .debug_info fields already pointing at a new list
+        for ui, un in enumerate(self.units):
+            if un.unit_type not in (enc.DW_UT_compile, enc.DW_UT_partial):
+                self.cu_new_ranges.append(None)
+                self.cu_old_ranges.append(None)
+                self._type_unit_stmt_list(un, tables)
+                continue
+            code, attrs = enc.top_die_attrs(info, un, tables)
+            a = {at: (f, p, e) for at, f, p, e in attrs}
+            if DW_AT_stmt_list in a and getattr(self, "line_offsets", None):
+                f, p, e = a[DW_AT_stmt_list]
+                nv = self.line_offsets.get(enc.u(info, p, e - p))
+                if nv is None:
+                    self.stats["dwarf_stmt_list_unmatched"] = \
+                        self.stats.get("dwarf_stmt_list_unmatched", 0) + 1
+                else:
+                    self._put(".debug_info", p, nv, e - p)
+            base = enc.u(info, a[enc.DW_AT_low_pc][1], un.asz) if enc.DW_AT_low_pc in a and \
+                a[enc.DW_AT_low_pc][0] == enc.DW_FORM_addr else 0
+            old = self._unit_ranges(un, a, base)
+            self.cu_old_ranges.append(old)
+            if old is None:
+                self.cu_new_ranges.append(None)
+                continue
+            new = merge_ranges(r for lo, hi in old for r in self.seg.ranges(lo, hi))
+            self.cu_new_ranges.append(new)
+            if enc.DW_AT_ranges in a:
+                f, p, e = a[enc.DW_AT_ranges]
+                # in place, each entry keeps its length from its translated start
+                # (the relocated start moved): right only if no entry was cut
+                if any(self.seg.ranges(lo, hi) != [(self.seg.map(lo), self.seg.map(lo) + hi - lo)]
+                       for lo, hi in old if hi > lo):
+                    self._put(".debug_info", p, self._append_ranges(un, new), 4)
+                    self.done_fields.add(p)
+                    relisted += 1
+                else:
+                    kept += 1
+            elif enc.DW_AT_low_pc in a and enc.DW_AT_high_pc in a:
+                lo = base
+                nlo = self.seg.map(lo)
+                if len(new) == 1 and nlo == new[0][0]:
+                    kept += 1          # one piece: low_pc patched, the length holds
+                    continue
+                if self._convert_unit(ui, un, code, tables[un.abbrev_off], a, new):
+                    converted.append(ui)
+        self.stats["dwarf_units_relisted"] = relisted
+        self.stats["dwarf_units_converted_to_ranges"] = len(converted)
+        self.stats["dwarf_units_kept"] = kept
+        walked = self.split_dies(tables)
+        self.finish_abbrevs(tables)
+        # lists of these units: relative to a base that moved, or cut: re-encoded
+        self.rebase_lists(sorted(set(converted) | set(walked)))
+
+    def _type_unit_stmt_list(self, un, tables):
+        if un.unit_type not in (2, 6) or not getattr(self, "line_offsets", None):
+            return
+        info = self.orig[".debug_info"]
+        _, attrs = enc.top_die_attrs(info, un, tables)
+        for at, f, p, e in attrs:
+            if at == DW_AT_stmt_list and enc.u(info, p, e - p) in self.line_offsets:
+                self._put(".debug_info", p, self.line_offsets[enc.u(info, p, e - p)], e - p)
+
+    def _unit_ranges(self, un, a, base):
+        info = self.orig[".debug_info"]
+        if enc.DW_AT_ranges in a:
+            f, p, e = a[enc.DW_AT_ranges]
+            if f != enc.DW_FORM_sec_offset:
+                return None
+            off = enc.u(info, p, un.osz)
+            if un.version >= 5:
+                return self._read_rnglist(off, base)
+            return self._read_ranges(off, base, un.asz)
+        if enc.DW_AT_low_pc in a and enc.DW_AT_high_pc in a:
+            f, p, e = a[enc.DW_AT_high_pc]
+            hv = enc.u(info, p, e - p)
+            hi = hv if f == enc.DW_FORM_addr else base + hv
+            return [(base, hi)]
+        return None
+
+    def _read_rnglist(self, off, base):
+        return enc.read_rnglist(self.orig[".debug_rnglists"], off, base)
+
+    def _read_ranges(self, off, base, asz):
+        return enc.read_ranges(self.orig[".debug_ranges"], off, base, asz)
+
+    def _read_loclist(self, off, base, v5):
+        """[(lo, hi, expr position, expr end)] and the default-location expression."""
+        b = self.orig[".debug_loclists" if v5 else ".debug_loc"]
+        out = []
+        p = off
+        if not v5:
+            while True:
+                x, y = enc.u(b, p, 8), enc.u(b, p + 8, 8)
+                p += 16
+                if x == 0 and y == 0:
+                    return out
+                if x == (1 << 64) - 1:
+                    base = y
+                    continue
+                n = enc.u(b, p, 2)
+                out.append((base + x, base + y, p, p + 2 + n))
+                p += 2 + n
+        while True:
+            k = b[p]
+            p += 1
+            if k == 0:
+                return out
+            if k == 4:
+                x, p = enc.uleb(b, p)
+                y, p = enc.uleb(b, p)
+                lo, hi = base + x, base + y
+            elif k == 5:
+                lo = hi = None
+            elif k == 6:
+                base = enc.u(b, p, 8)
+                p += 8
+                continue
+            elif k == 7:
+                lo, hi = enc.u(b, p, 8), enc.u(b, p + 8, 8)
+                p += 16
+            elif k == 8:
+                lo = enc.u(b, p, 8)
+                n, p = enc.uleb(b, p + 8)
+                hi = lo + n
+            elif k == 9:        # DW_LLE_GNU_view_pair: views of the next entry
+                _, p = enc.uleb(b, p)
+                _, p = enc.uleb(b, p)
+                continue
+            else:
+                raise ValueError(f".debug_loclists: unsupported entry kind {k}")
+            e0 = p
+            n, p = enc.uleb(b, p)
+            out.append((lo, hi, e0, p + n))
+            p += n
+
+    # appending lists --------------------------------------------------------------
+    def _tail(self, name, header=None):
+        """Append area of a section (a new DWARF 5 contribution gets its header)."""
+        if name not in self.append:
+            self.append[name] = bytearray(header or b"")
+        return self.append[name]
+
+    def _list_area(self, name, v5):
+        hdr = None
+        if v5:
+            # unit_length (filled in finish), version 5, address size 8, no selector, no offsets
+            hdr = b"\0\0\0\0" + (5).to_bytes(2, "little") + b"\x08\x00" + b"\0\0\0\0"
+        return self._tail(name, hdr)
+
+    def _append_ranges(self, un, new):
+        v5 = un.version >= 5
+        name = ".debug_rnglists" if v5 else ".debug_ranges"
+        t = self._list_area(name, v5)
+        off = len(self.orig[name]) + len(t)
+        if v5:
+            for lo, hi in new:
+                t += b"\x07" + enc.pack_u(lo, 8) + enc.enc_uleb(hi - lo)
+            t += b"\x00"
+        else:
+            t += enc.pack_u(-1, 8) + enc.pack_u(0, 8)
+            for lo, hi in new:
+                t += enc.pack_u(lo, 8) + enc.pack_u(hi, 8)
+            t += bytes(16)
+        return off
+
+    def _ranges_attrs(self, attrs, size, keep_low):
+        """An abbreviation's attributes with high_pc (``size`` bytes) replaced by
+        DW_AT_ranges + 4 bytes of filler when needed; low_pc kept (a unit's base)
+        or renamed entry_pc (a DIE's entry: the translated start of its code)."""
+        out = []
+        for at, form, ic in attrs:
+            if at == enc.DW_AT_high_pc:
+                out.append((enc.DW_AT_ranges, enc.DW_FORM_sec_offset, None))
+                if size == 8:
+                    out.append((enc.DW_AT_identifier_case, enc.DW_FORM_data4, None))
+            elif at == enc.DW_AT_low_pc and not keep_low:
+                out.append((enc.DW_AT_entry_pc, form, ic))
+            else:
+                out.append((at, form, ic))
+        return out
+
+    @staticmethod
+    def _convertible(un, a):
+        if enc.DW_AT_high_pc not in a or enc.DW_AT_low_pc not in a:
+            return False
+        f, p, e = a[enc.DW_AT_high_pc]
+        return (un.osz == 4 and e - p in (4, 8) and a[enc.DW_AT_low_pc][0] == enc.DW_FORM_addr
+                and not (e - p == 8 and enc.DW_AT_identifier_case in a)
+                and enc.DW_AT_entry_pc not in a and enc.DW_AT_ranges not in a)
+
+    def _write_ranges_attr(self, un, a, new, low_value=None):
+        f, p, e = a[enc.DW_AT_high_pc]
+        self.done_fields.add(p)
+        self._put(".debug_info", p, self._append_ranges(un, new), 4)
+        if e - p == 8:
+            self._put(".debug_info", p + 4, 0, 4)       # DW_ID_case_sensitive
+        if low_value is not None:
+            self._put(".debug_info", a[enc.DW_AT_low_pc][1], low_value, un.asz)
+
+    def _convert_unit(self, ui, un, code, table, a, new):
+        """The unit DIE: low_pc/high_pc -> low_pc 0 (base: lists absolute) + DW_AT_ranges,
+        through a copy of the unit's abbreviation table (no DIE changes size)."""
+        if not self._convertible(un, a):
+            return self._convert_short_unit(ui, un, code, table, a, new)
+        size = a[enc.DW_AT_high_pc][2] - a[enc.DW_AT_high_pc][1]
+        tag, children, attrs = table[code]
+        self.abbrev_mods.setdefault(ui, {})[code] = (tag, children,
+                                                     self._ranges_attrs(attrs, size, True))
+        self._write_ranges_attr(un, a, new, low_value=0)
+        return True
+
+    def _convert_short_unit(self, ui, un, code, table, a, new):
+        """A unit DIE whose high pc is too short for a section offset (the
+        assembler's 1-2 byte DW_FORM_udata): adjacent low_pc + high_pc become
+        DW_AT_ranges + a DW_FORM_block1 filler (vendor attribute 0x3fe0) of the
+        same total size; with no low_pc the unit's base is 0."""
+        lf, lp, le = a[enc.DW_AT_low_pc]
+        hf, hp, he = a[enc.DW_AT_high_pc]
+        if un.osz != 4 or lf != enc.DW_FORM_addr or le != hp or he - lp < 5 or \
+                enc.DW_AT_ranges in a:
+            self.stats["dwarf_units_not_convertible"] = \
+                self.stats.get("dwarf_units_not_convertible", 0) + 1
+            return False
+        tag, children, attrs = table[code]
+        nattrs = []
+        for at, form, ic in attrs:
+            if at == enc.DW_AT_low_pc:
+                nattrs += [(enc.DW_AT_ranges, enc.DW_FORM_sec_offset, None),
+                           (DW_AT_linepack_pad, DW_FORM_block1, None)]
+            elif at != enc.DW_AT_high_pc:
+                nattrs.append((at, form, ic))
+        self.abbrev_mods.setdefault(ui, {})[code] = (tag, children, nattrs)
+        self.done_fields.add(lp)
+        pad = he - lp - 4
+        self._put(".debug_info", lp, self._append_ranges(un, new), 4)
+        self.buf[".debug_info"][lp + 4:he] = np.frombuffer(bytes([pad - 1]) + bytes(pad - 1),
+                                                           np.uint8)
+        return True
+
+    def _cuts(self):
+        """Old addresses where the map is discontinuous (a piece boundary whose two
+        sides do not stay adjacent), sorted."""
+        cuts = []
+        o, e, n = self.seg.old, self.seg.end, self.seg.new
+        for k in range(len(o)):
+            if k + 1 < len(o) and e[k] == o[k + 1] and n[k] + e[k] - o[k] == n[k + 1]:
+                continue
+            cuts.append(e[k])
+            if k == 0 or e[k - 1] != o[k]:
+                cuts.append(o[k])
+        return sorted(set(cuts))
+
+    def split_dies(self, tables):
+        """DIEs (subprograms, lexical blocks, inlined subroutines) with low/high pc
+        whose code now lies in several ranges: their abbreviation (in the unit's
+        copy) gets DW_AT_ranges, and every DIE using it a list. Only units holding
+        a function with a cut inside are walked (none for whole-function moves)."""
+        cuts = self._cuts()
+        from ..image.functions import FunctionTable
+        ft = FunctionTable(self.image)
+        split = []
+        for s0, n in zip(ft.start.tolist(), ft.size.tolist()):
+            k = bisect.bisect_right(cuts, s0)
+            if k < len(cuts) and cuts[k] < s0 + n:
+                split.append((s0, s0 + n))
+        self.stats["dwarf_split_functions"] = len(split)
+        if not split:
+            return []
+        split.sort()
+        starts = [s for s, _ in split]
+        walked = []
+        info = self.orig[".debug_info"]
+        dies = 0
+        for ui, un in enumerate(self.units):
+            old = self.cu_old_ranges[ui]
+            if not old or not any(self._overlaps(starts, split, lo, hi) for lo, hi in old):
+                continue
+            walked.append(ui)
+            table = tables[un.abbrev_off]
+            todo = []
+            codes = set()
+            for off, tag, a, code in enc.walk_dies(info, un, table):
+                if off == un.die or not self._convertible(un, a):
+                    continue
+                lo = enc.u(info, a[enc.DW_AT_low_pc][1], un.asz)
+                f, p, e = a[enc.DW_AT_high_pc]
+                hv = enc.u(info, p, e - p)
+                hi = hv if f == enc.DW_FORM_addr else lo + hv
+                todo.append((a, code, lo, hi))
+                k = bisect.bisect_right(cuts, lo)
+                if k < len(cuts) and cuts[k] < hi:
+                    codes.add(code)
+            mods = self.abbrev_mods.setdefault(ui, {})
+            for code in codes:
+                tag, children, attrs = table[code]
+                size = next(e - p for (a, cd, _, _) in todo if cd == code
+                            for f, p, e in [a[enc.DW_AT_high_pc]])
+                mods[code] = (tag, children, self._ranges_attrs(attrs, size, False))
+            for a, code, lo, hi in todo:
+                if code in codes:
+                    self._write_ranges_attr(un, a, self.seg.ranges(lo, hi))
+                    dies += 1
+        self.stats["dwarf_dies_converted_to_ranges"] = dies
+        return walked
+
+    @staticmethod
+    def _overlaps(starts, spans, lo, hi):
+        """Does [lo, hi) meet one of the sorted disjoint ``spans``?"""
+        k = bisect.bisect_left(starts, hi)
+        return k > 0 and spans[k - 1][1] > lo
+
+    def finish_abbrevs(self, tables):
+        for ui, mods in sorted(self.abbrev_mods.items()):
+            if not mods:
+                continue
+            un = self.units[ui]
+            ntable = dict(tables[un.abbrev_off])
+            ntable.update(mods)
+            t = self._tail(".debug_abbrev")
+            aoff = len(self.orig[".debug_abbrev"]) + len(t)
+            t += enc.encode_abbrevs(ntable)
+            self._put(".debug_info", un.abbrev_field, aoff, un.osz)
+
+    def rebase_lists(self, converted):
+        """Re-encode, with absolute entries, every range/location list referenced
+        from a converted unit (its entries were relative to the old base)."""
+        if not converted:
+            return
+        starts = np.array([self.units[i].off for i in converted], np.int64)
+        ends = np.array([self.units[i].end for i in converted], np.int64)
+        bases = {}
+        for i in converted:
+            bases[self.units[i].off] = self._old_base(self.units[i])
+        relisted = unreadable = 0
+        for name in LIST_SECTIONS:
+            if name not in self.orig:
+                continue
+            pos, val = self._refs(name)
+            k = np.searchsorted(starts, pos, side="right") - 1
+            kc = np.maximum(k, 0)
+            inside = (k >= 0) & (pos < ends[kc])
+            pos, val, uo = pos[inside], val[inside], starts[kc[inside]]
+            if not len(pos):
+                continue
+            is_loc = name in (".debug_loclists", ".debug_loc")
+            views = set()
+            if is_loc:   # DW_AT_GNU_locviews follows DW_AT_location: its list precedes the locations
+                nxt = {p: v for p, v in zip(pos.tolist(), val.tolist())}
+                for p, v in nxt.items():
+                    w = nxt.get(p + 4)
+                    if w is not None and w < v:
+                        views.add(p + 4)
+            by_off = {self.units[i].off: self.units[i] for i in converted}
+            for p, v, ub in zip(pos.tolist(), val.tolist(), uo.tolist()):
+                if p in views or p in self.done_fields:
+                    continue
+                un = by_off[ub]
+                base = bases[ub]
+                v5 = un.version >= 5
+                try:
+                    self._relist(un, p, v, base, v5, is_loc, views)
+                except (ValueError, IndexError):
+                    unreadable += 1     # kept as it is (and counted)
+                    continue
+                relisted += 1
+        self.stats["dwarf_lists_reencoded"] = relisted
+        if unreadable:
+            self.stats["dwarf_lists_unreadable"] = unreadable
+
+    def _relist(self, un, p, v, base, v5, is_loc, views):
+        """Append list ``v`` (referenced from field ``p``) re-encoded; repoint ``p``."""
+        if not is_loc:
+            old = self._read_rnglist(v, base) if v5 else self._read_ranges(v, base, un.asz)
+            new = merge_ranges(r for lo, hi in old for r in self.seg.ranges(lo, hi))
+            self._put(".debug_info", p, self._append_ranges(un, new), 4)
+            return
+        vp = p + 4 if (p + 4) in views else None
+        noff, voff = self._append_loclist(un, v, base, vp)
+        self._put(".debug_info", p, noff, 4)
+        if vp is not None:
+            self._put(".debug_info", vp, voff, 4)
+
+    def _old_base(self, un):
+        info = self.orig[".debug_info"]
+        tables = {un.abbrev_off: enc.parse_abbrevs(self.orig[".debug_abbrev"], un.abbrev_off)[0]}
+        _, attrs = enc.top_die_attrs(info, un, tables)
+        for at, f, p, e in attrs:
+            if at == enc.DW_AT_low_pc and f == enc.DW_FORM_addr:
+                return enc.u(info, p, un.asz)
+        return 0
+
+    def _append_loclist(self, un, off, base, views_field):
+        v5 = un.version >= 5
+        name = ".debug_loclists" if v5 else ".debug_loc"
+        ents = self._read_loclist(off, base, v5)
+        src = self.buf[name]      # expressions as patched (DW_OP_addr translated)
+        vb = self.orig[name]
+        old_views = []
+        if views_field is not None:
+            vp = enc.u(self.orig[".debug_info"], views_field, 4)
+            for lo, hi, _, _ in ents:
+                if lo is None:
+                    continue
+                x, vp = enc.uleb(vb, vp)
+                y, vp = enc.uleb(vb, vp)
+                old_views.append((x, y))
+        t = self._list_area(name, v5)
+        body = bytearray()
+        new_views = []
+        j = 0
+        for lo, hi, e0, e1 in ents:
+            expr = bytes(src[e0:e1])
+            if lo is None:
+                if v5:
+                    body += b"\x05" + expr
+                continue
+            vw = old_views[j] if j < len(old_views) else (0, 0)
+            j += 1
+            parts = self.seg.ranges(lo, hi) if hi > lo else \
+                ([(self.seg.map(lo), self.seg.map(lo))] if self.seg.map(lo) is not None else [])
+            for nlo, nhi in parts:
+                if v5:
+                    body += b"\x08" + enc.pack_u(nlo, 8) + enc.enc_uleb(nhi - nlo) + expr
+                else:
+                    body += enc.pack_u(nlo, 8) + enc.pack_u(nhi, 8) + expr
+                new_views.append(vw)
+        if not v5:
+            body = enc.pack_u(-1, 8) + enc.pack_u(0, 8) + body + bytes(16)
+        else:
+            body += b"\x00"
+        voff = None
+        if views_field is not None:
+            voff = len(self.orig[name]) + len(t)
+            for x, y in new_views:
+                t += enc.enc_uleb(x) + enc.enc_uleb(y)
+        noff = len(self.orig[name]) + len(t)
+        t += body
+        return noff, voff
+
+    # -- aranges -----------------------------------------------------------------
+    def rewrite_aranges(self):
+        if ".debug_aranges" not in self.orig:
+            return
+        b = self.orig[".debug_aranges"]
+        out = bytearray()
+        p = 0
+        moved = 0
+        while p + 4 <= len(b):
+            ln = enc.u(b, p, 4)
+            if ln == 0xFFFFFFFF:        # 64-bit aranges: copied as they are
+                out += b[p:p + 12 + enc.u(b, p + 4, 8)]
+                p += 12 + enc.u(b, p + 4, 8)
+                continue
+            end = p + 4 + ln
+            ver, info_off, asz, ssz = enc.u(b, p + 4, 2), enc.u(b, p + 6, 4), b[p + 10], b[p + 11]
+            q = p + 12
+            tup = 2 * asz + ssz
+            q += (-q + p) % tup if tup else 0
+            rs = []
+            while q + 2 * asz <= end:
+                lo, n = enc.u(b, q, asz), enc.u(b, q + asz, asz)
+                q += 2 * asz
+                if lo == 0 and n == 0:
+                    break
+                rs.append((lo, lo + n))
+            new = merge_ranges(r for lo, hi in rs for r in self.seg.ranges(lo, hi))
+            moved += new != rs
+            body = bytearray(enc.pack_u(ver, 2) + enc.pack_u(info_off, 4) + bytes([asz, ssz]))
+            while (4 + len(body)) % (2 * asz):
+                body += b"\0"
+            for lo, hi in new:
+                body += enc.pack_u(lo, asz) + enc.pack_u(hi - lo, asz)
+            body += bytes(2 * asz)
+            out += enc.pack_u(len(body), 4) + body
+            p = end
+        self.patched[self.secs[".debug_aranges"].index] = np.frombuffer(bytes(out), np.uint8)
+        self.stats["dwarf_aranges_sets_moved"] = int(moved)
+
+    # -- .debug_frame --------------------------------------------------------------
+    def check_frame(self):
+        """FDEs move with their start (patched in place); an FDE whose code is now
+        in several ranges cannot be described by one FDE: counted, not split."""
+        if ".debug_frame" not in self.orig:
+            return
+        b = self.orig[".debug_frame"]
+        p, split = 0, 0
+        while p + 4 <= len(b):
+            ln = enc.u(b, p, 4)
+            if ln == 0 or ln == 0xFFFFFFFF:
+                break
+            cie = enc.u(b, p + 4, 4)
+            if cie != 0xFFFFFFFF and ln >= 20:
+                lo, n = enc.u(b, p + 8, 8), enc.u(b, p + 16, 8)
+                if n and len(self.seg.ranges(lo, lo + n)) > 1:
+                    split += 1
+            p += 4 + ln
+        self.stats["dwarf_fdes_split"] = split
+
+    # -- output ------------------------------------------------------------------
+    def finish(self):
+        for name, arr in self.buf.items():
+            extra = self.append.get(name)
+            if extra and name in (".debug_rnglists", ".debug_loclists"):
+                extra[0:4] = enc.pack_u(len(extra) - 4, 4)
+            data = arr if not extra else np.concatenate([arr, np.frombuffer(bytes(extra), np.uint8)])
+            self.patched[self.secs[name].index] = data
+        if ".debug_abbrev" in self.append:
+            self.patched[self.secs[".debug_abbrev"].index] = np.frombuffer(
+                self.orig[".debug_abbrev"] + bytes(self.append[".debug_abbrev"]), np.uint8)
+        self.drop = [s.index for s in self.image.sections
+                     if s.name.startswith(".rela.debug_") or s.name.startswith(".rel.debug_")]
+
+
+def rewrite_dwarf(image, amap, log=None):
+    """(patched {index: bytes}, drop [index], stats) for the image's DWARF under ``amap``."""
+    rw = DwarfRewrite(image, amap, log).run()
+    return rw.patched, rw.drop, rw.stats

@@ -1,0 +1,228 @@
+"""verify --against: does NEW's DWARF describe NEW's code as OLD's described OLD's?
+
+Independent of the rewriter: it reads both images' DWARF and translates OLD's
+addresses through the verifier's own address map (any object with
+``old_start``/``old_end``/``new_start`` piece arrays; identity outside pieces).
+
+- line rows: a seeded sample of OLD's line-table rows inside functions (moved
+  code first); each
+  must have a row in NEW, in the same unit, at the translated address, with the
+  same file, line and column (``debuginfo.line-row``);
+- subprograms: in a seeded sample of units, every subprogram's code ranges in
+  NEW equal its OLD ranges translated piece by piece (``debuginfo.subprogram-range``:
+  a stale or missing range);
+- units: every unit's NEW ranges lie inside its translated OLD ranges and cover
+  every translated subprogram of the unit (``debuginfo.unit-range``).
+NEW without DWARF while OLD has it is an info finding (``--strip-debug``).
+"""
+
+import bisect
+import random
+
+import numpy as np
+
+from ..dwarf import encoding as enc
+from ..dwarf.native import LineRows
+from ..kernel.base import Finding
+
+DW_TAG_subprogram = 0x2E
+
+
+class _Pieces:
+    def __init__(self, amap):
+        o = np.asarray(amap.old_start, np.uint64)
+        order = np.argsort(o, kind="stable")
+        self.old = [int(x) for x in o[order]]
+        self.end = [int(x) for x in np.asarray(amap.old_end, np.uint64)[order]]
+        self.new = [int(x) for x in np.asarray(amap.new_start, np.uint64)[order]]
+
+    def ranges(self, lo, hi):
+        """Translated [lo, hi): identity outside pieces, contiguous runs merged."""
+        out = []
+        pos = lo
+        k = bisect.bisect_right(self.end, lo)
+        while pos < hi:
+            if k < len(self.old) and self.old[k] <= pos:
+                b = min(hi, self.end[k])
+                na = self.new[k] + pos - self.old[k]
+                nb = na + b - pos
+                k += 1
+            else:
+                b = min(hi, self.old[k]) if k < len(self.old) else hi
+                na, nb = pos, b
+            if b <= pos:
+                break
+            if out and out[-1][1] == na:
+                out[-1] = (out[-1][0], nb)
+            else:
+                out.append((na, nb))
+            pos = b
+        return out
+
+
+def _merge(rs):
+    out = []
+    for lo, hi in sorted(r for r in rs if r[1] > r[0]):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _inside(r, rs):
+    i = bisect.bisect_right(rs, (r[0], float("inf"))) - 1
+    return i >= 0 and rs[i][0] <= r[0] and r[1] <= rs[i][1]
+
+
+def _sec(image, name):
+    s = image.section(name) if hasattr(image, "section") else None
+    return bytes(image.section_bytes(s)) if s is not None and s.size else None
+
+
+def _row_keys(rows, addrs):
+    """One int64 per (unit, address, file, line, column)."""
+    k = np.asarray(addrs, np.uint64).astype(np.int64)
+    for col in (rows.unit, rows.file, rows.line, rows.column):
+        k = k * np.int64(1000003) + col.astype(np.int64)
+    return k
+
+
+def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sample=20000,
+                    units_sample=24, seed=12):
+    log = log or (lambda m: None)
+    if _sec(old, ".debug_info") is None:
+        return
+    if _sec(new, ".debug_info") is None:
+        findings.append(Finding("info", "debuginfo.stripped", None,
+                                "OLD has DWARF, NEW has none (relayout --strip-debug)"))
+        return
+    problems = {"debuginfo.line-row": [], "debuginfo.subprogram-range": [],
+                "debuginfo.unit-range": []}
+    pieces = _Pieces(amap)
+    rng = np.random.default_rng(seed)
+
+    # 1. line rows
+    lo_, ln_ = _sec(old, ".debug_line"), _sec(new, ".debug_line")
+    checked_rows = 0
+    if lo_ is not None and ln_ is not None:
+        ro, rn = LineRows(np.frombuffer(lo_, np.uint8)), LineRows(np.frombuffer(ln_, np.uint8))
+        # rows of function code (a row may start in the padding after a function:
+        # no instruction is there, and the rewrite drops it)
+        from ..image.functions import FunctionTable
+        ft = FunctionTable(old)
+        fs = np.asarray(ft.start, np.uint64)
+        order = np.argsort(fs, kind="stable")
+        fs, fe = fs[order], (fs + np.asarray(ft.size, np.uint64))[order]
+        j = np.searchsorted(fs, ro.addr, side="right").astype(np.int64) - 1
+        in_code = (j >= 0) & (ro.addr < fe[np.maximum(j, 0)])
+        live = np.nonzero(((ro.flags & 1) == 0) & in_code)[0]
+        mapped = np.asarray(_map(amap, ro.addr[live]), np.uint64)
+        moved = live[mapped != ro.addr[live]]
+        still = live[mapped == ro.addr[live]]
+        pick = moved if len(moved) <= rows_sample else rng.choice(moved, rows_sample, replace=False)
+        if len(pick) < rows_sample and len(still):
+            extra = min(len(still), rows_sample - len(pick), max(rows_sample // 10, 1))
+            pick = np.concatenate([pick, rng.choice(still, extra, replace=False)])
+        pick = np.sort(pick)
+        want = _row_keys(_Sub(ro, pick), np.asarray(_map(amap, ro.addr[pick]), np.uint64))
+        nl = np.nonzero((rn.flags & 1) == 0)[0]
+        have = _row_keys(_Sub(rn, nl), rn.addr[nl])
+        ok = np.isin(want, have)
+        checked_rows = len(pick)
+        for i in np.nonzero(~ok)[0].tolist():
+            r = int(pick[i])
+            problems["debuginfo.line-row"].append(
+                (int(ro.addr[r]), f"line row {int(ro.file[r])}:{int(ro.line[r])}:"
+                 f"{int(ro.column[r])} of unit {int(ro.unit[r])} is not at the translated "
+                 f"address {int(_map(amap, np.array([ro.addr[r]], np.uint64))[0]):#x}"))
+    report.extra["debuginfo_line_rows_checked"] = checked_rows
+
+    # 2. units and subprograms
+    oi, ni = _sec(old, ".debug_info"), _sec(new, ".debug_info")
+    oa, na = _sec(old, ".debug_abbrev"), _sec(new, ".debug_abbrev")
+    olists = (_sec(old, ".debug_rnglists"), _sec(old, ".debug_ranges"))
+    nlists = (_sec(new, ".debug_rnglists"), _sec(new, ".debug_ranges"))
+    ou, nu = enc.units(oi), enc.units(ni)
+    if len(ou) != len(nu):
+        problems["debuginfo.unit-range"].append(
+            (None, f"OLD has {len(ou)} units, NEW {len(nu)}"))
+    cus = [i for i in range(min(len(ou), len(nu))) if ou[i].unit_type in (1, 3)]
+    sample = set(random.Random(seed).sample(cus, min(units_sample, len(cus))))
+    otabs, ntabs = {}, {}
+    subprograms = 0
+    for i in cus:
+        a, b = ou[i], nu[i]
+        for un, tabs, ab in ((a, otabs, oa), (b, ntabs, na)):
+            if un.abbrev_off not in tabs:
+                tabs[un.abbrev_off] = enc.parse_abbrevs(ab, un.abbrev_off)[0]
+        _, oattrs = enc.top_die_attrs(oi, a, otabs)
+        _, nattrs = enc.top_die_attrs(ni, b, ntabs)
+        oat = {x[0]: x[1:] for x in oattrs}
+        nat = {x[0]: x[1:] for x in nattrs}
+        obase, nbase = _base(oi, a, oat), _base(ni, b, nat)
+        orr = enc.die_ranges(oi, a, oat, obase, *olists)
+        nrr = enc.die_ranges(ni, b, nat, nbase, *nlists)
+        if orr is None:
+            continue
+        want_cu = _merge(r for lo, hi in orr for r in pieces.ranges(lo, hi))
+        have_cu = _merge(nrr or [])
+        for r in have_cu:
+            if not _inside(r, want_cu):
+                problems["debuginfo.unit-range"].append(
+                    (r[0], f"unit {i}: range [{r[0]:#x}, {r[1]:#x}) is not code of this unit "
+                     "after translation (stale)"))
+        if i not in sample:
+            continue
+        odies = enc.walk_dies(oi, a, otabs[a.abbrev_off])
+        ndies = enc.walk_dies(ni, b, ntabs[b.abbrev_off])
+        for (ooff, otag, oat2, _), (noff, ntag, nat2, _) in zip(odies, ndies):
+            if otag != DW_TAG_subprogram:
+                continue
+            so = enc.die_ranges(oi, a, oat2, obase, *olists)
+            if not so:
+                continue
+            subprograms += 1
+            want = _merge(r for lo, hi in so for r in pieces.ranges(lo, hi))
+            have = _merge(enc.die_ranges(ni, b, nat2, nbase, *nlists) or [])
+            if want != have:
+                problems["debuginfo.subprogram-range"].append(
+                    (so[0][0], f"subprogram at DIE {ooff:#x}: ranges {_fmt(have)} in NEW, "
+                     f"its code is at {_fmt(want)}"))
+            for r in want:
+                if not any(lo <= r[0] and r[1] <= hi for lo, hi in have_cu):
+                    problems["debuginfo.unit-range"].append(
+                        (r[0], f"unit {i}: does not cover its subprogram's new range "
+                         f"[{r[0]:#x}, {r[1]:#x})"))
+    report.extra["debuginfo_units_checked"] = len(cus)
+    report.extra["debuginfo_subprograms_checked"] = subprograms
+    from .equivalence import _add
+    for check, items in problems.items():
+        _add(findings, "error", check, items, lambda it: it, counter)
+    log(f"debug info: {checked_rows} line rows, {len(cus)} units, {subprograms} subprograms "
+        f"checked; {sum(len(v) for v in problems.values())} problems")
+
+
+def _map(amap, addrs):
+    """New addresses from the verifier's map (an array) or an AddressMap ((new, ok))."""
+    r = amap.map(np.asarray(addrs, np.uint64))
+    return np.asarray(r[0] if isinstance(r, tuple) else r, np.uint64)
+
+
+class _Sub:
+    """Rows ``idx`` of a LineRows, for key building."""
+
+    def __init__(self, rows, idx):
+        self.unit, self.file = rows.unit[idx], rows.file[idx]
+        self.line, self.column = rows.line[idx], rows.column[idx]
+
+
+def _base(b, un, attrs):
+    x = attrs.get(enc.DW_AT_low_pc)
+    if x is not None and x[0] == enc.DW_FORM_addr:
+        return enc.u(b, x[1], un.asz)
+    return 0
+
+
+def _fmt(rs):
+    return ", ".join(f"[{lo:#x}, {hi:#x})" for lo, hi in rs[:4]) + (" ..." if len(rs) > 4 else "")
