@@ -129,7 +129,12 @@ class OrcTable(KernelTable):
         room keep no entry and are counted. ``self.relayout_stats`` says what
         happened.
         """
-        if getattr(amap, "block_rows", None) is not None:
+        if not amap.is_identity():
+            # Any moved code: an entry at every moved piece. Mapping the old
+            # entries alone is not enough: a function without an ORC entry of
+            # its own (objtool omits an entry equal to the one before it) would
+            # inherit the state of whatever precedes it in the new layout, e.g.
+            # an inserted padding's undefined entry, and the unwinder stops there.
             return self._update_blocks(ctx, entries, amap)
         out = entries.copy()
         ip = entries["ip"]
@@ -181,7 +186,7 @@ class OrcTable(KernelTable):
         return out
 
     def _update_blocks(self, ctx, entries, amap):
-        """Block-level relayout: an entry at the new start of every moved piece
+        """Relayout that moves code (function or block level): an entry at the new start of every moved piece
         (a copied block, a re-encoded branch, a unit moved whole) and every
         inserted jmp, with the state in effect at its original address (an
         inserted jmp runs in the state of the block it jumps to: its row's old
@@ -201,11 +206,12 @@ class OrcTable(KernelTable):
         mapped["ip"] = new_ip[ok]
         prio = np.where(own[ok], 2, 1).astype(np.int8)
         rows = amap.block_rows
-        ins = rows[rows["kind"] == 2]
+        ins = rows[rows["kind"] == 2] if rows is not None else np.zeros(0, [("old", "<u8"), ("new", "<u8")])
         # every piece of the map (block-map rows and units moved whole: a function
         # without an ORC entry of its own would otherwise inherit the state of
         # whatever now precedes it) and every inserted jmp
-        moved = amap.new_start != amap.old_start
+        # (every piece, moved or not: one that stays may now follow new padding)
+        moved = np.ones(len(amap.old_start), bool)
         if amap.new_end is not None:            # a removed jmp takes no new bytes
             moved &= amap.new_end > amap.new_start
         old_at = np.concatenate((amap.old_start[moved], ins["old"].astype(np.uint64)))
@@ -216,28 +222,30 @@ class OrcTable(KernelTable):
         added = src.copy()
         added["ip"] = new_at[has]
         pads = amap.padding_runs()[0]
-        pad = np.zeros(len(pads), dtype=entries.dtype)
-        pad["ip"] = pads
-        merged = np.concatenate((added, mapped, pad))
-        # at one IP the last wins: a piece's own entry (the state at its original
-        # start) over everything else; an entry mapped there from elsewhere (the end
-        # of the piece before it in the original, a point inside a re-encoded
-        # branch) can be stale
-        pr = np.concatenate((np.full(len(added), 4, np.int8), prio, np.full(len(pad), 3, np.int8)))
-        o = np.lexsort((pr, merged["ip"]))
-        merged = merged[o]
-        last_at_ip = np.ones(len(merged), bool)
-        last_at_ip[:-1] = merged["ip"][:-1] != merged["ip"][1:]
-        merged = merged[last_at_ip]
-        state = merged[["sp_offset", "bp_offset", "bits"]]
-        same = np.zeros(len(merged), bool)
-        same[1:] = (state[1:] == state[:-1])
-        out = merged[~same]
+        # The table has a fixed size. Entries at moved pieces are what keeps the
+        # unwinder right; the undefined entries at inserted padding (int3 fill that
+        # never runs) are the ones given up when there is no room.
+        keep_pad = np.ones(len(pads), bool)
+        for _ in range(4):
+            # an entry mapped to a dropped run's start (a piece's old end) would only
+            # cover that padding: it goes with the run
+            m = ~np.isin(mapped["ip"], pads[~keep_pad])
+            out, from_pad = self._merge_compact(entries.dtype, added, mapped[m], prio[m],
+                                                pads[keep_pad])
+            excess = len(out) - len(entries)
+            if excess <= 0:
+                break
+            kept_ips = out["ip"][from_pad]
+            drop = np.isin(pads, kept_ips[:excess]) & keep_pad
+            if not drop.any():
+                break
+            keep_pad &= ~drop
         stats.update({"block_entries_wanted": int(has.sum()), "dropped_unmapped": int((~ok).sum()),
-                      "padding_runs": int(len(pads)), "entries_before": int(len(entries)),
-                      "entries_after": int(len(out))})
+                      "padding_runs": int(len(pads)),
+                      "padding_runs_without_entry": int((~keep_pad).sum()),
+                      "entries_before": int(len(entries)), "entries_after": int(len(out))})
         if len(out) > len(entries):
-            raise ValueError(f"ORC: the block layout needs {len(out)} entries, the table holds "
+            raise ValueError(f"ORC: the layout needs {len(out)} entries, the table holds "
                              f"{len(entries)}")
         short = len(entries) - len(out)
         if short > 0:
@@ -246,6 +254,27 @@ class OrcTable(KernelTable):
         out["entry"] = entries["entry"]
         self.relayout_stats = stats
         return out
+
+    @staticmethod
+    def _merge_compact(dtype, added, mapped, prio, pads):
+        """Sorted, compacted entries (and which came from padding): at one IP the
+        last wins, a piece's own entry (the state at its original start) over
+        everything else (an entry mapped there from elsewhere, the end of the piece
+        before it in the original or a point inside a re-encoded branch, can be
+        stale); an entry with the state of the one before it is dropped."""
+        pad = np.zeros(len(pads), dtype=dtype)
+        pad["ip"] = pads
+        merged = np.concatenate((added, mapped, pad))
+        pr = np.concatenate((np.full(len(added), 4, np.int8), prio, np.full(len(pad), 3, np.int8)))
+        o = np.lexsort((pr, merged["ip"]))
+        merged, pr = merged[o], pr[o]
+        last_at_ip = np.ones(len(merged), bool)
+        last_at_ip[:-1] = merged["ip"][:-1] != merged["ip"][1:]
+        merged, pr = merged[last_at_ip], pr[last_at_ip]
+        state = merged[["sp_offset", "bp_offset", "bits"]]
+        same = np.zeros(len(merged), bool)
+        same[1:] = (state[1:] == state[:-1])
+        return merged[~same], pr[~same] == 3
 
     def write(self, ctx, entries, out):
         if not len(entries):
