@@ -13,6 +13,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 
 import pytest
 
@@ -343,3 +344,15 @@ def test_a_failed_boot_keeps_its_serial_log(fixture_dir, tmp_path, capsys, monke
     assert rc == 3 and "Kernel panic - not syncing: fake" in err, err
     assert "Kernel panic - not syncing: fake" in log.read_text()
     assert sorted(os.listdir(tmp_path)) == ["fake-qemu", "serial.log"]
+
+
+def test_fork_pool_workers_end_normally_under_the_trap():
+    """multiprocessing's fork pool (bulk disassembly) ends its workers with SIGTERM: they
+    must die as usual, not inherit the command's Interrupted handler and hang the pool."""
+    code = ("import multiprocessing as mp, os\n"
+            "from linepack.io import trap_signals\n"
+            "with trap_signals():\n"
+            "    with mp.get_context('fork').Pool(2) as pool:\n"
+            "        print(sum(pool.map(abs, range(-50, 50))))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "2500", p.stderr

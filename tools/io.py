@@ -63,19 +63,42 @@ def _raise_interrupted(signum, frame):
     raise Interrupted(signum)
 
 
+_untrapped = None      # the handlers before the outermost trap_signals (None: not trapped)
+
+
 @contextlib.contextmanager
 def trap_signals():
     """Turn SIGINT/SIGTERM/SIGHUP into Interrupted inside the block (main thread
     only; elsewhere a no-op), so every ``finally``/``except`` cleanup runs."""
+    global _untrapped
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     old = {s: signal.signal(s, _raise_interrupted) for s in TRAPPED_SIGNALS}
+    outermost = _untrapped is None
+    if outermost:
+        _untrapped = old
     try:
         yield
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        if outermost:
+            _untrapped = None
+
+
+def _after_fork_in_child():
+    # A forked worker (multiprocessing's fork pool) must die on the SIGTERM its pool
+    # sends at the end, not raise Interrupted; and it owns no staged outputs.
+    global _active, _untrapped
+    _active = None
+    if _untrapped is not None:
+        for s, h in _untrapped.items():
+            signal.signal(s, h)
+        _untrapped = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextlib.contextmanager
