@@ -30,7 +30,8 @@ from helpers import FIXTURES, run_linepack
 ABI = 56
 VMLINUX = os.path.expanduser(f"~/.cache/linepack/kernels/6.1.0-{ABI}-cloud-amd64/vmlinux")
 MODULES = ("fs/fat/fat.ko", "fs/fat/vfat.ko", "block/kyber-iosched.ko")
-LOOPS = 1000             # long enough to run through the tracepoint flips
+LOOPS = 4000             # long enough to run through the tracepoint flips (1000 ran ~1.3 s, ending
+                         # while events-off was still being written on an idle host)
 PROFILE_LOOPS = 20
 pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow,
               pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux"),

@@ -88,7 +88,9 @@ def make_bzimage(vmlinux, out, source=None, config=None, relocs_out=None, jobs=N
             if log:
                 log(f"make -o vmlinux bzImage in {build}")
             boot_tree.make("bzImage")
-            _copy_out(os.path.join(build, "arch/x86/boot/bzImage"), out)
+            built = os.path.join(build, "arch/x86/boot/bzImage")
+            size = os.path.getsize(built)     # `out` may still be staged (OutputSet)
+            _copy_out(built, out)
             if relocs_out:
                 _copy_out(os.path.join(build, "arch/x86/boot/compressed/vmlinux.relocs"),
                           relocs_out)
@@ -97,7 +99,7 @@ def make_bzimage(vmlinux, out, source=None, config=None, relocs_out=None, jobs=N
             os.unlink(link)
     return {"bzimage": os.fspath(out), "release": info.release,
             "source": boot_tree.src, "config": config, "tree": build,
-            "prepared_now": prepared, "size": os.path.getsize(out)}
+            "prepared_now": prepared, "size": size}
 
 
 def _copy_out(src, dest):

@@ -118,7 +118,44 @@ class _BlockAwareMap:
     def __init__(self, base, rows):
         from .blocks import BlockMap
         self.base = base
+        self.rows = rows
         self.blocks = BlockMap(rows, base.map)
+        self._pieces = None
+
+    def pieces(self):
+        """(old_start, old_end, new_start) as one piecewise list: the block map's
+        rows inside split functions (a re-encoded branch maps by its start), the
+        function-level pieces elsewhere. What the DWARF check walks."""
+        if self._pieces is None:
+            r = self.rows[self.rows["old_len"] > 0]
+            ro = r["old"].astype(np.uint64)
+            re_ = ro + r["old_len"].astype(np.uint64)
+            rn = r["new"].astype(np.uint64)
+            o = np.argsort(ro, kind="stable")
+            ro, re_, rn = ro[o], re_[o], rn[o]
+            b = self.base
+            k = np.searchsorted(ro, b.old_start)
+            kc = np.minimum(k, max(len(ro) - 1, 0))
+            covered = (k < len(ro)) & (ro[kc] < b.old_end) if len(ro) else \
+                np.zeros(len(b.old_start), bool)
+            old = np.concatenate((b.old_start[~covered], ro))
+            end = np.concatenate((b.old_end[~covered], re_))
+            new = np.concatenate((b.new_start[~covered], rn))
+            o = np.argsort(old, kind="stable")
+            self._pieces = (old[o], end[o], new[o])
+        return self._pieces
+
+    @property
+    def old_start(self):
+        return self.pieces()[0]
+
+    @property
+    def old_end(self):
+        return self.pieces()[1]
+
+    @property
+    def new_start(self):
+        return self.pieces()[2]
 
     def map(self, addrs):
         return self.blocks.map(addrs)
@@ -408,6 +445,17 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter):
             "equivalence_translated_fields": field_fixed}
 
 
+def _fill_instructions(octx, od):
+    """True for int3/nop fill outside functions (the coverage's padding)."""
+    from ..image.coverage import R_PADDING
+    inside = od.func.astype(np.int64) >= 0
+    extra = octx.coverage.extra
+    if not len(extra.addr):
+        return ~inside
+    k = np.minimum(np.searchsorted(extra.addr, od.addr), len(extra.addr) - 1)
+    return ~inside & (octx.coverage.reason[k] == R_PADDING)
+
+
 def _compared_instructions(octx, od, matched_func, same_size):
     """Which instructions of OLD are compared: those of matched functions that
     kept their size, and every instruction outside functions (``func`` -1:
@@ -583,7 +631,9 @@ def _check_orc_lookup(octx, nctx, amap, split_ranges, findings, counter):
     if lo is None or ln is None:
         return
     od = octx.disasm
-    a = od.addr[~_within(od.addr, split_ranges[0])]
+    # int3/nop fill between code is not compared: relayout drops and inserts it
+    fill = _fill_instructions(octx, od)
+    a = od.addr[~_within(od.addr, split_ranges[0]) & ~fill]
     b = amap.map(a)
 
     def key(orc, x):
