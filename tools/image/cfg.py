@@ -43,11 +43,15 @@ REASONS = (
     "static-key site whose target is outside the function",
     "not hot",
     "no cold block worth moving",
-    "userspace function covered by .eh_frame (per-part FDEs are not written yet)",
+    "userspace: its .eh_frame FDE does not cover exactly the function, or uses CFI linepack "
+    "does not evaluate",
+    "userspace: has an LSDA (.gcc_except_table call sites are per FDE; cold-part LSDAs are not "
+    "written yet)",
+    "userspace: no room left in .eh_frame/.eh_frame_hdr for its cold part's FDE",
 )
 (R_SPLIT, R_PINNED, R_NOINSTR, R_GLUED, R_UNDECODABLE, R_INDIRECT, R_MID_INSN, R_RELOC_BRANCH,
  R_REL8_OUT, R_ALT_REL8, R_FALLS_OFF, R_KEY_OUT, R_NOT_HOT, R_NO_COLD,
- R_EH_FRAME) = range(len(REASONS))
+ R_EH_FRAME, R_EH_LSDA, R_EH_ROOM) = range(len(REASONS))
 
 # Callees that never return (a call to one ends its block; what follows is
 # unreachable from it). gcc marks them noreturn; objtool keeps a longer list.
@@ -173,7 +177,11 @@ class TableSites:
 class CFG:
     """Blocks of a set of functions (``start``/``end`` arrays, sorted, disjoint)."""
 
-    def __init__(self, dis, fstart, fend, sites=None, noreturn_addrs=(), reloc_insn=None):
+    def __init__(self, dis, fstart, fend, sites=None, noreturn_addrs=(), reloc_insn=None,
+                 indirect_ok=False):
+        # indirect_ok: indirect jumps do not stop a split (userspace jump tables whose
+        # every entry is relocated and a leader: relayout/user_blocks.py)
+        self.indirect_ok = indirect_ok
         self.dis = dis
         fstart = np.asarray(fstart, dtype=np.uint64)
         fend = np.asarray(fend, dtype=np.uint64)
@@ -317,7 +325,8 @@ class CFG:
             f = np.searchsorted(self.fstart, bad, side="right").astype(np.int64) - 1
             fc = np.maximum(f, 0)
             self._mark(f[(f >= 0) & (bad < self.fend[fc])], R_UNDECODABLE)
-        self._mark(fi[kind == 7], R_INDIRECT)
+        if not self.indirect_ok:
+            self._mark(fi[kind == 7], R_INDIRECT)
         tgt = self.insn_target
         rel = self.insn_rel
         direct = ((kind == 1) | (kind == 2)) & (rel > 0)

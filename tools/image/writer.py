@@ -19,7 +19,7 @@ from .elf import EHDR, SHDR, SHF_ALLOC, SHT_NOBITS
 
 
 def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sections=(),
-                header_updates=None):
+                header_updates=None, section_moves=None):
     """Write image with ``patched`` {section index: bytes-like of the same size}
     (non-allocated sections may change size: they are packed after the rest).
 
@@ -27,6 +27,10 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
     ``extra_sections``: (name, bytes) non-allocated PROGBITS sections appended
     after the existing ones (their names go into .shstrtab). ``header_updates``:
     {section index: {field: value}} for the section headers (e.g. symtab info).
+    ``section_moves``: {section index: (new address, new size)} for allocated
+    sections that trade bytes among themselves (``.eh_frame_hdr`` growing into
+    ``.eh_frame``): the moved sections must stay inside the bytes they held
+    together, and a program header that covered exactly one of them follows it.
     Returns the output size.
     """
     patched = patched or {}
@@ -34,10 +38,21 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
     drop = set(drop)
     secs = image.sections
     patched = dict(patched)
+    moves = dict(section_moves or {})
+    if moves:
+        lo = min(secs[i].addr for i in moves)
+        hi = max(secs[i].addr + secs[i].size for i in moves)
+        for i, (a, n) in moves.items():
+            if not lo <= a <= a + n <= hi or not secs[i].flags & SHF_ALLOC:
+                raise ValueError(f"moved section {secs[i].name} leaves the bytes it shared")
+        spans = sorted(moves.values())
+        if any(a1 + n1 > a2 for (a1, n1), (a2, _) in zip(spans, spans[1:])):
+            raise ValueError("moved sections overlap")
     for idx, buf in patched.items():
         # Allocated sections keep their size (the loader's view is fixed);
         # non-allocated ones (debug info) may be re-encoded to another size.
-        if len(buf) != secs[idx].size and secs[idx].flags & SHF_ALLOC:
+        want = moves[idx][1] if idx in moves else secs[idx].size
+        if len(buf) != want and secs[idx].flags & SHF_ALLOC:
             raise ValueError(f"patched section {secs[idx].name} changed size")
     shstrndx = int(image.ehdr["shstrndx"])
     extra_names = []
@@ -83,6 +98,18 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
         pos += len(data)
     if new_shdrs:
         shdrs = np.concatenate([shdrs] + new_shdrs)
+    phdrs = image.phdrs.copy()
+    for idx, (a, n) in moves.items():
+        s = secs[idx]
+        shdrs[idx]["addr"] = a
+        shdrs[idx]["offset"] = s.offset + a - s.addr
+        shdrs[idx]["size"] = n
+        for ph in phdrs:
+            if int(ph["type"]) != 1 and int(ph["vaddr"]) == s.addr and \
+                    int(ph["memsz"]) == s.size:
+                ph["vaddr"] = ph["paddr"] = a
+                ph["offset"] = s.offset + a - s.addr
+                ph["filesz"] = ph["memsz"] = n
     for idx, fields in (header_updates or {}).items():
         for k, v in fields.items():
             shdrs[idx][k] = v
@@ -100,10 +127,13 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
         f.write(memoryview(head))
         f.seek(0)
         f.write(ehdr.tobytes())
+        if moves:
+            f.seek(int(image.ehdr["phoff"]))
+            f.write(phdrs.tobytes())
         for idx, buf in patched.items():
             s = secs[idx]
             if s.flags & SHF_ALLOC:
-                f.seek(s.offset)
+                f.seek(s.offset + (moves[idx][0] - s.addr if idx in moves else 0))
                 f.write(memoryview(np.asarray(buf, dtype=np.uint8)))
         f.seek(fixed_end)
         cur = fixed_end

@@ -167,12 +167,21 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     rw.run()
     from .kernel_tables import update_kernel_tables
     update_kernel_tables(rw, log)
-    from .eh_frame import update_eh_frame
-    update_eh_frame(rw, log)
+    if split and split.get("eh_split") is not None:
+        from .eh_frame_split import fix_section_symbols
+        st = split["eh_split"].rebuild(rw, split["splits"], orig_units.start)
+        rw.stats.update(st)
+        log(f"rebuilt .eh_frame: {st['eh_frame.cold_fdes']} cold-part FDEs added, "
+            f".eh_frame_hdr table re-sorted ({st['eh_frame_hdr.entries']} entries)")
+    else:
+        from .eh_frame import update_eh_frame
+        update_eh_frame(rw, log)
     extra_sections = []
     if split:
         from .block_symbols import cold_symbols
         cold_symbols(rw, image, log)
+        from .eh_frame_split import fix_section_symbols
+        fix_section_symbols(rw, image)
         from ..image import blockmap as bm
         extra_sections.append((bm.SECTION_NAME, bm.to_bytes(rw.block_split["rows"])))
     else:
@@ -202,7 +211,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         rw.patched.update(dw_patched)
     log(f"writing {out_path}")
     write_image(image, out_path, rw.patched, drop=drop, entry=rw.new_entry(),
-                extra_sections=extra_sections, header_updates=getattr(rw, "header_updates", None))
+                extra_sections=extra_sections, header_updates=getattr(rw, "header_updates", None),
+                section_moves=getattr(rw, "section_moves", None))
     summary = plan.summary()
     summary.update(rw.stats)
     summary.update(line_metric(plan, functions, hotness))
@@ -244,30 +254,64 @@ def _split_functions(image, units, dis, functions, heat, blocks, strat, log):
                        "(QEMU, perf LBR or BOLT fdata), not function counts only")
     ctx = ImageContext(image)
     ctx._disasm = dis
-    sites = TableSites.from_kernel(ctx) if ctx.is_kernel else TableSites()
+    indirect_ok = False
+    if ctx.is_kernel:
+        sites = TableSites.from_kernel(ctx)
+    else:
+        from .user_blocks import user_table_sites
+        sites, indirect_ok, note = user_table_sites(image)
+        log(note)
     noret = [a for a in (image.symbol_address(n) for n in NORETURN) if a is not None]
     reloc_insn = np.zeros(len(dis), bool)
     for r in image.relocations.values():
         if r.target.is_code and len(r):
             i = dis.containing(r.offset.astype(np.uint64))
             reloc_insn[i[i >= 0]] = True
-    cfg = CFG(dis, units.start, units.end, sites, noret, reloc_insn)
+    cfg = CFG(dis, units.start, units.end, sites, noret, reloc_insn, indirect_ok=indirect_ok)
     eh = image.section(".eh_frame")
+    eh_split = None
     if not ctx.is_kernel and eh is not None and eh.size:
-        from ..image.cfg import R_EH_FRAME
-        from .eh_frame import parse_eh_frame
-        fde = parse_eh_frame(image.section_bytes(eh), eh.addr)
-        covered = units.find(fde.pc_begin[fde.pc_range > 0])
-        cfg._mark(np.unique(covered[covered >= 0]), R_EH_FRAME)
+        eh_split = _user_unwind_reasons(image, units, cfg, heat, strat, log)
     counts = block_counts(cfg, *blocks)
     short_keys = ctx.version is None or ctx.version[:2] >= SHORT_SITES_SINCE
     splits, reason = choose_splits(cfg, units, heat, counts, strat.block_min_count, functions,
                                    short_keys, strat.cold_min)
+    if eh_split is not None:
+        n = len(splits)
+        splits = eh_split.accept(splits, units.start, heat, reason)
+        if len(splits) < n:
+            log(f".eh_frame: room for {len(splits)} of {n} cold-part FDEs; "
+                f"{n - len(splits)} functions moved whole")
     log(f"CFG: {len(cfg)} blocks in {len(units)} units; {len(splits)} hot functions split, "
         f"{int(((heat >= strat.min_count) & (reason != 0)).sum())} hot ones moved whole")
     return {"cfg": cfg, "splits": splits, "reason": reason, "block_count": counts,
+            "eh_split": eh_split,
             "reasons": reason_summary(reason, heat, strat.min_count),
             "planning": planning_units(units, heat, splits)}
+
+
+def _user_unwind_reasons(image, units, cfg, heat, strat, log):
+    """Userspace: mark the functions whose unwind information cannot be split
+    (relayout/eh_frame_split.py); returns the EhSplit, or None when the image's
+    unwind sections cannot be rebuilt (then no function with an FDE is split)."""
+    from ..image.cfg import R_EH_FRAME
+    from .eh_frame import EhFrameError, parse_eh_frame
+    from .eh_frame_split import EhSplit
+    try:
+        eh_split = EhSplit(image)
+    except EhFrameError as e:
+        log(f"not splitting functions with unwind information: {e}")
+        eh = image.section(".eh_frame")
+        fde = parse_eh_frame(image.section_bytes(eh), eh.addr)
+        covered = units.find(fde.pc_begin[fde.pc_range > 0])
+        cfg._mark(np.unique(covered[covered >= 0]), R_EH_FRAME)
+        return None
+    cand = np.nonzero((np.asarray(cfg.reason) == 0) & (heat >= strat.min_count))[0]
+    for u in cand.tolist():
+        r = eh_split.reason(int(units.start[u]), int(units.end[u]))
+        if r:
+            cfg._mark(np.array([u]), r)
+    return eh_split
 
 
 def _split_hot_ranges(orig_units, split, strat, blocks):

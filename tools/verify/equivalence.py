@@ -330,7 +330,8 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     cold_names = _cold_names(of, split) if split.any() else frozenset()
     _check_tables(octx, nctx, amap, findings, counter, split_ranges=_split_ranges(
         of, nf, split, oi, ni, new, cold_names), cold_names=cold_names)
-    _check_eh_frame(old, new, amap, octx, findings, counter)
+    _check_eh_frame(old, new, amap, octx, findings, counter,
+                    block_rows=rows if split.any() else None, report=report)
     _check_symbols(old, new, octx, amap, findings, counter, cold_names)
     check_debuginfo(old, new, amap, findings, counter, report, log)
     if layout_map:
@@ -705,8 +706,13 @@ def _check_layout_map(rows, of, nf, oi, ni, findings, counter, report):
                     f"image has it at {w[3]:#x}"), counter)
 
 
-def _check_eh_frame(old, new, amap, octx, findings, counter):
-    """Userspace unwind info: every FDE's pc_begin translates (as a multiset)."""
+def _check_eh_frame(old, new, amap, octx, findings, counter, block_rows=None, report=None):
+    """Userspace unwind info: every FDE's pc_begin translates (as a multiset).
+
+    Block-level layouts: the new FDEs are the translated ones plus one per cold
+    part, starting at the part's first piece; and the unwind state at every
+    piece of a split function (and at every original CFI row inside a copied
+    piece) is the original's (relayout/eh_frame_split.py: check_split_cfi)."""
     so, sn = old.section(".eh_frame"), new.section(".eh_frame")
     if so is None or sn is None or not so.size:
         return
@@ -718,6 +724,17 @@ def _check_eh_frame(old, new, amap, octx, findings, counter):
         return                      # standalone verify already reports unsupported encodings
     want = np.sort(amap.map(eo.pc_begin))
     got = np.sort(en.pc_begin)
+    if block_rows is not None and len(got) > len(want):
+        cold = block_rows[(block_rows["part"] == bm.PART_COLD) & (block_rows["new_len"] > 0)]
+        starts = {}
+        for f, a in zip(cold["func"].tolist(), cold["new"].tolist()):
+            starts[f] = min(a, starts.get(f, a))
+        want = np.sort(np.concatenate([want, np.array(sorted(starts.values()), np.uint64)]))
+        from ..relayout.eh_frame_split import check_split_cfi
+        bad_cfi, seen = check_split_cfi(old, new, block_rows)
+        _add(findings, "error", "equiv.eh_frame-part", bad_cfi, lambda b: b, counter)
+        if report is not None:
+            report.extra["equivalence_eh_frame_part_states"] = seen
     if len(want) != len(got):
         bad = [(None, f".eh_frame has {len(got)} FDEs, the original {len(want)}")]
     else:

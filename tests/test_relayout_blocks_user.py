@@ -1,0 +1,234 @@
+"""Block-level relayout (hot/cold splitting) of userspace executables.
+
+C fixture (tests/fixtures/c/split_user.c) and C++ fixture (split_throw.cc),
+built at test time (-O2 -no-pie -Wl,--emit-relocs, gcc's own hot/cold
+partitioning off so that linepack does the splitting), linked with
+tests/fixtures/c/room.s (headroom in .text and .eh_frame), profiled under
+qemu-x86_64 with linepack's plugin (no arguments: the error paths never run),
+split with the ``blocks`` strategy, then run with the error paths taken:
+
+- same output; glibc's backtrace() from inside a cold part (libgcc unwinder,
+  .eh_frame_hdr + the cold part's own FDE) gives the same frames as the
+  original, its first caller now in ``process.cold``; gdb's ``bt`` too;
+- a C++ exception thrown in ``work.cold`` is still caught in its caller, which
+  has an LSDA and is moved whole with the named reason;
+- ``verify --against`` passes and checks the unwind state at every piece; a
+  cold FDE with a wrong CFA offset is named (``equiv.eh_frame-part``);
+- without room in .eh_frame the splits are refused with a named reason;
+- cfi.py: every FDE's program, evaluated and written again, gives the same rows.
+"""
+
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+
+from linepack.image.elf import ElfImage
+from linepack.relayout.cfi import evaluate, parse_cie_info, write_program
+from linepack.relayout.driver import load_profile_full, relayout
+from linepack.relayout.eh_frame import check_eh_frame
+from linepack.relayout.eh_frame_split import EhSplit, _records, check_split_cfi
+from linepack.relayout.eh_frame import parse_eh_frame
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("gcc") is None or shutil.which("g++") is None or
+    shutil.which("qemu-x86_64") is None, reason="needs gcc, g++ and qemu-x86_64")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIX = os.path.join(HERE, "fixtures", "c")
+FLAGS = ["-O2", "-fno-pie", "-no-pie", "-fno-reorder-blocks-and-partition",
+         "-Wl,--emit-relocs"]
+TEXT_ROOM_ONLY = ('.section .text.zzpad,"ax",@progbits\n.fill 16384,1,0xcc\n'
+                  '.section .note.GNU-stack,"",@progbits\n')
+
+
+def _build(d, src, name, room=True, cc="gcc"):
+    exe = os.path.join(d, name)
+    extra = os.path.join(FIX, "room.s")
+    if not room:
+        extra = os.path.join(d, "text_room.s")
+        with open(extra, "w") as f:
+            f.write(TEXT_ROOM_ONLY)
+    subprocess.run([cc, *FLAGS, "-o", exe, os.path.join(FIX, src), extra], check=True)
+    return exe
+
+
+def _profile(exe):
+    from linepack.profile.user import record_user
+    out = exe + ".lpprof"
+    record_user(exe, [], output=out)
+    return out
+
+
+def _split(exe, prof, out):
+    lp = load_profile_full(prof, exe)
+    return relayout(exe, out, "blocks", hotness=lp.hotness, calls=lp.calls,
+                    blocks=lp.blocks, profile_build_id=lp.build_id)
+
+
+def _run(path, *args):
+    p = subprocess.run([path, *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+@pytest.fixture(scope="module")
+def c_case(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("ub"))
+    exe = _build(d, "split_user.c", "split_user")
+    prof = _profile(exe)
+    out = os.path.join(d, "split_user.blocks")
+    summary, _, rw = _split(exe, prof, out)
+    return exe, out, summary, rw
+
+
+def _names(image_path, pcs):
+    """Symbol (FUNC, incl. name.cold) holding each return address - 1; None outside."""
+    im = ElfImage(image_path)
+    names, syms = im.symbol_table()
+    f = ((syms["info"] & 0xF) == 2) & (syms["size"] > 0)
+    lo = syms["value"][f].astype(np.int64)
+    hi = lo + syms["size"][f].astype(np.int64)
+    nm = [n for n, k in zip(names, f) if k]
+    out = []
+    for pc in pcs:
+        hit = np.nonzero((lo <= pc - 1) & (pc - 1 < hi))[0]
+        out.append(nm[int(hit[0])] if len(hit) else None)
+    return out
+
+
+def _frames(text):
+    """Backtraces printed by split_user.c's report(): lists of return addresses."""
+    return [[int(x, 16) for x in m.group(2).split()]
+            for m in re.finditer(r"frames (\d+):(.*)", text)]
+
+
+def test_c_split_runs_and_unwinds_from_cold_parts(c_case):
+    exe, out, summary, rw = c_case
+    names = {sf.name for sf in rw.block_split["splits"]}
+    assert {"process", "run"} <= names, names
+    assert summary["eh_frame.cold_fdes"] == len(names)
+    assert check_eh_frame(ElfImage(out)) == []
+    assert _run(out) == _run(exe)
+    want, got = _run(exe, "fail"), _run(out, "fail")
+    assert re.sub(r"0x[0-9a-f]+", "X", got) == re.sub(r"0x[0-9a-f]+", "X", want)
+    fw, fg = _frames(want), _frames(got)
+    assert len(fw) == len(fg) == 2
+    for a, b in zip(fw, fg):
+        assert len(a) == len(b) >= 5          # process, run, main, libc..., _start
+        na, nb = _names(exe, a), _names(out, b)
+        assert na[:3] == ["process", "run", "main"]
+        assert nb[0] == "process.cold"        # report() was called from the cold part
+        assert [n and n.removesuffix(".cold") for n in nb] == na
+        assert na[-1] == nb[-1] == "_start"
+
+
+def test_c_gdb_backtrace_from_cold_part(c_case):
+    exe, out, _, _ = c_case
+    if shutil.which("gdb") is None:
+        pytest.fail("gdb is installed by tools/setup.sh")
+
+    def bt(path):
+        p = subprocess.run(["gdb", "-batch", "-nx", "-ex", "break report", "-ex", "run",
+                            "-ex", "bt", "--args", path, "fail"],
+                           capture_output=True, text=True, timeout=120)
+        return re.findall(r"^#\d+\s+(?:0x[0-9a-f]+ in )?(\S+)", p.stdout, re.M)
+    a, b = bt(exe), bt(out)
+    assert a[:4] == ["report", "process", "run", "main"], a
+    assert [re.sub(r"(\[cold\]|\.cold)$", "", n) for n in b] == a, b
+    assert re.match(r"process(\[cold\]|\.cold)$", b[1]), b
+
+
+def test_c_verify_against(c_case, tmp_path):
+    exe, out, _, _ = c_case
+    js = tmp_path / "v.json"
+    p = subprocess.run(["linepack", "verify", out, "--against", exe, "--json", str(js)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = json.loads(js.read_text())
+    extra = rep.get("extra", rep)
+    assert extra["equivalence_eh_frame_part_states"] > 20
+
+
+def test_verify_names_a_wrong_cold_fde(c_case, tmp_path):
+    """Bump the CFA offset the cold FDE of process sets: verify names it."""
+    exe, out, _, rw = c_case
+    im = ElfImage(out)
+    cold = next(a for sf, a, _ in rw.block_split["cold_syms"] if sf.name == "process")
+    sec = im.section(".eh_frame")
+    data = bytes(im.section_bytes(sec))
+    rec = next(r for r in _records(data, sec.addr, parse_eh_frame(data, sec.addr))
+               if not r.is_cie and r.pc_begin == cold)
+    # the cold part starts inside the function's body: its program's first
+    # instruction sets the CFA offset (DW_CFA_def_cfa_offset, operand next)
+    assert rec.prog[0] == 0x0E
+    pos = sec.offset + rec.prog_off + 1
+    bad = tmp_path / "bad"
+    raw = bytearray(open(out, "rb").read())
+    raw[pos] = (raw[pos] + 8) & 0x7F
+    bad.write_bytes(bytes(raw))
+    probs, seen = check_split_cfi(ElfImage(exe), ElfImage(str(bad)),
+                                  rw.block_split["rows"])
+    assert seen and probs and all(cold <= a for a, _ in probs)
+    p = subprocess.run(["linepack", "verify", str(bad), "--against", exe],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1
+    assert "equiv.eh_frame-part" in p.stdout + p.stderr
+
+
+def test_no_room_in_eh_frame_is_a_named_refusal(tmp_path):
+    exe = _build(str(tmp_path), "split_user.c", "noroom", room=False)
+    prof = _profile(exe)
+    out = str(tmp_path / "noroom.blocks")
+    summary, _, _ = _split(exe, prof, out)
+    reasons = summary["split"]["hot_functions_by_reason"]
+    room = [v for k, v in reasons.items() if "no room left in .eh_frame" in k]
+    assert room and room[0] >= 2, reasons
+    assert summary["split"]["functions_split"] == 0
+    want, got = _run(exe, "fail"), _run(out, "fail")
+    assert re.sub(r"0x[0-9a-f]+", "X", got) == re.sub(r"0x[0-9a-f]+", "X", want)
+
+
+def test_cxx_exception_thrown_in_cold_part_is_caught(tmp_path):
+    exe = _build(str(tmp_path), "split_throw.cc", "split_throw", cc="g++")
+    prof = _profile(exe)
+    out = str(tmp_path / "split_throw.blocks")
+    summary, _, rw = _split(exe, prof, out)
+    split = {sf.name for sf in rw.block_split["splits"]}
+    assert "_Z4workii" in split
+    assert "_Z7guardedii" not in split
+    reasons = summary["split"]["hot_functions_by_reason"]
+    assert any("has an LSDA" in k for k in reasons), reasons
+    assert _run(out) == _run(exe)
+    got = _run(out, "x")
+    assert got == _run(exe, "x") and "caught Bad 2332" in got
+    p = subprocess.run(["linepack", "verify", out, "--against", exe],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_cfi_programs_round_trip(c_case):
+    """Every FDE of the fixture and of its output: evaluate, write, evaluate again."""
+    exe, out, _, _ = c_case
+    n = 0
+    for path in (exe, out):
+        im = ElfImage(path)
+        sec = im.section(".eh_frame")
+        data = bytes(im.section_bytes(sec))
+        for r in _records(data, sec.addr, parse_eh_frame(data, sec.addr)):
+            if r.is_cie:
+                continue
+            info = parse_cie_info(data, r.cie, r.cie + 4)
+            rows = evaluate(r.prog, info, info.init_state)
+            again = evaluate(write_program(rows, info), info, info.init_state)
+            dedup = lambda rs: [x for i, x in enumerate(rs) if i == 0 or rs[i - 1][1] != x[1]]  # noqa: E731,E501
+            assert dedup(again) == dedup(rows)
+            n += 1
+    assert n > 20
+    assert EhSplit(ElfImage(exe)).free > 16000      # room.s: 16 KiB of redundant CFI
+    assert struct.calcsize("<I") == 4

@@ -1,0 +1,442 @@
+"""``.eh_frame`` / ``.eh_frame_hdr`` for block-level (split) userspace layouts.
+
+A split function's code lives in two ranges, so its unwind information needs
+two FDEs, as gcc writes for its own ``.cold`` parts:
+
+- the hot part keeps the function's FDE: ``pc_begin`` at the symbol,
+  ``pc_range`` the hot part's size, a CFI program rebuilt from the original
+  rows (tools/relayout/cfi.py): each piece of the part starts with the state the
+  original program gave at the piece's original address (an inserted jmp: the
+  state at the end of the block it closes), and the original rows inside a
+  copied piece follow it;
+- the cold part gets a new FDE under the same CIE, built the same way, whose
+  first row sets the state in effect at its first original instruction.
+
+The sections are rebuilt whole: CIEs and the FDEs of functions not split are
+copied (``pc_begin`` mapped), records are padded to 4 bytes instead of gcc's 8
+(the room the new FDEs need), and ``.eh_frame_hdr`` gets one more search-table
+entry per cold FDE, so it grows into the start of ``.eh_frame``: ``.eh_frame``
+moves up (its end, with crtend's zero terminator ``__FRAME_END__``, stays) and
+``PT_GNU_EH_FRAME`` covers the longer header. ``.rela.eh_frame`` (--emit-relocs)
+follows its fields to their new offsets.
+
+Room is decided before placement (a part's CFI program depends only on its
+pieces' offsets inside the part): splits are taken in heat order while the new
+records and header entries fit the two sections' bytes; the others are moved
+whole with the reason R_EH_ROOM.
+
+Functions with an LSDA (``.gcc_except_table`` call-site ranges are per FDE,
+relative to its start) are not split (R_EH_LSDA); nor are functions whose FDE
+does not cover exactly their symbol's range or whose CFI uses an opcode
+cfi.py does not evaluate (R_EH_FRAME).
+"""
+
+import struct
+
+import numpy as np
+
+from ..image.elf import RELA
+from .cfi import (CfiError, evaluate, parse_cie_info, rows_for_pieces, state_at, used_length,
+                  write_program)
+from .eh_frame import (DW_EH_PE_omit, DW_EH_PE_pcrel, EhFrameError, EhFrameHdr, _FORMATS,
+                       _pack_ptr, _read_ptr, _uleb, parse_eh_frame)
+
+RECORD_ALIGN = 4
+HDR_HEAD = 12       # version, 3 encodings, eh_frame_ptr (sdata4), fde_count (udata4)
+
+
+class Record:
+    __slots__ = ("start", "end", "is_cie", "cie", "field", "enc", "pc_begin", "pc_range",
+                 "aug", "prog", "prog_off", "lsda")
+
+
+def _records(data, addr, eh):
+    """Every CIE and FDE of ``data`` in order (eh: parse_eh_frame of it)."""
+    out = []
+    pos = 0
+    n = len(data)
+    fde_at = {int(o): i for i, o in enumerate(eh.fde_off.tolist())}
+    while pos + 4 <= n:
+        start = pos
+        length = struct.unpack_from("<I", data, pos)[0]
+        if length == 0:
+            pos += 4
+            continue
+        if length == 0xFFFFFFFF:
+            raise EhFrameError(".eh_frame: 64-bit records are not supported by block splitting")
+        end = pos + 4 + length
+        r = Record()
+        r.start, r.end = start, end
+        cie_id = struct.unpack_from("<I", data, pos + 4)[0]
+        r.is_cie = cie_id == 0
+        if r.is_cie:
+            r.cie = start
+        else:
+            i = fde_at[start]
+            r.cie = pos + 4 - cie_id
+            c = eh.cies[r.cie]
+            r.field = int(eh.fde_field[i])
+            r.enc = c.fde_enc
+            r.pc_begin, r.pc_range = int(eh.pc_begin[i]), int(eh.pc_range[i])
+            r.lsda = int(eh.lsda[i])
+            p = r.field + 2 * _FORMATS[r.enc & 0x0F][1]
+            a0 = p
+            if "z" in c.augmentation:
+                alen, p = _uleb(data, p)
+                p += alen
+            r.aug = bytes(data[a0:p])
+            r.prog_off = p
+            r.prog = bytes(data[p:end])
+        out.append(r)
+        pos = end
+    return out
+
+
+def _compact(prog, info):
+    """The shorter of ``prog`` without its trailing DW_CFA_nop padding and the
+    program cfi.py writes for the same rows (redundant instructions dropped),
+    checked to give the same rows; ``prog`` itself when it cannot be evaluated."""
+    if info is None:
+        return prog
+    try:
+        trimmed = prog[:used_length(prog, info)]
+        rows = evaluate(prog, info, info.init_state)
+        canon = write_program(rows, info)
+        if len(canon) < len(trimmed) and _same_rows(evaluate(canon, info, info.init_state), rows):
+            return canon
+        return trimmed
+    except CfiError:
+        return prog
+
+
+def _same_rows(a, b):
+    """Equal row tables, ignoring a trailing row past the last state change."""
+    def norm(rows):
+        out = []
+        for loc, st in rows:
+            if out and out[-1][1] == st:
+                continue
+            out.append((loc, st))
+        return out
+    return norm(a) == norm(b)
+
+
+def _pad(n):
+    return (n + RECORD_ALIGN - 1) // RECORD_ALIGN * RECORD_ALIGN
+
+
+def _fde_size(enc, aug, prog):
+    return _pad(4 + 4 + 2 * _FORMATS[enc & 0x0F][1] + len(aug) + len(prog))
+
+
+class EhSplit:
+    """Parsed unwind sections of a userspace image, for splitting."""
+
+    def __init__(self, image):
+        self.image = image
+        self.sec = image.section(".eh_frame")
+        self.hsec = image.section(".eh_frame_hdr")
+        data = bytes(image.section_bytes(self.sec))
+        self.eh = parse_eh_frame(data, self.sec.addr)
+        self.records = _records(data, self.sec.addr, self.eh)
+        self.cie_info = {}
+        for r in self.records:
+            if r.is_cie:
+                try:
+                    self.cie_info[r.start] = parse_cie_info(data, r.start, r.start + 4)
+                except CfiError:
+                    self.cie_info[r.start] = None
+        self.fdes = [r for r in self.records if not r.is_cie]
+        self.by_begin = {}
+        for r in self.fdes:
+            if r.pc_range:
+                self.by_begin.setdefault(r.pc_begin, []).append(r)
+        hdr = EhFrameHdr(image.section_bytes(self.hsec), self.hsec.addr) if self.hsec else None
+        if hdr is None or hdr.loc is None:
+            raise EhFrameError(".eh_frame_hdr with a search table is needed to split functions")
+        if self.hsec.addr + self.hsec.size > self.sec.addr:
+            raise EhFrameError(".eh_frame_hdr does not precede .eh_frame")
+        self.hdr = hdr
+        self.end = self.sec.addr + self.sec.size
+        for r in self.fdes:
+            r.prog = _compact(r.prog, self.cie_info.get(r.cie))
+        size = sum(_pad(r.end - r.start) if r.is_cie else _fde_size(r.enc, r.aug, r.prog)
+                   for r in self.records)
+        self.free = self.end - self._eh_start(len(self.fdes)) - size - 4
+        self.rows = {}
+
+    def _eh_start(self, n):
+        """Where .eh_frame starts after a header with ``n`` table entries."""
+        return (self.hsec.addr + HDR_HEAD + 8 * n + 7) // 8 * 8
+
+    def fde_containing(self, addr):
+        for r in self.fdes:
+            if r.pc_begin <= addr < r.pc_begin + r.pc_range:
+                return r
+        return None
+
+    def rows_of(self, r):
+        rows = self.rows.get(r.pc_begin)
+        if rows is None:
+            info = self.cie_info[r.cie]
+            rows = self.rows[r.pc_begin] = evaluate(r.prog, info, info.init_state)
+        return rows
+
+    def reason(self, start, end):
+        """None if the function [start, end) can be split, else a reason code."""
+        from ..image.cfg import R_EH_FRAME, R_EH_LSDA
+        fd = [r for r in self.by_begin.get(start, [])]
+        inside = [r for r in self.fdes if start < r.pc_begin < end]
+        if not fd and not inside:
+            return None
+        if len(fd) != 1 or inside or fd[0].pc_begin + fd[0].pc_range != end:
+            return R_EH_FRAME
+        r = fd[0]
+        c = self.eh.cies[r.cie]
+        if c.lsda_enc != DW_EH_PE_omit and len(r.aug) > 1:
+            return R_EH_LSDA
+        info = self.cie_info.get(r.cie)
+        if info is None:
+            return R_EH_FRAME
+        try:
+            self.rows[start] = evaluate(r.prog, info, info.init_state)
+        except CfiError:
+            return R_EH_FRAME
+        return None
+
+    def programs(self, sf, base):
+        """(hot program, cold program) of split function ``sf`` (unit at ``base``)."""
+        from .blocks import COPY, INSERTED, REMOVED
+        r = self.by_begin[base][0]
+        info = self.cie_info[r.cie]
+        rows = self.rows[base]
+        out = []
+        for part in (0, 1):
+            pieces = []
+            for p in sf.parts[part]:
+                if p.kind == REMOVED:
+                    continue
+                at = p.old - base - 1 if p.kind == INSERTED else p.old - base
+                pieces.append((p.off, p.old - base, p.old_len, p.kind == COPY, at))
+            out.append(write_program(rows_for_pieces(rows, pieces), info))
+        return out
+
+    def cost(self, sf, base):
+        """Bytes the split of ``sf`` adds to the two sections."""
+        if base not in self.by_begin:
+            return 0, None
+        r = self.by_begin[base][0]
+        hot, cold = self.programs(sf, base)
+        old = _fde_size(r.enc, r.aug, r.prog)     # as counted in ``free`` (compacted)
+        return _fde_size(r.enc, r.aug, hot) + _fde_size(r.enc, r.aug, cold) - old + 8, (hot, cold)
+
+    def accept(self, splits, starts, heat, reason):
+        """Keep the splits that fit, hottest first; mark the others R_EH_ROOM."""
+        from ..image.cfg import R_EH_ROOM
+        free = self.free            # each header entry adds 8: .eh_frame's start stays 8-aligned
+        kept = []
+        order = sorted(range(len(splits)), key=lambda k: (-float(heat[splits[k].unit]), k))
+        for k in order:
+            sf = splits[k]
+            c, progs = self.cost(sf, int(starts[sf.unit]))
+            if c > free:
+                reason[sf.unit] = R_EH_ROOM
+                continue
+            free -= c
+            sf.cfi = progs
+            kept.append(k)
+        return [splits[k] for k in sorted(kept)]
+
+    def rebuild(self, rw, splits, starts):
+        """New bytes and geometry of both sections in ``rw`` (a BlockRewriter
+        after run()); returns stats."""
+        amap = rw.amap
+        by_unit = {int(starts[sf.unit]): sf for sf in splits if getattr(sf, "cfi", None)}
+        recs = []                 # (old record or None, kind, fields)
+        for r in self.records:
+            if r.is_cie:
+                recs.append(("cie", r, None))
+                continue
+            sf = by_unit.get(r.pc_begin)
+            if sf is None:
+                nb, ok = amap.map(np.array([r.pc_begin], np.uint64))
+                if not ok[0]:
+                    raise EhFrameError(f".eh_frame FDE {r.pc_begin:#x}: in padding the layout drops")
+                recs.append(("fde", r, (int(nb[0]), r.pc_range, r.prog)))
+                continue
+            hot, cold = sf.cfi
+            recs.append(("fde", r, (sf.new_start[0], sf.sizes[0], hot)))
+            recs.append(("cold", r, (sf.new_start[1], sf.sizes[1], cold)))
+        n_fde = sum(1 for k, _, _ in recs if k != "cie")
+        new_addr = self._eh_start(n_fde)
+        hdr_size = new_addr - self.hsec.addr
+        end = self.end
+        out = bytearray()
+        cie_new = {}
+        field_map = {}            # old offset in .eh_frame -> new offset (relocated fields)
+        table = []
+        for kind, r, f in recs:
+            at = len(out)
+            if kind == "cie":
+                body = bytearray(bytes(self.image.section_bytes(self.sec))[r.start:r.end])
+                body += b"\0" * (_pad(len(body)) - len(body))
+                struct.pack_into("<I", body, 0, len(body) - 4)
+                cie_new[r.start] = at
+                for o in range(r.start, r.end):
+                    field_map[o] = at + o - r.start
+                out += body
+                continue
+            pc, rng, prog = f
+            fmt, size = _FORMATS[r.enc & 0x0F]
+            body = bytearray(8)
+            struct.pack_into("<I", body, 4, at + 4 - cie_new[r.cie])
+            body += _pack_ptr(pc, r.enc, new_addr + at + 8)
+            body += struct.pack(fmt, rng)
+            aug = bytearray(r.aug)
+            if kind == "fde":
+                for o in range(r.field, r.prog_off):
+                    field_map[o] = at + 8 + o - r.field
+            c = self.eh.cies[r.cie]
+            if len(aug) > 1 and c.lsda_enc != DW_EH_PE_omit and c.lsda_enc & 0x70 == DW_EH_PE_pcrel:
+                # a pc-relative LSDA pointer follows its field
+                _, p = _uleb(aug, 0)
+                lsda, _, _ = _read_ptr(bytes(self.image.section_bytes(self.sec)),
+                                       r.field + 2 * size + p, c.lsda_enc, self.sec.addr)
+                aug[p:p + _FORMATS[c.lsda_enc & 0x0F][1]] = _pack_ptr(
+                    lsda, c.lsda_enc, new_addr + at + 8 + 2 * size + p)
+            body += aug + prog
+            body += b"\0" * (_pad(len(body)) - len(body))
+            struct.pack_into("<I", body, 0, len(body) - 4)
+            out += body
+            table.append((pc, new_addr + at))
+        new_size = end - new_addr
+        if len(out) + 4 > new_size:
+            raise EhFrameError(f".eh_frame: rebuilt records ({len(out)} bytes) do not fit "
+                               f"({new_size - 4} bytes)")
+        out += b"\0" * (new_size - len(out))
+        table.sort()
+        hdr = bytearray(hdr_size)
+        hdr[0:4] = bytes([1, DW_EH_PE_pcrel | 0x0B, 0x03, 0x3B])
+        struct.pack_into("<i", hdr, 4, new_addr - (self.hsec.addr + 4))
+        struct.pack_into("<I", hdr, 8, len(table))
+        for k, (loc, fde) in enumerate(table):
+            struct.pack_into("<ii", hdr, HDR_HEAD + 8 * k, loc - self.hsec.addr,
+                             fde - self.hsec.addr)
+        rw.patched[self.hsec.index] = np.frombuffer(bytes(hdr), np.uint8).copy()
+        rw.patched[self.sec.index] = np.frombuffer(bytes(out), np.uint8).copy()
+        rw.section_moves = {self.hsec.index: (self.hsec.addr, hdr_size),
+                            self.sec.index: (new_addr, new_size)}
+        self._relocations(rw, field_map, new_addr)
+        rw.eh_frame_new_addr = new_addr
+        return {"eh_frame.fdes": n_fde, "eh_frame.cold_fdes": len(by_unit),
+                "eh_frame_hdr.entries": len(table), "eh_frame.bytes_free":
+                new_size - 4 - len(out.rstrip(b"\0"))}
+
+    def _relocations(self, rw, field_map, new_addr):
+        rel = next((s for s in self.image.sections if s.name == ".rela.eh_frame"), None)
+        if rel is None or not rel.size:
+            return
+        buf = rw.patched.get(rel.index)
+        r = (np.array(buf) if buf is not None else
+             np.array(self.image.section_bytes(rel))).view(RELA).copy()
+        off = r["offset"].astype(np.int64) - self.sec.addr
+        new = np.array([field_map.get(int(o), -1) for o in off.tolist()], np.int64)
+        if (new < 0).any():
+            i = int(np.nonzero(new < 0)[0][0])
+            raise EhFrameError(f".rela.eh_frame: a relocation at {int(r['offset'][i]):#x} is "
+                               "outside every record header")
+        r["offset"] = (new + new_addr).astype(np.uint64)
+        rw.patched[rel.index] = r.view(np.uint8)
+
+
+def fix_section_symbols(rw, image):
+    """Section symbols and symbols inside a moved allocated section follow it
+    (crtend's ``__FRAME_END__`` sits at the unchanged end)."""
+    moves = getattr(rw, "section_moves", None)
+    if not moves:
+        return
+    from ..image.elf import SHT_SYMTAB, SYM
+    symsec = next(s for s in image.sections if s.type == SHT_SYMTAB)
+    buf = rw.patched.get(symsec.index)
+    rows = (np.array(buf) if buf is not None else np.array(image.section_bytes(symsec))).view(SYM).copy()
+    for idx, (addr, _) in moves.items():
+        sel = (rows["shndx"] == idx) & ((rows["info"] & 0xF) == 3)
+        rows["value"][sel] = addr
+    rw.patched[symsec.index] = rows.view(np.uint8)
+
+
+def check_split_cfi(old_image, new_image, rows):
+    """Per-part unwind check of a blocks output: at every block-map piece of a
+    split function (and at every original CFI row inside a copied piece), the
+    state the new image's FDE gives equals the one the original's gives.
+    Returns a list of (address, message)."""
+    from ..image import blockmap as bm
+    problems = []
+    try:
+        old = EhSplit(old_image)
+        new = _FdeIndex(new_image)
+    except EhFrameError as e:
+        return [(None, str(e))], 0
+    seen = 0
+    for k in range(len(rows)):
+        kind = int(rows["kind"][k])
+        if kind == bm.KIND_JMP_REMOVED or not int(rows["new_len"][k]):
+            continue
+        o, nw, ln = int(rows["old"][k]), int(rows["new"][k]), int(rows["old_len"][k])
+        ofde = old.fde_containing(o)
+        if ofde is None:
+            continue
+        orows = old.rows_of(ofde)
+        if kind == bm.KIND_JMP_INSERTED:
+            checks = [(o - 1, nw)]
+        else:
+            checks = [(o, nw)] + [(ofde.pc_begin + loc, nw + ofde.pc_begin + loc - o)
+                                  for loc, _ in orows
+                                  if o < ofde.pc_begin + loc < o + ln and kind == bm.KIND_COPIED]
+        for oa, na in checks:
+            want = state_at(orows, oa - ofde.pc_begin)
+            try:
+                got = new.state(na)
+            except CfiError as e:
+                problems.append((na, f"unwind state at {na:#x}: its FDE's CFI cannot be "
+                                     f"evaluated ({e})"))
+                continue
+            seen += 1
+            if got != want:
+                problems.append((na, f"unwind state at {na:#x} (original {oa:#x}) differs: "
+                                     f"{got} != {want}"))
+    return problems, seen
+
+
+class _FdeIndex:
+    """FDE lookup by address in an image, as the unwinder does it (the
+    ``.eh_frame_hdr`` table, then the FDE's range)."""
+
+    def __init__(self, image):
+        sec = image.section(".eh_frame")
+        data = bytes(image.section_bytes(sec))
+        eh = parse_eh_frame(data, sec.addr)
+        self.records = _records(data, sec.addr, eh)
+        self.info = {r.start: parse_cie_info(data, r.start, r.start + 4)
+                     for r in self.records if r.is_cie}
+        hs = image.section(".eh_frame_hdr")
+        hdr = EhFrameHdr(image.section_bytes(hs), hs.addr)
+        by_off = {sec.addr + r.start: r for r in self.records if not r.is_cie}
+        self.loc = hdr.loc.astype(np.int64)
+        self.fde = [by_off.get(int(f)) for f in hdr.fde.tolist()]
+        self.cache = {}
+
+    def state(self, addr):
+        i = int(np.searchsorted(self.loc, addr, side="right")) - 1
+        if i < 0 or self.fde[i] is None:
+            return None
+        r = self.fde[i]
+        if not r.pc_begin <= addr < r.pc_begin + r.pc_range:
+            return None
+        rows = self.cache.get(r.start)
+        if rows is None:
+            info = self.info[r.cie]
+            rows = self.cache[r.start] = evaluate(r.prog, info, info.init_state)
+        return state_at(rows, addr - r.pc_begin)
+
+
