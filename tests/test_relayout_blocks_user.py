@@ -232,3 +232,17 @@ def test_cfi_programs_round_trip(c_case):
     assert n > 20
     assert EhSplit(ElfImage(exe)).free > 16000      # room.s: 16 KiB of redundant CFI
     assert struct.calcsize("<I") == 4
+
+
+def test_pie_is_refused_with_a_named_reason(tmp_path):
+    """PIE executables (stage 4 of issue 9) are not handled yet: one line, exit 2."""
+    exe = str(tmp_path / "pie")
+    subprocess.run(["gcc", "-O2", "-fpie", "-pie", "-Wl,--emit-relocs", "-o", exe,
+                    os.path.join(FIX, "split_user.c")], check=True)
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"functions": {"process": 100.0}}))
+    p = subprocess.run(["linepack", "relayout", exe, "--profile", str(prof), "--strategy",
+                        "blocks", "-o", str(tmp_path / "out")], capture_output=True, text=True)
+    assert p.returncode == 2
+    assert "PIE executable" in p.stderr and "R_X86_64_RELATIVE" in p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "out").exists()

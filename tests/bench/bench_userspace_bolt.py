@@ -5,13 +5,16 @@
 1. Debian's lua5.4 source (``apt-get source lua5.4``, cached under
    ~/.cache/linepack/userspace) built ``-O2 -fno-pie``, linked
    ``-no-pie -Wl,--emit-relocs`` against the system libc (dynamic), with a
-   16 KiB never-executed ``.text.zzpad`` at the end of ``.text``: linepack keeps
-   every allocated section's size, so a layout with padding needs headroom (BOLT
-   gets the same binary).
+   16 KiB never-executed ``.text.zzpad`` at the end of ``.text`` and 16 KiB of
+   redundant CFI in that filler's FDE (tests/fixtures/c/room.s): linepack keeps
+   every allocated section's size, so a layout with padding needs headroom in
+   .text, and the cold parts' FDEs need it in .eh_frame (BOLT gets the same
+   binary).
 2. A Lua workload (sort, string patterns, gsub, closures, coroutines, pcall)
    runs under qemu-x86_64 with linepack's plugin (mode=user, edges=on): the
    profile. It is exported as BOLT .fdata with linepack's exporter.
-3. Layouts: linepack ``pack``; BOLT functions only
+3. Layouts: linepack ``pack``; linepack ``blocks`` (hot/cold splitting, each
+   cold part with its own FDE); BOLT functions only
    (``-reorder-functions=hfsort -reorder-blocks=none``); BOLT full
    (``-reorder-functions=hfsort -reorder-blocks=ext-tsp -split-functions
    -split-all-cold``).
@@ -150,9 +153,11 @@ def make_layouts(exe, script, work, reps=3, log=print):
     export_fdata(prof, fdata, image=exe)
     out = {"original": exe}
     secs = {}
-    out["linepack pack"] = os.path.join(work, "lua.pack")
-    secs["linepack pack"] = _timed(["linepack", "relayout", exe, "--profile", prof_path,
-                                    "--strategy", "pack", "-q", "-o", out["linepack pack"]], reps)
+    for label, strategy, name in (("linepack pack", "pack", "lua.pack"),
+                                  ("linepack blocks", "blocks", "lua.blocks")):
+        out[label] = os.path.join(work, name)
+        secs[label] = _timed(["linepack", "relayout", exe, "--profile", prof_path,
+                              "--strategy", strategy, "-q", "-o", out[label]], reps)
     for label, flags, name in (("BOLT functions", BOLT_FUNCS, "lua.bolt-fn"),
                                ("BOLT full", BOLT_FULL, "lua.bolt")):
         out[label] = os.path.join(work, name)
@@ -219,12 +224,17 @@ def main(argv=None):
     with open(script, "w") as f:
         f.write(LUA_SCRIPT)
     binaries, secs, prof = make_layouts(exe, script, work, reps=a.reps, log=log)
+    v = subprocess.run(["linepack", "verify", binaries["linepack blocks"], "--against", exe],
+                       capture_output=True, text=True)
+    verdict = next((ln for ln in v.stdout.splitlines() if ln.startswith("result:")), "?")
+    log(f"verify lua.blocks --against lua: exit {v.returncode}, {verdict}")
     res, outputs = measure(binaries, script, reps=a.reps, log=log)
     same = len({o for s in outputs.values() for o in s}) == 1
     print(f"lua 5.4 (Debian source), workload {prof.meta['instructions']:,} program instructions, "
           f"{len(prof.func_addr)} executed functions; outputs identical: {same}\n")
     print(table(res, secs, binaries))
-    return 0 if same else 1
+    print(f"\nverify lua.blocks --against lua: exit {v.returncode} ({verdict.strip()})")
+    return 0 if same and v.returncode == 0 else 1
 
 
 if __name__ == "__main__":

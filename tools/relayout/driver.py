@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import BadInput
 from ..image.disasm import disassemble
-from ..image.elf import ET_EXEC, ElfImage
+from ..image.elf import ET_DYN, ET_EXEC, ElfImage
 from ..image.functions import FunctionTable, text_size
 from ..image.writer import write_image
 from ..io import write_atomic
@@ -125,6 +125,10 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         raise BadInput(f"{out_path}: output is the input; linepack never modifies its input")
     strat = strategies.get(strategy) if not hasattr(strategy, "layout") else strategy
     image = ElfImage(image_path)
+    if image.type == ET_DYN and image.section(".interp") is not None:
+        raise BadInput(f"{image_path}: a PIE executable; relayout handles non-PIE executables "
+                       "only (a PIE's R_X86_64_RELATIVE entries in .rela.dyn would have to "
+                       "follow the layout): link with -no-pie -Wl,--emit-relocs")
     if image.type != ET_EXEC:
         raise BadInput(f"{image_path}: not an ET_EXEC executable (type {image.type}); "
                        "relayout handles linked executables and vmlinux")
