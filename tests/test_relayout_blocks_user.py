@@ -10,12 +10,16 @@ split with the ``blocks`` strategy, then run with the error paths taken:
 - same output; glibc's backtrace() from inside a cold part (libgcc unwinder,
   .eh_frame_hdr + the cold part's own FDE) gives the same frames as the
   original, its first caller now in ``process.cold``; gdb's ``bt`` too;
-- a C++ exception thrown in ``work.cold`` is still caught in its caller, which
-  has an LSDA and is moved whole with the named reason;
-- ``verify --against`` passes and checks the unwind state at every piece; a
-  cold FDE with a wrong CFA offset is named (``equiv.eh_frame-part``);
+- a C++ exception thrown in ``work.cold`` is caught by its caller's landing pad
+  in ``guarded.cold`` (one LSDA per part); a function with an exception
+  specification is moved whole with the named reason;
+- ``verify --against`` passes and checks the unwind state at every piece and
+  the exception lookup at every copied byte; a cold FDE with a wrong CFA offset
+  (``equiv.eh_frame-part``) and a part LSDA with a wrong LPStart
+  (``equiv.lsda-part``) are named;
 - without room in .eh_frame the splits are refused with a named reason;
-- cfi.py: every FDE's program, evaluated and written again, gives the same rows.
+- cfi.py: every FDE's program, evaluated and written again, gives the same rows;
+- a PIE is refused with one line (exit 2).
 """
 
 import json
@@ -32,7 +36,8 @@ from linepack.image.elf import ElfImage
 from linepack.relayout.cfi import evaluate, parse_cie_info, write_program
 from linepack.relayout.driver import load_profile_full, relayout
 from linepack.relayout.eh_frame import check_eh_frame
-from linepack.relayout.eh_frame_split import EhSplit, _records, check_split_cfi
+from linepack.relayout.eh_frame_split import (EhSplit, _records, check_split_cfi,
+                                              check_split_lsda)
 from linepack.relayout.eh_frame import parse_eh_frame
 
 pytestmark = pytest.mark.skipif(
@@ -47,14 +52,14 @@ TEXT_ROOM_ONLY = ('.section .text.zzpad,"ax",@progbits\n.fill 16384,1,0xcc\n'
                   '.section .note.GNU-stack,"",@progbits\n')
 
 
-def _build(d, src, name, room=True, cc="gcc"):
+def _build(d, src, name, room=True, cc="gcc", std=()):
     exe = os.path.join(d, name)
     extra = os.path.join(FIX, "room.s")
     if not room:
         extra = os.path.join(d, "text_room.s")
         with open(extra, "w") as f:
             f.write(TEXT_ROOM_ONLY)
-    subprocess.run([cc, *FLAGS, "-o", exe, os.path.join(FIX, src), extra], check=True)
+    subprocess.run([cc, *std, *FLAGS, "-o", exe, os.path.join(FIX, src), extra], check=True)
     return exe
 
 
@@ -194,22 +199,67 @@ def test_no_room_in_eh_frame_is_a_named_refusal(tmp_path):
     assert re.sub(r"0x[0-9a-f]+", "X", got) == re.sub(r"0x[0-9a-f]+", "X", want)
 
 
-def test_cxx_exception_thrown_in_cold_part_is_caught(tmp_path):
-    exe = _build(str(tmp_path), "split_throw.cc", "split_throw", cc="g++")
+@pytest.fixture(scope="module")
+def cxx_case(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("ubx"))
+    exe = _build(d, "split_throw.cc", "split_throw", cc="g++",
+                 std=("-std=gnu++14", "-Wno-deprecated"))
     prof = _profile(exe)
-    out = str(tmp_path / "split_throw.blocks")
+    out = os.path.join(d, "split_throw.blocks")
     summary, _, rw = _split(exe, prof, out)
+    return exe, out, summary, rw
+
+
+def test_cxx_exceptions_through_split_functions(cxx_case):
+    """Thrown in work.cold (no LSDA), caught by guarded()'s landing pad in
+    guarded.cold (one LSDA per part); checked() (exception specification) whole."""
+    exe, out, summary, rw = cxx_case
     split = {sf.name for sf in rw.block_split["splits"]}
-    assert "_Z4workii" in split
-    assert "_Z7guardedii" not in split
+    assert {"_Z4workii", "_Z7guardedii"} <= split, split
+    assert "_Z7checkedi" not in split
+    assert summary["eh_frame.part_lsdas"] == 2
     reasons = summary["split"]["hot_functions_by_reason"]
-    assert any("has an LSDA" in k for k in reasons), reasons
+    assert any("has an LSDA linepack does not rewrite" in k for k in reasons), reasons
     assert _run(out) == _run(exe)
     got = _run(out, "x")
     assert got == _run(exe, "x") and "caught Bad 2332" in got
+    # the landing pad really is in the cold part
+    im = ElfImage(out)
+    names, syms = im.symbol_table()
+    cold = [(int(v), int(v) + int(n)) for nm, v, n in zip(names, syms["value"], syms["size"])
+            if nm == "_Z7guardedii.cold"]
+    assert cold
+    probs, seen = check_split_lsda(ElfImage(exe), im, rw.block_split["rows"])
+    assert not probs and seen > 20
     p = subprocess.run(["linepack", "verify", out, "--against", exe],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_verify_names_a_wrong_part_lsda(cxx_case, tmp_path):
+    """Shift the LPStart of guarded()'s hot-part LSDA by one: every landing pad
+    it names is off by a byte; verify names it (equiv.lsda-part)."""
+    exe, out, _, rw = cxx_case
+    im = ElfImage(out)
+    sf = next(sf for sf in rw.block_split["splits"] if sf.name == "_Z7guardedii")
+    sec = im.section(".eh_frame")
+    data = bytes(im.section_bytes(sec))
+    rec = next(r for r in _records(data, sec.addr, parse_eh_frame(data, sec.addr))
+               if not r.is_cie and r.pc_begin == sf.new_start[0])
+    hs = im.section(".eh_frame_hdr")
+    assert hs.addr < rec.lsda < hs.addr + hs.size       # new LSDAs live after the table
+    pos = hs.offset + rec.lsda - hs.addr
+    raw = bytearray(open(out, "rb").read())
+    assert raw[pos] == 0x00                               # LPStart given, absptr
+    lpstart = struct.unpack_from("<Q", raw, pos + 1)[0]
+    struct.pack_into("<Q", raw, pos + 1, lpstart + 1)
+    bad = tmp_path / "bad"
+    bad.write_bytes(bytes(raw))
+    probs, _ = check_split_lsda(ElfImage(exe), ElfImage(str(bad)), rw.block_split["rows"])
+    assert probs
+    p = subprocess.run(["linepack", "verify", str(bad), "--against", exe],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and "equiv.lsda-part" in p.stdout + p.stderr
 
 
 def test_cfi_programs_round_trip(c_case):

@@ -45,8 +45,8 @@ REASONS = (
     "no cold block worth moving",
     "userspace: its .eh_frame FDE does not cover exactly the function, or uses CFI linepack "
     "does not evaluate",
-    "userspace: has an LSDA (.gcc_except_table call sites are per FDE; cold-part LSDAs are not "
-    "written yet)",
+    "userspace: has an LSDA linepack does not rewrite per part (exception specifications, "
+    "unsupported encodings)",
     "userspace: no room left in .eh_frame/.eh_frame_hdr for its cold part's FDE",
 )
 (R_SPLIT, R_PINNED, R_NOINSTR, R_GLUED, R_UNDECODABLE, R_INDIRECT, R_MID_INSN, R_RELOC_BRANCH,

@@ -25,10 +25,12 @@ pieces' offsets inside the part): splits are taken in heat order while the new
 records and header entries fit the two sections' bytes; the others are moved
 whole with the reason R_EH_ROOM.
 
-Functions with an LSDA (``.gcc_except_table`` call-site ranges are per FDE,
-relative to its start) are not split (R_EH_LSDA); nor are functions whose FDE
-does not cover exactly their symbol's range or whose CFI uses an opcode
-cfi.py does not evaluate (R_EH_FRAME).
+A function with an LSDA (``.gcc_except_table`` call-site ranges are per FDE,
+relative to its start) gets one new LSDA per part (tools/relayout/lsda.py),
+stored after the ``.eh_frame_hdr`` search table; both FDEs point at theirs.
+An LSDA lsda.py does not rewrite (exception specifications) keeps its function
+whole (R_EH_LSDA), as does an FDE that does not cover exactly its function's
+range or whose CFI uses an opcode cfi.py does not evaluate (R_EH_FRAME).
 """
 
 import struct
@@ -38,6 +40,8 @@ import numpy as np
 from ..image.elf import RELA
 from .cfi import (CfiError, evaluate, parse_cie_info, rows_for_pieces, state_at, used_length,
                   write_program)
+from .lsda import Lsda, LsdaError, call_sites_for_part, size_bound
+from .lsda import encode as lsda_encode
 from .eh_frame import (DW_EH_PE_omit, DW_EH_PE_pcrel, EhFrameError, EhFrameHdr, _FORMATS,
                        _pack_ptr, _read_ptr, _uleb, parse_eh_frame)
 
@@ -164,6 +168,7 @@ class EhSplit:
                    for r in self.records)
         self.free = self.end - self._eh_start(len(self.fdes)) - size - 4
         self.rows = {}
+        self.lsda, self.lsda_refused = {}, {}
 
     def _eh_start(self, n):
         """Where .eh_frame starts after a header with ``n`` table entries."""
@@ -193,8 +198,12 @@ class EhSplit:
             return R_EH_FRAME
         r = fd[0]
         c = self.eh.cies[r.cie]
-        if c.lsda_enc != DW_EH_PE_omit and len(r.aug) > 1:
-            return R_EH_LSDA
+        if c.lsda_enc != DW_EH_PE_omit and len(r.aug) > 1 and r.lsda:
+            try:
+                self.lsda[start] = Lsda(self.image, r.lsda, start)
+            except (LsdaError, struct.error, IndexError) as e:
+                self.lsda_refused[start] = str(e)
+                return R_EH_LSDA
         info = self.cie_info.get(r.cie)
         if info is None:
             return R_EH_FRAME
@@ -223,12 +232,20 @@ class EhSplit:
 
     def cost(self, sf, base):
         """Bytes the split of ``sf`` adds to the two sections."""
+        from .blocks import COPY
         if base not in self.by_begin:
             return 0, None
         r = self.by_begin[base][0]
         hot, cold = self.programs(sf, base)
         old = _fde_size(r.enc, r.aug, r.prog)     # as counted in ``free`` (compacted)
-        return _fde_size(r.enc, r.aug, hot) + _fde_size(r.enc, r.aug, cold) - old + 8, (hot, cold)
+        extra = 0
+        ls = self.lsda.get(base)
+        if ls is not None:                        # one new LSDA per part (bounded size)
+            for part in (0, 1):
+                pieces = [(p.old, p.old_len, p.off) for p in sf.parts[part] if p.kind == COPY]
+                extra += size_bound(ls, len(call_sites_for_part(ls, pieces))) + 8
+        return (_fde_size(r.enc, r.aug, hot) + _fde_size(r.enc, r.aug, cold) - old + 8 + extra,
+                (hot, cold))
 
     def accept(self, splits, starts, heat, reason):
         """Keep the splits that fit, hottest first; mark the others R_EH_ROOM."""
@@ -250,6 +267,7 @@ class EhSplit:
     def rebuild(self, rw, splits, starts):
         """New bytes and geometry of both sections in ``rw`` (a BlockRewriter
         after run()); returns stats."""
+        from .blocks import COPY
         amap = rw.amap
         by_unit = {int(starts[sf.unit]): sf for sf in splits if getattr(sf, "cfi", None)}
         recs = []                 # (old record or None, kind, fields)
@@ -265,15 +283,39 @@ class EhSplit:
                 recs.append(("fde", r, (int(nb[0]), r.pc_range, r.prog)))
                 continue
             hot, cold = sf.cfi
-            recs.append(("fde", r, (sf.new_start[0], sf.sizes[0], hot)))
-            recs.append(("cold", r, (sf.new_start[1], sf.sizes[1], cold)))
+            recs.append(("fde", r, (sf.new_start[0], sf.sizes[0], hot, (sf, 0))))
+            recs.append(("cold", r, (sf.new_start[1], sf.sizes[1], cold, (sf, 1))))
         n_fde = sum(1 for k, _, _ in recs if k != "cie")
-        new_addr = self._eh_start(n_fde)
+        # new LSDAs go after the header's search table
+        lsda_at = self.hsec.addr + HDR_HEAD + 8 * n_fde
+        blob = bytearray()
+        new_lsda = {}
+        for sf in by_unit.values():
+            base = int(starts[sf.unit])
+            ls = self.lsda.get(base)
+            if ls is None:
+                continue
+            lps = sorted({c[2] for c in ls.calls if c[2]})
+            lp_new, ok = amap.map(np.array(lps, np.uint64)) if lps else (np.zeros(0), np.ones(0, bool))
+            if not np.all(ok):
+                raise EhFrameError(f"LSDA of {sf.name}: a landing pad is in dropped padding")
+            lp_map = dict(zip(lps, [int(x) for x in lp_new]))
+            lpstart = min(sf.new_start) - 1
+            for part in (0, 1):
+                pieces = [(p.old, p.old_len, sf.new_start[part] + p.off)
+                          for p in sf.parts[part] if p.kind == COPY]
+                blob += b"\0" * (-len(blob) % 4)
+                at = lsda_at + len(blob)
+                blob += lsda_encode(ls, sf.new_start[part], call_sites_for_part(ls, pieces),
+                                    lp_map, lpstart, at)
+                new_lsda[(id(sf), part)] = at
+        new_addr = (lsda_at + len(blob) + 7) // 8 * 8
         hdr_size = new_addr - self.hsec.addr
         end = self.end
         out = bytearray()
         cie_new = {}
         field_map = {}            # old offset in .eh_frame -> new offset (relocated fields)
+        lsda_fields = {}          # new offset of a hot FDE's LSDA pointer -> its new LSDA
         table = []
         for kind, r, f in recs:
             at = len(out)
@@ -286,7 +328,7 @@ class EhSplit:
                     field_map[o] = at + o - r.start
                 out += body
                 continue
-            pc, rng, prog = f
+            pc, rng, prog = f[:3]
             fmt, size = _FORMATS[r.enc & 0x0F]
             body = bytearray(8)
             struct.pack_into("<I", body, 4, at + 4 - cie_new[r.cie])
@@ -297,11 +339,14 @@ class EhSplit:
                 for o in range(r.field, r.prog_off):
                     field_map[o] = at + 8 + o - r.field
             c = self.eh.cies[r.cie]
-            if len(aug) > 1 and c.lsda_enc != DW_EH_PE_omit and c.lsda_enc & 0x70 == DW_EH_PE_pcrel:
-                # a pc-relative LSDA pointer follows its field
+            if len(aug) > 1 and c.lsda_enc != DW_EH_PE_omit:
+                # the LSDA pointer: a part's new LSDA, or the old one (pc-relative: re-encoded)
                 _, p = _uleb(aug, 0)
                 lsda, _, _ = _read_ptr(bytes(self.image.section_bytes(self.sec)),
                                        r.field + 2 * size + p, c.lsda_enc, self.sec.addr)
+                if len(f) > 3 and (id(f[3][0]), f[3][1]) in new_lsda:
+                    lsda = new_lsda[(id(f[3][0]), f[3][1])]
+                    lsda_fields[at + 8 + 2 * size + p] = lsda
                 aug[p:p + _FORMATS[c.lsda_enc & 0x0F][1]] = _pack_ptr(
                     lsda, c.lsda_enc, new_addr + at + 8 + 2 * size + p)
             body += aug + prog
@@ -316,6 +361,8 @@ class EhSplit:
         out += b"\0" * (new_size - len(out))
         table.sort()
         hdr = bytearray(hdr_size)
+        o = lsda_at - self.hsec.addr
+        hdr[o:o + len(blob)] = blob
         hdr[0:4] = bytes([1, DW_EH_PE_pcrel | 0x0B, 0x03, 0x3B])
         struct.pack_into("<i", hdr, 4, new_addr - (self.hsec.addr + 4))
         struct.pack_into("<I", hdr, 8, len(table))
@@ -326,13 +373,14 @@ class EhSplit:
         rw.patched[self.sec.index] = np.frombuffer(bytes(out), np.uint8).copy()
         rw.section_moves = {self.hsec.index: (self.hsec.addr, hdr_size),
                             self.sec.index: (new_addr, new_size)}
-        self._relocations(rw, field_map, new_addr)
+        self._relocations(rw, field_map, new_addr, lsda_fields)
         rw.eh_frame_new_addr = new_addr
         return {"eh_frame.fdes": n_fde, "eh_frame.cold_fdes": len(by_unit),
+                "eh_frame.part_lsdas": len(new_lsda), "eh_frame.lsda_bytes": len(blob),
                 "eh_frame_hdr.entries": len(table), "eh_frame.bytes_free":
                 new_size - 4 - len(out.rstrip(b"\0"))}
 
-    def _relocations(self, rw, field_map, new_addr):
+    def _relocations(self, rw, field_map, new_addr, lsda_fields):
         rel = next((s for s in self.image.sections if s.name == ".rela.eh_frame"), None)
         if rel is None or not rel.size:
             return
@@ -346,6 +394,21 @@ class EhSplit:
             raise EhFrameError(f".rela.eh_frame: a relocation at {int(r['offset'][i]):#x} is "
                                "outside every record header")
         r["offset"] = (new + new_addr).astype(np.uint64)
+        # a split function's LSDA pointer now names its hot part's LSDA, stored
+        # in .eh_frame_hdr: relocated against that section's symbol
+        if lsda_fields:
+            from ..image.elf import SHT_SYMTAB, SYM
+            symsec = next(x for x in self.image.sections if x.type == SHT_SYMTAB)
+            syms = np.array(self.image.section_bytes(symsec)).view(SYM)
+            hit = np.nonzero(((syms["info"] & 0xF) == 3) & (syms["shndx"] == self.hsec.index))[0]
+            for k in np.nonzero(np.isin(new, list(lsda_fields)))[0].tolist():
+                target = lsda_fields[int(new[k])]
+                typ = int(r["info"][k]) & 0xFFFFFFFF
+                if len(hit):
+                    r["info"][k] = (int(hit[0]) << 32) | typ
+                    r["addend"][k] = target - self.hsec.addr
+                else:
+                    r["info"][k] = 0             # R_X86_64_NONE: no symbol to name it by
         rw.patched[rel.index] = r.view(np.uint8)
 
 
@@ -426,12 +489,16 @@ class _FdeIndex:
         self.fde = [by_off.get(int(f)) for f in hdr.fde.tolist()]
         self.cache = {}
 
-    def state(self, addr):
+    def fde_at(self, addr):
         i = int(np.searchsorted(self.loc, addr, side="right")) - 1
         if i < 0 or self.fde[i] is None:
             return None
         r = self.fde[i]
-        if not r.pc_begin <= addr < r.pc_begin + r.pc_range:
+        return r if r.pc_begin <= addr < r.pc_begin + r.pc_range else None
+
+    def state(self, addr):
+        r = self.fde_at(addr)
+        if r is None:
             return None
         rows = self.cache.get(r.start)
         if rows is None:
@@ -439,4 +506,79 @@ class _FdeIndex:
             rows = self.cache[r.start] = evaluate(r.prog, info, info.init_state)
         return state_at(rows, addr - r.pc_begin)
 
+
+
+
+def check_split_lsda(old_image, new_image, rows):
+    """Exception tables of split functions: at every byte of every copied piece
+    of a split function that has an LSDA, the personality's lookup in NEW (the
+    FDE covering the new address, its LSDA, the call site holding it) gives the
+    original's answer: no call site / the same landing pad (translated) and
+    the same action chain with the same catch types. Returns (problems, checked)."""
+    from ..image import blockmap as bm
+    try:
+        old = EhSplit(old_image)
+        new = _FdeIndex(new_image)
+    except EhFrameError as e:
+        return [(None, str(e))], 0
+    cp = rows[(rows["kind"] == bm.KIND_COPIED) & (rows["old_len"] > 0)]
+    lp_map = bm.address_map(rows) if len(rows) else None
+    problems, checked = [], 0
+    cache = {}
+
+    def lookup(ls, a):
+        for s, n, lp, act in ls.calls:
+            if s <= a < s + n:
+                return lp, _chain(ls, act)
+        return None
+
+    for k in range(len(cp)):
+        o, ln, nw = int(cp["old"][k]), int(cp["old_len"][k]), int(cp["new"][k])
+        r = old.fde_containing(o)
+        if r is None or not r.lsda:
+            continue
+        if r.pc_begin not in old.lsda:
+            try:
+                old.lsda[r.pc_begin] = Lsda(old_image, r.lsda, r.pc_begin)
+            except (LsdaError, struct.error, IndexError):
+                continue
+        ols = old.lsda[r.pc_begin]
+        for a in range(o, o + ln):
+            na = nw + a - o
+            f = new.fde_at(na)
+            if f is None or not f.lsda:
+                got = None if f is not None else "no FDE"
+            else:
+                key = (f.start, f.lsda)
+                if key not in cache:
+                    try:
+                        cache[key] = Lsda(new_image, f.lsda, f.pc_begin)
+                    except (LsdaError, struct.error, IndexError) as e:
+                        cache[key] = str(e)
+                nls = cache[key]
+                got = nls if isinstance(nls, str) else lookup(nls, na)
+            want = lookup(ols, a)
+            if want is not None and want[0]:
+                m, ok = lp_map.map(np.array([want[0]], np.uint64))
+                want = (int(m[0]) if ok[0] else None, want[1])
+            checked += 1
+            if got != want:
+                problems.append((na, f"exception lookup at {na:#x} (original {a:#x}): "
+                                     f"{got} != {want}"))
+                break
+    return problems, checked
+
+
+def _chain(ls, act):
+    """(filter, type) pairs of the action chain starting at ``act`` (1-based)."""
+    out = []
+    p = act - 1 if act else None
+    d = ls.actions
+    from .lsda import _sleb as sl
+    while p is not None and p < len(d):
+        f, q = sl(d, p)
+        nxt, _ = sl(d, q)
+        out.append((f, ls.types[f - 1] if f > 0 else 0))
+        p = q + nxt if nxt else None
+    return tuple(out)
 

@@ -733,8 +733,12 @@ def _check_eh_frame(old, new, amap, octx, findings, counter, block_rows=None, re
         from ..relayout.eh_frame_split import check_split_cfi
         bad_cfi, seen = check_split_cfi(old, new, block_rows)
         _add(findings, "error", "equiv.eh_frame-part", bad_cfi, lambda b: b, counter)
+        from ..relayout.eh_frame_split import check_split_lsda
+        bad_lsda, seen_lsda = check_split_lsda(old, new, block_rows)
+        _add(findings, "error", "equiv.lsda-part", bad_lsda, lambda b: b, counter)
         if report is not None:
             report.extra["equivalence_eh_frame_part_states"] = seen
+            report.extra["equivalence_lsda_part_lookups"] = seen_lsda
     if len(want) != len(got):
         bad = [(None, f".eh_frame has {len(got)} FDEs, the original {len(want)}")]
     else:
