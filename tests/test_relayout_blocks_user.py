@@ -296,3 +296,35 @@ def test_pie_is_refused_with_a_named_reason(tmp_path):
     assert p.returncode == 2
     assert "PIE executable" in p.stderr and "R_X86_64_RELATIVE" in p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "out").exists()
+
+
+def test_dynsym_follows_the_layout(tmp_path):
+    """-rdynamic: .dynsym holds the functions too (dlsym, dladdr); after the
+    split each exported function's dynamic symbol equals its .symtab entry
+    (value at the hot part, hot size)."""
+    d = str(tmp_path)
+    exe = os.path.join(d, "rdyn")
+    subprocess.run(["gcc", *FLAGS, "-rdynamic", "-o", exe, os.path.join(FIX, "split_user.c"),
+                    os.path.join(FIX, "room.s")], check=True)
+    prof = _profile(exe)
+    out = os.path.join(d, "rdyn.blocks")
+    summary, _, rw = _split(exe, prof, out)
+    assert "process" in {sf.name for sf in rw.block_split["splits"]}
+    assert summary["dynsym_updated"] > 0
+    im = ElfImage(out)
+    names, syms = im.symbol_table()
+    sym = {n: (int(v), int(z)) for n, v, z, i in zip(names, syms["value"], syms["size"],
+                                                     syms["info"]) if i & 0xF == 2 and v}
+    ds = next(s for s in im.sections if s.type == 11)
+    dstr = bytes(im.section_bytes(im.sections[ds.link]))
+    dyn = np.array(im.section_bytes(ds)).view(
+        np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
+                  ("value", "<u8"), ("size", "<u8")]))
+    checked = 0
+    for row in dyn:
+        if row["info"] & 0xF != 2 or not row["shndx"]:
+            continue
+        n = dstr[row["name"]:dstr.index(b"\0", row["name"])].decode()
+        assert (int(row["value"]), int(row["size"])) == sym[n], n
+        checked += 1
+    assert checked >= 4

@@ -180,6 +180,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     else:
         from .eh_frame import update_eh_frame
         update_eh_frame(rw, log)
+    from .dynsym import update_dynsym
+    update_dynsym(rw, image, log)
     extra_sections = []
     if split:
         from .block_symbols import cold_symbols
