@@ -169,13 +169,17 @@ class EhSplit:
         self.free = self.end - self._eh_start(len(self.fdes)) - size - 4
         self.rows = {}
         self.lsda, self.lsda_refused = {}, {}
+        self._begins = np.sort(np.array([r.pc_begin for r in self.fdes if r.pc_range], np.uint64))
 
     def _eh_start(self, n):
         """Where .eh_frame starts after a header with ``n`` table entries."""
         return (self.hsec.addr + HDR_HEAD + 8 * n + 7) // 8 * 8
 
     def fde_containing(self, addr):
-        for r in self.fdes:
+        i = int(np.searchsorted(self._begins, addr, side="right")) - 1
+        if i < 0:
+            return None
+        for r in self.by_begin.get(int(self._begins[i]), []):
             if r.pc_begin <= addr < r.pc_begin + r.pc_range:
                 return r
         return None
@@ -190,8 +194,9 @@ class EhSplit:
     def reason(self, start, end):
         """None if the function [start, end) can be split, else a reason code."""
         from ..image.cfg import R_EH_FRAME, R_EH_LSDA
-        fd = [r for r in self.by_begin.get(start, [])]
-        inside = [r for r in self.fdes if start < r.pc_begin < end]
+        fd = self.by_begin.get(start, [])
+        lo = int(np.searchsorted(self._begins, start, side="right"))
+        inside = lo < len(self._begins) and int(self._begins[lo]) < end
         if not fd and not inside:
             return None
         if len(fd) != 1 or inside or fd[0].pc_begin + fd[0].pc_range != end:
