@@ -314,6 +314,8 @@ def _user_unwind_reasons(image, units, cfg, heat, strat, log):
         return None
     cand = np.nonzero((np.asarray(cfg.reason) == 0) & (heat >= strat.min_count))[0]
     for u in cand.tolist():
+        if len(units.members[u]) != 1:
+            continue              # several functions in one unit: choose_splits names that
         r = eh_split.reason(int(units.start[u]), int(units.end[u]))
         if r:
             cfg._mark(np.array([u]), r)
