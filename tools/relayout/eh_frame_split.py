@@ -516,7 +516,8 @@ class _FdeIndex:
 
 def check_split_lsda(old_image, new_image, rows):
     """Exception tables of split functions: at every byte of every copied piece
-    of a split function that has an LSDA, the personality's lookup in NEW (the
+    of a split function that has an LSDA (at the start of every interval on
+    which neither table's answer can change), the personality's lookup in NEW (the
     FDE covering the new address, its LSDA, the call site holding it) gives the
     original's answer: no call site / the same landing pad (translated) and
     the same action chain with the same catch types. Returns (problems, checked)."""
@@ -548,19 +549,25 @@ def check_split_lsda(old_image, new_image, rows):
             except (LsdaError, struct.error, IndexError):
                 continue
         ols = old.lsda[r.pc_begin]
-        for a in range(o, o + ln):
+        # both lookups are constant between the boundaries of either table (and
+        # of the new FDE): checking where each such interval starts covers every byte
+        points = {o}
+        for cs, n, _, _ in ols.calls:
+            points.update(x for x in (cs, cs + n) if o < x < o + ln)
+        f0 = new.fde_at(nw)
+        if f0 is not None:
+            points.update(o + x - nw for x in (f0.pc_begin + f0.pc_range,) if nw < x < nw + ln)
+            nls0 = _new_lsda(cache, new_image, f0)
+            if not isinstance(nls0, (str, type(None))):
+                for cs, n, _, _ in nls0.calls:
+                    points.update(o + x - nw for x in (cs, cs + n) if nw < x < nw + ln)
+        for a in sorted(points):
             na = nw + a - o
             f = new.fde_at(na)
             if f is None or not f.lsda:
                 got = None if f is not None else "no FDE"
             else:
-                key = (f.start, f.lsda)
-                if key not in cache:
-                    try:
-                        cache[key] = Lsda(new_image, f.lsda, f.pc_begin)
-                    except (LsdaError, struct.error, IndexError) as e:
-                        cache[key] = str(e)
-                nls = cache[key]
+                nls = _new_lsda(cache, new_image, f)
                 got = nls if isinstance(nls, str) else lookup(nls, na)
             want = lookup(ols, a)
             if want is not None and want[0]:
@@ -572,6 +579,20 @@ def check_split_lsda(old_image, new_image, rows):
                                      f"{got} != {want}"))
                 break
     return problems, checked
+
+
+def _new_lsda(cache, image, f):
+    """The parsed LSDA of FDE record ``f`` (None without one; a string when it
+    does not parse)."""
+    if not f.lsda:
+        return None
+    key = (f.start, f.lsda)
+    if key not in cache:
+        try:
+            cache[key] = Lsda(image, f.lsda, f.pc_begin)
+        except (LsdaError, struct.error, IndexError) as e:
+            cache[key] = str(e)
+    return cache[key]
 
 
 def _chain(ls, act):
