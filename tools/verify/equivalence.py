@@ -580,8 +580,11 @@ def _check_relocations(old, new, octx, findings, counter, report):
     if len(bad_new) <= len(bad_old):
         return
     names, _ = new.symbol_table()
-    old_keys = {(s, a) for _, s, a in bad_old}
-    fresh = [b for b in bad_new if (b[1], b[2]) not in old_keys] or bad_new
+    old_names, _ = old.symbol_table()
+    # by symbol name, not index: a block-level layout inserts local `.cold`
+    # symbols, which shifts the index of every global after them
+    old_keys = {(old_names[s], a) for _, s, a in bad_old}
+    fresh = [b for b in bad_new if (names[b[1]], b[2]) not in old_keys] or bad_new
     _add(findings, "error", "equiv.relocation", fresh,
          lambda b: (b[0], f"field at {b[0]:#x} no longer holds what its relocation says "
                     f"({names[b[1]] or 'section ' + str(b[1])} + {b[2]:#x})"), counter)
