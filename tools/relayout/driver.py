@@ -303,9 +303,10 @@ def _user_unwind_reasons(image, units, cfg, heat, strat, log):
     from ..image.cfg import R_EH_FRAME
     from .eh_frame import EhFrameError, parse_eh_frame
     from .eh_frame_split import EhSplit
+    import struct
     try:
         eh_split = EhSplit(image)
-    except EhFrameError as e:
+    except (EhFrameError, ValueError, IndexError, KeyError, struct.error) as e:
         log(f"not splitting functions with unwind information: {e}")
         eh = image.section(".eh_frame")
         fde = parse_eh_frame(image.section_bytes(eh), eh.addr)
