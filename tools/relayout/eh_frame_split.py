@@ -109,7 +109,7 @@ def _compact(prog, info):
         if len(canon) < len(trimmed) and _same_rows(evaluate(canon, info, info.init_state), rows):
             return canon
         return trimmed
-    except CfiError:
+    except (CfiError, IndexError, struct.error):
         return prog
 
 
@@ -148,7 +148,7 @@ class EhSplit:
             if r.is_cie:
                 try:
                     self.cie_info[r.start] = parse_cie_info(data, r.start, r.start + 4)
-                except CfiError:
+                except (CfiError, IndexError, struct.error):
                     self.cie_info[r.start] = None
         self.fdes = [r for r in self.records if not r.is_cie]
         self.by_begin = {}
@@ -214,7 +214,7 @@ class EhSplit:
             return R_EH_FRAME
         try:
             self.rows[start] = evaluate(r.prog, info, info.init_state)
-        except CfiError:
+        except (CfiError, IndexError, struct.error):
             return R_EH_FRAME
         return None
 
@@ -465,7 +465,7 @@ def check_split_cfi(old_image, new_image, rows):
             want = state_at(orows, oa - ofde.pc_begin)
             try:
                 got = new.state(na)
-            except CfiError as e:
+            except (CfiError, IndexError, struct.error) as e:
                 problems.append((na, f"unwind state at {na:#x}: its FDE's CFI cannot be "
                                      f"evaluated ({e})"))
                 continue
