@@ -172,7 +172,6 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     from .kernel_tables import update_kernel_tables
     update_kernel_tables(rw, log)
     if split and split.get("eh_split") is not None:
-        from .eh_frame_split import fix_section_symbols
         st = split["eh_split"].rebuild(rw, split["splits"], orig_units.start)
         rw.stats.update(st)
         log(f"rebuilt .eh_frame: {st['eh_frame.cold_fdes']} cold-part FDEs added, "
