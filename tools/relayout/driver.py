@@ -17,8 +17,10 @@ from .rewriter import Rewriter
 from .units import build_units
 
 NO_RELOCS = ("{path}: no link relocations in its code; relink with -Wl,--emit-relocs "
-             "(for a kernel: use the unstripped vmlinux linked with --emit-relocs, e.g. "
-             "Debian's linux-image-6.1.0-*-cloud-amd64-dbg)")
+             "(a kernel >= 6.5 strips them from vmlinux after writing vmlinux.relocs: run "
+             "linepack inside the kernel build with its kbuild hook, `linepack kbuild` or "
+             "make ARCH_POSTLINK=$(linepack kbuild --print-hook); or use Debian 6.1's "
+             "linux-image-6.1.0-*-cloud-amd64-dbg vmlinux)")
 
 
 def _read_profile(path):
