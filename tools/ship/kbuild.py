@@ -250,6 +250,9 @@ def _collect(build, out_dir, cfg, profiled):
                         os.makedirs(os.path.dirname(dest), exist_ok=True)
                         shutil.copyfile(os.path.join(build, ko), dest)
                         modules.append(ko)
+            if modules:
+                with open(os.path.join(tmp, "modules", "modules.order"), "w") as f:
+                    f.write("".join(m + "\n" for m in modules))
         aside = None
         if os.path.lexists(out_dir):
             if not os.path.isdir(out_dir):
