@@ -77,7 +77,7 @@ def opt(work, profile):
 
 def _build_id(path):
     from linepack.image.elf import ElfImage
-    return ElfImage(str(path)).build_id()
+    return ElfImage(str(path)).build_id
 
 
 def _has_relocs(path):

@@ -153,7 +153,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         plan = make_plan(units, strat, heat, calls=calls, functions=functions,
                          blocks=None if split else blocks,
                          hot_ranges=_split_hot_ranges(orig_units, split, strat, blocks)
-                         if split else None)
+                         if split else None, log=log)
     except LayoutError as e:
         raise LayoutError(_no_fit_message(e, strat, units, heat, calls, functions, log)) from None
     if split:
