@@ -215,6 +215,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     elif blocks is not None:
         # lines holding code that runs at least once per iteration: what the cache sees
         summary.update(block_line_metric(plan, blocks, min_count=1.0))
+    # regions that kept their original layout (no room before pinned code)
+    summary["kept_regions"] = list(getattr(plan, "kept_regions", []))
     summary["padding_bytes"] = int(_padding(plan))
     summary["text_growth_bytes"] = int(_growth(plan))
     tsize = text_size(image)

@@ -146,6 +146,21 @@ def _make(src, build, args, log_path, jobs):
                                 f"{tree._first_error(log_path)} (log: {log_path})")
 
 
+def _linepack_code_hash():
+    """Hash of linepack's own code: a new linepack relinks with a new relayout."""
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    h = hashlib.sha256()
+    for d, dirs, files in sorted(os.walk(root)):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+        for name in sorted(files):
+            if name.endswith((".py", ".mk", ".c", ".toml")):
+                path = os.path.join(d, name)
+                h.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()
+
+
 def _linepack_command():
     """How the hook calls linepack: this interpreter, this linepack (PYTHONPATH is
     passed down through make's environment)."""
@@ -184,7 +199,8 @@ def kbuild(src, config, out_dir, profile=None, strategy="pack", relayout_flags="
         cfg = tree.check_config(os.path.join(build, ".config"))
 
         hook_vars = [f"ARCH_POSTLINK={HOOK}", f"LINEPACK={_linepack_command()}"]
-        want = {"hook": HOOK, "profile": None, "strategy": None, "flags": None}
+        want = {"hook": HOOK, "profile": None, "strategy": None, "flags": None,
+                "linepack": _linepack_code_hash() if profile else None}
         if profile:
             staged = os.path.join(build, "linepack.profile")
             shutil.copyfile(profile, staged + ".tmp")
