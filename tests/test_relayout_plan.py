@@ -6,7 +6,7 @@ import pytest
 from linepack.errors import LinepackError
 from linepack.image.addrmap import AddressMap
 from linepack.relayout import strategies
-from linepack.relayout.plan import LayoutError, hot_lines, make_plan
+from linepack.relayout.plan import hot_lines, make_plan
 from linepack.relayout.units import Region, UnitTable, inferred_align
 
 BASE = 0x401000
@@ -112,8 +112,23 @@ def test_pinned_region_and_overflow():
     t = UnitTable([BASE, BASE + 0x40, BASE + 0x100], [0x30, 0x30, 0x10], [0, 0, 1], regs)
     p = lay(t, "align-all 64")
     assert p.new_start[2] == BASE + 0x100
-    with pytest.raises(LayoutError):
-        lay(t, "align-all 256")
+    assert p.kept_regions == []
+    # align-all 256 does not fit before the pinned region: region a keeps its layout
+    p = lay(t, "align-all 256")
+    assert p.new_start.tolist() == [BASE, BASE + 0x40, BASE + 0x100]
+    assert p.kept_regions == ["a"]
+
+
+def test_overflow_before_pinned_keeps_the_nearest_region_only():
+    """Two movable regions before a pinned one: only the one whose growth does not
+    fit keeps its layout; the first is still laid out by the strategy."""
+    regs = [Region("a", BASE, BASE + 0x100, 1), Region("c", BASE + 0x100, BASE + 0x140, 1),
+            Region("b", BASE + 0x140, BASE + 0x200, 1, True)]
+    t = UnitTable([BASE, BASE + 0x30, BASE + 0x100, BASE + 0x120, BASE + 0x140],
+                  [0x30, 0x30, 0x20, 0x20, 0x10], [0, 0, 1, 1, 2], regs)
+    p = lay(t, "align-all 64")
+    assert p.kept_regions == ["c"]
+    assert p.new_start.tolist() == [BASE, BASE + 0x40, BASE + 0x100, BASE + 0x120, BASE + 0x140]
 
 
 def test_region_shift_when_previous_grows():

@@ -17,8 +17,10 @@ from .rewriter import Rewriter
 from .units import build_units
 
 NO_RELOCS = ("{path}: no link relocations in its code; relink with -Wl,--emit-relocs "
-             "(for a kernel: use the unstripped vmlinux linked with --emit-relocs, e.g. "
-             "Debian's linux-image-6.1.0-*-cloud-amd64-dbg)")
+             "(a kernel >= 6.5 strips them from vmlinux after writing vmlinux.relocs: run "
+             "linepack inside the kernel build with its kbuild hook, `linepack kbuild` or "
+             "make ARCH_POSTLINK=$(linepack kbuild --print-hook); or use Debian 6.1's "
+             "linux-image-6.1.0-*-cloud-amd64-dbg vmlinux)")
 
 
 def _read_profile(path):
@@ -155,7 +157,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         plan = make_plan(units, strat, heat, calls=calls, functions=functions,
                          blocks=None if split else blocks,
                          hot_ranges=_split_hot_ranges(orig_units, split, strat, blocks)
-                         if split else None)
+                         if split else None, log=log)
     except LayoutError as e:
         raise LayoutError(_no_fit_message(e, strat, units, heat, calls, functions, log)) from None
     if split:
@@ -228,6 +230,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     elif blocks is not None:
         # lines holding code that runs at least once per iteration: what the cache sees
         summary.update(block_line_metric(plan, blocks, min_count=1.0))
+    # regions that kept their original layout (no room before pinned code)
+    summary["kept_regions"] = list(getattr(plan, "kept_regions", []))
     summary["padding_bytes"] = int(_padding(plan))
     summary["text_growth_bytes"] = int(_growth(plan))
     tsize = text_size(image)

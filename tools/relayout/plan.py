@@ -119,8 +119,50 @@ def make_heat(units, functions, hotness):
     return heat
 
 
-def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_ranges=None):
+class _PinnedOverflow(LayoutError):
+    """The regions before pinned region ``index`` grew past its start."""
+
+    def __init__(self, msg, index):
+        super().__init__(msg)
+        self.index = index
+
+
+def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_ranges=None,
+              log=None):
     """Lay out every region with ``strategy``; returns a LayoutPlan.
+
+    When the regions before a pinned one (kprobes text, entry text) outgrow the
+    space they had, the movable region nearest to it keeps its original layout
+    instead, then the next nearest, ... (a tightly linked kernel has no slack
+    there: 6.12's lock text ends 8 bytes before its kprobes text, and 64 B
+    alignment of its hot spin locks needs more). ``plan.kept_regions`` names them.
+    """
+    keep = set()
+    while True:
+        try:
+            plan = _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep)
+        except _PinnedOverflow as e:
+            regs = units.regions
+            cand = None
+            for i in range(e.index - 1, -1, -1):
+                if regs[i].section != regs[e.index].section or regs[i].pinned:
+                    break
+                if i not in keep and (units.region == i).any():
+                    cand = i
+                    break
+            if cand is None:
+                raise LayoutError(str(e)) from None
+            keep.add(cand)
+            if log:
+                log(f"{regs[cand].name}: keeps its original layout (the new one does not fit "
+                    f"before pinned {regs[e.index].name})")
+            continue
+        plan.kept_regions = sorted(units.regions[i].name for i in keep)
+        return plan
+
+
+def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep):
+    """make_plan with the regions in ``keep`` (indexes) at their original layout.
 
     ``calls``: [(caller, callee, count)] by function name (call edges);
     ``blocks``: optional (address, size, count per iteration) arrays of the
@@ -142,10 +184,10 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
             prev_section = reg.section
         if reg.pinned:
             if cursor > reg.start:
-                raise LayoutError(
+                raise _PinnedOverflow(
                     f"layout does not fit: the code before {reg.name} needs "
                     f"{cursor - reg.start} more bytes than the space before it "
-                    f"(pinned at {reg.start:#x}); use a strategy with less padding")
+                    f"(pinned at {reg.start:#x}); use a strategy with less padding", ri)
             cursor = reg.end
             continue
         rstart = max(reg.start, align_up(cursor, _region_align(reg.start)))
@@ -153,6 +195,13 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
         view = RegionView(units, ri, heat)
         if not len(view):
             cursor = rstart            # an empty region: its labels only
+            continue
+        if ri in keep:
+            # original layout, moved as one block if an earlier region pushed it
+            idx = view.index
+            new_start[idx] = units.start[idx] + (rstart - reg.start)
+            cursor = max(int((units.start[idx] + units.size[idx]).max()) + (rstart - reg.start),
+                         rstart)
             continue
         pinned = units.pinned[view.index]
         if pinned.any():

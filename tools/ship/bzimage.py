@@ -38,8 +38,9 @@ _FROM_VMLINUX = [
 _COMPRESSED_PAYLOADS = ("gz", "bz2", "lzma", "xz", "lzo", "lz4", "zst")
 
 NO_RELOCS = ("{path}: no link relocations, so no vmlinux.relocs for KASLR (kernels >= 6.5 "
-             "strip them after writing vmlinux.relocs): use the vmlinux from before that "
-             "step (arch/x86/Makefile.postlink), linked with --emit-relocs")
+             "strip them in arch/x86/Makefile.postlink after writing vmlinux.relocs): build the kernel with linepack's "
+             "kbuild hook (`linepack kbuild`, or make ARCH_POSTLINK=$(linepack kbuild "
+             "--print-hook)), which makes the bzImage itself")
 
 
 def check_vmlinux(path):
