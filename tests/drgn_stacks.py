@@ -53,3 +53,26 @@ def child_pid(result):
     import re
     m = re.search(r"^linepack-hold \S+ child=(\d+)", result.serial, re.M)
     return int(m.group(1)) if m else None
+
+
+def compare_held_stacks(stock, new):
+    """Assert that the rewritten kernel's parked tasks have stock's stack traces
+    (function and source file:line per frame); returns (same, compared)."""
+    (st, sres), (nt, nres) = stock, new
+    assert nres.result_line == sres.result_line
+    by_comm_s = {c: (p, f) for (p, c), f in st.items()}
+    by_comm_n = {c: (p, f) for (p, c), f in nt.items()}
+    named = [c for c in KTHREADS if c in by_comm_s]
+    assert len(named) >= 8, sorted(by_comm_s)
+    for c in named:
+        assert by_comm_n[c][1] == by_comm_s[c][1], (c, by_comm_s[c][1], by_comm_n[c][1])
+    # init asleep in wait4, its child in read on the pipe: a workload task in a syscall
+    init_s, init_n = st[(1, "init")], nt[(1, "init")]
+    assert any(f.startswith("do_wait ") for f in init_s) and init_n == init_s
+    cs, cn = child_pid(sres), child_pid(nres)
+    assert cs and cn and any(f.startswith("pipe_read ") for f in st[(cs, "init")])
+    assert nt[(cn, "init")] == st[(cs, "init")]
+    # every frame has a source line (DWARF, not just symbols)
+    assert all(" ?" not in f for f in st[(cs, "init")][:-1])
+    common = set(st) & set(nt)
+    return sum(st[k] == nt[k] for k in common), len(common)

@@ -3,7 +3,8 @@ VFS-mix profile: the CFG on the real image, the split kernel's tables and
 symbols, standalone verify, and a boot that prints stock's result.
 
 Budget: about 4 minutes on 2 cores (a short profile, one relayout, one verify,
-two boots).
+two boots), plus the debug-info consumers of issue 12 (symbolizers on 10,000
+instructions, gdb, llvm-dwarfdump on 24 units, drgn on a dump of one more boot).
 """
 
 import re
@@ -250,3 +251,32 @@ def test_gdb_on_a_split_function(split_kernel, vmlinux):
         assert new_img.symbol_address(name + ".cold") in ranges
         assert new_img.symbol_address(name) in ranges
         assert len(re.findall(r"^   0x[0-9a-f]+ <", part, re.M)) == counts[name]
+
+
+def test_drgn_stack_traces_of_the_split_kernel(split_kernel, stock_held_traces, tmp_path):
+    """drgn on a memory dump of the booted split kernel gives the same stack traces,
+    with source lines, for the same sleeping tasks as on stock's (tests/drgn_stacks.py)."""
+    from drgn_stacks import compare_held_stacks, held_traces
+    out, summary, rw = split_kernel
+    new = held_traces(out, tmp_path, name="blocks")
+    same, n = compare_held_stacks(stock_held_traces, new)
+    assert same >= 0.9 * n, (same, n)
+
+
+def test_llvm_dwarfdump_verify_on_split_units(split_kernel, vmlinux, tmp_path):
+    """llvm-dwarfdump --verify reports no more errors on the split kernel than on
+    stock, on 12 seeded units holding split functions and 12 others, among the
+    units llvm 19 can verify (tests/dwarfdump_sample.py)."""
+    from dwarfdump_sample import compare_verify, sample_units, units_with_code_in
+    from symbolizers import llvm_tool
+    tool = llvm_tool("llvm-dwarfdump")
+    assert tool, "llvm-dwarfdump not installed (tools/setup.sh installs llvm-19)"
+    out, summary, rw = split_kernel
+    rows = bm.read_blockmap(ElfImage(str(out)))
+    r = rows[rows["old_len"] > 0]
+    split = units_with_code_in(vmlinux, r["old"], r["old"] + r["old_len"].astype(np.uint64))
+    units = sorted(set(sample_units(vmlinux, 12, among=split)) | set(sample_units(vmlinux, 12)))
+    assert len(units) >= 20
+    old, new = compare_verify(vmlinux, out, units, tmp_path, tool)
+    # no error on NEW that OLD does not have at the same DIE
+    assert new[1] <= old[1], sorted(new[1] - old[1])[:5]

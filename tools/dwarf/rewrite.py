@@ -41,7 +41,7 @@ PATCHED_IN_PLACE = (".debug_info", ".debug_rnglists", ".debug_loclists", ".debug
                     ".debug_loc", ".debug_frame")
 DW_AT_GNU_locviews, DW_AT_stmt_list = 0x2137, 0x10
 DW_AT_linepack_pad, DW_FORM_block1 = 0x3fe0, 0x0a     # filler: a vendor attribute, skipped by readers
-DW_AT_linepack_pad2 = 0x3fe1                          # a second filler in the same DIE
+DW_AT_linepack_pad2 = 0x3fdf                          # a second filler (0x3fe1 is DW_AT_APPLE_optimized)
 
 
 class Segments:
