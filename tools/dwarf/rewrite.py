@@ -808,11 +808,15 @@ class DwarfRewrite:
 
     # -- .debug_frame --------------------------------------------------------------
     def check_frame(self):
-        """FDEs move with their start (patched in place); an FDE whose code is now
-        in several ranges cannot be described by one FDE: counted, not split."""
+        """FDEs move with their start (patched in place). An FDE whose code is now
+        in several ranges (or changed size) cannot be described by one FDE: it is
+        cut to the run at its start that moved as one block (its CFA rows there are
+        still right), so it never covers another function's code; the rest of the
+        function has no FDE (counted: dwarf_fdes_split; per-part FDEs not written)."""
         if ".debug_frame" not in self.orig:
             return
         b = self.orig[".debug_frame"]
+        buf = self.buf.get(".debug_frame")
         p, split = 0, 0
         while p + 4 <= len(b):
             ln = enc.u(b, p, 4)
@@ -821,10 +825,29 @@ class DwarfRewrite:
             cie = enc.u(b, p + 4, 4)
             if cie != 0xFFFFFFFF and ln >= 20:
                 lo, n = enc.u(b, p + 8, 8), enc.u(b, p + 16, 8)
-                if n and len(self.seg.ranges(lo, lo + n)) > 1:
+                if n and self.seg.ranges(lo, lo + n) != [(self.seg.map(lo),
+                                                          self.seg.map(lo) + n)]:
                     split += 1
+                    if buf is not None:
+                        buf[p + 16:p + 24] = np.frombuffer(
+                            enc.pack_u(self._linear_run(lo, lo + n), 8), np.uint8)
             p += 4 + ln
         self.stats["dwarf_fdes_split"] = split
+
+    def _linear_run(self, lo, hi):
+        """Length of the longest [lo, lo + L) that maps linearly and contiguously."""
+        sg = self.seg
+        k = bisect.bisect_right(sg.end, lo)
+        pos = lo
+        while k < len(sg.old) and sg.old[k] <= pos < hi:
+            if sg.collapse[k]:
+                break
+            pos = min(hi, sg.end[k])
+            if pos == hi or not sg.continuous(k) or \
+                    sg.new_end[k] - sg.new[k] != sg.end[k] - sg.old[k]:
+                break
+            k += 1
+        return pos - lo
 
     # -- output ------------------------------------------------------------------
     def finish(self):
