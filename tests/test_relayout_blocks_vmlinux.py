@@ -280,3 +280,30 @@ def test_llvm_dwarfdump_verify_on_split_units(split_kernel, vmlinux, tmp_path):
     old, new = compare_verify(vmlinux, out, units, tmp_path, tool)
     # no error on NEW that OLD does not have at the same DIE
     assert new[1] <= old[1], sorted(new[1] - old[1])[:5]
+
+
+def test_debug_frame_fdes_stay_in_their_function(split_kernel, vmlinux):
+    """A split function's .debug_frame FDE is cut to the run at its start that moved
+    as one block: no FDE covers another one's code (as on stock); before the cut,
+    a split function's FDE kept its old length from its new start."""
+    from linepack.dwarf import encoding as enc
+    out, summary, rw = split_kernel
+    assert summary["dwarf_fdes_split"] > 0
+
+    def fdes(path):
+        im = ElfImage(str(path))
+        b = bytes(im.section_bytes(im.section(".debug_frame")))
+        p, out = 0, []
+        while p + 4 <= len(b):
+            ln = enc.u(b, p, 4)
+            if ln in (0, 0xFFFFFFFF):
+                break
+            if enc.u(b, p + 4, 4) != 0xFFFFFFFF and ln >= 20:
+                out.append((enc.u(b, p + 8, 8), enc.u(b, p + 16, 8)))
+            p += 4 + ln
+        return sorted(out)
+    old, new = fdes(vmlinux), fdes(out)
+    assert len(old) == len(new) > 40000
+    overlaps = [(hex(a), n, hex(c)) for (a, n), (c, m) in zip(new, new[1:]) if a + n > c]
+    assert not overlaps, overlaps[:5]
+    assert sum(1 for (a, n), (c, _) in zip(old, old[1:]) if a + n > c) == 0
