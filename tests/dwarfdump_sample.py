@@ -40,7 +40,6 @@ def llvm19_can_verify(info, un, table):
     """False when a call site's parent is neither a subprogram nor an inlined
     subroutine (llvm 19's verifier loops forever on it)."""
     parents = []
-    p = un.die
     for off, tag, attrs, code in enc.walk_dies(info, un, table):
         while parents and parents[-1][1] <= off:
             parents.pop()
