@@ -27,3 +27,11 @@ def make_file(tmp_path):
             os.chmod(path, mode)
         return str(path)
     return make
+
+
+@pytest.fixture(scope="session")
+def stock_held_traces(debian_vmlinux, tmp_path_factory):
+    """drgn stack traces of Debian's stock 6.1 kernel parked after 50 VFS-mix loops
+    (tests/drgn_stacks.py); shared by the rewritten kernels' drgn checks."""
+    from drgn_stacks import held_traces
+    return held_traces(debian_vmlinux, tmp_path_factory.mktemp("stock-dump"), name="stock")

@@ -47,3 +47,33 @@ def differences(old_exe, new_exe, old_addrs, new_addrs, tools=("addr2line", "llv
         out[t] = [(o, n, x, y) for o, n, x, y in zip(old_addrs, new_addrs, a, b) if x != y]
         out[t + ".unknown"] = sum(1 for x in a if x.startswith("??"))
     return out
+
+
+def outermost_cold_as_parent(block):
+    """llvm-symbolizer names the outermost frame from the symbol table (C has no
+    linkage names in DWARF): in a `name.cold` part it prints `name.cold`. The
+    same answer with that frame's name as its parent function's."""
+    lines = block.split("\n")
+    if len(lines) >= 2 and lines[-2].endswith(".cold"):
+        lines[-2] = lines[-2][:-len(".cold")]
+    return "\n".join(lines)
+
+
+def split_function_samples(rows, insn_addr, n, seed=12):
+    """(old addresses, new addresses, in a cold part) of ``n`` seeded original
+    instructions of split functions (block map ``rows``), hot and cold parts and
+    re-encoded branches alike; a removed jmp has no counterpart in NEW and is
+    left out. ``insn_addr``: instruction starts of the original (sorted)."""
+    import numpy as np
+    from linepack.image import blockmap as bm
+    r = rows[rows["old_len"] > 0]
+    p = np.searchsorted(r["old"], insn_addr, side="right").astype(np.int64) - 1
+    pc = np.maximum(p, 0)
+    inside = (p >= 0) & (insn_addr < r["old"][pc] + r["old_len"][pc].astype(np.uint64)) & \
+        (r["kind"][pc] != bm.KIND_JMP_REMOVED)
+    cand = np.nonzero(inside)[0]
+    pick = np.sort(np.random.default_rng(seed).choice(cand, min(n, len(cand)), replace=False))
+    old = insn_addr[pick].astype(np.uint64)
+    new, ok = bm.address_map(rows).map(old)
+    assert ok.all()
+    return old.tolist(), new.tolist(), (r["part"][pc[pick]] == bm.PART_COLD).tolist()

@@ -102,3 +102,32 @@ def test_gdb_source_of_moved_functions(packed):
     strip = lambda t: re.sub(r"0x[0-9a-f]+", "ADDR", t)   # noqa: E731
     assert strip(a) == strip(b)
     assert a != b
+
+
+@pytest.mark.qemu
+def test_drgn_stack_traces_of_the_packed_kernel(packed, stock_held_traces, tmp_path):
+    """drgn on a memory dump of the booted `pack` kernel (its DWARF and ORC) gives the
+    same stack traces, with source lines, for the same sleeping tasks as on stock's."""
+    from drgn_stacks import compare_held_stacks, held_traces
+    out, s, rw = packed
+    new = held_traces(out, tmp_path, name="pack")
+    same, n = compare_held_stacks(stock_held_traces, new)
+    assert same >= 0.9 * n, (same, n)
+    # the frames are in moved code: schedule moved, and its frame is named on NEW
+    assert any(f.startswith("schedule ") for f in new[0][(1, "init")])
+
+
+def test_llvm_dwarfdump_verify_on_sampled_units(packed, tmp_path):
+    """llvm-dwarfdump --verify reports no more errors on NEW than on OLD, on a
+    seeded sample of 12 units llvm 19 can verify (tests/dwarfdump_sample.py: the
+    whole file never finishes under llvm 19)."""
+    from dwarfdump_sample import compare_verify, sample_units
+    from symbolizers import llvm_tool
+    tool = llvm_tool("llvm-dwarfdump")
+    assert tool, "llvm-dwarfdump not installed (tools/setup.sh installs llvm-19)"
+    out, s, rw = packed
+    units = sample_units(VMLINUX, 12)
+    assert len(units) == 12
+    old, new = compare_verify(VMLINUX, out, units, tmp_path, tool)
+    # no error on NEW that OLD does not have at the same DIE
+    assert new[1] <= old[1], sorted(new[1] - old[1])[:5]

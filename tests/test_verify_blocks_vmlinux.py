@@ -76,6 +76,8 @@ def test_blocks_output_verifies(baseline):
     counts = {k: v for k, v in rep["equivalence_counts"].items() if v}
     assert set(counts) <= {"equiv.kallsyms-cold"}, counts
     assert counts.get("equiv.kallsyms-cold", 0) == stats["split_functions"]
+    # the DWARF checks (no debuginfo.* finding above) looked at split code too
+    assert rep["debuginfo_split_units_checked"] > 0 and rep["debuginfo_scopes_checked"] > 1000
 
 
 def _file_patch(f, image, addr, data):

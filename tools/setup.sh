@@ -31,6 +31,12 @@ if ! "$PY" -c "import linepack, capstone, elftools, numpy" 2>/dev/null \
   log "pip install -e . (capstone, pyelftools, numpy, pytest)"
   "$PY" -m pip install -q --disable-pip-version-check -e "$here" pytest 2>&1 | grep -v "Running pip as the 'root' user" >&2 || true
 fi
+# drgn (PyPI): the debug-info consumer check on rewritten kernels' memory dumps
+if ! "$PY" -c 'import drgn' 2>/dev/null; then
+  log "pip install drgn (debug-info consumer tests)"
+  "$PY" -m pip install -q --disable-pip-version-check "drgn>=0.0.25" 2>&1 \
+    | grep -v "Running pip as the 'root' user" >&2 || true
+fi
 
 if [ -f tools/profile/plugin/Makefile ]; then
   log "building the QEMU TCG plugin"
@@ -43,7 +49,8 @@ if [ "${LINEPACK_SKIP_KERNEL:-0}" != 1 ]; then
   # the ext4 RAM-disk workload): no test skips for want of them
   log "fetching Debian's 6.1 cloud vmlinux and modules of the same build (cached)"
   "$PY" -m linepack fetch --module fs/fat/fat.ko --module fs/fat/vfat.ko \
-      --module block/kyber-iosched.ko --module drivers/block/brd.ko >/dev/null
+      --module block/kyber-iosched.ko --module drivers/block/brd.ko \
+      --module drivers/firmware/qemu_fw_cfg.ko >/dev/null
   vmlinux="$("$PY" -m linepack fetch)"
   # Headers of the same build: the slab-bulk workload's kernel module is built against them.
   rel="$(basename "$(dirname "$vmlinux")")"

@@ -39,6 +39,7 @@
 #include <sys/reboot.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -69,11 +70,42 @@ static __attribute__((unused)) void lp_say(const char *fmt, ...)
 	}
 }
 
+/*
+ * As /init with env hold=1: instead of powering off, park the guest at a fixed
+ * point for a memory dump (linepack.profile.qemu.dump_at_hold): a child blocks
+ * in read(2) on an empty pipe, init in wait4(2) for it, and "linepack-hold"
+ * tells the host that both are asleep. Never returns.
+ */
+static void lp_hold(void)
+{
+	int fds[2];
+	char c;
+	struct timespec t = {0, 100 * 1000000L};
+
+	if (pipe(fds) < 0)
+		return;
+	pid_t child = fork();
+	if (child == 0) {
+		close(fds[1]);
+		for (;;)
+			if (read(fds[0], &c, 1) >= 0 || errno != EINTR)
+				_exit(0);
+	}
+	if (child < 0)
+		return;
+	nanosleep(&t, NULL);        /* the child reaches its read first */
+	lp_say("linepack-hold %s child=%d", lp_name, (int)child);
+	for (;;)
+		wait4(child, NULL, 0, NULL);
+}
+
 /* Power off when we are init; otherwise just exit. Never returns. */
 static __attribute__((unused)) void lp_finish(int status)
 {
 	if (getpid() == 1) {
 		sync();
+		if (getenv("hold") && !strcmp(getenv("hold"), "1"))
+			lp_hold();
 		reboot(RB_POWER_OFF);
 		/* Only reached if reboot failed: idle rather than panic. */
 		lp_say("linepack-error %s reboot: %s", lp_name, strerror(errno));

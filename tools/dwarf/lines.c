@@ -55,9 +55,25 @@ static uint64_t get_le(const uint8_t *p, int n) {
     uint64_t v = 0; for (int i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i); return v;
 }
 
+/* Segment k maps old [old_start, old_end) to new [new_start, new_end): linearly
+ * from new_start (the bytes past old_end - old_start, if any, are code that
+ * belongs to the segment's end: a jmp a block-level layout appended), or, when
+ * collapse[k], every address inside to new_start (a re-encoded branch; a
+ * removed jmp has new_end == new_start). */
 typedef struct {
-    const uint64_t *old_start, *old_end, *new_start; int64_t n;
+    const uint64_t *old_start, *old_end, *new_start, *new_end; const uint8_t *collapse; int64_t n;
 } segs_t;
+
+/* New start of old [a, b) inside segment k, and its new end. */
+static void seg_place(const segs_t *s, int64_t k, uint64_t a, uint64_t b, uint64_t *na, uint64_t *nb) {
+    if (s->collapse[k]) {
+        *na = s->new_start[k];
+        *nb = b == s->old_end[k] ? s->new_end[k] : *na;
+    } else {
+        *na = s->new_start[k] + (a - s->old_start[k]);
+        *nb = b == s->old_end[k] ? s->new_end[k] : *na + (b - a);
+    }
+}
 
 /* Index of the first segment whose end is above addr (n if none). */
 static int64_t seg_after(const segs_t *s, uint64_t addr) {
@@ -145,9 +161,9 @@ static void place_sequence(out_t *o, emit_t *e, const segs_t *s, const row_t *ro
         uint64_t lo = rows[i].addr, hi = rows[i + 1].addr;
         if (hi <= lo) {                         /* a row of no length: place the point */
             int64_t k = seg_after(s, lo);
-            uint64_t na;
-            if (k < s->n && s->old_start[k] <= lo) na = s->new_start[k] + (lo - s->old_start[k]);
-            else if (k > 0 && s->old_end[k - 1] == lo) na = s->new_start[k - 1] + (lo - s->old_start[k - 1]);
+            uint64_t na, nb;
+            if (k < s->n && s->old_start[k] <= lo) seg_place(s, k, lo, lo, &na, &nb);
+            else if (k > 0 && s->old_end[k - 1] == lo) seg_place(s, k - 1, lo, lo, &nb, &na);
             else { (*dropped)++; continue; }
             if (e->open && na != e->cur_end) end_seq(o, e);
             if (!e->open) e->cur_end = na;
@@ -158,14 +174,16 @@ static void place_sequence(out_t *o, emit_t *e, const segs_t *s, const row_t *ro
         for (int64_t k = seg_after(s, lo); k < s->n && s->old_start[k] < hi; k++) {
             uint64_t a = lo > s->old_start[k] ? lo : s->old_start[k];
             uint64_t b = hi < s->old_end[k] ? hi : s->old_end[k];
-            uint64_t na = s->new_start[k] + (a - s->old_start[k]);
+            uint64_t na, nb;
+            seg_place(s, k, a, b, &na, &nb);
+            if (nb <= na) continue;             /* nothing of it in the new layout */
             if (e->open && na == e->cur_end) {
-                if (a == lo) emit_row(o, e, &rows[i], na);
+                if (!placed) emit_row(o, e, &rows[i], na);
             } else {
                 end_seq(o, e);
                 emit_row(o, e, &rows[i], na);
             }
-            e->cur_end = na + (b - a);
+            e->cur_end = nb;
             placed = 1;
         }
         if (!placed) (*dropped)++;
@@ -200,10 +218,11 @@ static int64_t run_units(const uint8_t *in, int64_t in_len, const segs_t *sp, in
  * stats: [units, sequences in, sequences out, rows out, rows dropped]. */
 int64_t lp_relines(const uint8_t *in, int64_t in_len,
                    const uint64_t *old_start, const uint64_t *old_end, const uint64_t *new_start,
+                   const uint64_t *new_end, const uint8_t *collapse,
                    int64_t nseg, int default_addr_size,
                    uint8_t *out_buf, int64_t out_cap,
                    int64_t *unit_old, int64_t *unit_new, int64_t max_units, int64_t *stats) {
-    segs_t s = {old_start, old_end, new_start, nseg};
+    segs_t s = {old_start, old_end, new_start, new_end, collapse, nseg};
     out_t o = {out_buf, 0, out_cap, 0};
     return run_units(in, in_len, &s, default_addr_size, &o, unit_old, unit_new, max_units, stats, NULL);
 }
@@ -214,7 +233,7 @@ int64_t lp_rows(const uint8_t *in, int64_t in_len, int default_addr_size,
                 uint64_t *addr, uint32_t *unit, uint32_t *file, uint32_t *line, uint32_t *column,
                 uint8_t *flags, int64_t cap) {
     rows_sink_t k = {addr, unit, file, line, column, flags, 0, cap};
-    segs_t s = {0, 0, 0, 0};
+    segs_t s = {0, 0, 0, 0, 0, 0};
     uint8_t dummy[1]; out_t o = {dummy, 0, 0, 0};
     int64_t stats[5];
     int64_t r = run_units(in, in_len, &s, default_addr_size, &o, NULL, NULL, 0, stats, &k);

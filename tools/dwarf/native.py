@@ -44,7 +44,7 @@ def library():
                 os.unlink(tmp)
     lib = ctypes.CDLL(so)
     P, I64 = ctypes.c_void_p, ctypes.c_int64
-    lib.lp_relines.argtypes = [P, I64, P, P, P, I64, ctypes.c_int, P, I64, P, P, I64, P]
+    lib.lp_relines.argtypes = [P, I64, P, P, P, P, P, I64, ctypes.c_int, P, I64, P, P, I64, P]
     lib.lp_relines.restype = I64
     lib.lp_rows.argtypes = [P, I64, ctypes.c_int, P, P, P, P, P, P, I64]
     lib.lp_rows.restype = I64
@@ -56,14 +56,20 @@ def _p(a):
     return a.ctypes.data_as(ctypes.c_void_p)
 
 
-def relines(section, seg_old, seg_end, seg_new, addr_size=8):
+def relines(section, seg_old, seg_end, seg_new, seg_new_end=None, seg_collapse=None, addr_size=8):
     """Re-sequence every line program of ``section`` (uint8 array) for the
-    segments. Returns (new bytes, unit old offsets, unit new offsets, stats)."""
+    segments (old start, old end, new start; new end, default new start + old
+    size; collapse: every address inside maps to the new start). Returns (new
+    bytes, unit old offsets, unit new offsets, stats)."""
     lib = library()
     src = np.ascontiguousarray(section, dtype=np.uint8)
     so = np.ascontiguousarray(seg_old, dtype=np.uint64)
     se = np.ascontiguousarray(seg_end, dtype=np.uint64)
     sn = np.ascontiguousarray(seg_new, dtype=np.uint64)
+    sne = np.ascontiguousarray(sn + (se - so) if seg_new_end is None else seg_new_end,
+                               dtype=np.uint64)
+    sc = np.ascontiguousarray(np.zeros(len(so), bool) if seg_collapse is None else seg_collapse,
+                              dtype=np.uint8)
     cap = len(src) * 2 + (1 << 20)
     max_units = max(16, len(src) // 32)
     while True:
@@ -71,7 +77,8 @@ def relines(section, seg_old, seg_end, seg_new, addr_size=8):
         uo = np.zeros(max_units, np.int64)
         un = np.zeros(max_units, np.int64)
         stats = np.zeros(5, np.int64)
-        n = lib.lp_relines(_p(src), len(src), _p(so), _p(se), _p(sn), len(so), addr_size,
+        n = lib.lp_relines(_p(src), len(src), _p(so), _p(se), _p(sn), _p(sne), _p(sc), len(so),
+                           addr_size,
                            _p(out), cap, _p(uo), _p(un), max_units, _p(stats))
         if n < 0:
             raise ValueError(f".debug_line: cannot parse the unit at offset {-n - 1:#x}")

@@ -41,67 +41,109 @@ PATCHED_IN_PLACE = (".debug_info", ".debug_rnglists", ".debug_loclists", ".debug
                     ".debug_loc", ".debug_frame")
 DW_AT_GNU_locviews, DW_AT_stmt_list = 0x2137, 0x10
 DW_AT_linepack_pad, DW_FORM_block1 = 0x3fe0, 0x0a     # filler: a vendor attribute, skipped by readers
+DW_AT_linepack_pad2 = 0x3fdf                          # a second filler (0x3fe1 is DW_AT_APPLE_optimized)
 
 
 class Segments:
     """The address map as sorted disjoint segments: its pieces, and identity
     outside the pieces and the rewritten extents; addresses in none of them
-    (dropped padding) are unmapped."""
+    (dropped padding) are unmapped.
+
+    A segment maps old [old, end) to new [new, new_end). Copied code maps
+    linearly; a collapsed piece (a branch a block-level layout re-encoded, a
+    jmp it removed) maps every address inside to its new start and its end to
+    its new end (a removed jmp: an empty new range). A jmp the layout appended
+    after a piece (``amap.occupied``: code with no old address) is described as
+    the end of that piece: its new_end grows over the jmp, so the jmp gets the
+    line row and the DIE ranges of the block it closes."""
 
     def __init__(self, amap):
         old = [int(x) for x in amap.old_start]
         end = [int(x) for x in amap.old_end]
         new = [int(x) for x in amap.new_start]
+        new_end = [int(x) for x in amap.new_end] if amap.new_end is not None else \
+            [n + e - o for o, e, n in zip(old, end, new)]
+        collapse = [bool(x) for x in amap.collapse] if amap.collapse is not None else \
+            [False] * len(old)
+        # appended jmps: the piece whose new end is where the jmp starts owns it
+        ends_at = {ne: i for i, ne in enumerate(new_end) if ne > new[i] or collapse[i]}
+        occ_lo, occ_hi = getattr(amap, "occupied", (np.zeros(0, np.uint64),) * 2)
+        orphans = 0
+        for lo, hi in zip(np.asarray(occ_lo).tolist(), np.asarray(occ_hi).tolist()):
+            i = ends_at.pop(int(lo), None)
+            if i is None:
+                orphans += 1
+                continue
+            new_end[i] = int(hi)
+            ends_at[int(hi)] = i
+        self.orphan_jmps = orphans
         # identity wherever neither a rewritten extent nor a piece is
-        ext = sorted(list(zip(amap.ext_lo.tolist(), amap.ext_hi.tolist())) + list(zip(old, end)))
+        ext = sorted(list(zip(amap.ext_lo.tolist(), amap.ext_hi.tolist())) +
+                     list(zip(old, end)))
         pos = 0
         for lo, hi in ext + [(1 << 64, 1 << 64)]:
             if lo > pos:
                 old.append(pos)
                 end.append(lo)
                 new.append(pos)
+                new_end.append(lo)
+                collapse.append(False)
             pos = max(pos, hi)
         order = sorted(range(len(old)), key=lambda i: old[i])
         self.old = [old[i] for i in order]
         self.end = [end[i] for i in order]
         self.new = [new[i] for i in order]
+        self.new_end = [new_end[i] for i in order]
+        self.collapse = [collapse[i] for i in order]
 
     def arrays(self):
+        """(old, end, new, new_end, collapse) arrays of the non-empty segments."""
         m = [i for i in range(len(self.old)) if self.end[i] > self.old[i]]
-        return (np.array([min(self.old[i], (1 << 64) - 1) for i in m], np.uint64),
-                np.array([min(self.end[i], (1 << 64) - 1) for i in m], np.uint64),
-                np.array([self.new[i] for i in m], np.uint64))
+        cap = (1 << 64) - 1
+        return (np.array([min(self.old[i], cap) for i in m], np.uint64),
+                np.array([min(self.end[i], cap) for i in m], np.uint64),
+                np.array([self.new[i] for i in m], np.uint64),
+                np.array([min(self.new_end[i], cap) for i in m], np.uint64),
+                np.array([self.collapse[i] for i in m], bool))
+
+    def _place(self, k, a, b):
+        """New [start, end) of old [a, b) inside segment k."""
+        if self.collapse[k]:
+            na = self.new[k]
+            return na, (self.new_end[k] if b == self.end[k] else na)
+        na = self.new[k] + a - self.old[k]
+        return na, (self.new_end[k] if b == self.end[k] else na + b - a)
 
     def map(self, a):
         """New address of ``a`` (start-inclusive; a segment's end maps to its new
         end), or None when unmapped."""
         k = bisect.bisect_right(self.end, a)
         if k < len(self.old) and self.old[k] <= a:
-            return self.new[k] + a - self.old[k]
+            return self._place(k, a, a)[0]
         if k > 0 and self.end[k - 1] == a:
-            return self.new[k - 1] + a - self.old[k - 1]
+            return self.new_end[k - 1]
         return None
 
     def ranges(self, lo, hi):
-        """New ranges [(lo, hi)] of old [lo, hi): contiguous runs merged, sorted."""
+        """New ranges [(lo, hi)] of old [lo, hi): contiguous runs merged, in old
+        order (sorted for function-level maps)."""
         out = []
         k = bisect.bisect_right(self.end, lo)
         while k < len(self.old) and self.old[k] < hi:
-            a, b = max(lo, self.old[k]), min(hi, self.end[k])
-            na = self.new[k] + a - self.old[k]
-            if out and out[-1][1] == na:
-                out[-1] = (out[-1][0], na + b - a)
-            else:
-                out.append((na, na + b - a))
+            na, nb = self._place(k, max(lo, self.old[k]), min(hi, self.end[k]))
             k += 1
+            if nb <= na:
+                continue
+            if out and out[-1][1] == na:
+                out[-1] = (out[-1][0], nb)
+            else:
+                out.append((na, nb))
         return out
 
-    def same_shape(self, lo, hi, delta):
-        """True when [lo, hi) lies in one segment that moved by ``delta``."""
-        k = bisect.bisect_right(self.end, lo)
-        if k < len(self.old) and self.old[k] <= lo and hi <= self.end[k]:
-            return self.new[k] - self.old[k] == delta
-        return False
+    def continuous(self, k):
+        """Does segment k + 1 follow segment k in both layouts?"""
+        return k + 1 < len(self.old) and self.end[k] == self.old[k + 1] and \
+            self.new_end[k] == self.new[k + 1]
 
 
 def merge_ranges(rs):
@@ -140,6 +182,8 @@ class DwarfRewrite:
         if not self._sec(".debug_info"):
             return self
         self.seg = Segments(self.amap)
+        if self.seg.orphan_jmps:
+            self.stats["dwarf_appended_jmps_unattached"] = self.seg.orphan_jmps
         for name in PATCHED_IN_PLACE + (".debug_line", ".debug_aranges", ".debug_abbrev"):
             s = self._sec(name)
             if s is not None:
@@ -215,8 +259,9 @@ class DwarfRewrite:
     def rewrite_lines(self):
         if ".debug_line" not in self.orig:
             return
-        so, se, sn = self.seg.arrays()
-        new, uold, unew, st = relines(np.frombuffer(self.orig[".debug_line"], np.uint8), so, se, sn)
+        so, se, sn, sne, sc = self.seg.arrays()
+        new, uold, unew, st = relines(np.frombuffer(self.orig[".debug_line"], np.uint8),
+                                      so, se, sn, sne, sc)
         self.patched[self.secs[".debug_line"].index] = new
         self.stats.update({f"dwarf_line_{k}": v for k, v in st.items()})
         self.line_offsets = dict(zip(uold.tolist(), unew.tolist()))   # DW_AT_stmt_list follows
@@ -272,7 +317,7 @@ class DwarfRewrite:
             elif enc.DW_AT_low_pc in a and enc.DW_AT_high_pc in a:
                 lo = base
                 nlo = self.seg.map(lo)
-                if len(new) == 1 and nlo == new[0][0]:
+                if len(new) == 1 and nlo == new[0][0] and new[0][1] - nlo == old[0][1] - lo:
                     kept += 1          # one piece: low_pc patched, the length holds
                     continue
                 if self._convert_unit(ui, un, code, tables[un.abbrev_off], a, new):
@@ -402,6 +447,19 @@ class DwarfRewrite:
         DW_AT_ranges + 4 bytes of filler when needed; low_pc kept (a unit's base)
         or renamed entry_pc (a DIE's entry: the translated start of its code)."""
         out = []
+        if not keep_low and any(at == enc.DW_AT_entry_pc for at, _, _ in attrs):
+            # the DIE names its entry already (inlined subroutines): low_pc's 8
+            # bytes become DW_AT_ranges + 4 bytes of filler, high_pc all filler
+            for at, form, ic in attrs:
+                if at == enc.DW_AT_low_pc:
+                    out += [(enc.DW_AT_ranges, enc.DW_FORM_sec_offset, None),
+                            (DW_AT_linepack_pad2, enc.DW_FORM_data4, None)]
+                elif at == enc.DW_AT_high_pc:
+                    out.append((DW_AT_linepack_pad, enc.DW_FORM_data4 if size == 4 else
+                                enc.DW_FORM_data8, None))
+                else:
+                    out.append((at, form, ic))
+            return out
         for at, form, ic in attrs:
             if at == enc.DW_AT_high_pc:
                 out.append((enc.DW_AT_ranges, enc.DW_FORM_sec_offset, None))
@@ -422,7 +480,27 @@ class DwarfRewrite:
                 and not (e - p == 8 and enc.DW_AT_identifier_case in a)
                 and enc.DW_AT_entry_pc not in a and enc.DW_AT_ranges not in a)
 
+    @staticmethod
+    def _convertible_with_entry(un, a):
+        """A DIE with its own DW_AT_entry_pc and low_pc (8 bytes) + high_pc (4 or 8
+        bytes): low_pc's place holds DW_AT_ranges and filler."""
+        if enc.DW_AT_entry_pc not in a or enc.DW_AT_low_pc not in a or \
+                enc.DW_AT_high_pc not in a or enc.DW_AT_ranges in a:
+            return False
+        lf, lp, le = a[enc.DW_AT_low_pc]
+        f, p, e = a[enc.DW_AT_high_pc]
+        return un.osz == 4 and lf == enc.DW_FORM_addr and le - lp == 8 and e - p in (4, 8) \
+            and f != enc.DW_FORM_addr and DW_AT_linepack_pad not in a
+
     def _write_ranges_attr(self, un, a, new, low_value=None):
+        if enc.DW_AT_entry_pc in a and low_value is None:
+            lf, lp, le = a[enc.DW_AT_low_pc]
+            f, p, e = a[enc.DW_AT_high_pc]
+            self.done_fields.add(lp)
+            self._put(".debug_info", lp, self._append_ranges(un, new), 4)
+            self._put(".debug_info", lp + 4, 0, 4)
+            self._put(".debug_info", p, 0, e - p)
+            return
         f, p, e = a[enc.DW_AT_high_pc]
         self.done_fields.add(p)
         self._put(".debug_info", p, self._append_ranges(un, new), 4)
@@ -473,13 +551,17 @@ class DwarfRewrite:
 
     def _cuts(self):
         """Old addresses where the map is discontinuous (a piece boundary whose two
-        sides do not stay adjacent), sorted."""
+        sides do not stay adjacent) or a piece changes size (a re-encoded branch,
+        an appended jmp: a length that covers it no longer holds), sorted."""
         cuts = []
-        o, e, n = self.seg.old, self.seg.end, self.seg.new
+        o, e = self.seg.old, self.seg.end
         for k in range(len(o)):
-            if k + 1 < len(o) and e[k] == o[k + 1] and n[k] + e[k] - o[k] == n[k + 1]:
+            resized = self.seg.new_end[k] - self.seg.new[k] != e[k] - o[k]
+            if self.seg.continuous(k) and not resized:
                 continue
             cuts.append(e[k])
+            if resized:
+                cuts.append(o[k])
             if k == 0 or e[k - 1] != o[k]:
                 cuts.append(o[k])
         return sorted(set(cuts))
@@ -504,7 +586,7 @@ class DwarfRewrite:
         starts = [s for s, _ in split]
         walked = []
         info = self.orig[".debug_info"]
-        dies = 0
+        dies = stuck = 0
         for ui, un in enumerate(self.units):
             old = self.cu_old_ranges[ui]
             if not old or not any(self._overlaps(starts, split, lo, hi) for lo, hi in old):
@@ -514,15 +596,27 @@ class DwarfRewrite:
             todo = []
             codes = set()
             for off, tag, a, code in enc.walk_dies(info, un, table):
-                if off == un.die or not self._convertible(un, a):
+                if off == un.die:
+                    continue
+                if enc.DW_AT_high_pc not in a or enc.DW_AT_low_pc not in a or \
+                        a[enc.DW_AT_low_pc][0] != enc.DW_FORM_addr:
                     continue
                 lo = enc.u(info, a[enc.DW_AT_low_pc][1], un.asz)
                 f, p, e = a[enc.DW_AT_high_pc]
                 hv = enc.u(info, p, e - p)
                 hi = hv if f == enc.DW_FORM_addr else lo + hv
-                todo.append((a, code, lo, hi))
                 k = bisect.bisect_right(cuts, lo)
-                if k < len(cuts) and cuts[k] < hi:
+                cut = k < len(cuts) and cuts[k] < hi
+                if not cut and hi > lo:
+                    # no cut inside, but the piece it ends with may have grown
+                    # (a jmp appended) or shrunk: its length no longer holds
+                    nlo = self.seg.map(lo)
+                    cut = self.seg.ranges(lo, hi) != [(nlo, nlo + hi - lo)]
+                if not (self._convertible(un, a) or self._convertible_with_entry(un, a)):
+                    stuck += cut         # left as it is (counted)
+                    continue
+                todo.append((a, code, lo, hi))
+                if cut:
                     codes.add(code)
             mods = self.abbrev_mods.setdefault(ui, {})
             for code in codes:
@@ -532,9 +626,11 @@ class DwarfRewrite:
                 mods[code] = (tag, children, self._ranges_attrs(attrs, size, False))
             for a, code, lo, hi in todo:
                 if code in codes:
-                    self._write_ranges_attr(un, a, self.seg.ranges(lo, hi))
+                    self._write_ranges_attr(un, a, merge_ranges(self.seg.ranges(lo, hi)))
                     dies += 1
         self.stats["dwarf_dies_converted_to_ranges"] = dies
+        if stuck:
+            self.stats["dwarf_dies_not_convertible"] = stuck
         return walked
 
     @staticmethod
@@ -712,11 +808,15 @@ class DwarfRewrite:
 
     # -- .debug_frame --------------------------------------------------------------
     def check_frame(self):
-        """FDEs move with their start (patched in place); an FDE whose code is now
-        in several ranges cannot be described by one FDE: counted, not split."""
+        """FDEs move with their start (patched in place). An FDE whose code is now
+        in several ranges (or changed size) cannot be described by one FDE: it is
+        cut to the run at its start that moved as one block (its CFA rows there are
+        still right), so it never covers another function's code; the rest of the
+        function has no FDE (counted: dwarf_fdes_split; per-part FDEs not written)."""
         if ".debug_frame" not in self.orig:
             return
         b = self.orig[".debug_frame"]
+        buf = self.buf.get(".debug_frame")
         p, split = 0, 0
         while p + 4 <= len(b):
             ln = enc.u(b, p, 4)
@@ -725,10 +825,29 @@ class DwarfRewrite:
             cie = enc.u(b, p + 4, 4)
             if cie != 0xFFFFFFFF and ln >= 20:
                 lo, n = enc.u(b, p + 8, 8), enc.u(b, p + 16, 8)
-                if n and len(self.seg.ranges(lo, lo + n)) > 1:
+                if n and self.seg.ranges(lo, lo + n) != [(self.seg.map(lo),
+                                                          self.seg.map(lo) + n)]:
                     split += 1
+                    if buf is not None:
+                        buf[p + 16:p + 24] = np.frombuffer(
+                            enc.pack_u(self._linear_run(lo, lo + n), 8), np.uint8)
             p += 4 + ln
         self.stats["dwarf_fdes_split"] = split
+
+    def _linear_run(self, lo, hi):
+        """Length of the longest [lo, lo + L) that maps linearly and contiguously."""
+        sg = self.seg
+        k = bisect.bisect_right(sg.end, lo)
+        pos = lo
+        while k < len(sg.old) and sg.old[k] <= pos < hi:
+            if sg.collapse[k]:
+                break
+            pos = min(hi, sg.end[k])
+            if pos == hi or not sg.continuous(k) or \
+                    sg.new_end[k] - sg.new[k] != sg.end[k] - sg.old[k]:
+                break
+            k += 1
+        return pos - lo
 
     # -- output ------------------------------------------------------------------
     def finish(self):

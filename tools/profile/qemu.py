@@ -396,5 +396,96 @@ def run_workload(kernel, workload="vfs-mix", loops=None, icount=True, plugin=Non
     return res
 
 
+def dump_at_hold(kernel, workload, dump, loops=None, timeout=300, env=None):
+    """Boot ``kernel`` with ``workload`` as /init and ``hold=1``: after its result
+    line the guest parks (a child asleep in read(2) on a pipe, init in wait4(2);
+    workloads/linepack.h) and prints ``linepack-hold``; then QEMU writes the
+    guest's memory to ``dump`` (QMP ``dump-guest-memory``, an ELF core; the
+    ``vmcoreinfo`` device, fed by the guest's qemu_fw_cfg module of the same
+    Debian build, puts the kernel's VMCOREINFO note in it, which drgn and crash
+    read) and quits. Deterministic with -icount: the same kernel and
+    workload stop at the same point. Returns a QemuResult (``result_line`` set).
+    """
+    import json
+    import select
+    import socket
+    import tempfile
+    wl = _workloads.load(workload)
+    if wl.disk_fs or wl.module_source:
+        raise BadInput(f"workload {wl.name}: a dump at the hold point runs tmpfs workloads only")
+    loops = wl.default_loops if loops is None else int(loops)
+    words = dict(wl.env)
+    words.update(env or {})
+    words["hold"] = 1
+    # the fw_cfg driver (a module in Debian's cloud kernel) hands the kernel's
+    # VMCOREINFO to the vmcoreinfo device, which puts it into the dump
+    from .. import targets
+    fw_cfg = targets.debian_module("drivers/firmware/qemu_fw_cfg.ko", abi=kernel_abi(kernel))
+    initrd = workload_initrd(wl, modules=(fw_cfg,))
+    sockdir = tempfile.mkdtemp(prefix="lp-qmp-")
+    sock = os.path.join(sockdir, "qmp")
+    cmd = qemu_command(kernel, initrd, append=loops_append(kernel_defaults()["append"], loops,
+                                                           words),
+                       extra_args=("-device", "vmcoreinfo",
+                                   "-qmp", f"unix:{sock},server=on,wait=off"))
+    check_kernel_path(kernel, "kernel")
+    if not shutil.which(cmd[0]):
+        raise ExternalToolError(f"'{cmd[0]}' is not installed (install qemu-system-x86)")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    raw = b""
+    try:
+        while b"linepack-hold" not in raw:
+            left = timeout - (time.monotonic() - t0)
+            if left <= 0:
+                raise ExternalToolError(f"QEMU: no 'linepack-hold' within {timeout} s"
+                                        f"{_last_words(_clean(raw))}")
+            ready, _, _ = select.select([proc.stdout], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    raise ExternalToolError(f"QEMU exited before the hold point"
+                                            f"{_last_words(_clean(raw))}")
+                raw += chunk
+        qmp = socket.socket(socket.AF_UNIX)
+        qmp.settimeout(timeout)
+        qmp.connect(sock)
+        stream = qmp.makefile("rw")
+
+        def call(command, **args):
+            stream.write(json.dumps({"execute": command, "arguments": args}) + "\n")
+            stream.flush()
+            while True:
+                reply = json.loads(stream.readline() or "{}")
+                if "return" in reply or "error" in reply or not reply:
+                    break
+            if "return" not in reply:
+                raise ExternalToolError(f"QMP {command} failed: "
+                                        f"{reply.get('error', {}).get('desc', 'no reply')}")
+            return reply["return"]
+        json.loads(stream.readline())          # the greeting
+        call("qmp_capabilities")
+        call("dump-guest-memory", paging=False, protocol=f"file:{os.path.abspath(dump)}")
+        call("quit")
+        qmp.close()
+        out, err = proc.communicate(timeout=60)
+        raw += out
+    except BaseException:
+        _kill_group(proc)
+        proc.communicate()
+        raise
+    finally:
+        shutil.rmtree(sockdir, ignore_errors=True)
+    serial = _clean(raw)
+    res = QemuResult(returncode=proc.returncode, serial=serial,
+                     result_line=_workloads.find_result(serial, wl.expected_prefix(loops)),
+                     wall=time.monotonic() - t0, command=cmd,
+                     stderr=err.decode("utf-8", errors="replace"))
+    if res.result_line is None:
+        raise ExternalToolError(f"workload {wl.name}: no result line before the hold point")
+    return res
+
+
 __all__ = ["QemuResult", "run_kernel", "run_workload", "qemu_command", "kernel_defaults",
-           "panic_line", "workload_initrd", "loops_append"]
+           "panic_line", "workload_initrd", "loops_append", "dump_at_hold"]

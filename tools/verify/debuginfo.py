@@ -2,15 +2,19 @@
 
 Independent of the rewriter: it reads both images' DWARF and translates OLD's
 addresses through the verifier's own address map (any object with
-``old_start``/``old_end``/``new_start`` piece arrays; identity outside pieces).
+``old_start``/``old_end``/``new_start`` piece arrays; identity outside pieces;
+a block-level map also gives ``new_end``, ``collapse`` and the ``appended`` jmps,
+see _Pieces).
 
 - line rows: a seeded sample of OLD's line-table rows inside functions (moved
   code first); each
   must have a row in NEW, in the same unit, at the translated address, with the
   same file, line and column (``debuginfo.line-row``);
-- subprograms: in a seeded sample of units, every subprogram's code ranges in
+- subprograms: in a seeded sample of units (and as many again among the units
+  holding code a block-level layout split), every subprogram's code ranges in
   NEW equal its OLD ranges translated piece by piece (``debuginfo.subprogram-range``:
-  a stale or missing range);
+  a stale or missing range), and so do every inlined subroutine's and lexical
+  block's (``debuginfo.scope-range``: the inline chain a symbolizer prints);
 - units: every unit's NEW ranges lie inside its translated OLD ranges and cover
   every translated subprogram of the unit (``debuginfo.unit-range``).
 NEW without DWARF while OLD has it is an info finding (``--strip-debug``).
@@ -25,16 +29,51 @@ from ..dwarf import encoding as enc
 from ..dwarf.native import LineRows
 from ..kernel.base import Finding
 
-DW_TAG_subprogram = 0x2E
+DW_TAG_subprogram, DW_TAG_inlined_subroutine, DW_TAG_lexical_block = 0x2E, 0x1D, 0x0B
 
 
 class _Pieces:
+    """The verifier's map as pieces old [old, end) -> new [new, new_end): linear
+    from ``new`` unless collapsed (a re-encoded branch or removed jmp: all of it
+    is its new range). A jmp the layout appended (code with no old address)
+    belongs to the code it follows in NEW, as if that piece had grown by it."""
+
     def __init__(self, amap):
         o = np.asarray(amap.old_start, np.uint64)
         order = np.argsort(o, kind="stable")
         self.old = [int(x) for x in o[order]]
         self.end = [int(x) for x in np.asarray(amap.old_end, np.uint64)[order]]
         self.new = [int(x) for x in np.asarray(amap.new_start, np.uint64)[order]]
+        ne = getattr(amap, "new_end", None)
+        self.new_end = [int(x) for x in np.asarray(ne, np.uint64)[order]] if ne is not None \
+            else [n + e - b for b, e, n in zip(self.old, self.end, self.new)]
+        co = getattr(amap, "collapse", None)
+        self.collapse = [bool(x) for x in np.asarray(co, bool)[order]] if co is not None \
+            else [False] * len(self.old)
+        lo, hi = getattr(amap, "appended", (np.zeros(0, np.uint64),) * 2)
+        after = {e: i for i, e in enumerate(self.new_end) if e > self.new[i]}
+        for a, b in zip(np.asarray(lo).tolist(), np.asarray(hi).tolist()):
+            i = after.pop(a, None)
+            if i is not None:
+                self.new_end[i] = b
+                after[b] = i
+
+    def resized(self):
+        """Sorted old starts of the pieces whose new size differs or that collapse
+        (block-level code: re-encoded branches, removed and appended jmps)."""
+        return sorted(o for o, e, n, ne, c in zip(self.old, self.end, self.new, self.new_end,
+                                                   self.collapse) if c or ne - n != e - o)
+
+    def empty(self, addrs):
+        """True where an old address lies in a piece with nothing in NEW (a removed jmp)."""
+        a = np.asarray(addrs, np.uint64)
+        if not self.old:
+            return np.zeros(a.shape, bool)
+        o, e = np.array(self.old, np.uint64), np.array(self.end, np.uint64)
+        size = np.array(self.new_end, np.uint64) - np.array(self.new, np.uint64)
+        i = np.searchsorted(o, a, side="right").astype(np.int64) - 1
+        ic = np.maximum(i, 0)
+        return (i >= 0) & (a < e[ic]) & (size[ic] == 0)
 
     def ranges(self, lo, hi):
         """Translated [lo, hi): identity outside pieces, contiguous runs merged."""
@@ -44,19 +83,25 @@ class _Pieces:
         while pos < hi:
             if k < len(self.old) and self.old[k] <= pos:
                 b = min(hi, self.end[k])
-                na = self.new[k] + pos - self.old[k]
-                nb = na + b - pos
+                if self.collapse[k]:
+                    na = self.new[k]
+                    nb = self.new_end[k] if b == self.end[k] else na
+                else:
+                    na = self.new[k] + pos - self.old[k]
+                    nb = self.new_end[k] if b == self.end[k] else na + b - pos
                 k += 1
             else:
                 b = min(hi, self.old[k]) if k < len(self.old) else hi
                 na, nb = pos, b
             if b <= pos:
                 break
+            pos = b
+            if nb <= na:
+                continue
             if out and out[-1][1] == na:
                 out[-1] = (out[-1][0], nb)
             else:
                 out.append((na, nb))
-            pos = b
         return out
 
 
@@ -98,7 +143,7 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
                                 "OLD has DWARF, NEW has none (relayout --strip-debug)"))
         return
     problems = {"debuginfo.line-row": [], "debuginfo.subprogram-range": [],
-                "debuginfo.unit-range": []}
+                "debuginfo.unit-range": [], "debuginfo.scope-range": []}
     pieces = _Pieces(amap)
     rng = np.random.default_rng(seed)
 
@@ -116,7 +161,8 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
         fs, fe = fs[order], (fs + np.asarray(ft.size, np.uint64))[order]
         j = np.searchsorted(fs, ro.addr, side="right").astype(np.int64) - 1
         in_code = (j >= 0) & (ro.addr < fe[np.maximum(j, 0)])
-        live = np.nonzero(((ro.flags & 1) == 0) & in_code)[0]
+        # a row at a removed jmp has no code left in NEW to describe
+        live = np.nonzero(((ro.flags & 1) == 0) & in_code & ~pieces.empty(ro.addr))[0]
         mapped = np.asarray(_map(amap, ro.addr[live]), np.uint64)
         moved = live[mapped != ro.addr[live]]
         still = live[mapped == ro.addr[live]]
@@ -150,7 +196,10 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
     cus = [i for i in range(min(len(ou), len(nu))) if ou[i].unit_type in (1, 3)]
     sample = set(random.Random(seed).sample(cus, min(units_sample, len(cus))))
     otabs, ntabs = {}, {}
-    subprograms = 0
+    subprograms = scopes = 0
+    units = {}
+    resized = pieces.resized()
+    split_units = []
     for i in cus:
         a, b = ou[i], nu[i]
         for un, tabs, ab in ((a, otabs, oa), (b, ntabs, na)):
@@ -167,24 +216,39 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
             continue
         want_cu = _merge(r for lo, hi in orr for r in pieces.ranges(lo, hi))
         have_cu = _merge(nrr or [])
+        units[i] = (obase, nbase, have_cu)
         for r in have_cu:
             if not _inside(r, want_cu):
                 problems["debuginfo.unit-range"].append(
                     (r[0], f"unit {i}: range [{r[0]:#x}, {r[1]:#x}) is not code of this unit "
                      "after translation (stale)"))
-        if i not in sample:
-            continue
+        if any(bisect.bisect_left(resized, lo) < bisect.bisect_left(resized, hi)
+               for lo, hi in orr):
+            split_units.append(i)
+    # a block-level layout: as many units again among those holding split code
+    sample |= set(random.Random(seed).sample(split_units, min(units_sample, len(split_units))))
+    for i in sorted(sample & set(units)):
+        a, b = ou[i], nu[i]
+        obase, nbase, have_cu = units[i]
         odies = enc.walk_dies(oi, a, otabs[a.abbrev_off])
         ndies = enc.walk_dies(ni, b, ntabs[b.abbrev_off])
         for (ooff, otag, oat2, _), (noff, ntag, nat2, _) in zip(odies, ndies):
-            if otag != DW_TAG_subprogram:
+            if otag not in (DW_TAG_subprogram, DW_TAG_inlined_subroutine, DW_TAG_lexical_block):
                 continue
             so = enc.die_ranges(oi, a, oat2, obase, *olists)
             if not so:
                 continue
-            subprograms += 1
             want = _merge(r for lo, hi in so for r in pieces.ranges(lo, hi))
             have = _merge(enc.die_ranges(ni, b, nat2, nbase, *nlists) or [])
+            if otag != DW_TAG_subprogram:
+                scopes += 1
+                if want != have:
+                    problems["debuginfo.scope-range"].append(
+                        (so[0][0], f"{'inlined subroutine' if otag == DW_TAG_inlined_subroutine else 'lexical block'}"
+                         f" at DIE {ooff:#x}: ranges {_fmt(have)} in NEW, its code is at "
+                         f"{_fmt(want)}"))
+                continue
+            subprograms += 1
             if want != have:
                 problems["debuginfo.subprogram-range"].append(
                     (so[0][0], f"subprogram at DIE {ooff:#x}: ranges {_fmt(have)} in NEW, "
@@ -196,11 +260,13 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
                          f"[{r[0]:#x}, {r[1]:#x})"))
     report.extra["debuginfo_units_checked"] = len(cus)
     report.extra["debuginfo_subprograms_checked"] = subprograms
+    report.extra["debuginfo_scopes_checked"] = scopes
+    report.extra["debuginfo_split_units_checked"] = len(sample & set(split_units))
     from .equivalence import _add
     for check, items in problems.items():
         _add(findings, "error", check, items, lambda it: it, counter)
-    log(f"debug info: {checked_rows} line rows, {len(cus)} units, {subprograms} subprograms "
-        f"checked; {sum(len(v) for v in problems.values())} problems")
+    log(f"debug info: {checked_rows} line rows, {len(cus)} units, {subprograms} subprograms, "
+        f"{scopes} inlined subroutines and lexical blocks checked; {sum(len(v) for v in problems.values())} problems")
 
 
 def _map(amap, addrs):

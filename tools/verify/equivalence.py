@@ -123,16 +123,20 @@ class _BlockAwareMap:
         self._pieces = None
 
     def pieces(self):
-        """(old_start, old_end, new_start) as one piecewise list: the block map's
-        rows inside split functions (a re-encoded branch maps by its start), the
-        function-level pieces elsewhere. What the DWARF check walks."""
+        """(old_start, old_end, new_start, new_end, collapse) as one piecewise
+        list: the block map's rows inside split functions (a re-encoded branch or
+        removed jmp is collapsed: every address inside maps to its new start, and
+        it covers new [new_start, new_end)), the function-level pieces elsewhere.
+        What the DWARF check walks."""
         if self._pieces is None:
             r = self.rows[self.rows["old_len"] > 0]
             ro = r["old"].astype(np.uint64)
             re_ = ro + r["old_len"].astype(np.uint64)
             rn = r["new"].astype(np.uint64)
+            rne = rn + r["new_len"].astype(np.uint64)
+            rc = r["kind"] != bm.KIND_COPIED
             o = np.argsort(ro, kind="stable")
-            ro, re_, rn = ro[o], re_[o], rn[o]
+            ro, re_, rn, rne, rc = ro[o], re_[o], rn[o], rne[o], rc[o]
             b = self.base
             k = np.searchsorted(ro, b.old_start)
             kc = np.minimum(k, max(len(ro) - 1, 0))
@@ -141,8 +145,11 @@ class _BlockAwareMap:
             old = np.concatenate((b.old_start[~covered], ro))
             end = np.concatenate((b.old_end[~covered], re_))
             new = np.concatenate((b.new_start[~covered], rn))
+            new_end = np.concatenate((b.new_start[~covered] + (b.old_end[~covered] -
+                                                                b.old_start[~covered]), rne))
+            collapse = np.concatenate((np.zeros(int((~covered).sum()), bool), rc))
             o = np.argsort(old, kind="stable")
-            self._pieces = (old[o], end[o], new[o])
+            self._pieces = (old[o], end[o], new[o], new_end[o], collapse[o])
         return self._pieces
 
     @property
@@ -156,6 +163,21 @@ class _BlockAwareMap:
     @property
     def new_start(self):
         return self.pieces()[2]
+
+    @property
+    def new_end(self):
+        return self.pieces()[3]
+
+    @property
+    def collapse(self):
+        return self.pieces()[4]
+
+    @property
+    def appended(self):
+        """New [start, end) of the jmps the layout appended (no old address)."""
+        j = self.rows[self.rows["kind"] == bm.KIND_JMP_INSERTED]
+        return (j["new"].astype(np.uint64),
+                j["new"].astype(np.uint64) + j["new_len"].astype(np.uint64))
 
     def map(self, addrs):
         return self.blocks.map(addrs)
