@@ -76,3 +76,24 @@ def test_relayout_not_stopped_leaves_all_outputs(debian_vmlinux, tmp_path):
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     assert set(os.listdir(tmp_path)) == OUTPUTS
+
+
+def test_signal_during_output_check_leaves_no_probe(tmp_path, monkeypatch):
+    """The writability probe of an output's directory: a SIGTERM that arrives while the
+    probe file exists is held back until the probe is gone (found under load: the
+    interrupted run above left the probe behind)."""
+    from linepack import io
+
+    real_mkstemp = io.tempfile.mkstemp
+
+    def mkstemp_then_signal(*a, **kw):
+        fd_path = real_mkstemp(*a, **kw)
+        os.kill(os.getpid(), signal.SIGTERM)      # arrives while the probe exists
+        return fd_path
+
+    monkeypatch.setattr(io.tempfile, "mkstemp", mkstemp_then_signal)
+    with pytest.raises(io.Interrupted):
+        with io.trap_signals():
+            io.check_output_path(tmp_path / "vmlinux.new")
+            time.sleep(1)                         # not reached: delivered at the unblock
+    assert os.listdir(tmp_path) == []

@@ -162,12 +162,14 @@ def check_output_path(path, flag="output"):
                            "(temp file + rename)")
     # The true test of a writable directory (root passes os.access everywhere, and
     # /proc, read-only mounts and full quotas only fail at create time).
-    try:
-        fd, probe = tempfile.mkstemp(dir=parent, prefix="." + os.path.basename(real) + ".")
-    except OSError as e:
-        raise BadInput(f"{name}: cannot create files in {parent}: {e.strerror}") from None
-    os.close(fd)
-    os.unlink(probe)
+    # Signals are held back so a SIGINT/SIGTERM at this moment cannot leave the probe.
+    with _signals_blocked():
+        try:
+            fd, probe = tempfile.mkstemp(dir=parent, prefix=".linepack-probe.")
+        except OSError as e:
+            raise BadInput(f"{name}: cannot create files in {parent}: {e.strerror}") from None
+        os.close(fd)
+        os.unlink(probe)
     return real
 
 
