@@ -6,7 +6,6 @@ import os
 import numpy as np
 
 from ..errors import BadInput
-from ..image.disasm import disassemble
 from ..image.elf import ET_EXEC, ElfImage
 from ..image.functions import FunctionTable, text_size
 from ..image.writer import write_image
@@ -124,7 +123,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     if os.path.exists(out_path) and os.path.samefile(image_path, out_path):
         raise BadInput(f"{out_path}: output is the input; linepack never modifies its input")
     strat = strategies.get(strategy) if not hasattr(strategy, "layout") else strategy
-    image = ElfImage(image_path)
+    from ..image.shared import elf_image, function_units
+    image = elf_image(image_path)          # shared: evaluate relays out one base many times
     if image.type != ET_EXEC:
         raise BadInput(f"{image_path}: not an ET_EXEC executable (type {image.type}); "
                        "relayout handles linked executables and vmlinux")
@@ -137,8 +137,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     missing = check_profile(image, functions, hotness, profile_build_id, allow_missing)
     if missing:
         log(f"profile: {missing} named functions are not in the image (ignored)")
-    log(f"disassembling {len(functions)} functions")
-    units, dis = build_units(image, functions, lambda u: disassemble(image, u), log=log)
+    units, functions, dis = function_units(image, log)
     heat = make_heat(units, functions, hotness)
     split = None
     if getattr(strat, "block_level", False):

@@ -147,7 +147,7 @@ class Rewriter:
         from ..kernel.jump_table import SHORT_SITES_SINCE, JumpTable, classify, rel8_reach
         if self.image.symbol_address("__start___jump_table") is None:
             return
-        ctx = ImageContext(self.image)
+        ctx = ImageContext.of(self.image)
         jt = JumpTable()
         e = jt.parse(ctx)
         if not len(e):
