@@ -166,9 +166,8 @@ def _known_length(code):
 
 def _decode_range(path, starts, sizes, first_index):
     """Worker: decode functions [first_index, ...) of one image."""
-    from .elf import ElfImage
-
-    image = ElfImage(path)
+    from .shared import elf_image
+    image = elf_image(path)                 # opened once per process
     dec = _Decoder()
     addr_parts, size_parts, func_parts, raw_parts, bad = [], [], [], [], []
     for k, (start, size) in enumerate(zip(starts, sizes)):
