@@ -241,8 +241,9 @@ def _split_functions(image, units, dis, functions, heat, blocks, strat, log):
     if blocks is None:
         raise BadInput(f"strategy {strat.name} needs a profile with executed blocks "
                        "(QEMU, perf LBR or BOLT fdata), not function counts only")
-    ctx = ImageContext(image)
-    ctx._disasm = dis
+    ctx = ImageContext.of(image)           # the image's one context, shared with the rewriter
+    if ctx._disasm is None:
+        ctx._disasm = dis
     sites = TableSites.from_kernel(ctx) if ctx.is_kernel else TableSites()
     noret = [a for a in (image.symbol_address(n) for n in NORETURN) if a is not None]
     reloc_insn = np.zeros(len(dis), bool)
