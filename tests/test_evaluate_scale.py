@@ -60,7 +60,8 @@ def test_plugin_option_is_built_one_way(make_file, debian_vmlinux):
 def _sweep(kernel, out, *extra, env=None, popen=False):
     args = [sys.executable, "-m", "linepack", "evaluate", "--kernel", kernel,
             "--kernel", f"copy={kernel}", "--workload", WORKLOADS, "--loops", "3",
-            *[x for c in CACHES for x in ("--cache", c)], "--json", str(out), *extra]
+            *[x for c in CACHES for x in ("--cache", c)], "--json", str(out),
+            "--csv", str(out)[:-len(".json")] + ".csv", *extra]
     if popen:
         return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=env)
@@ -80,13 +81,13 @@ def sequential(debian_vmlinux, tmp_path_factory):
     """The reference: every boot one after another (-j 1)."""
     out = tmp_path_factory.mktemp("seq") / "seq.json"
     p = _sweep(debian_vmlinux, out, "-j", "1")
-    return _table(out), p.stderr
+    return _table(out), p.stderr, p.stdout, out
 
 
 @pytest.mark.qemu
 @pytest.mark.realkernel
 def test_sequential_table_is_complete(sequential):
-    rows, _ = sequential
+    rows = sequential[0]
     assert len(rows) == 2 * 2 * 2
     keys = {(r["layout"], r["workload"], r["cache"]) for r in rows}
     assert keys == {(lay, w, c) for lay in ("vmlinux", "copy") for w in WORKLOADS.split(",")
@@ -103,6 +104,30 @@ def test_parallel_equals_sequential(debian_vmlinux, sequential, tmp_path):
     assert _table(out) == sequential[0]
     progress = re.findall(r"^evaluate: \[(\d)/4\] ", p.stderr, re.M)
     assert sorted(progress) == ["1", "2", "3", "4"], p.stderr
+
+
+@pytest.mark.qemu
+@pytest.mark.realkernel
+def test_report_renders_the_result_files(sequential, tmp_path):
+    """--report DIR prints the table evaluate printed, from its JSON and from its CSV."""
+    import shutil
+    _, _, stdout, out = sequential
+    for kind in ("json", "csv"):
+        d = tmp_path / kind
+        d.mkdir()
+        shutil.copy(str(out)[:-len("json")] + kind, d / f"seq.{kind}")
+        p = subprocess.run([sys.executable, "-m", "linepack", "evaluate", "--report", str(d),
+                            "--plot", str(tmp_path / f"{kind}.png")], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout == f"== seq.{kind}\n" + stdout, p.stdout
+        assert (tmp_path / f"{kind}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "x.json").write_text('{"results": [{"layout": "a"}]}')
+    p = subprocess.run([sys.executable, "-m", "linepack", "evaluate", "--report", str(bad)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
 def _free_port():
