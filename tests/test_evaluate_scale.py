@@ -283,3 +283,40 @@ def test_layouts_disassemble_the_base_once(tmp_path, monkeypatch):
         seen.append(dict(calls))
     # the functions, and the code outside the laid-out section (.init, .plt, .fini): once each
     assert seen == [{"disassemble": 2, "parse": 1}] * 3, seen
+
+
+def test_run_cache_is_keyed_by_content(tmp_path, monkeypatch):
+    """A job with cache=True runs once; the same inputs again come from the store;
+    other program bytes (same path) or another repeat number run again."""
+    import shutil
+    if shutil.which("qemu-x86_64") is None or shutil.which("gcc") is None:
+        pytest.skip("qemu-user or gcc not installed")
+    from linepack.errors import LinepackError
+    from linepack.profile import plugin_build
+    from linepack.profile.runner import USER, Plugin, QemuJob, run_job
+    from linepack.profile.trace import cache_config
+    try:
+        plugin_build.build_plugin(log=lambda m: None)
+    except LinepackError as e:
+        pytest.skip(f"plugin cannot be built here: {e}")
+    monkeypatch.setenv("LINEPACK_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "p.c"
+    exe = tmp_path / "p"
+
+    def build(n):
+        src.write_text("#include <stdio.h>\nint main(void){unsigned s=0;for(int i=0;i<%d;i++)"
+                       "s=s*31+i;printf(\"%%u\\n\",s);return 0;}\n" % n)
+        subprocess.run(["gcc", "-O1", "-no-pie", "-fno-pie", "-o", str(exe), str(src)], check=True)
+
+    def job(run=0):
+        return QemuJob(USER, str(exe), [Plugin(cache=cache_config("intel-32k-8w"))], mode="user",
+                       cache=True, run=run)
+    build(1000)
+    first = run_job(job())
+    again = run_job(job())
+    assert not first.cached and again.cached
+    assert (again.traces[0].misses, again.stdout) == (first.traces[0].misses, first.stdout)
+    assert not run_job(job(run=1)).cached
+    build(200000)
+    other = run_job(job())
+    assert not other.cached and other.stdout != first.stdout
