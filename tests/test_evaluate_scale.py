@@ -295,11 +295,14 @@ def test_run_cache_is_keyed_by_content(tmp_path, monkeypatch):
     from linepack.profile import plugin_build
     from linepack.profile.runner import USER, Plugin, QemuJob, run_job
     from linepack.profile.trace import cache_config
+    from linepack.profile import runner
     try:
-        plugin_build.build_plugin(log=lambda m: None)
+        so = plugin_build.build_plugin(log=lambda m: None)
     except LinepackError as e:
         pytest.skip(f"plugin cannot be built here: {e}")
+    # a private store of runs; the plugin built above (not rebuilt in that cache)
     monkeypatch.setenv("LINEPACK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(runner, "plugin_so", lambda log=None: so)
     src = tmp_path / "p.c"
     exe = tmp_path / "p"
 
