@@ -43,10 +43,12 @@ class Boot:
             raise BadInput("--kallsyms: too many names for the kernel command line")
         env = {"lp_kallsyms": ",".join(names)} if names else None
         with OutputSet(inputs=[args.kernel], outputs={"--serial": args.serial}) as outs:
+            from ..profile.runner import SYSTEM, QemuJob, run_job
             try:
-                res = qemu.run_workload(args.kernel, args.workload, loops=args.loops,
-                                        icount=args.icount, timeout=args.timeout,
-                                        log=args.serial, append=args.append, env=env)
+                res = run_job(QemuJob(SYSTEM, args.kernel, workload=args.workload,
+                                      loops=args.loops, icount=args.icount,
+                                      timeout=args.timeout, serial_log=args.serial,
+                                      append=args.append, env=env))
             except ExternalToolError:
                 outs.commit()      # a failed boot's serial log is the one worth keeping
                 raise

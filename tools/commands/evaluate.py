@@ -69,10 +69,11 @@ def _growth_cell(pct):
 def format_rows(rows):
     """One table per cache model; the first layout of each is the baseline."""
     out = []
-    for cache in dict.fromkeys(r["cache"] for r in rows):
-        rs = [r for r in rows if r["cache"] == cache]
+    several = len({r.get("workload") for r in rows}) > 1
+    for wl, cache in dict.fromkeys((r.get("workload"), r["cache"]) for r in rows):
+        rs = [r for r in rows if r["cache"] == cache and r.get("workload") == wl]
         base = rs[0]
-        mode = ", ".join(dict.fromkeys(r["mode"] for r in rs))
+        mode = ", ".join(dict.fromkeys(r["mode"] for r in rs)) + (f", {wl}" if several else "")
         hdr = (f"{'layout':<16} {'L1i misses':>12} {'vs base':>8} {'fetches':>12} {'miss rate':>9} "
                f"{'MPKI':>7} {'kernel insns':>14} {'hot lines':>9} {'.text':>8} {'time s':>7}")
         out += [f"kernel-mode L1i, {cache} ({mode})", hdr, "-" * len(hdr)]
@@ -110,6 +111,13 @@ def _measurement_rows(ms_by_cache, label, text_growth_pct=0.0):
 
 def cross_check_rows(rows):
     """Problems: different kernel work (instructions) or workload results across layouts."""
+    problems = []
+    for wl in dict.fromkeys(r.get("workload") for r in rows):
+        problems += _cross_check_workload([r for r in rows if r.get("workload") == wl])
+    return problems
+
+
+def _cross_check_workload(rows):
     from ..evaluate.booted import INSTRUCTION_TOLERANCE
     problems = []
     for cache in dict.fromkeys(r["cache"] for r in rows):
@@ -151,7 +159,17 @@ class Evaluate:
         p.add_argument("--booted", action="store_true", help="--sweep: boot every point")
         p.add_argument("--profile", help="profile for hot64/pack/blocks (default: derived from the "
                        "recorded workload run on the base image)")
-        p.add_argument("--workload", default="vfs-mix")
+        p.add_argument("--workload", default="vfs-mix", metavar="W[,W...]",
+                       help="workload (comma-separated: several, one table each; default vfs-mix)")
+        p.add_argument("-j", "--jobs", type=int, metavar="N",
+                       help="boots (and trace recordings) at once on a local process pool "
+                       "(default: the cores); the numbers do not depend on it")
+        p.add_argument("--scheduler", metavar="ADDRESS",
+                       help="run the boots on a Dask distributed cluster (tcp://host:8786) "
+                       "instead of this machine")
+        p.add_argument("--reuse-runs", action="store_true",
+                       help="reuse stored results of boots with the same inputs (content hash) "
+                       "instead of booting again")
         p.add_argument("--loops", type=int)
         p.add_argument("--cache", action="append", metavar="MODEL",
                        help="cache model: a name in configs/cache/ or a TOML path (repeat; "
@@ -165,8 +183,12 @@ class Evaluate:
         p.add_argument("--weights", metavar="W1,W2,...",
                        help="with --train: weights of the training workloads in the merged profile")
         p.add_argument("--repeat", type=int, default=1, help="boots per image (default 1)")
-        p.add_argument("--json", metavar="FILE")
-        p.add_argument("--csv", metavar="FILE")
+        p.add_argument("--json", metavar="FILE",
+                       help="write the table as JSON (one row per layout/workload/cache model)")
+        p.add_argument("--csv", metavar="FILE", help="write the table as CSV (the same rows)")
+        p.add_argument("--report", metavar="DIR",
+                       help="no run: print the tables of the --json/--csv files in DIR "
+                       "(and --plot their bar chart)")
         p.add_argument("--plot", metavar="PNG", help="bar chart of misses per layout (sweep: curve)")
         p.add_argument("--heatmap", metavar="PNG",
                        help="executed text lines of the first and last layout (needs --layout)")
@@ -185,6 +207,8 @@ class Evaluate:
         from ..profile.trace import cache_config
         if args.repeat < 1:
             raise BadInput("--repeat must be at least 1")
+        if args.report:
+            return _run_report(args)
         if args.program:
             return _run_programs(args)
         if args.train or args.test:
@@ -201,6 +225,7 @@ class Evaluate:
         caches = [cache_config(c) for c in (args.cache or ["intel-32k-8w"])]
         if len({c["name"] for c in caches}) != len(caches):
             raise BadInput("--cache: the same cache model is given twice")
+        wls = _workloads(args)
         if args.layout and args.sweep:
             raise BadInput("--layout and --sweep do not go together")
         if (args.layout or args.sweep) and len(args.kernel) != 1:
@@ -226,18 +251,25 @@ class Evaluate:
             from ..evaluate.run import evaluate_layouts
             specs = specs if args.layout else ["stock"] + [f"align-all:{a}" for a in sweep[1]]
             rows, extra = evaluate_layouts(
-                args.kernel[0].rpartition("=")[2], specs, caches, workload=args.workload,
+                args.kernel[0].rpartition("=")[2], specs, caches, workload=wls[0],
                 loops=args.loops, whatif=(args.whatif or (sweep is not None and not args.booted)),
                 profile=args.profile, repeat=args.repeat, heatmap=args.heatmap,
-                skip_unfit=sweep is not None, log=_log)
+                skip_unfit=sweep is not None, log=_log, workloads=wls, parallel=args.jobs,
+                scheduler=args.scheduler, reuse=args.reuse_runs)
         else:
-            from ..evaluate.booted import measure_caches
+            from ..evaluate.booted import measure_many
             rows, extra = [], {}
-            for spec in args.kernel:
-                label, _, path = spec.rpartition("=")
-                ms = measure_caches(path, label=label or None, workload=args.workload,
-                                    loops=args.loops, caches=caches, repeat=args.repeat, log=_log)
-                rows += _measurement_rows(ms, label or os.path.basename(path))
+            images = [(spec.rpartition("=")[2], spec.rpartition("=")[0] or None)
+                      for spec in args.kernel]
+            ms = measure_many(images, wls, loops=args.loops, caches=caches, repeat=args.repeat,
+                              log=_log, parallel=args.jobs, scheduler=args.scheduler,
+                              reuse=args.reuse_runs)
+            for path, label in images:
+                for w in wls:
+                    rs = _measurement_rows(ms[(path, label, w)], label or os.path.basename(path))
+                    for r in rs:
+                        r["workload"] = w
+                    rows += rs
             # .text growth as relayout reports it: how far each region's code end moved
             # (the section sizes never change), in % of the base's _stext.._etext
             from ..evaluate.booted import code_growth
@@ -285,6 +317,35 @@ class Evaluate:
         return EXIT_FINDINGS if problems else 0
 
 
+def _run_report(args):
+    """--report DIR: tables (and --plot) from result files; nothing runs."""
+    from ..evaluate import report
+    other = [f for f, on in (("--kernel", args.kernel), ("--program", args.program),
+                             ("--layout", args.layout), ("--sweep", args.sweep),
+                             ("--train", args.train), ("--json", args.json), ("--csv", args.csv),
+                             ("--heatmap", args.heatmap)) if on]
+    if other:
+        raise BadInput(f"{other[0]} does not go with --report (it runs nothing)")
+    print(report.render(args.report))
+    if args.plot:
+        report.plot(args.report, args.plot)
+        _log(f"wrote {args.plot}")
+    return 0
+
+
+def _workloads(args):
+    """--workload W1,W2: names checked (one clear error before any boot), in order."""
+    from ..profile import workloads
+    wls = [w.strip() for w in str(args.workload).split(",") if w.strip()]
+    if not wls or len(set(wls)) != len(wls):
+        raise BadInput(f"--workload {args.workload}: give each workload once")
+    for w in wls:
+        workloads.load(w)
+    if args.jobs is not None and args.jobs < 1:
+        raise BadInput("--jobs must be at least 1")
+    return wls
+
+
 def _run_matrix(args):
     from ..evaluate.matrix import format_matrix, generalization_matrix, heatmap_png, matrix_json
     from ..evaluate.layouts import normalize_spec
@@ -315,7 +376,8 @@ def _run_matrix(args):
     caches = [cache_config(c) for c in (args.cache or ["intel-32k-8w"])]
     loops = {w: args.loops for w in train + test} if args.loops else None
     m = generalization_matrix(base, train, test, strategy=strategy, caches=caches, loops=loops,
-                              weights=weights, log=_log)
+                              weights=weights, log=_log, parallel=args.jobs,
+                              scheduler=args.scheduler)
     print(format_matrix(m))
     if args.json:
         write_atomic(args.json, json.dumps(matrix_json(m), indent=1, sort_keys=True) + "\n")

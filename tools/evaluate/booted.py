@@ -8,7 +8,6 @@ layouts; ``repeat`` re-runs anyway and reports the spread.
 
 import os
 import statistics
-import time
 
 import numpy as np
 
@@ -89,72 +88,82 @@ class Measurement:
         return d
 
 
+def _run_dict(tr, res, tsize, wall):
+    return {"instructions": tr.kernel_instructions, "fetches": tr.fetches, "misses": tr.misses,
+            "miss_rate": tr.misses / tr.fetches if tr.fetches else 0.0,
+            "hot_lines": executed_lines(tr), "text_size": tsize, "wall": wall,
+            "result_line": res.result_line}
+
+
 def measure(path, label=None, workload="vfs-mix", loops=None, cache="intel-32k-8w", repeat=1,
             log=None):
-    from ..profile.record import run_traced
-
-    runs = []
-    tsize = text_size(path)
-    for k in range(repeat):
-        t0 = time.time()
-        tr, res = run_traced(path, workload=workload, loops=loops, cache=cache, edges=False,
-                             log=None)
-        runs.append({"instructions": tr.kernel_instructions, "fetches": tr.fetches,
-                     "misses": tr.misses, "miss_rate": tr.misses / tr.fetches if tr.fetches else 0.0,
-                     "hot_lines": executed_lines(tr), "text_size": tsize,
-                     "wall": time.time() - t0, "result_line": res.result_line})
-        if log:
-            log(f"{label or os.path.basename(path)} run {k + 1}/{repeat}: {tr.misses:,} misses / "
-                f"{tr.fetches:,} fetches, {tr.kernel_instructions:,} instructions")
-    return Measurement(label or os.path.basename(path), path, runs)
+    return measure_caches(path, label, workload, loops, [cache], repeat, log)[
+        _cache_cfgs([cache])[0]["name"]]
 
 
-def run_caches(path, workload="vfs-mix", loops=None, caches=("intel-32k-8w",), timeout=1800):
-    """One boot, one plugin instance per cache model (each a copy of the .so, so
-    they keep separate state). Returns ({cache name: PluginTrace}, QemuResult, wall)."""
-    import shutil
-    import tempfile
+def _cache_cfgs(caches):
+    from ..profile.trace import cache_config
+    return [c if isinstance(c, dict) else cache_config(c) for c in caches]
 
-    from ..profile import plugin_build, qemu, trace, workloads
 
-    so = plugin_build.build_plugin(log=lambda m: None)
+def caches_job(path, label=None, workload="vfs-mix", loops=None, caches=("intel-32k-8w",), run=0,
+               timeout=1800, reuse=False):
+    """The QemuJob of one booted measurement: one boot, one plugin instance per cache
+    model, counting inside the workload's loop markers."""
+    from ..profile import workloads
+    from ..profile.runner import SYSTEM, Plugin, QemuJob
     try:
         start, stop = workloads.roi_addresses(workload)
     except Exception:   # noqa: BLE001 - a workload without markers: the whole run
         start = stop = None
-    cfgs = [c if isinstance(c, dict) else trace.cache_config(c) for c in caches]
-    with tempfile.TemporaryDirectory(prefix="linepack-eval-") as tmp:
-        outs = [os.path.join(tmp, f"c{k}.bin") for k in range(len(cfgs))]
-        args = [trace.plugin_args(o, cache=c, start=start, stop=stop) for o, c in zip(outs, cfgs)]
-        extra = []
-        for k in range(1, len(cfgs)):
-            so_k = os.path.join(tmp, f"plugin{k}.so")
-            shutil.copy(so, so_k)
-            extra += ["-plugin", trace.plugin_option(so_k, args[k])]
-        t0 = time.time()
-        res = qemu.run_workload(path, workload=workload, loops=loops, icount=True, plugin=so,
-                                plugin_args=dict(a.split("=", 1) for a in args[0]),
-                                extra_args=extra, timeout=timeout)
-        wall = time.time() - t0
-        return {c["name"]: trace.read_plugin_output(o) for c, o in zip(cfgs, outs)}, res, wall
+    return QemuJob(SYSTEM, path, [Plugin(cache=c, start=start, stop=stop)
+                                  for c in _cache_cfgs(caches)],
+                   workload=workload, loops=loops, timeout=timeout,
+                   label=label or os.path.basename(path), run=run, cache=reuse)
+
+
+def run_caches(path, workload="vfs-mix", loops=None, caches=("intel-32k-8w",), timeout=1800):
+    """One boot, one plugin instance per cache model. Returns ({cache name: PluginTrace},
+    JobResult, wall)."""
+    from ..profile.runner import run_job
+    res = run_job(caches_job(path, None, workload, loops, caches, timeout=timeout))
+    return ({c["name"]: tr for c, tr in zip(_cache_cfgs(caches), res.traces)}, res, res.wall)
+
+
+def add_result(out, job, res, tsize, log=None, repeat=1):
+    """Fold one finished caches_job into {cache name: Measurement}."""
+    label = job.label
+    trs = {p.cache["name"]: tr for p, tr in zip(job.plugins, res.traces)}
+    for name, tr in trs.items():
+        out.setdefault(name, Measurement(label, job.image, [])).runs.append(
+            _run_dict(tr, res, tsize, res.wall))
+    if log:
+        log(f"{label} run {job.run + 1}/{repeat}: " + ", ".join(
+            f"{n} {tr.misses:,} misses" for n, tr in trs.items()) +
+            f"; {next(iter(trs.values())).kernel_instructions:,} instructions ({res.wall:.1f} s)")
+    return out
 
 
 def measure_caches(path, label=None, workload="vfs-mix", loops=None, caches=("intel-32k-8w",),
                    repeat=1, log=None):
-    """Like measure() for several cache models at once: {cache name: Measurement}."""
+    """Boot ``repeat`` times, several cache models at once: {cache name: Measurement}."""
+    return measure_many([(path, label)], [workload], loops, caches, repeat, log=log,
+                        parallel=1)[(path, label, workload)]
+
+
+def measure_many(images, workloads, loops=None, caches=("intel-32k-8w",), repeat=1, log=None,
+                 parallel=None, scheduler=None, reuse=False):
+    """Every (image, workload) booted ``repeat`` times, as independent jobs (a
+    process pool, or a Dask cluster at ``scheduler``). ``images``: [(path, label)].
+    Returns {(path, label, workload): {cache name: Measurement}}; the numbers do not
+    depend on how the jobs ran (each boot is deterministic under -icount)."""
+    from ..profile.runner import run_jobs
+    keys = [(path, label, w) for path, label in images for w in workloads for k in range(repeat)]
+    jobs = [caches_job(path, label, w, loops, caches, run=k, reuse=reuse)
+            for path, label in images for w in workloads for k in range(repeat)]
+    results = run_jobs(jobs, parallel=parallel, scheduler=scheduler, log=log)
+    tsize = {path: text_size(path) for path, _ in images}
     out = {}
-    tsize = text_size(path)
-    label = label or os.path.basename(path)
-    for k in range(repeat):
-        trs, res, wall = run_caches(path, workload, loops, caches)
-        for name, tr in trs.items():
-            out.setdefault(name, Measurement(label, path, [])).runs.append(
-                {"instructions": tr.kernel_instructions, "fetches": tr.fetches,
-                 "misses": tr.misses, "miss_rate": tr.misses / tr.fetches if tr.fetches else 0.0,
-                 "hot_lines": executed_lines(tr), "text_size": tsize, "wall": wall,
-                 "result_line": res.result_line})
-        if log:
-            log(f"{label} run {k + 1}/{repeat}: " + ", ".join(
-                f"{n} {tr.misses:,} misses" for n, tr in trs.items()) +
-                f"; {next(iter(trs.values())).kernel_instructions:,} instructions ({wall:.1f} s)")
+    for key, job, res in zip(keys, jobs, results):   # folded in job order: as a sequential run
+        add_result(out.setdefault(key, {}), job, res, tsize[job.image], log, repeat)
     return out

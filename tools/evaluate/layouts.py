@@ -168,12 +168,12 @@ class Layouts:
     """Plans and rewritten images of strategies on one base image."""
 
     def __init__(self, base, hotness=None, calls=(), profile_build_id=None, log=None, blocks=None):
-        from ..image.elf import ElfImage
+        from ..image.shared import elf_image
         from ..targets import cache_dir
         if not os.path.isfile(base):
             raise BadInput(f"{base}: no such kernel image")
         self.base = base
-        self.image = ElfImage(base)
+        self.image = elf_image(base)
         self.build_id = self.image.build_id or hashlib.sha256(
             os.path.abspath(base).encode()).hexdigest()
         self.hotness, self.calls = hotness or {}, list(calls or ())
@@ -204,17 +204,13 @@ class Layouts:
 
     def _build_units(self):
         if self._units is None:
-            from ..image.disasm import disassemble
-            from ..image.functions import FunctionTable
+            from ..image.shared import function_units
             from ..relayout.driver import NO_RELOCS, check_profile
-            from ..relayout.units import build_units
             im = self.image
             if not im.has_link_relocations():
                 raise BadInput(NO_RELOCS.format(path=self.base))
-            functions = FunctionTable(im)
+            units, functions, _ = function_units(im, self.log)
             check_profile(im, functions, self.hotness, self.profile_build_id)
-            self.log(f"disassembling {len(functions)} functions of {os.path.basename(self.base)}")
-            units, _ = build_units(im, functions, lambda u: disassemble(im, u))
             self._units = (units, functions)
         return self._units
 

@@ -39,7 +39,7 @@ def merge_hotness(hots, weights=None):
 
 
 def generalization_matrix(base, train, test, strategy="pack", caches=("intel-32k-8w",),
-                          loops=None, weights=None, log=None):
+                          loops=None, weights=None, log=None, parallel=None, scheduler=None):
     """{"layouts": [...], "test": [...], "cells": {(layout, workload, cache): row}, ...}."""
     from . import whatif as wi
     from .layouts import Layouts, hotness_from_trace
@@ -50,10 +50,12 @@ def generalization_matrix(base, train, test, strategy="pack", caches=("intel-32k
     if weights is not None and len(weights) != len(train):
         raise BadInput(f"{len(weights)} weights for {len(train)} training workloads")
     loops = loops or {}
-    traces = {}
-    for w in dict.fromkeys(train + test):
-        log(f"recording {w}")
-        traces[w] = wi.record_trace(base, w, loops.get(w), caches, log=log)
+    from ..profile import workloads as wls
+    names = list(dict.fromkeys(train + test))
+    loops = {w: wls.load(w).default_loops if loops.get(w) is None else int(loops[w])
+             for w in names}
+    traces = wi.record_traces(base, names, loops, caches, log=log, parallel=parallel,
+                              scheduler=scheduler)
     hot = {w: hotness_from_trace(traces[w], base) for w in train}
     wmap = dict(zip(train, weights)) if weights is not None else {w: 1.0 for w in train}
     profiles = {f"{strategy}[{w}]": hot[w] for w in train}

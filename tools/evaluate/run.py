@@ -11,19 +11,25 @@ def _pct(growth, tsize):
 
 
 def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif=True,
-                     profile=None, repeat=1, heatmap=None, skip_unfit=False, log=None):
-    """Rows (one per layout and cache model) and extra facts for the JSON output.
+                     profile=None, repeat=1, heatmap=None, skip_unfit=False, log=None,
+                     workloads=None, parallel=None, scheduler=None, reuse=False):
+    """Rows (one per layout, workload and cache model) and extra facts for the JSON output.
 
     skip_unfit: a layout the planner refuses (it would run into pinned code) is
-    left out with a note instead of failing the whole run (sweeps).
+    left out with a note instead of failing the whole run (sweeps). ``workloads``:
+    several workloads (default: ``workload``); a derived profile comes from the
+    first one's recorded run. Boots and trace recordings run as independent jobs
+    (``parallel`` processes, or the Dask cluster at ``scheduler``).
     """
     from ..relayout.plan import LayoutError
     from . import whatif as wi
-    from .booted import measure_caches, text_size
+    from .booted import measure_many, text_size
     log = log or (lambda m: None)
-    from ..profile import workloads
-    wl = workloads.load(workload)
-    loops = wl.default_loops if loops is None else int(loops)
+    from ..profile import workloads as wls
+    workloads = list(workloads or [workload])
+    workload = workloads[0]
+    loops_of = {w: wls.load(w).default_loops if loops is None else int(loops) for w in workloads}
+    loops = loops_of[workload]
     needs_prof = any(s.split(":")[0] in NEEDS_PROFILE for s in specs)
     bt = None
     t_rec = 0.0
@@ -38,9 +44,12 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
         if needs_prof:
             hot, build_id, calls, blocks = lp.hotness, lp.build_id, lp.calls, lp.blocks
             prof_src = profile
+    traces = {}
     if whatif or heatmap or (needs_prof and not profile):
         t0 = time.time()
-        bt = wi.record_trace(base, workload, loops, caches, log=log)
+        traces = wi.record_traces(base, workloads if whatif else [workload], loops_of, caches,
+                                  log=log, parallel=parallel, scheduler=scheduler)
+        bt = traces[workload]
         t_rec = time.time() - t0
     if needs_prof:
         if not profile:
@@ -56,6 +65,7 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
     rows, extra = [], {"json": {"base": base, "profile": prof_src, "loops": loops}}
     tables = {}
     extra["notes"] = []
+    booted = []          # (spec, image, growth): booted after every layout is rewritten
     for spec in specs:
         t0 = time.perf_counter()
         label = spec
@@ -77,28 +87,36 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
         plan_s = time.perf_counter() - t0
         growth = pm.growth if pm else 0
         if whatif:
-            rs = wi.whatif(bt, pm.amap if pm else None, caches, spec)
-            for r in rs:
-                booted = bt.meta.get("booted", {}).get(r["cache"], {})
-                r.update({"layout": label, "mode": "whatif",
-                          "instructions": booted.get("instructions", r["instructions"]),
-                          "text_growth_bytes": growth, "text_growth_pct": _pct(growth, tsize),
-                          "plan_s": plan_s,
-                          "time_s": plan_s + r["translate_s"] + r["replay_s"]})
-                if spec != "stock":
-                    r.pop("booted_misses", None)
-                rows.append(r)
+            for w in workloads:
+                rs = wi.whatif(traces[w], pm.amap if pm else None, caches, spec)
+                for r in rs:
+                    bmeta = traces[w].meta.get("booted", {}).get(r["cache"], {})
+                    r.update({"layout": label, "mode": "whatif",
+                              "instructions": bmeta.get("instructions", r["instructions"]),
+                              "text_growth_bytes": growth, "text_growth_pct": _pct(growth, tsize),
+                              "plan_s": plan_s,
+                              "time_s": plan_s + r["translate_s"] + r["replay_s"]})
+                    r["workload"] = w
+                    if spec != "stock":
+                        r.pop("booted_misses", None)
+                    rows.append(r)
         else:
             img = L.image_path(spec)
             pm = L.plan(spec)
-            growth = pm.growth if pm else 0
-            ms = measure_caches(img, spec, workload, loops, caches, repeat=repeat, log=log)
-            from ..commands.evaluate import _measurement_rows
-            for r in _measurement_rows(ms, spec, _pct(growth, tsize)):
-                r["text_growth_bytes"] = growth
-                rows.append(r)
+            booted.append((spec, img, pm.growth if pm else 0))
         if heatmap and spec in (specs[0], specs[-1]):
             tables[spec] = wi.translate(bt.blocks, pm.amap if pm else None, 64)[0]
+    if booted:
+        from ..commands.evaluate import _measurement_rows
+        ms = measure_many([(img, spec) for spec, img, _ in booted], workloads, loops, caches,
+                          repeat=repeat, log=log, parallel=parallel, scheduler=scheduler,
+                          reuse=reuse)
+        for spec, img, growth in booted:
+            for w in workloads:
+                for r in _measurement_rows(ms[(img, spec, w)], spec, _pct(growth, tsize)):
+                    r["text_growth_bytes"] = growth
+                    r["workload"] = w
+                    rows.append(r)
     if heatmap:
         from . import plots
         panels = []

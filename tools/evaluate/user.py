@@ -17,13 +17,13 @@ interpreter hashing by address may differ a little).
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
-import time
 
 import numpy as np
 
 from ..errors import BadInput, ExternalToolError
+from ..profile.runner import qemu_user
+from ..profile.user import inside
 
 # Relative difference of executed user-mode instructions beyond which two
 # programs are flagged as not doing the same work (Lua: ~0.1% run to run).
@@ -73,64 +73,38 @@ def check_programs(specs):
     return out
 
 
-def qemu_user():
-    exe = shutil.which("qemu-x86_64")
-    if exe is None:
-        raise ExternalToolError("qemu-x86_64 is not installed: install qemu-user "
-                                "(apt-get install qemu-user)")
-    return exe
-
-
 def _exec_ranges(path):
     from ..image.elf import ElfImage
-    secs = [s for s in ElfImage(path).sections if s.is_code and s.is_alloc and s.size]
-    return [(s.addr, s.end) for s in secs], sum(s.size for s in secs)
+    from ..profile.user import exec_ranges
+    lo, hi = exec_ranges(ElfImage(path))
+    return (lo, hi), int((hi - lo).sum())
 
 
-def _inside(addrs, ranges):
-    a = np.asarray(addrs, np.uint64)
-    m = np.zeros(a.shape, bool)
-    for x, y in ranges:
-        m |= (a >= np.uint64(x)) & (a < np.uint64(y))
-    return m
+def program_job(path, args, caches, argv0=None, timeout=600, label="", run=0):
+    """The QemuJob of one measured run: one plugin instance per cache model."""
+    from ..profile.runner import USER, Plugin, QemuJob
+    return QemuJob(USER, path, [Plugin(cache=c) for c in caches], args=tuple(map(str, args)),
+                   argv0=argv0, timeout=timeout, check=False, mode="user", label=label, run=run)
 
 
 def run_program(path, args, caches, argv0=None, timeout=600, log=None):
     """One run of ``path args`` under qemu-x86_64, one plugin per cache model.
 
     Returns ({cache name: PluginTrace}, {"returncode", "stdout", "stderr", "wall"})."""
-    from ..profile import plugin_build, trace
-    q = qemu_user()
-    so = plugin_build.build_plugin(log=log or (lambda m: None))
-    with tempfile.TemporaryDirectory(prefix="linepack-evaluser-") as tmp:
-        outs = [os.path.join(tmp, f"c{k}.bin") for k in range(len(caches))]
-        cmd = [q]
-        if argv0:
-            cmd += ["-0", argv0]
-        for k, (c, o) in enumerate(zip(caches, outs)):
-            so_k = so
-            if k:
-                so_k = os.path.join(tmp, f"plugin{k}.so")
-                shutil.copy(so, so_k)
-            cmd += ["-plugin", trace.plugin_option(so_k, trace.plugin_args(o, cache=c,
-                                                                            mode="user"))]
-        cmd += [os.path.abspath(path), *map(str, args)]
-        t0 = time.monotonic()
-        try:
-            p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise ExternalToolError(f"{os.path.basename(path)} under qemu-x86_64 did not finish "
-                                    f"in {timeout} s") from None
-        wall = time.monotonic() - t0
-        missing = [o for o in outs if not os.path.exists(o)]
-        if missing:
-            err = p.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise ExternalToolError(f"qemu-x86_64 wrote no plugin output for "
-                                    f"{os.path.basename(path)} (exit {p.returncode}): "
-                                    f"{err[-1] if err else 'no message'}")
-        trs = {c["name"]: trace.read_plugin_output(o) for c, o in zip(caches, outs)}
-    return trs, {"returncode": p.returncode, "stdout": p.stdout, "stderr": p.stderr, "wall": wall}
+    from ..profile.runner import run_job
+    res = run_job(program_job(path, args, caches, argv0, timeout), log=log)
+    if any(t is None for t in res.traces):
+        raise ExternalToolError(f"qemu-x86_64 wrote no plugin output for "
+                                f"{os.path.basename(path)} (exit {res.returncode}): "
+                                f"{_last_line(res.stderr) or 'no message'}")
+    return ({c["name"]: tr for c, tr in zip(caches, res.traces)},
+            {"returncode": res.returncode, "stdout": res.stdout, "stderr": res.stderr,
+             "wall": res.wall})
+
+
+def _last_line(text):
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
 
 
 def _med(runs, key):
@@ -149,7 +123,7 @@ def evaluate_programs(specs, caches, args=(), repeat=1, timeout=600, log=None):
     first program's, or differing between repeats)."""
     log = log or (lambda m: None)
     progs = check_programs(specs)
-    qemu_user()
+    qemu_user()      # one clear error before anything runs
     caches = [c if isinstance(c, dict) else _cache(c) for c in caches]
     argv0 = os.path.basename(progs[0][1])
     runs = {}           # label -> cache -> [run dicts]
@@ -195,7 +169,7 @@ def _measure(label, path, ranges, args, caches, argv0, repeat, timeout, log, run
         trs, res = run_program(path, args, caches, argv0=argv0, timeout=timeout, log=log)
         outputs.setdefault(label, []).append((res["returncode"], res["stdout"]))
         for name, tr in trs.items():
-            inb = _inside(tr.tb_addr, ranges)
+            inb = inside(tr.tb_addr, ranges)
             runs.setdefault(label, {}).setdefault(name, []).append({
                 "fetches": tr.fetches, "misses": tr.misses, "instructions": tr.instructions,
                 "miss_rate": tr.misses / tr.fetches if tr.fetches else 0.0,

@@ -28,8 +28,6 @@ touches both). The C core in ``replay.c`` then runs the sequence.
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import time
 
 import numpy as np
@@ -158,7 +156,7 @@ def record_trace(kernel, workload="vfs-mix", loops=None, caches=("intel-32k-8w",
     Returns a BlockTrace whose ``meta["booted"][cache name]`` holds the plugin's
     own fetches/misses for each cache model simulated during that boot.
     """
-    from ..profile import plugin_build, qemu, trace, workloads
+    from ..profile import workloads
     log = log or (lambda m: None)
     wl = workloads.load(workload)
     loops = wl.default_loops if loops is None else int(loops)
@@ -169,49 +167,76 @@ def record_trace(kernel, workload="vfs-mix", loops=None, caches=("intel-32k-8w",
         if all(c["name"] in bt.meta.get("booted", {}) for c in cfgs):
             log(f"block trace from cache {path}")
             return bt
-    so = plugin_build.build_plugin(log=log)
-    start, stop = workloads.roi_addresses(workload)
-    entry = warm_start(kernel, workload)
-    with tempfile.TemporaryDirectory(prefix="linepack-whatif-") as tmp:
-        roi_tbt, warm_tbt = os.path.join(tmp, "roi.tbt"), os.path.join(tmp, "warm.tbt")
-        outs = [os.path.join(tmp, f"c{k}.bin") for k in range(len(cfgs))]
-        main = trace.plugin_args(outs[0], cache=cfgs[0], start=start, stop=stop, tbtrace=roi_tbt)
-        extra = []
-        instances = [(os.path.join(tmp, "warm.bin"),
-                      trace.plugin_args(os.path.join(tmp, "warm.bin"), start=entry, stop=start,
-                                        tbtrace=warm_tbt))]
-        for k in range(1, len(cfgs)):
-            instances.append((outs[k], trace.plugin_args(outs[k], cache=cfgs[k], start=start,
-                                                         stop=stop)))
-        for k, (_, args) in enumerate(instances):
-            so_k = os.path.join(tmp, f"plugin{k}.so")     # a distinct file: its own globals
-            shutil.copy(so, so_k)
-            extra += ["-plugin", trace.plugin_option(so_k, args)]
-        log(f"booting {os.path.basename(kernel)} once to record the {workload} block trace "
-            f"({loops} loops)")
-        t0 = time.time()
-        res = qemu.run_workload(kernel, workload=workload, loops=loops, icount=True, plugin=so,
-                                plugin_args=dict(a.split("=", 1) for a in main),
-                                extra_args=extra, timeout=timeout)
-        wall = time.time() - t0
-        booted = {}
-        for c, out in zip(cfgs, outs):
-            tr = trace.read_plugin_output(out)
-            booted[c["name"]] = {"fetches": tr.fetches, "misses": tr.misses,
-                                 "instructions": tr.kernel_instructions,
-                                 "size": c["size"], "ways": c["ways"], "line": c["line"]}
-        roi = trace.read_tbtrace(roi_tbt)
-        warm = trace.read_tbtrace(warm_tbt) if os.path.exists(warm_tbt) else roi[:0]
-    from ..image.elf import ElfImage
-    meta = {"kernel": os.path.abspath(kernel), "build_id": ElfImage(kernel).build_id,
-            "workload": workload, "workload_binary": _workload_entry(workload)[1], "loops": loops,
-            "result_line": res.result_line, "boot_wall": wall, "booted": booted}
-    bt = BlockTrace.from_records(warm, roi, meta)
+    job = trace_job(kernel, workload, loops, cfgs)
+    log(f"booting {os.path.basename(kernel)} once to record the {workload} block trace "
+        f"({loops} loops)")
+    from ..profile.runner import run_job
+    bt = trace_from_result(job, run_job(job), cfgs)
     log(f"trace: {bt.executions:,} block executions ({len(bt.blocks):,} distinct blocks), "
-        f"{len(bt.warm):,} warm-up; boot {wall:.1f} s")
+        f"{len(bt.warm):,} warm-up; boot {bt.meta['boot_wall']:.1f} s")
     if path:
         bt.save(path)
     return bt
+
+
+def record_traces(kernel, workloads, loops, caches, log=None, parallel=None, scheduler=None):
+    """record_trace for several workloads, the boots as independent jobs (a process
+    pool or a Dask cluster); ``loops``: {workload: loops}. Returns {workload: BlockTrace}."""
+    from ..profile.runner import run_jobs
+    log = log or (lambda m: None)
+    cfgs = _cache_cfgs(caches)
+    out, jobs = {}, []
+    for w in workloads:
+        path = trace_cache_path(kernel, w, loops[w])
+        if os.path.exists(path):
+            bt = BlockTrace.load(path)
+            if all(c["name"] in bt.meta.get("booted", {}) for c in cfgs):
+                log(f"block trace from cache {path}")
+                out[w] = bt
+                continue
+        log(f"booting {os.path.basename(kernel)} to record the {w} block trace ({loops[w]} loops)")
+        jobs.append((w, path, trace_job(kernel, w, loops[w], cfgs)))
+    results = run_jobs([j for _, _, j in jobs], parallel=parallel, scheduler=scheduler, log=log)
+    for (w, path, job), res in zip(jobs, results):
+        bt = out[w] = trace_from_result(job, res, cfgs)
+        log(f"{w} trace: {bt.executions:,} block executions ({len(bt.blocks):,} distinct "
+            f"blocks), {len(bt.warm):,} warm-up; boot {bt.meta['boot_wall']:.1f} s")
+        bt.save(path)
+    return {w: out[w] for w in workloads}
+
+
+def trace_job(kernel, workload, loops, cfgs, timeout=1800):
+    """The QemuJob that records a block trace: the measuring instance (first cache
+    model, loop window, tbtrace), the warm-up instance (tbtrace from late boot to
+    the window) and one instance per further cache model."""
+    from ..profile import workloads
+    from ..profile.runner import SYSTEM, Plugin, QemuJob
+    start, stop = workloads.roi_addresses(workload)
+    entry = warm_start(kernel, workload)
+    plugins = [Plugin(cache=cfgs[0], start=start, stop=stop, tbtrace=True),
+               Plugin(start=entry, stop=start, tbtrace=True)]
+    plugins += [Plugin(cache=c, start=start, stop=stop) for c in cfgs[1:]]
+    return QemuJob(SYSTEM, kernel, plugins, workload=workload, loops=loops, timeout=timeout,
+                   label=os.path.basename(kernel))
+
+
+def trace_from_result(job, res, cfgs):
+    """The BlockTrace of a finished trace_job."""
+    from ..image.elf import ElfImage
+    traces = [res.traces[0]] + res.traces[2:]
+    booted = {}
+    for c, tr in zip(cfgs, traces):
+        booted[c["name"]] = {"fetches": tr.fetches, "misses": tr.misses,
+                             "instructions": tr.kernel_instructions,
+                             "size": c["size"], "ways": c["ways"], "line": c["line"]}
+    roi = res.tbtraces[0]
+    warm = res.tbtraces[1] if res.tbtraces[1] is not None else roi[:0]
+    kernel, workload = job.image, job.workload
+    meta = {"kernel": os.path.abspath(kernel), "build_id": ElfImage(kernel).build_id,
+            "workload": workload, "workload_binary": _workload_entry(workload)[1],
+            "loops": job.loops, "result_line": res.result_line, "boot_wall": res.wall,
+            "booted": booted}
+    return BlockTrace.from_records(warm, roi, meta)
 
 
 # ---- translation through a layout ---------------------------------------------

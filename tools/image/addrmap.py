@@ -22,6 +22,8 @@ Rules, deliberately:
 
 import numpy as np
 
+from .intervals import containing
+
 
 class AddressMap:
     def __init__(self, old_start, old_end, new_start, extents=(), anchors=None,
@@ -63,20 +65,10 @@ class AddressMap:
 
     def piece(self, addrs):
         """Index of the piece containing each address (start included, end excluded), -1 if none."""
-        a = np.asarray(addrs, dtype=np.uint64)
-        if not len(self.old_start):
-            return np.full(a.shape, -1, np.int64)
-        i = np.searchsorted(self.old_start, a, side="right").astype(np.int64) - 1
-        ic = np.maximum(i, 0)
-        return np.where((i >= 0) & (a < self.old_end[ic]), i, -1)
+        return containing(self.old_start, self.old_end, addrs)
 
     def in_extent(self, addrs):
-        a = np.asarray(addrs, dtype=np.uint64)
-        if not len(self.ext_lo):
-            return np.zeros(a.shape, bool)
-        i = np.searchsorted(self.ext_lo, a, side="right").astype(np.int64) - 1
-        ic = np.maximum(i, 0)
-        return (i >= 0) & (a < self.ext_hi[ic])
+        return containing(self.ext_lo, self.ext_hi, addrs) >= 0
 
     def map(self, addrs, strict=False):
         """(new addresses, ok) for an array of old addresses (uint64).

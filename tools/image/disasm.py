@@ -13,6 +13,8 @@ import os
 import numpy as np
 
 import capstone
+
+from .intervals import containing
 from capstone import _cs
 
 RAW = 16   # leading instruction bytes kept per instruction (x86 max is 15)
@@ -78,11 +80,9 @@ class Disassembly:
 
     def containing(self, addrs):
         """Index of the instruction covering each address, -1 where none."""
-        addrs = np.asarray(addrs, dtype=np.uint64)
-        i = np.searchsorted(self.addr, addrs, side="right").astype(np.int64) - 1
-        ic = np.maximum(i, 0)
-        ok = (i >= 0) & (addrs < self.addr[ic] + self.size[ic])
-        return np.where(ok, i, -1)
+        if getattr(self, "_end", None) is None or len(self._end) != len(self.addr):
+            self._end = self.addr + self.size.astype(np.uint64)
+        return containing(self.addr, self._end, addrs)
 
     def inside_instruction(self, addrs):
         """True where an address falls strictly inside a decoded instruction."""
@@ -166,9 +166,8 @@ def _known_length(code):
 
 def _decode_range(path, starts, sizes, first_index):
     """Worker: decode functions [first_index, ...) of one image."""
-    from .elf import ElfImage
-
-    image = ElfImage(path)
+    from .shared import elf_image
+    image = elf_image(path)                 # opened once per process
     dec = _Decoder()
     addr_parts, size_parts, func_parts, raw_parts, bad = [], [], [], [], []
     for k, (start, size) in enumerate(zip(starts, sizes)):

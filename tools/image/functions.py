@@ -10,6 +10,7 @@ never across a boundary, because the kernel tests addresses against them.
 import numpy as np
 
 from .elf import STB_GLOBAL, STB_LOCAL, STB_WEAK, STT_FUNC
+from .intervals import containing
 
 # Labels that bound kernel text regions (pairs are start/end; singles are edges).
 KERNEL_REGION_LABELS = (
@@ -83,12 +84,7 @@ class FunctionTable:
         An address exactly at a function's end belongs to no function (it is
         the next function's start, padding, or an end marker).
         """
-        addrs = np.asarray(addrs, dtype=np.uint64)
-        i = np.searchsorted(self.start, addrs, side="right").astype(np.int64) - 1
-        ok = i >= 0
-        ic = np.where(ok, i, 0)
-        ok &= addrs < self.end[ic]
-        return np.where(ok, i, -1)
+        return containing(self.start, self.end, addrs)
 
     def overlaps(self):
         """Pairs (i, i+1) where function i runs into function i+1."""

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..image.disasm import disassemble
 from ..image.functions import FunctionTable
+from ..image.intervals import containing
 
 
 class Finding:
@@ -60,6 +61,14 @@ def kernel_version_of(image):
 
 class ImageContext:
     """What all table checks share, computed lazily once per image."""
+
+    @classmethod
+    def of(cls, image, log=None):
+        """The one context of an image object (built on first use, then shared)."""
+        ctx = getattr(image, "_linepack_context", None)
+        if ctx is None:
+            ctx = image._linepack_context = cls(image, log=log)
+        return ctx
 
     def __init__(self, image, log=None):
         self.image = image
@@ -154,10 +163,8 @@ class ImageContext:
             st, en = st[order], en[order]
             self._patch_ranges = (st, np.maximum.accumulate(en) if len(en) else en)
         st, en = self._patch_ranges
-        addrs = np.asarray(addrs, dtype=np.uint64)
-        i = np.searchsorted(st, addrs, side="right").astype(np.int64) - 1
-        ic = np.maximum(i, 0)
-        return (i >= 0) & (addrs < en[ic]) if len(st) else np.zeros(len(addrs), bool)
+        # ends made monotone above: "the last site starting before" answers overlaps too
+        return containing(st, en, addrs) >= 0
 
     def code_piece(self, addrs):
         """Index of the stretch between consecutive code symbols holding each address."""

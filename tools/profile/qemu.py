@@ -107,20 +107,15 @@ def check_kernel_path(path, flag="--kernel"):
 
 
 def _plugin_arg(plugin, plugin_args):
+    from .trace import plugin_option
     if not os.path.exists(plugin):
         raise BadInput(f"TCG plugin {plugin} does not exist")
-    parts = [os.path.abspath(plugin)]
     items = plugin_args or {}
     if not hasattr(items, "items"):           # a list of "k=v" strings works too
         items = dict(str(a).split("=", 1) for a in items)
-    for k, v in items.items():
-        if isinstance(v, bool):
-            v = "on" if v else "off"
-        v = str(v)
-        if "," in v:
-            raise BadInput(f"plugin argument {k}={v!r}: QEMU cannot pass commas")
-        parts.append(f"{k}={v}")
-    return ",".join(parts)
+    return plugin_option(os.path.abspath(plugin),
+                         [f"{k}={'on' if v is True else 'off' if v is False else v}"
+                          for k, v in items.items()])
 
 
 def qemu_command(kernel, initrd, append=None, memory=None, icount=True, plugin=None,
@@ -331,15 +326,21 @@ def _workload_modules(wl, kernel):
     return ((f"lib/modules/linepack_{name}.ko", ko, wl.module_params),)
 
 
-def run_workload(kernel, workload="vfs-mix", loops=None, icount=True, plugin=None,
-                 plugin_args=None, timeout=600, modules=(), log=None, append=None, memory="512",
-                 extra_args=(), env=None):
-    """Boot ``kernel`` with ``workload`` as /init and check its result line.
+@dataclass
+class WorkloadBoot:
+    """What booting ``kernel`` with a workload needs besides the kernel: plain files
+    and arguments, so the boot can run anywhere those files are (runner.py)."""
+    workload: str
+    initrd: str
+    append: str
+    extra_args: tuple
+    want: str                    # the result line's expected prefix
 
-    ``loops`` defaults to the workload's default_loops; ``env`` adds key=value words
-    to the command line (they reach /init as environment variables). Raises
-    ExternalToolError when the kernel panics or the result line is missing.
-    """
+
+def workload_boot(kernel, workload="vfs-mix", loops=None, modules=(), log=None, append=None,
+                  extra_args=(), env=None):
+    """Build (or reuse) the initramfs and disk image of ``workload`` for ``kernel``;
+    returns a WorkloadBoot. ``loops`` defaults to the workload's default_loops."""
     wl = _workloads.load(workload)
     loops = wl.default_loops if loops is None else int(loops)
     base = kernel_defaults()["append"] if append is None else append
@@ -381,19 +382,39 @@ def run_workload(kernel, workload="vfs-mix", loops=None, icount=True, plugin=Non
             "-device", "nvme,serial=linepack0,drive=lpdisk")
         words.setdefault("disk", "/dev/nvme0n1")
         words.setdefault("fstype", wl.disk_fs)
-    res = run_kernel(kernel, initrd, append=loops_append(base, loops, words or None), memory=memory,
-                     icount=icount, timeout=timeout, plugin=plugin, plugin_args=plugin_args,
-                     extra_args=extra_args, log=log)
-    want = wl.expected_prefix(loops)
-    line = _workloads.find_result(res.serial, want)
+    return WorkloadBoot(wl.name, initrd, loops_append(base, loops, words or None),
+                        tuple(extra_args), wl.expected_prefix(loops))
+
+
+def check_workload_result(boot, res):
+    """Set ``res.result_line`` from the serial output; ExternalToolError when the
+    workload's result line is missing."""
+    line = _workloads.find_result(res.serial, boot.want)
     if line is None:
         why = _workloads.find_error(res.serial)
         if why:
-            raise ExternalToolError(f"workload {wl.name} failed under QEMU: {why}")
-        raise ExternalToolError(f"workload {wl.name}: no result line '{want} ...' in the serial "
-                                f"output{_last_words(res.serial)}")
+            raise ExternalToolError(f"workload {boot.workload} failed under QEMU: {why}")
+        raise ExternalToolError(f"workload {boot.workload}: no result line '{boot.want} ...' in "
+                                f"the serial output{_last_words(res.serial)}")
     res.result_line = line
     return res
+
+
+def run_workload(kernel, workload="vfs-mix", loops=None, icount=True, plugin=None,
+                 plugin_args=None, timeout=600, modules=(), log=None, append=None, memory="512",
+                 extra_args=(), env=None):
+    """Boot ``kernel`` with ``workload`` as /init and check its result line.
+
+    ``loops`` defaults to the workload's default_loops; ``env`` adds key=value words
+    to the command line (they reach /init as environment variables). Raises
+    ExternalToolError when the kernel panics or the result line is missing.
+    """
+    boot = workload_boot(kernel, workload, loops, modules=modules, log=log, append=append,
+                         extra_args=extra_args, env=env)
+    res = run_kernel(kernel, boot.initrd, append=boot.append, memory=memory, icount=icount,
+                     timeout=timeout, plugin=plugin, plugin_args=plugin_args,
+                     extra_args=boot.extra_args, log=log)
+    return check_workload_result(boot, res)
 
 
 def dump_at_hold(kernel, workload, dump, loops=None, timeout=300, env=None):
@@ -487,5 +508,6 @@ def dump_at_hold(kernel, workload, dump, loops=None, timeout=300, env=None):
     return res
 
 
-__all__ = ["QemuResult", "run_kernel", "run_workload", "qemu_command", "kernel_defaults",
-           "panic_line", "workload_initrd", "loops_append", "dump_at_hold"]
+__all__ = ["QemuResult", "run_kernel", "run_workload", "workload_boot", "check_workload_result",
+           "qemu_command", "kernel_defaults", "panic_line", "workload_initrd", "loops_append",
+           "dump_at_hold"]

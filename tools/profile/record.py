@@ -6,11 +6,10 @@ reader (trace.py) and the model (model.py) do the work.
 """
 
 import os
-import tempfile
 
 from ..errors import BadInput
 from ..image.elf import ElfImage
-from . import plugin_build, qemu, trace, workloads
+from . import trace, workloads
 from .model import Profile
 
 
@@ -21,23 +20,24 @@ def run_traced(kernel, workload="vfs-mix", loops=None, cache=None, edges=True, r
     roi=True restricts counting to the workload's measured loop (between its
     linepack_roi_begin/end markers); boot and shutdown are then left out.
     """
-    so = plugin_build.build_plugin(log=log or (lambda m: None))
+    from .runner import SYSTEM, Plugin, QemuJob, run_job
     start = stop = None
     if roi:
         try:
             start, stop = workloads.roi_addresses(workload)
         except BadInput:
             start = stop = None       # workload without markers: whole run
-    with tempfile.TemporaryDirectory(prefix="linepack-trace-") as tmp:
-        out = os.path.join(tmp, "trace.bin")
-        args = dict(a.split("=", 1) for a in
-                    trace.plugin_args(out, cache=cache, edges=edges, start=start, stop=stop))
-        if log:
-            log(f"booting {os.path.basename(kernel)} with {workload} under QEMU TCG + plugin")
-        res = qemu.run_workload(kernel, workload=workload, loops=loops, icount=icount,
-                                plugin=so, plugin_args=args, timeout=timeout, log=None)
-        tr = trace.read_plugin_output(out)
-    return tr, res
+    if log:
+        log(f"booting {os.path.basename(kernel)} with {workload} under QEMU TCG + plugin")
+    cfg = trace.cache_config(cache) if isinstance(cache, str) else cache
+    res = run_job(QemuJob(SYSTEM, kernel, [Plugin(cache=cfg, edges=edges, start=start, stop=stop)],
+                          workload=workload, loops=loops, icount=icount, timeout=timeout))
+    return res.traces[0], res
+
+
+def _kernel_command_line(command):
+    """The guest kernel's command line (QEMU's -append value) of a run."""
+    return command[command.index("-append") + 1] if "-append" in command else ""
 
 
 def record_qemu(kernel, workload="vfs-mix", loops=None, output=None, meta=None, log=None):
@@ -48,7 +48,7 @@ def record_qemu(kernel, workload="vfs-mix", loops=None, output=None, meta=None, 
     loops = wl.default_loops if loops is None else int(loops)
     m = dict(meta or {})
     m.update({"workload": workload, "loops": loops, "result_line": res.result_line,
-              "command_line": " ".join(res.command[-1:]) if res.command else "",
+              "command_line": _kernel_command_line(res.command),
               "roi": bool(tr.roi.get("started")) if tr.roi else False})
     # No wall time in the metadata: the same run must give the same profile bytes.
     if log:

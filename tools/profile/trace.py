@@ -297,8 +297,12 @@ def reboot_marker(kernel):
 
 
 def plugin_option(so_path, args):
-    """The value of QEMU's ``-plugin`` option."""
-    return ",".join([so_path] + list(args))
+    """The value of QEMU's ``-plugin`` option (the one place it is built)."""
+    for a in args:
+        if "," in str(a):
+            k, _, v = str(a).partition("=")
+            raise BadInput(f"plugin argument {k}={v!r}: QEMU cannot pass commas")
+    return ",".join([str(so_path)] + [str(a) for a in args])
 
 
 __all__ = ["PluginTrace", "read_plugin_output", "read_tbtrace", "cache_config",

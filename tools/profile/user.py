@@ -15,20 +15,16 @@ clear message (relink with ``-no-pie``) rather than profiled at guessed addresse
 """
 
 import os
-import shutil
-import subprocess
-import tempfile
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import BadInput, ExternalToolError
 from ..image.elf import ET_EXEC, ElfImage
-from . import plugin_build, trace
+from . import trace
+from .runner import QEMU_USER, qemu_user
 from .model import Profile
 
-QEMU_USER = "qemu-x86_64"
 ET_DYN = 3
 
 
@@ -40,13 +36,6 @@ class UserRun:
     stderr: bytes
     wall: float
     command: list
-
-
-def qemu_user():
-    exe = shutil.which(QEMU_USER)
-    if exe is None:
-        raise ExternalToolError(f"{QEMU_USER} is not installed (Debian package qemu-user)")
-    return exe
 
 
 def check_program(path):
@@ -63,19 +52,19 @@ def check_program(path):
     return image
 
 
-def _exec_ranges(image):
-    secs = [s for s in image.sections if s.is_code and s.is_alloc and s.size]
+def exec_ranges(image):
+    """(starts, ends) of the executable sections, sorted: for image.intervals.containing."""
+    secs = sorted((s for s in image.sections if s.is_code and s.is_alloc and s.size),
+                  key=lambda s: s.addr)
     lo = np.array([s.addr for s in secs], np.uint64)
     hi = np.array([s.end for s in secs], np.uint64)
     return lo, hi
 
 
-def _inside(addrs, lo, hi):
-    a = np.asarray(addrs, np.uint64)
-    m = np.zeros(a.shape, bool)
-    for x, y in zip(lo.tolist(), hi.tolist()):
-        m |= (a >= np.uint64(x)) & (a < np.uint64(y))
-    return m
+def inside(addrs, ranges):
+    """True where an address lies in one of the exec_ranges."""
+    from ..image.intervals import containing
+    return containing(ranges[0], ranges[1], addrs) >= 0
 
 
 def run_user(program, args=(), cache=None, edges=False, stdin=None, cwd=None, env=None,
@@ -86,35 +75,17 @@ def run_user(program, args=(), cache=None, edges=False, stdin=None, cwd=None, en
     simulated). Returns (PluginTrace, UserRun). A non-zero exit raises
     ExternalToolError when ``check``.
     """
+    from .runner import USER, Plugin, QemuJob, run_job
     check_program(program)
-    so = plugin_build.build_plugin(log=log or (lambda m: None))
-    q = qemu_user()
-    with tempfile.TemporaryDirectory(prefix="linepack-user-") as tmp:
-        out = os.path.join(tmp, "trace.bin")
-        pargs = trace.plugin_args(out, cache=cache, edges=edges, mode="user", start=start,
-                                  stop=stop)
-        cmd = [q, "-plugin", trace.plugin_option(so, pargs), os.path.abspath(program),
-               *[str(a) for a in args]]
-        t0 = time.monotonic()
-        try:
-            p = subprocess.run(cmd, input=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               cwd=cwd, env=env, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise ExternalToolError(f"{os.path.basename(program)} under {QEMU_USER} did not "
-                                    f"finish in {timeout} s") from None
-        wall = time.monotonic() - t0
-        run = UserRun(p.returncode, p.stdout, p.stderr, wall, cmd)
-        if not os.path.exists(out):
-            err = p.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise ExternalToolError(f"{QEMU_USER} wrote no plugin output (exit {p.returncode}): "
-                                    f"{err[-1] if err else 'no message'}")
-        if check and p.returncode != 0:
-            err = p.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise ExternalToolError(f"{os.path.basename(program)} exited with status "
-                                    f"{p.returncode} under {QEMU_USER}: "
-                                    f"{err[-1] if err else 'no message'}")
-        tr = trace.read_plugin_output(out)
-    return tr, run
+    cfg = trace.cache_config(cache) if isinstance(cache, str) else cache
+    res = run_job(QemuJob(USER, program, [Plugin(cache=cfg, edges=edges, start=start, stop=stop)],
+                          args=tuple(map(str, args)), stdin=stdin, env=env, cwd=cwd,
+                          timeout=timeout, check=check, mode="user"), log=log)
+    if res.traces[0] is None:
+        raise ExternalToolError(f"{QEMU_USER} wrote no plugin output (exit {res.returncode}): "
+                                f"{(res.stderr.strip().splitlines() or ['no message'])[-1]}")
+    run = UserRun(res.returncode, res.stdout, res.stderr.encode(), res.wall, res.command)
+    return res.traces[0], run
 
 
 def record_user(program, args=(), output=None, meta=None, log=None, stdin=None, cwd=None,
@@ -126,10 +97,10 @@ def record_user(program, args=(), output=None, meta=None, log=None, stdin=None, 
             f"{QEMU_USER} + plugin (mode=user, edges=on)")
     tr, run = run_user(program, args, edges=True, stdin=stdin, cwd=cwd, env=env,
                        timeout=timeout, log=log)
-    lo, hi = _exec_ranges(image)
-    inb = _inside(tr.tb_addr, lo, hi)
+    ranges = exec_ranges(image)
+    inb = inside(tr.tb_addr, ranges)
     outside = int(np.dot(tr.tb_insns[~inb].astype(np.uint64), tr.tb_execs[~inb]))
-    ine = _inside(tr.edge_src, lo, hi) | _inside(tr.edge_dst, lo, hi)
+    ine = inside(tr.edge_src, ranges) | inside(tr.edge_dst, ranges)
     last = run.stdout.decode("utf-8", "replace").strip().splitlines()
     m = {"workload": os.path.basename(program), "loops": None,
          "cmdline": " ".join([os.path.basename(program)] + [str(a) for a in args]),
@@ -158,8 +129,7 @@ def measure_user(program, args=(), cache="intel-32k-8w", stdin=None, cwd=None, t
     (program, libraries, loader) like a hardware counter would."""
     image = check_program(program)
     tr, run = run_user(program, args, cache=cache, stdin=stdin, cwd=cwd, timeout=timeout, log=log)
-    lo, hi = _exec_ranges(image)
-    inb = _inside(tr.tb_addr, lo, hi)
+    inb = inside(tr.tb_addr, exec_ranges(image))
     return {"fetches": tr.fetches, "misses": tr.misses, "instructions": tr.instructions,
             "program_instructions": int(np.dot(tr.tb_insns[inb].astype(np.uint64),
                                                tr.tb_execs[inb])),
@@ -167,4 +137,4 @@ def measure_user(program, args=(), cache="intel-32k-8w", stdin=None, cwd=None, t
             "stdout": run.stdout, "wall": run.wall}
 
 
-__all__ = ["check_program", "run_user", "record_user", "measure_user", "UserRun"]
+__all__ = ["check_program", "run_user", "record_user", "measure_user", "UserRun", "qemu_user"]

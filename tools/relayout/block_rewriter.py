@@ -90,7 +90,7 @@ class BlockRewriter(Rewriter):
         from ..kernel.jump_table import JumpTable, classify, rel8_reach
         if self.image.symbol_address("__start___jump_table") is None:
             return
-        ctx = ImageContext(self.image)
+        ctx = ImageContext.of(self.image)
         e = JumpTable().parse(ctx)
         if not len(e):
             return

@@ -6,7 +6,6 @@ import os
 import numpy as np
 
 from ..errors import BadInput
-from ..image.disasm import disassemble
 from ..image.elf import ET_DYN, ET_EXEC, ElfImage
 from ..image.functions import FunctionTable, text_size
 from ..image.writer import write_image
@@ -126,7 +125,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     if os.path.exists(out_path) and os.path.samefile(image_path, out_path):
         raise BadInput(f"{out_path}: output is the input; linepack never modifies its input")
     strat = strategies.get(strategy) if not hasattr(strategy, "layout") else strategy
-    image = ElfImage(image_path)
+    from ..image.shared import elf_image, function_units
+    image = elf_image(image_path)          # shared: evaluate relays out one base many times
     if image.type == ET_DYN and image.section(".interp") is not None:
         raise BadInput(f"{image_path}: a PIE executable; relayout handles non-PIE executables "
                        "only (a PIE's R_X86_64_RELATIVE entries in .rela.dyn would have to "
@@ -143,8 +143,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     missing = check_profile(image, functions, hotness, profile_build_id, allow_missing)
     if missing:
         log(f"profile: {missing} named functions are not in the image (ignored)")
-    log(f"disassembling {len(functions)} functions")
-    units, dis = build_units(image, functions, lambda u: disassemble(image, u), log=log)
+    units, functions, dis = function_units(image, log)
     heat = make_heat(units, functions, hotness)
     split = None
     if getattr(strat, "block_level", False):
@@ -261,8 +260,9 @@ def _split_functions(image, units, dis, functions, heat, blocks, strat, log):
     if blocks is None:
         raise BadInput(f"strategy {strat.name} needs a profile with executed blocks "
                        "(QEMU, perf LBR or BOLT fdata), not function counts only")
-    ctx = ImageContext(image)
-    ctx._disasm = dis
+    ctx = ImageContext.of(image)           # the image's one context, shared with the rewriter
+    if ctx._disasm is None:
+        ctx._disasm = dis
     indirect_ok = False
     if ctx.is_kernel:
         sites = TableSites.from_kernel(ctx)

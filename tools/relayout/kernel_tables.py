@@ -37,7 +37,7 @@ def update_kernel_tables(rw, log, ctx=None):
         return {}
     from ..kernel import TABLES
 
-    ctx = ctx or ImageContext(image, log=log)
+    ctx = ctx or ImageContext.of(image, log=log)
     ctx._disasm = rw.dis if ctx._disasm is None else ctx._disasm
     out = PatchedImage(rw)
     done = {}

@@ -104,8 +104,13 @@ class Rewriter:
                 and s.index not in laid]
         if not secs:
             return None
-        return disassemble(self.image, _Table([s.addr for s in secs], [s.size for s in secs]),
-                           jobs=1)
+        # the same for every layout of an image: decoded once per image object
+        done = self.image.__dict__.setdefault("_linepack_other_code", {})
+        key = tuple(s.index for s in secs)
+        if key not in done:
+            done[key] = disassemble(self.image, _Table([s.addr for s in secs],
+                                                       [s.size for s in secs]), jobs=1)
+        return done[key]
 
     def insn_end(self, addrs, in_code):
         """End of the instruction holding each address (code), else the address itself."""
@@ -147,7 +152,7 @@ class Rewriter:
         from ..kernel.jump_table import SHORT_SITES_SINCE, JumpTable, classify, rel8_reach
         if self.image.symbol_address("__start___jump_table") is None:
             return
-        ctx = ImageContext(self.image)
+        ctx = ImageContext.of(self.image)
         jt = JumpTable()
         e = jt.parse(ctx)
         if not len(e):

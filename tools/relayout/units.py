@@ -20,6 +20,7 @@ the unit's start must keep: 2**trailing_zeros(start) capped at 16), ``phase``
 import numpy as np
 
 from ..image.functions import regions as image_regions
+from ..image.intervals import containing
 
 MAX_INFERRED_ALIGN = 16
 
@@ -124,13 +125,7 @@ class UnitTable:
 
     def find(self, addrs):
         """Unit containing each address, -1 where none (end address excluded)."""
-        addrs = np.asarray(addrs, dtype=np.uint64)
-        if not len(self.start):
-            return np.full(len(addrs), -1, np.int64)
-        i = np.searchsorted(self.start, addrs, side="right").astype(np.int64) - 1
-        ic = np.maximum(i, 0)
-        ok = (i >= 0) & (addrs < self.end[ic])
-        return np.where(ok, i, -1)
+        return containing(self.start, self.end, addrs)
 
 
 def build_regions(image, sections=(".text",), pin_head=True):

@@ -159,8 +159,8 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
         fs = np.asarray(ft.start, np.uint64)
         order = np.argsort(fs, kind="stable")
         fs, fe = fs[order], (fs + np.asarray(ft.size, np.uint64))[order]
-        j = np.searchsorted(fs, ro.addr, side="right").astype(np.int64) - 1
-        in_code = (j >= 0) & (ro.addr < fe[np.maximum(j, 0)])
+        from ..image.intervals import containing
+        in_code = containing(fs, fe, ro.addr) >= 0
         # a row at a removed jmp has no code left in NEW to describe
         live = np.nonzero(((ro.flags & 1) == 0) & in_code & ~pieces.empty(ro.addr))[0]
         mapped = np.asarray(_map(amap, ro.addr[live]), np.uint64)

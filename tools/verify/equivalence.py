@@ -639,12 +639,8 @@ _NO_SPLIT = ((_EMPTY, _EMPTY), (_EMPTY, _EMPTY))      # split_ranges of a functi
 
 def _within(addrs, ranges):
     """True where an address lies in one of the (sorted, disjoint) [lo, hi) ranges."""
-    lo, hi = ranges
-    a = np.asarray(addrs, np.uint64)
-    if not len(lo):
-        return np.zeros(a.shape, bool)
-    k = np.searchsorted(lo, a, side="right").astype(np.int64) - 1
-    return (k >= 0) & (a < hi[np.maximum(k, 0)])
+    from ..image.intervals import containing
+    return containing(ranges[0], ranges[1], addrs) >= 0
 
 
 def _check_orc_lookup(octx, nctx, amap, split_ranges, findings, counter):
