@@ -169,10 +169,20 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     update_kernel_tables(rw, log)
     from .eh_frame import update_eh_frame
     update_eh_frame(rw, log)
-    extra_sections = []
+    extra_sections, alloc_sections, phdr_updates = [], [], None
     if split:
         from .block_symbols import cold_symbols
         cold_symbols(rw, image, log)
+        from .kallsyms_cold import NoRoom, add_cold_kallsyms
+        try:
+            grown = add_cold_kallsyms(rw, image, log)
+        except NoRoom as e:
+            grown = None
+            rw.problems.append(("kallsyms-cold", 0, f"no kallsyms entries for the .cold parts: {e}"))
+            log(f"warning: no kallsyms entries for the .cold parts: {e}")
+        if grown:
+            alloc_sections.append(grown[0])
+            phdr_updates = grown[1]
         from ..image import blockmap as bm
         extra_sections.append((bm.SECTION_NAME, bm.to_bytes(rw.block_split["rows"])))
     else:
@@ -202,7 +212,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         rw.patched.update(dw_patched)
     log(f"writing {out_path}")
     write_image(image, out_path, rw.patched, drop=drop, entry=rw.new_entry(),
-                extra_sections=extra_sections, header_updates=getattr(rw, "header_updates", None))
+                extra_sections=extra_sections, header_updates=getattr(rw, "header_updates", None),
+                alloc_sections=alloc_sections, phdr_updates=phdr_updates)
     summary = plan.summary()
     summary.update(rw.stats)
     summary.update(line_metric(plan, functions, hotness))
