@@ -180,7 +180,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
             grown = None
             rw.problems.append(("kallsyms-cold", 0, f"no kallsyms entries for the .cold parts: {e}"))
             log(f"warning: no kallsyms entries for the .cold parts: {e}")
-        if grown:
+        if grown and grown[0]:
             alloc_sections.append(grown[0])
             phdr_updates = grown[1]
         from ..image import blockmap as bm

@@ -2,21 +2,25 @@
 
 kallsyms' arrays (offsets, names, markers, seqs_of_names) were sized by the
 link step for its symbol count and sit packed in .rodata, so one more symbol
-does not fit where they are. The rebuilt arrays go to a new read-only section,
-``.linepack.kallsyms``, placed right after the end of the read-only segment
-(the first PT_LOAD: .text .. .BTF_ids on x86-64), in the gap the linker leaves
+does not fit where they are. They are rebuilt and placed again: first into the
+old arrays' own storage (in 6.1, the offsets' slot before
+``kallsyms_relative_base`` and the names+markers+seqs run before the token
+table), largest first; what does not fit goes to a new read-only section,
+``.linepack.kallsyms``, right after the end of the read-only segment (the
+first PT_LOAD: .text .. .BTF_ids on x86-64), in the gap the linker leaves
 before the 2 MB-aligned ``_sdata``. That gap exists in the file too, so the
 segment only grows (p_filesz = p_memsz). ``__end_rodata`` moves past the new
 section: x86-64 ``mark_rodata_ro()`` maps up to ``__end_rodata_hpage_align``
 read-only but frees the pages from ``PFN_ALIGN(__end_rodata)`` to ``_sdata``.
+On Debian's 6.1 cloud vmlinux only the offsets (~350 KB) go there.
 
 The code reaches the arrays and ``__end_rodata`` only through relocated fields
 (``--emit-relocs``: R_X86_64_32S / PC32 against the symbols, also in
 .init.text), so each such field moves by its symbol's move and the symbols get
 their new values. ``kallsyms_relative_base`` (an absolute relocation KASLR
 adjusts), ``kallsyms_num_syms`` (updated in place) and the token table/index
-(names are encoded with the existing tokens) stay where they are. The old
-arrays are zeroed: nothing may read them any more.
+(names are encoded with the existing tokens) stay where they are. Old storage
+that no new array reuses is zeroed: nothing may read it any more.
 """
 
 import numpy as np
@@ -114,43 +118,73 @@ def add_cold_kallsyms(rw, image, log=None):
     n_new = n_old + len(cold)
     sizes = {"kallsyms_offsets": 4 * n_new, "kallsyms_names": int(table._record_bounds[-1]),
              "kallsyms_markers": 4 * ((n_new + 255) // 256), "kallsyms_seqs_of_names": 3 * n_new}
-    at, pos = {}, start
-    for nm in Kallsyms.GROWING:
-        if nm in old_at:
-            pos = _align(pos, ALIGN)
-            at[nm] = pos
-            pos += sizes[nm]
-    end = pos
-    if end > limit:
-        raise NoRoom(f"kallsyms with {len(cold)} .cold entries needs {end - start} bytes after "
-                     f"the read-only segment, {limit - start} are free")
-    moved = dict(at)
+    at, gap_end = _place(old_at, old_size, sizes, start)
+    if gap_end > limit:
+        raise NoRoom(f"kallsyms with {len(cold)} .cold entries needs {gap_end - start} bytes "
+                     f"after the read-only segment, {limit - start} are free")
+    moved = {nm: a for nm, a in at.items() if a != old_at[nm]}
     end_rodata = image.symbol_address("__end_rodata")
-    if end_rodata is not None and end_rodata < _align(end, PAGE):
-        moved["__end_rodata"] = _align(end, PAGE)
+    if gap_end > start and end_rodata is not None and end_rodata < _align(gap_end, PAGE):
+        moved["__end_rodata"] = _align(gap_end, PAGE)
     new = table.update(ctx, entries, rw.amap, extra_addr=[c[1] for c in cold],
                        retarget={k: v for k, v in moved.items() if k == "__end_rodata"})
-    out = _SectionOut(rw, start, end - start)
-    table.write(ctx, new, out, at=at)
-    for nm, a in old_at.items():                       # the old arrays are dead
+    out = _SectionOut(rw, start, gap_end - start)
+    for nm, a in old_at.items():          # the old arrays are dead (parts are reused below)
         out.write(a, np.zeros(old_size[nm], np.uint8))
-    fields = _move_symbols(rw, image, moved, len(image.sections))
+    table.write(ctx, new, out, at=at)
+    in_gap = {nm for nm, a in at.items() if a >= start}
+    fields = _move_symbols(rw, image, moved, {nm: len(image.sections) for nm in in_gap})
     ph = image.phdrs
-    size = end - int(ph["vaddr"][seg])
+    size = gap_end - int(ph["vaddr"][seg])
     rw.stats["kallsyms.cold_entries"] = len(cold)
     rw.stats["kallsyms.symbols"] = n_new
-    rw.stats["kallsyms.section_bytes"] = end - start
     rw.stats["kallsyms.fields_moved"] = fields
-    log(f"kallsyms: {len(cold)} .cold entries added ({n_new} symbols), arrays moved to "
-        f"{SECTION_NAME} at {start:#x} ({end - start} bytes), {fields} code fields follow")
+    rw.stats["kallsyms.section_bytes"] = gap_end - start
+    log(f"kallsyms: {len(cold)} .cold entries added ({n_new} symbols); "
+        + ", ".join(f"{nm} at {a:#x}" for nm, a in sorted(at.items(), key=lambda x: x[1]))
+        + (f" ({SECTION_NAME}: {gap_end - start} bytes)" if in_gap else "")
+        + f"; {fields} code fields follow")
+    if not in_gap:
+        return None, None
     return ((SECTION_NAME, start, offset, out.buf, ALIGN),
             {seg: {"filesz": size, "memsz": size}})
 
 
+def _place(old_at, old_size, sizes, gap):
+    """Addresses for the grown arrays: the old arrays' storage first (runs of
+    arrays that lie back to back form one free area), largest array first into
+    the first area it fits, the rest into the gap from address ``gap`` on.
+    kallsyms_markers goes right after kallsyms_names (kallsyms' parse bounds
+    the names by the markers). Returns ({array: address}, end of the gap used)."""
+    areas = []
+    for nm in sorted(old_at, key=old_at.get):
+        lo, hi = old_at[nm], old_at[nm] + old_size[nm]
+        if areas and lo <= _align(areas[-1][1], ALIGN):
+            areas[-1][1] = hi
+        else:
+            areas.append([lo, hi])
+    units = [["kallsyms_names", "kallsyms_markers"] if nm == "kallsyms_names" else [nm]
+             for nm in old_at if nm != "kallsyms_markers"]
+    need = lambda u: sum(_align(sizes[nm], ALIGN) for nm in u)   # noqa: E731
+    at, gap_pos = {}, gap
+    for unit in sorted(units, key=lambda u: (-need(u), u[0])):
+        area = next((a for a in areas if _align(a[0], ALIGN) + need(unit) <= a[1]), None)
+        pos = _align(area[0], ALIGN) if area else _align(gap_pos, ALIGN)
+        for nm in unit:
+            pos = _align(pos, ALIGN)
+            at[nm] = pos
+            pos += sizes[nm]
+        if area:
+            area[0] = pos
+        else:
+            gap_pos = pos
+    return at, gap_pos
+
+
 def _move_symbols(rw, image, moved, new_shndx):
     """Give each symbol in ``moved`` ({name: new value}) its new value (and the
-    new section, except __end_rodata, a boundary label), and add its move to
-    every relocated field in an allocated section that refers to it. Returns the
+    section index ``new_shndx`` names for it, if any), and add its move to every
+    relocated field in an allocated section that refers to it. Returns the
     number of fields changed."""
     names, syms = image.symbol_table()
     symsec = next(s for s in image.sections if s.type == SHT_SYMTAB)
@@ -167,8 +201,8 @@ def _move_symbols(rw, image, moved, new_shndx):
         if rw.sym_new is not None:
             rw.sym_new[i] = value
         rows["value"][j] = value
-        if nm != "__end_rodata":
-            rows["shndx"][j] = new_shndx
+        if nm in new_shndx:
+            rows["shndx"][j] = new_shndx[nm]
         if delta:
             delta_of[j] = delta
     count = 0
