@@ -372,5 +372,7 @@ def test_blocks_passes_the_torture(work, profile, initrd, stock):
     assert set(cold_specs) <= set(hits), hits
     assert any(hits[p] for p in cold_specs), hits
     cold_stacks = [st for st in raw_stacks(run.serial) if st and st[0] == cold_fn + ".cold"]
+    print("cold probes:", {p: hits[p] for p in cold_specs}, "stacks from the cold part:",
+          cold_stacks[:2])
     assert cold_stacks, raw_stacks(run.serial)
     assert all(st[-1] == "entry_SYSCALL_64_after_hwframe" for st in cold_stacks), cold_stacks

@@ -165,19 +165,23 @@ def _place(old_at, old_size, sizes, gap):
             areas.append([lo, hi])
     units = [["kallsyms_names", "kallsyms_markers"] if nm == "kallsyms_names" else [nm]
              for nm in old_at if nm != "kallsyms_markers"]
-    need = lambda u: sum(_align(sizes[nm], ALIGN) for nm in u)   # noqa: E731
-    at, gap_pos = {}, gap
-    for unit in sorted(units, key=lambda u: (-need(u), u[0])):
-        area = next((a for a in areas if _align(a[0], ALIGN) + need(unit) <= a[1]), None)
-        pos = _align(area[0], ALIGN) if area else _align(gap_pos, ALIGN)
+    def lay(unit, pos):
+        out = {}
         for nm in unit:
             pos = _align(pos, ALIGN)
-            at[nm] = pos
+            out[nm] = pos
             pos += sizes[nm]
+        return out, pos
+
+    at, gap_pos = {}, gap
+    for unit in sorted(units, key=lambda u: (-sum(sizes[nm] for nm in u), u[0])):
+        area = next((a for a in areas if lay(unit, a[0])[1] <= a[1]), None)
+        placed, end = lay(unit, area[0] if area else gap_pos)
+        at.update(placed)
         if area:
-            area[0] = pos
+            area[0] = end
         else:
-            gap_pos = pos
+            gap_pos = end
     return at, gap_pos
 
 
