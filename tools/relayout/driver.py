@@ -166,7 +166,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     log("rewriting code, relocations and symbols")
     rw.run()
     from .kernel_tables import update_kernel_tables
-    update_kernel_tables(rw, log)
+    # a block-level layout rebuilds kallsyms with its .cold parts (after the symbols)
+    update_kernel_tables(rw, log, skip=("kallsyms",) if split else ())
     from .eh_frame import update_eh_frame
     update_eh_frame(rw, log)
     extra_sections, alloc_sections, phdr_updates = [], [], None
@@ -180,6 +181,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
             grown = None
             rw.problems.append(("kallsyms-cold", 0, f"no kallsyms entries for the .cold parts: {e}"))
             log(f"warning: no kallsyms entries for the .cold parts: {e}")
+            update_kernel_tables(rw, log, only=("kallsyms",))
         if grown and grown[0]:
             alloc_sections.append(grown[0])
             phdr_updates = grown[1]

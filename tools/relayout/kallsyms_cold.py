@@ -136,6 +136,7 @@ def add_cold_kallsyms(rw, image, log=None):
     fields = _move_symbols(rw, image, moved, {nm: len(image.sections) for nm in in_gap})
     ph = image.phdrs
     size = gap_end - int(ph["vaddr"][seg])
+    rw.stats["table.kallsyms"] = n_new
     rw.stats["kallsyms.cold_entries"] = len(cold)
     rw.stats["kallsyms.symbols"] = n_new
     rw.stats["kallsyms.fields_moved"] = fields
