@@ -96,9 +96,10 @@ def kprobe_specs(kernel):
     return specs
 
 
-def torture_boot(kernel, initrd, kprobes):
+def torture_boot(kernel, initrd, kprobes, extra=""):
     """Boot ``kernel`` with the torture /init; never raises on a kernel crash (the
-    result then lacks its lines and problems() names what went wrong)."""
+    result then lacks its lines and problems() names what went wrong). ``extra``:
+    more command-line words (e.g. lp_kallsyms=...)."""
     from linepack.profile.qemu import kernel_defaults, run_kernel
     # Without 'quiet': warnings reach the log.
     base = " ".join(w for w in kernel_defaults()["append"].split() if w != "quiet")
@@ -106,7 +107,7 @@ def torture_boot(kernel, initrd, kprobes):
     # longer than the lockup and RCU stall detectors allow: a host-speed artifact
     # that says nothing about the layout, so they are off (for stock as well).
     append = (f"{base} nosoftlockup rcupdate.rcu_cpu_stall_suppress=1 loops={LOOPS} "
-              f"kprobes={','.join(kprobes)}")
+              f"kprobes={','.join(kprobes)} {extra}").rstrip()
     return run_kernel(str(kernel), initrd, append=append, icount=False, timeout=400, check=False)
 
 
@@ -298,9 +299,48 @@ _VFS_PATH = ("do_unlinkat", "vfs_unlink", "do_sys_openat2", "path_openat", "do_f
              "lookup_fast", "step_into", "walk_component", "kmem_cache_alloc", "kmem_cache_free")
 
 
+# Split functions on the error paths the torture's VFS rounds take (open and unlink of
+# a missing file): the first one with a cold part gets a probe on every piece of it.
+_ERROR_PATH = ("do_sys_openat2", "do_unlinkat", "do_filp_open", "path_openat", "filename_parentat",
+               "lookup_one_qstr_excl", "link_path_walk", "walk_component")
+MAX_COLD_PROBES = 24
+
+
+def cold_piece_specs(img, name):
+    """kprobe specs (`name.cold[+off]`) at the start of every piece of name's cold part."""
+    from linepack.image import blockmap as bm
+    rows = bm.read_blockmap(img)
+    names, syms = img.symbol_table()
+    k = names.index(name + ".cold")
+    lo = int(syms["value"][k])
+    hi = lo + int(syms["size"][k])
+    new = rows["new"][(rows["old_len"] > 0) & (rows["new"] >= lo) & (rows["new"] < hi)]
+    starts = sorted(set(int(a) for a in new.tolist()))[:MAX_COLD_PROBES]
+    return [f"{name}.cold" if a == lo else f"{name}.cold+{a - lo:#x}" for a in starts]
+
+
+def raw_stacks(serial):
+    """Stack traces as tuples of frame names as printed (`.cold` kept), innermost
+    first, the tracing machinery's frames dropped."""
+    out = []
+    for line in serial.splitlines():
+        if line.startswith("torture-stack"):
+            frames = line.split()[1:]
+            while frames and _MACHINERY.search(frames[0]):
+                frames.pop(0)
+            out.append(tuple(frames))
+    return out
+
+
 def test_blocks_passes_the_torture(work, profile, initrd, stock):
-    """The block-level layout (issue 9): as pack, plus kprobes on a split function's hot
-    part and on its `.cold` part (by the names /proc/kallsyms must know)."""
+    """The block-level layout (issue 9): as pack, plus
+    - /proc/kallsyms lists split functions' parents and `.cold` parts at the new
+      symtab's addresses;
+    - kprobes defined by `.cold` names (kallsyms_lookup_name through the rebuilt
+      seqs_of_names) on a hot part and on every piece of a cold part on an error path
+      the torture runs; at least one cold probe fires;
+    - the stack trace such a probe takes starts in `name.cold` and reaches the
+      syscall entry."""
     from linepack.image.elf import ElfImage
     from linepack.profile import workloads
     if not os.path.exists(os.path.join(workloads.configs_dir(), "relayout", "blocks.toml")):
@@ -308,12 +348,31 @@ def test_blocks_passes_the_torture(work, profile, initrd, stock):
     out = _relayout(work, profile, "blocks")
     img = ElfImage(str(out))
     names = set(img.symbol_names())
-    img.close()
-    split = next((n for n in _VFS_PATH if n + ".cold" in names), None)
+    split = [n for n in _VFS_PATH if n + ".cold" in names][:5]
     assert split, "none of the VFS-path functions was split"
+    cold_fn = next((n for n in _ERROR_PATH if n + ".cold" in names), None)
+    assert cold_fn, "none of the error-path functions was split"
+    cold_specs = cold_piece_specs(img, cold_fn)
+    want_sym = {n: img.symbol_address(n) for n in split + [n + ".cold" for n in split]}
+    img.close()
     specs = kprobe_specs(out)
-    # Known gap: kallsyms has no `.cold` entries yet (its arrays have a fixed size in the
-    # image), so a kprobe cannot name the cold part; the hot part is probed.
-    specs += [p for p in (split,) if p not in specs]
-    run = torture_boot(out, initrd, specs)
-    assert problems(run, stock) == [], run.serial[-3000:]
+    specs += [p for p in (split[0],) if p not in specs] + cold_specs
+    run = torture_boot(out, initrd, specs, extra=f"lp_kallsyms={','.join(sorted(want_sym))}")
+    assert problems(run, stock, may_miss=cold_specs) == [], run.serial[-3000:]
+    # /proc/kallsyms: parents and cold parts at their new addresses
+    from linepack.ship import kaslr
+    shown = kaslr.kallsyms_lines(run.serial)
+    for n, addr in sorted(want_sym.items()):
+        assert [a for a, _ in shown.get(n, [])] == [addr], (n, shown.get(n))
+        if n.endswith(".cold"):
+            assert [t for _, t in shown[n]] == ["t"], shown[n]
+    # every cold probe was defined (a failed definition is a failed step, checked by
+    # problems()), and the error path ran at least one of them
+    hits = {ln.split()[1]: int(ln.split("hits=")[1]) for ln in lines(run.serial, "torture-kprobe")}
+    assert set(cold_specs) <= set(hits), hits
+    assert any(hits[p] for p in cold_specs), hits
+    cold_stacks = [st for st in raw_stacks(run.serial) if st and st[0] == cold_fn + ".cold"]
+    print("cold probes:", {p: hits[p] for p in cold_specs}, "stacks from the cold part:",
+          cold_stacks[:2])
+    assert cold_stacks, raw_stacks(run.serial)
+    assert all(st[-1] == "entry_SYSCALL_64_after_hwframe" for st in cold_stacks), cold_stacks

@@ -1,7 +1,7 @@
 """`verify --against` at block level on Debian's 6.1 cloud vmlinux rewritten with
 `relayout --strategy blocks` (issue 9; skipped where that strategy does not exist).
 
-The real output must verify; then one copy of it gets six injected breakages, each
+The real output must verify with no finding; then one copy of it gets eight injected breakages, each
 in a different place, and verify must name every one (counts per check come from
 the JSON report, which lists at most 20 findings per check):
 
@@ -10,6 +10,8 @@ the JSON report, which lists at most 20 findings per check):
 - the ORC entry at a moved piece's start changed       -> equiv.orc-block-start
 - a __jump_table entry left at its original address    -> equiv.table-stale
 - a block map row claiming its predecessor's bytes     -> equiv.block-lost + equiv.block-twice
+- an added `.cold` kallsyms entry renamed               -> equiv.kallsyms-cold
+- two neighbours in kallsyms_seqs_of_names swapped      -> kallsyms.seqs_of_names
 
 Budget: a 20-loop profile, one relayout, two verify runs (about 2 minutes).
 """
@@ -71,13 +73,21 @@ def test_blocks_output_verifies(baseline):
     stats = rep["equivalence_blocks"]
     assert stats["split_functions"] > 100 and stats["instructions"] > 10000
     assert stats["branches_reencoded"] > 0 and stats["jmps_inserted"] > 0
-    # Known gap, named by verify: kallsyms has no `.cold` entries yet (its arrays have a
-    # fixed size in the image). Anything else is a failure.
     counts = {k: v for k, v in rep["equivalence_counts"].items() if v}
-    assert set(counts) <= {"equiv.kallsyms-cold"}, counts
-    assert counts.get("equiv.kallsyms-cold", 0) == stats["split_functions"]
+    assert counts == {}, counts
+    assert p.returncode == 0 and not rep["findings"], rep["findings"][:5]
     # the DWARF checks (no debuginfo.* finding above) looked at split code too
     assert rep["debuginfo_split_units_checked"] > 0 and rep["debuginfo_scopes_checked"] > 1000
+    # kallsyms carries one `.cold` entry per split function, and its own check (names
+    # decode and agree with the symtab, addresses sorted, markers, seqs_of_names in
+    # name order) passes on the rebuilt arrays
+    assert "equiv.kallsyms-cold" in rep["equivalence_counts"]
+    assert rep["tables"]["kallsyms"]["ok"]
+    from linepack.image.elf import ElfImage
+    from linepack.kernel.base import ImageContext
+    from linepack.kernel.kallsyms import Kallsyms
+    n_old = len(Kallsyms().parse(ImageContext(ElfImage(VMLINUX))))
+    assert rep["tables"]["kallsyms"]["entries"] == n_old + stats["split_functions"]
 
 
 def _file_patch(f, image, addr, data):
@@ -187,8 +197,36 @@ def test_injected_breakages_are_named(blocks_out, baseline, work):
         f.write(row.tobytes())
         want["equiv.block-lost"] = lost
         want["equiv.block-twice"] = int(rows["old"][prev])
+        # 6. kallsyms: an added `.cold` entry renamed (its last token replaced by the
+        #    one-character token "e"), and two neighbours in seqs_of_names swapped
+        from linepack.kernel.kallsyms import Kallsyms
+        ks = Kallsyms()
+        ke = ks.parse(ctx)
+        # the added `.cold` symbols follow the original's locals in the symtab
+        from linepack.image.elf import SHT_SYMTAB
+        orig = ElfImage(VMLINUX)
+        first = next(s.info for s in orig.sections if s.type == SHT_SYMTAB)
+        extra = len(img.symtab) - len(orig.symtab)
+        orig.close()
+        sym_names = img.symbol_names()
+        cold_syms = {(sym_names[j], int(img.symtab["value"][j]))
+                     for j in range(first, first + extra)}
+        picks = [i for i, (n, a) in enumerate(zip(ks.names, ke["addr"].tolist()))
+                 if (n, a) in cold_syms]
+        i = picks[0]
+        tokens = ks._tokens(ctx)
+        names_at = img.symbol_address("kallsyms_names")
+        _file_patch(f, img, names_at + int(ks._record_bounds[i + 1]) - 1,
+                    bytes([tokens.index(b"e")]))
+        want["equiv.kallsyms-cold"] = int(ke["addr"][i])
+        seq_at = img.symbol_address("kallsyms_seqs_of_names")
+        pos = {int(v): k for k, v in enumerate(ks.seqs.tolist())}
+        k = pos[picks[1]]
+        assert ks.names[int(ks.seqs[k])] != ks.names[int(ks.seqs[k + 1])]
+        a, b = int(ks.seqs[k]), int(ks.seqs[k + 1])
+        _file_patch(f, img, seq_at + 3 * k, b.to_bytes(3, "big") + a.to_bytes(3, "big"))
     img.close()
-    assert len(want) == 6
+    assert len(want) == 7
 
     p, rep = verify(bad, work, "broken")
     assert p.returncode == 1
@@ -199,3 +237,7 @@ def test_injected_breakages_are_named(blocks_out, baseline, work):
         listed = [f["address"] for f in rep["findings"] if f["check"] == check]
         if addr is not None and after[check] <= 20:    # all listed: the place is named
             assert f"{addr:#x}" in listed, (check, hex(addr), listed)
+    # kallsyms' own check (standalone, part of the same run) names the swapped pair
+    assert not any(f["check"] == "kallsyms.seqs_of_names" for f in baseline[1]["findings"])
+    assert any(f["check"] == "kallsyms.seqs_of_names" for f in rep["findings"]), \
+        [f for f in rep["findings"] if f["check"].startswith("kallsyms")]

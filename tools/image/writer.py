@@ -19,7 +19,7 @@ from .elf import EHDR, SHDR, SHF_ALLOC, SHT_NOBITS
 
 
 def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sections=(),
-                header_updates=None, section_moves=None):
+                header_updates=None, section_moves=None, alloc_sections=(), phdr_updates=None):
     """Write image with ``patched`` {section index: bytes-like of the same size}
     (non-allocated sections may change size: they are packed after the rest).
 
@@ -31,6 +31,11 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
     sections that trade bytes among themselves (``.eh_frame_hdr`` growing into
     ``.eh_frame``): the moved sections must stay inside the bytes they held
     together, and a program header that covered exactly one of them follows it.
+    ``alloc_sections``: (name, address, file offset, bytes, alignment) read-only
+    PROGBITS sections written in file space that no section uses (a gap inside
+    the loaded part, e.g. after the read-only segment); their headers come first
+    after the existing ones (index len(image.sections) + k). ``phdr_updates``:
+    {program header index: {field: value}} (a segment grown to cover them).
     Returns the output size.
     """
     patched = patched or {}
@@ -55,9 +60,12 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
         if len(buf) != want and secs[idx].flags & SHF_ALLOC:
             raise ValueError(f"patched section {secs[idx].name} changed size")
     shstrndx = int(image.ehdr["shstrndx"])
-    extra_names = []
-    if extra_sections:
+    extra_names, alloc_names = [], []
+    if extra_sections or alloc_sections:
         strtab = bytearray(patched.get(shstrndx, image.section_bytes(secs[shstrndx])))
+        for name, *_ in alloc_sections:
+            alloc_names.append(len(strtab))
+            strtab += name.encode() + b"\0"
         for name, _ in extra_sections:
             extra_names.append(len(strtab))
             strtab += name.encode() + b"\0"
@@ -89,6 +97,15 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
         shdrs[s.index]["size"] = len(data)
         pos += len(data)
     new_shdrs = []
+    for (name, addr, offset, data, align), name_off in zip(alloc_sections, alloc_names):
+        lo, hi = offset, offset + len(data)
+        if hi > fixed_end or any(s.type != SHT_NOBITS and s.size and s.offset < hi and
+                                 lo < s.offset + s.size for s in secs[1:]):
+            raise ValueError(f"section {name} at file offset {lo:#x} overlaps another section")
+        h = np.zeros(1, SHDR)
+        h["name"], h["type"], h["flags"], h["addr"] = name_off, 1, SHF_ALLOC, addr
+        h["offset"], h["size"], h["addralign"] = offset, len(data), align
+        new_shdrs.append(h)
     for (name, data), name_off in zip(extra_sections, extra_names):
         pos = (pos + 7) // 8 * 8
         h = np.zeros(1, SHDR)
@@ -122,14 +139,20 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
     ehdr["shnum"] = len(shdrs)
     if entry is not None:
         ehdr["entry"] = entry
+    for idx, fields in (phdr_updates or {}).items():
+        for k, v in fields.items():
+            phdrs[idx][k] = v
     with atomic_output(out_path, mode=os.stat(image.path).st_mode & 0o777) as f:
         head = image.data[:fixed_end]
         f.write(memoryview(head))
         f.seek(0)
         f.write(ehdr.tobytes())
-        if moves:
+        if moves or phdr_updates:
             f.seek(int(image.ehdr["phoff"]))
             f.write(phdrs.tobytes())
+        for _, _, offset, data, _ in alloc_sections:
+            f.seek(offset)
+            f.write(memoryview(np.asarray(data, dtype=np.uint8)))
         for idx, buf in patched.items():
             s = secs[idx]
             if s.flags & SHF_ALLOC:

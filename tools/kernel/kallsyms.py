@@ -92,11 +92,66 @@ class Kallsyms(KernelTable):
         return ent
 
     # -- relayout ---------------------------------------------------------------
-    def update(self, ctx, entries, amap):
+    # -- adding symbols (block-level layouts: `name.cold` parts) ----------------
+    def _tokens(self, ctx):
+        im = ctx.image
+        tt_addr = im.symbol_address("kallsyms_token_table")
+        ti_addr = im.symbol_address("kallsyms_token_index")
+        table = bytes(im.read(tt_addr, ti_addr - tt_addr))
+        index = im.view(ti_addr, 256, "<u2").tolist()
+        return [table[o:table.index(b"\0", o)] for o in index]
+
+    def encode_name(self, tokens, text):
+        """One kallsyms_names record for ``text`` (type letter + name) in the
+        image's existing token table: the fewest tokens (dynamic programming over
+        the positions), then the 1- or 2-byte length."""
+        raw = text.encode("latin-1")
+        by_token = {t: i for i, t in enumerate(tokens) if t}
+        longest = max(len(t) for t in by_token)
+        inf = len(raw) + 1
+        cost = [0] + [inf] * len(raw)
+        pick = [None] * (len(raw) + 1)
+        for end in range(1, len(raw) + 1):
+            for ln in range(1, min(longest, end) + 1):
+                t = by_token.get(raw[end - ln:end])
+                if t is not None and cost[end - ln] + 1 < cost[end]:
+                    cost[end], pick[end] = cost[end - ln] + 1, (t, ln)
+        if cost[-1] >= inf:
+            raise ValueError(f"kallsyms: {text[1:]!r} cannot be written with this image's "
+                             "token table")
+        seq, pos = [], len(raw)
+        while pos:
+            t, ln = pick[pos]
+            seq.append(t)
+            pos -= ln
+        seq.reverse()
+        n = len(seq)
+        head = bytes([n]) if n < 0x80 else bytes([(n & 0x7F) | 0x80, n >> 7])
+        if n >= 1 << 14:
+            raise ValueError(f"kallsyms: {text[1:]!r} is too long")
+        return head + bytes(seq)
+
+    def add_symbols(self, ctx, names, types):
+        """Append records for new symbols (their addresses go to ``update(extra=)``);
+        returns how many were added."""
+        tokens = self._tokens(ctx)
+        recs = [self.encode_name(tokens, t + nm) for nm, t in zip(names, types)]
+        blob = self._names_blob + b"".join(recs)
+        ends = np.cumsum([len(r) for r in recs], dtype=np.int64) + len(self._names_blob)
+        self._record_bounds = np.concatenate([self._record_bounds, ends])
+        self._names_blob = blob
+        self.names = self.names + list(names)
+        self.types = self.types + list(types)
+        return len(recs)
+
+    def update(self, ctx, entries, amap, extra_addr=None, retarget=None):
         """Map every address, then re-sort the symbols by their new address.
 
         Region boundary labels (``__sched_text_start`` ...) take the label's new
         address, not that of the function that happened to start there.
+        ``extra_addr``: final addresses of the symbols ``add_symbols`` appended
+        (not mapped). ``retarget``: {name: new address} for data symbols a
+        rewrite moved (e.g. ``__end_rodata``).
         """
         from ..image.functions import KERNEL_REGION_LABELS
 
@@ -104,12 +159,20 @@ class Kallsyms(KernelTable):
         new_addr = np.asarray(new_addr, dtype=np.uint64).copy()
         anchors = dict(zip(getattr(amap, "anchor_old", np.zeros(0)).tolist(),
                            getattr(amap, "anchor_new", np.zeros(0)).tolist()))
-        for k, nm in enumerate(self.names):
+        for k, nm in enumerate(self.names[:len(entries)]):
             if nm in KERNEL_REGION_LABELS:
                 a = int(entries["addr"][k])
                 if a in anchors:
                     new_addr[k] = anchors[a]
+            if retarget and nm in retarget:
+                new_addr[k] = retarget[nm]
         absolute = entries["offset"] >= 0          # per-cpu symbols: absolute values
+        if extra_addr is not None and len(extra_addr):
+            new_addr = np.concatenate([new_addr, np.asarray(extra_addr, np.uint64)])
+            absolute = np.concatenate([absolute, np.zeros(len(extra_addr), bool)])
+            grown = np.zeros(len(new_addr), dtype=entries.dtype)
+            grown[:len(entries)] = entries
+            entries = grown
         # Ties (several symbols at one address) in scripts/kallsyms' order
         # (compare_symbols): strong before weak, then not a linker-script
         # symbol (__start_x, __stop_x, __end_x, __x_start, __x_end) before one,
@@ -132,11 +195,15 @@ class Kallsyms(KernelTable):
         out["offset"] = np.array(offs, dtype=np.int64).astype(np.int32)
         return out
 
-    def write(self, ctx, entries, out):
-        im = ctx.image
+    # The arrays whose size follows the symbol count, in the order they are laid out.
+    GROWING = ("kallsyms_offsets", "kallsyms_names", "kallsyms_markers", "kallsyms_seqs_of_names")
+
+    def arrays(self, ctx, entries):
+        """{array symbol: bytes} of the arrays ``write`` stores for ``entries``
+        (only those the image has)."""
         n = len(entries)
         old_index = entries["old_index"].tolist()
-        out.write(im.symbol_address("kallsyms_offsets"), entries["offset"].astype("<i4").view(np.uint8))
+        out = {"kallsyms_offsets": entries["offset"].astype("<i4").tobytes()}
         bounds = self._record_bounds
         blob = self._names_blob
         parts, new_off, pos = [], [], 0
@@ -145,18 +212,33 @@ class Kallsyms(KernelTable):
             new_off.append(pos)
             parts.append(rec)
             pos += len(rec)
-        out.write(im.symbol_address("kallsyms_names"), np.frombuffer(b"".join(parts), np.uint8))
-        markers = np.array(new_off[::256], dtype="<u4")
-        out.write(im.symbol_address("kallsyms_markers"), markers.view(np.uint8))
-        seq_addr = im.symbol_address("kallsyms_seqs_of_names")
-        if seq_addr is not None:
+        out["kallsyms_names"] = b"".join(parts)
+        out["kallsyms_markers"] = np.array(new_off[::256], dtype="<u4").tobytes()
+        if ctx.image.symbol_address("kallsyms_seqs_of_names") is not None:
             # name order (strcmp on the name without its type letter), ties by address
             addr = entries["addr"].tolist()
             keyed = sorted(range(n), key=lambda j: (self.names[old_index[j]].encode("latin-1"), addr[j], j))
             seq = np.array(keyed, dtype=np.int64)
             b = np.zeros((n, 3), dtype=np.uint8)
             b[:, 0], b[:, 1], b[:, 2] = (seq >> 16) & 0xFF, (seq >> 8) & 0xFF, seq & 0xFF
-            out.write(seq_addr, b.ravel())
+            out["kallsyms_seqs_of_names"] = b.tobytes()
+        return out
+
+    def write(self, ctx, entries, out, at=None):
+        """Store the arrays at their symbols' addresses, or at ``at`` ({array
+        symbol: address}, for arrays a rewrite moved because they grew); the
+        symbol count goes to ``kallsyms_num_syms`` when it changed."""
+        im = ctx.image
+        n_old = self.locate(ctx)[1]
+        if len(entries) != n_old:
+            if not at or any(nm not in at for nm in self.GROWING if im.symbol_address(nm)):
+                raise ValueError(f"kallsyms: {len(entries)} symbols do not fit the image's "
+                                 f"arrays (sized for {n_old})")
+            out.write(im.symbol_address("kallsyms_num_syms"),
+                      np.array([len(entries)], "<u4").view(np.uint8))
+        for nm, data in self.arrays(ctx, entries).items():
+            addr = (at or {}).get(nm, im.symbol_address(nm))
+            out.write(addr, np.frombuffer(data, np.uint8))
 
     def check_window(self, ctx, entries, lo, hi):
         # names are parsed per table, indexed like entries: check it whole

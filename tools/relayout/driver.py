@@ -171,7 +171,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     log("rewriting code, relocations and symbols")
     rw.run()
     from .kernel_tables import update_kernel_tables
-    update_kernel_tables(rw, log)
+    # a block-level layout rebuilds kallsyms with its .cold parts (after the symbols)
+    update_kernel_tables(rw, log, skip=("kallsyms",) if split else ())
     if split and split.get("eh_split") is not None:
         st = split["eh_split"].rebuild(rw, split["splits"], orig_units.start)
         rw.stats.update(st)
@@ -182,12 +183,23 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         update_eh_frame(rw, log)
     from .dynsym import update_dynsym
     update_dynsym(rw, image, log)
-    extra_sections = []
+    extra_sections, alloc_sections, phdr_updates = [], [], None
     if split:
         from .block_symbols import cold_symbols
         cold_symbols(rw, image, log)
         from .eh_frame_split import fix_section_symbols
         fix_section_symbols(rw, image)
+        from .kallsyms_cold import NoRoom, add_cold_kallsyms
+        try:
+            grown = add_cold_kallsyms(rw, image, log)
+        except NoRoom as e:
+            grown = None
+            rw.problems.append(("kallsyms-cold", 0, f"no kallsyms entries for the .cold parts: {e}"))
+            log(f"warning: no kallsyms entries for the .cold parts: {e}")
+            update_kernel_tables(rw, log, only=("kallsyms",))
+        if grown and grown[0]:
+            alloc_sections.append(grown[0])
+            phdr_updates = grown[1]
         from ..image import blockmap as bm
         extra_sections.append((bm.SECTION_NAME, bm.to_bytes(rw.block_split["rows"])))
     else:
@@ -218,7 +230,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     log(f"writing {out_path}")
     write_image(image, out_path, rw.patched, drop=drop, entry=rw.new_entry(),
                 extra_sections=extra_sections, header_updates=getattr(rw, "header_updates", None),
-                section_moves=getattr(rw, "section_moves", None))
+                section_moves=getattr(rw, "section_moves", None),
+                alloc_sections=alloc_sections, phdr_updates=phdr_updates)
     summary = plan.summary()
     summary.update(rw.stats)
     summary.update(line_metric(plan, functions, hotness))

@@ -30,8 +30,9 @@ class PatchedImage:
         buf[off:off + len(data)] = data
 
 
-def update_kernel_tables(rw, log, ctx=None):
-    """Apply update/write of every relayout-aware kernel table; returns counts."""
+def update_kernel_tables(rw, log, ctx=None, skip=(), only=None):
+    """Apply update/write of every relayout-aware kernel table (but those in
+    ``skip``; only those in ``only`` when given); returns counts."""
     image = rw.image
     if image.symbol_address("_stext") is None or rw.plan.is_identity():
         return {}
@@ -42,7 +43,8 @@ def update_kernel_tables(rw, log, ctx=None):
     out = PatchedImage(rw)
     done = {}
     for cls in TABLES:
-        if cls.name not in RELAYOUT_TABLES:
+        if cls.name not in RELAYOUT_TABLES or cls.name in skip or \
+                (only is not None and cls.name not in only):
             continue
         table = cls()
         try:

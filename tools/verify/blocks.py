@@ -177,7 +177,7 @@ def _same_meaning(old_ins, new_ins, translate):
 
 
 def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None, orc_new=None,
-                 tables=(), no_fallthrough=frozenset(), noreturn=frozenset()):
+                 tables=(), no_fallthrough=frozenset(), noreturn=frozenset(), data_moves=None):
     """Check a block map; returns (findings, stats).
 
     ``rows``: block map rows; ``functions``: SplitFunction per function that has
@@ -186,7 +186,9 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     ``orc_old``/``orc_new``: (sorted ips, entry keys) or None; ``tables``:
     (name, old addresses, new addresses) columns; ``no_fallthrough``: original
     addresses (e.g. BUG ud2 sites) that never fall through; ``noreturn``: call
-    targets (original addresses) that never return.
+    targets (original addresses) that never return. ``data_moves``: (sorted
+    original addresses of relocated fields whose data symbol moved, each one's
+    move): an instruction holding one may differ by exactly that move.
     """
     findings = []
     stats = {"split_functions": len(functions), "pieces": 0, "instructions": 0,
@@ -296,8 +298,14 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
             if kind == bm.KIND_COPIED:
                 n = int(amap.new[p]) + (a - int(amap.old[p]))
                 new_ins = _decode_one(cs, new_read, n)
+                translate = amap.map1
+                if data_moves is not None and len(data_moves[0]):
+                    k = int(np.searchsorted(data_moves[0], a))
+                    if k < len(data_moves[0]) and int(data_moves[0][k]) < a + ins.size:
+                        d = int(data_moves[1][k])
+                        translate = lambda v, d=d: (v + d) & (2**64 - 1)   # noqa: E731
                 if new_ins is None or new_ins.size != ins.size or \
-                        not _same_meaning(ins, new_ins, amap.map1):
+                        not _same_meaning(ins, new_ins, translate):
                     add("equiv.block-instruction", n, f"{f.name}: '{ins.mnemonic} {ins.op_str}' "
                         f"at {a:#x} has no counterpart of the same meaning at {n:#x}"
                         + (f" (found '{new_ins.mnemonic} {new_ins.op_str}')" if new_ins else ""))

@@ -275,6 +275,53 @@ def _labels(old, new, functions):
     return v_old, v_new, end
 
 
+# Data symbols a rewrite may move (tools/relayout/kallsyms_cold.py: kallsyms'
+# arrays grown by the `.cold` entries of a block-level layout, and the end of the
+# read-only data behind them). Every other data symbol stays.
+MOVABLE_DATA = ("kallsyms_offsets", "kallsyms_names", "kallsyms_markers",
+                "kallsyms_seqs_of_names", "__end_rodata")
+
+
+def _data_moves(old, new, findings, counter):
+    """Data symbols whose value changed: each must be movable; returns
+    ({name: new value}, (sorted addresses in OLD of the code fields relocated
+    against one, each field's move)) for the instruction checks."""
+    code = {s.index for s in old.sections if s.is_code}
+    no, so = old.symbol_table()
+    nn, sn = new.symbol_table()
+    def unique(names, syms):
+        out = {}
+        for i, (nm, t, x) in enumerate(zip(names, (syms["info"] & 0xF).tolist(),
+                                           syms["shndx"].tolist())):
+            if nm and t not in (STT_SECTION, 4) and x and x < 0xFF00:
+                out[nm] = None if nm in out else i
+        return out
+    uo, un = unique(no, so), unique(nn, sn)
+    moved, bad = {}, []
+    for nm, i in uo.items():
+        j = un.get(nm)
+        if i is None or j is None or int(so["shndx"][i]) in code:
+            continue
+        if int(so["value"][i]) != int(sn["value"][j]):
+            if nm in MOVABLE_DATA:
+                moved[i] = (nm, int(sn["value"][j]) - int(so["value"][i]), int(sn["value"][j]))
+            else:
+                bad.append((nm, int(so["value"][i]), int(sn["value"][j])))
+    _add(findings, "error", "equiv.data-symbol", bad,
+         lambda b: (b[2], f"data symbol {b[0]} moved from {b[1]:#x} to {b[2]:#x}"), counter)
+    addrs, deltas = [], []
+    for rel in old.relocations.values():
+        if not (rel.target.is_code and rel.target.is_alloc) or not moved:
+            continue
+        sel = np.nonzero(np.isin(rel.sym.astype(np.int64), list(moved)))[0]
+        for k in sel.tolist():
+            addrs.append(int(rel.offset[k]))
+            deltas.append(moved[int(rel.sym[k])][1])
+    o = np.argsort(np.array(addrs, np.uint64), kind="stable")
+    return ({nm: v for nm, _, v in moved.values()},
+            (np.array(addrs, np.uint64)[o], np.array(deltas, np.int64)[o]))
+
+
 def _field_value(raw_bytes, off, size, signed):
     return int.from_bytes(bytes(raw_bytes[off:off + size]), "little", signed=signed)
 
@@ -337,9 +384,12 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     use = _compared_instructions(octx, od, matched_func, same_size)
     fidx = od.func.astype(np.int64)
     use &= ~((fidx >= 0) & split[np.maximum(fidx, 0)])     # split functions: block-level checks
-    report.extra.update(compare_instructions(octx, nctx, amap, use, kernel, findings, counter))
+    moved_data, data_moves = _data_moves(old, new, findings, counter)
+    report.extra.update(compare_instructions(octx, nctx, amap, use, kernel, findings, counter,
+                                             data_moves))
     if split.any():
-        _check_blocks(octx, nctx, rows, split, oi, ni, amap, findings, counter, report)
+        _check_blocks(octx, nctx, rows, split, oi, ni, amap, findings, counter, report,
+                      data_moves)
 
     # 3. data: relocated pointers translate; nothing stale
     _check_data_relocs(old, new, amap, octx, findings, counter)
@@ -351,7 +401,8 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     # 4. tables and symbols
     cold_names = _cold_names(of, split) if split.any() else frozenset()
     _check_tables(octx, nctx, amap, findings, counter, split_ranges=_split_ranges(
-        of, nf, split, oi, ni, new, cold_names), cold_names=cold_names)
+        of, nf, split, oi, ni, new, cold_names), cold_names=cold_names,
+        added_cold=_added_cold(old, new, cold_names), moved_data=moved_data)
     _check_eh_frame(old, new, amap, octx, findings, counter,
                     block_rows=rows if split.any() else None, report=report)
     _check_symbols(old, new, octx, amap, findings, counter, cold_names)
@@ -366,11 +417,21 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     return report
 
 
-def compare_instructions(octx, nctx, amap, use, kernel, findings, counter):
+def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_moves=None):
     """Steps 1 and 2 for the instructions of OLD selected by ``use``: each sits
     at its mapped address in NEW with the same length, and every byte that
-    differs is a translated address field. Cost follows ``use``, so the
-    mutation test runs it on one instruction at a time."""
+    differs is a translated address field (or a field relocated against a moved
+    data symbol, ``data_moves`` from _data_moves, that moved with it). Cost
+    follows ``use``, so the mutation test runs it on one instruction at a time."""
+    mv_addr, mv_delta = data_moves if data_moves is not None else (np.zeros(0, np.uint64), None)
+
+    def moved_by(field_addr, old_value, new_value, size):
+        """The field carries a relocation against a moved data symbol and moved with it."""
+        k = int(np.searchsorted(mv_addr, field_addr))
+        if k >= len(mv_addr) or int(mv_addr[k]) != field_addr:
+            return False
+        mask = (1 << (8 * size)) - 1 if size < 8 else (1 << 64) - 1
+        return (new_value - old_value - int(mv_delta[k])) & mask == 0
     od, nd = octx.disasm, nctx.disasm
     o_addr = od.addr[use]
     o_size = od.size[use]
@@ -443,14 +504,15 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter):
                 t_o, t_n = end_o + dv_o, end_n + dv_n
             else:
                 t_o, t_n = dv_o & (2**64 - 1), dv_n & (2**64 - 1)
-            ok &= bool(amap.translates([t_o & (2**64 - 1)], [t_n & (2**64 - 1)], kernel)[0])
+            ok &= bool(amap.translates([t_o & (2**64 - 1)], [t_n & (2**64 - 1)], kernel)[0]) or \
+                moved_by(oa + off, t_o, t_n, sz)
             covered |= set(range(off, off + sz))
         if ins.imm_size and diff_pos & set(range(ins.imm_offset, ins.imm_offset + ins.imm_size)):
             off, sz = ins.imm_offset, ins.imm_size
             signed = sz < 8
             t_o = _field_value(ob, off, sz, signed) & (2**64 - 1)
             t_n = _field_value(nb, off, sz, signed) & (2**64 - 1)
-            ok &= bool(amap.translates([t_o], [t_n], kernel)[0])
+            ok &= bool(amap.translates([t_o], [t_n], kernel)[0]) or moved_by(oa + off, t_o, t_n, sz)
             covered |= set(range(off, off + sz))
         if diff_pos - covered or not ok:
             unexplained.append((oa, f"{ins.mnemonic} {ins.op_str}"))
@@ -772,8 +834,21 @@ def _check_eh_frame(old, new, amap, octx, findings, counter, block_rows=None, re
 ADDRESS_COLUMNS = {"code", "target", "addr", "ip", "insn", "fixup", "instr", "value"}
 
 
+def _added_cold(old, new, cold_names):
+    """(name, address) of the `name.cold` symbols a block-level layout inserted
+    (after the locals of OLD's symtab, as _check_symbols finds them)."""
+    so, sn = old.symtab, new.symtab
+    if not cold_names or len(sn) <= len(so):
+        return []
+    first_global = next(s.info for s in old.sections if s.type == SHT_SYMTAB)
+    extra = len(sn) - len(so)
+    names_new, _ = new.symbol_table()
+    return [(names_new[k], int(sn["value"][k])) for k in range(first_global, first_global + extra)
+            if names_new[k] in cold_names]
+
+
 def _check_tables(octx, nctx, amap, findings, counter, split_ranges=None,
-                  cold_names=frozenset()):
+                  cold_names=frozenset(), added_cold=(), moved_data=None):
     address_columns = ADDRESS_COLUMNS
     od_addr = octx.disasm.addr
     moved_any = bool(len(od_addr)) and bool((amap.map(od_addr) != od_addr).any())
@@ -787,21 +862,22 @@ def _check_tables(octx, nctx, amap, findings, counter, split_ranges=None,
             continue
         eo, en = t_old.parse(octx), t_new.parse(nctx)
         if cls.name == "kallsyms" and cold_names:
-            # a block-level layout adds a `name.cold` symbol per split function (gcc's
-            # own cold parts may carry the same names: only the added ones go)
+            # a block-level layout adds a `name.cold` symbol per split function, each
+            # at its cold part (gcc's own cold parts may carry the same names: the
+            # added ones are told apart by their address)
             from collections import Counter
-            had = Counter(nm for nm in t_old.names if nm in cold_names)
-            seen, keep = Counter(), []
-            for nm in t_new.names:
-                if nm in cold_names:
-                    seen[nm] += 1
-                    keep.append(seen[nm] <= had[nm])
+            want = Counter(added_cold)
+            keep = []
+            for nm, a in zip(t_new.names, en["addr"].tolist()):
+                if want[(nm, a)] > 0:
+                    want[(nm, a)] -= 1
+                    keep.append(False)
                 else:
                     keep.append(True)
-            missing = sorted(nm for nm in cold_names if seen[nm] <= had[nm])
+            missing = sorted(p for p, k in want.items() for _ in range(k))
             _add(findings, "error", "equiv.kallsyms-cold", missing,
-                 lambda nm: (None, f"kallsyms has no entry for {nm}: backtraces and kprobes "
-                             "name its cold code after the symbol before it"), counter)
+                 lambda p: (p[1], f"kallsyms has no entry for {p[0]} at {p[1]:#x}: backtraces "
+                            "and kprobes name its cold code after the symbol before it"), counter)
             keep = np.array(keep, dtype=bool)
             en = en[keep]
             t_new.names = [nm for nm, k in zip(t_new.names, keep.tolist()) if k]
@@ -838,6 +914,8 @@ def _check_tables(octx, nctx, amap, findings, counter, split_ranges=None,
                 if nm in KERNEL_REGION_LABELS:
                     v = nctx.image.symbol_address(nm)
                     mapped[k] = v if v is not None else mapped[k]
+                elif moved_data and nm in moved_data:
+                    mapped[k] = moved_data[nm]
             o_pairs = sorted(zip(t_old.names, mapped))
             n_pairs = sorted(zip(t_new.names, en["addr"].tolist()))
             if o_pairs != n_pairs:
@@ -940,7 +1018,8 @@ def _orc_lookup(ctx):
     return e["ip"].astype(np.uint64), key
 
 
-def _check_blocks(octx, nctx, rows, split, oi, ni, amap, findings, counter, report):
+def _check_blocks(octx, nctx, rows, split, oi, ni, amap, findings, counter, report,
+                  data_moves=None):
     """Block-level equivalence of the split functions (tools/verify/blocks.py)."""
     from .blocks import SplitFunction, check_blocks
     old, new = octx.image, nctx.image
@@ -986,7 +1065,7 @@ def _check_blocks(octx, nctx, rows, split, oi, ni, amap, findings, counter, repo
     orc_old, orc_new = _orc_lookup(octx), _orc_lookup(nctx)
     found, stats = check_blocks(rows, funcs, old.read, new.read, amap.base.map, orc_old, orc_new,
                                 tables=tables, no_fallthrough=frozenset(no_fall),
-                                noreturn=frozenset(noreturn))
+                                noreturn=frozenset(noreturn), data_moves=data_moves)
     by_check = {}
     for f in found:
         by_check.setdefault(f.check, []).append(f)

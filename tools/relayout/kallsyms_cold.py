@@ -1,0 +1,241 @@
+"""kallsyms entries for the ``name.cold`` parts of a block-level layout.
+
+kallsyms' arrays (offsets, names, markers, seqs_of_names) were sized by the
+link step for its symbol count and sit packed in .rodata, so one more symbol
+does not fit where they are. They are rebuilt and placed again: first into the
+old arrays' own storage (in 6.1, the offsets' slot before
+``kallsyms_relative_base`` and the names+markers+seqs run before the token
+table), largest first; what does not fit goes to a new read-only section,
+``.linepack.kallsyms``, right after the end of the read-only segment (the
+first PT_LOAD: .text .. .BTF_ids on x86-64), in the gap the linker leaves
+before the 2 MB-aligned ``_sdata``. That gap exists in the file too, so the
+segment only grows (p_filesz = p_memsz). ``__end_rodata`` moves past the new
+section: x86-64 ``mark_rodata_ro()`` maps up to ``__end_rodata_hpage_align``
+read-only but frees the pages from ``PFN_ALIGN(__end_rodata)`` to ``_sdata``.
+On Debian's 6.1 cloud vmlinux only the offsets (~350 KB) go there.
+
+The code reaches the arrays and ``__end_rodata`` only through relocated fields
+(``--emit-relocs``: R_X86_64_32S / PC32 against the symbols, also in
+.init.text), so each such field moves by its symbol's move and the symbols get
+their new values. ``kallsyms_relative_base`` (an absolute relocation KASLR
+adjusts), ``kallsyms_num_syms`` (updated in place) and the token table/index
+(names are encoded with the existing tokens) stay where they are. Old storage
+that no new array reuses is zeroed: nothing may read it any more.
+"""
+
+import numpy as np
+
+from ..image.elf import RELA, SHT_RELA, SHT_SYMTAB, SYM, SHF_ALLOC, SHT_NOBITS
+from ..kernel.base import ImageContext
+from ..kernel.kallsyms import Kallsyms
+from .kernel_tables import PatchedImage
+
+SECTION_NAME = ".linepack.kallsyms"
+PAGE = 4096
+ALIGN = 8
+COLD_TYPE = "t"                      # gcc's own .cold parts are local text
+# Relocation types that may reference a moved data symbol: (field size, signed range)
+_FIELDS = {1: (8, None), 24: (8, None), 2: (4, True), 4: (4, True), 11: (4, True), 10: (4, False)}
+
+
+class NoRoom(Exception):
+    """The read-only segment has no room for the grown arrays."""
+
+
+def _align(v, a):
+    return (v + a - 1) // a * a
+
+
+class _SectionOut:
+    """``write(addr, data)`` into the new section's buffer, else into the rewriter's."""
+
+    def __init__(self, rw, addr, size):
+        self.addr, self.buf = addr, np.zeros(size, np.uint8)
+        self.rest = PatchedImage(rw)
+
+    def write(self, addr, data):
+        data = np.asarray(data, dtype=np.uint8)
+        if self.addr <= addr < self.addr + len(self.buf):
+            off = addr - self.addr
+            if off + len(data) > len(self.buf):
+                raise ValueError(f"write at {addr:#x}+{len(data)} runs past {SECTION_NAME}")
+            self.buf[off:off + len(data)] = data
+        else:
+            self.rest.write(addr, data)
+
+
+def _room(image, first):
+    """(program header index, start address, file offset, limit address) of the
+    space after the read-only segment holding address ``first``."""
+    ph = image.phdrs
+    load = [k for k in range(len(ph)) if int(ph["type"][k]) == 1]
+    seg = next((k for k in load if int(ph["vaddr"][k]) <= first <
+                int(ph["vaddr"][k]) + int(ph["memsz"][k])), None)
+    if seg is None:
+        raise NoRoom("kallsyms is in no PT_LOAD segment")
+    vaddr, memsz = int(ph["vaddr"][seg]), int(ph["memsz"][seg])
+    if int(ph["filesz"][seg]) != memsz or ph["flags"][seg] & 2:
+        raise NoRoom("the segment holding kallsyms is writable or ends in bss")
+    end = vaddr + memsz
+    limit = image.symbol_address("__end_rodata_hpage_align")
+    nxt = [int(ph["vaddr"][k]) for k in load if int(ph["vaddr"][k]) >= end]
+    if nxt:
+        limit = min(limit, min(nxt)) if limit is not None else min(nxt)
+    if limit is None or limit <= end:
+        raise NoRoom("nothing follows the read-only segment to bound the new section")
+    start = _align(end, ALIGN)
+    offset = int(ph["offset"][seg]) + (start - vaddr)
+    # the file bytes there must belong to no section (the gap before .data)
+    file_limit = min([s.offset for s in image.sections[1:] if s.type != SHT_NOBITS and
+                      s.size and s.offset >= offset] + [image.size])
+    return seg, start, offset, min(limit, start + (file_limit - offset))
+
+
+def add_cold_kallsyms(rw, image, log=None):
+    """After ``cold_symbols``: rebuild kallsyms with one entry per cold part in a
+    new section. Returns (extra allocated section, program header updates) for
+    write_image, or None when the image has no kallsyms (the in-place update of
+    update_kernel_tables is then all there is)."""
+    log = log or (lambda m: None)
+    ctx = ImageContext(image, log=log)
+    table = Kallsyms()
+    if table.locate(ctx) is None:
+        return None
+    names, syms = image.symbol_table()
+    cold = [(names[sf.sym] + ".cold", int(sf.new_start[1]))
+            for sf in rw.block_split["splits"] if sf.sizes[1]]
+    entries = table.parse(ctx)
+    n_old = len(entries)
+    old_at = {nm: image.symbol_address(nm) for nm in Kallsyms.GROWING
+              if image.symbol_address(nm) is not None}
+    old_size = {"kallsyms_offsets": 4 * n_old,
+                "kallsyms_names": int(table._record_bounds[n_old]),
+                "kallsyms_markers": 4 * ((n_old + 255) // 256),
+                "kallsyms_seqs_of_names": 3 * n_old}
+    seg, start, offset, limit = _room(image, old_at["kallsyms_offsets"])
+    table.add_symbols(ctx, [c[0] for c in cold], [COLD_TYPE] * len(cold))
+    # sizes first (they do not depend on addresses), then __end_rodata's new value
+    n_new = n_old + len(cold)
+    sizes = {"kallsyms_offsets": 4 * n_new, "kallsyms_names": int(table._record_bounds[-1]),
+             "kallsyms_markers": 4 * ((n_new + 255) // 256), "kallsyms_seqs_of_names": 3 * n_new}
+    at, gap_end = _place(old_at, old_size, sizes, start)
+    if gap_end > limit:
+        raise NoRoom(f"kallsyms with {len(cold)} .cold entries needs {gap_end - start} bytes "
+                     f"after the read-only segment, {limit - start} are free")
+    moved = {nm: a for nm, a in at.items() if a != old_at[nm]}
+    end_rodata = image.symbol_address("__end_rodata")
+    if gap_end > start and end_rodata is not None and end_rodata < _align(gap_end, PAGE):
+        moved["__end_rodata"] = _align(gap_end, PAGE)
+    new = table.update(ctx, entries, rw.amap, extra_addr=[c[1] for c in cold],
+                       retarget={k: v for k, v in moved.items() if k == "__end_rodata"})
+    out = _SectionOut(rw, start, gap_end - start)
+    for nm, a in old_at.items():          # the old arrays are dead (parts are reused below)
+        out.write(a, np.zeros(old_size[nm], np.uint8))
+    table.write(ctx, new, out, at=at)
+    in_gap = {nm for nm, a in at.items() if a >= start}
+    fields = _move_symbols(rw, image, moved, {nm: len(image.sections) for nm in in_gap})
+    ph = image.phdrs
+    size = gap_end - int(ph["vaddr"][seg])
+    rw.stats["table.kallsyms"] = n_new
+    rw.stats["kallsyms.cold_entries"] = len(cold)
+    rw.stats["kallsyms.symbols"] = n_new
+    rw.stats["kallsyms.fields_moved"] = fields
+    rw.stats["kallsyms.section_bytes"] = gap_end - start
+    log(f"kallsyms: {len(cold)} .cold entries added ({n_new} symbols); "
+        + ", ".join(f"{nm} at {a:#x}" for nm, a in sorted(at.items(), key=lambda x: x[1]))
+        + (f" ({SECTION_NAME}: {gap_end - start} bytes)" if in_gap else "")
+        + f"; {fields} code fields follow")
+    if not in_gap:
+        return None, None
+    return ((SECTION_NAME, start, offset, out.buf, ALIGN),
+            {seg: {"filesz": size, "memsz": size}})
+
+
+def _place(old_at, old_size, sizes, gap):
+    """Addresses for the grown arrays: the old arrays' storage first (runs of
+    arrays that lie back to back form one free area), largest array first into
+    the first area it fits, the rest into the gap from address ``gap`` on.
+    kallsyms_markers goes right after kallsyms_names (kallsyms' parse bounds
+    the names by the markers). Returns ({array: address}, end of the gap used)."""
+    areas = []
+    for nm in sorted(old_at, key=old_at.get):
+        lo, hi = old_at[nm], old_at[nm] + old_size[nm]
+        if areas and lo <= _align(areas[-1][1], ALIGN):
+            areas[-1][1] = hi
+        else:
+            areas.append([lo, hi])
+    units = [["kallsyms_names", "kallsyms_markers"] if nm == "kallsyms_names" else [nm]
+             for nm in old_at if nm != "kallsyms_markers"]
+    def lay(unit, pos):
+        out = {}
+        for nm in unit:
+            pos = _align(pos, ALIGN)
+            out[nm] = pos
+            pos += sizes[nm]
+        return out, pos
+
+    at, gap_pos = {}, gap
+    for unit in sorted(units, key=lambda u: (-sum(sizes[nm] for nm in u), u[0])):
+        area = next((a for a in areas if lay(unit, a[0])[1] <= a[1]), None)
+        placed, end = lay(unit, area[0] if area else gap_pos)
+        at.update(placed)
+        if area:
+            area[0] = end
+        else:
+            gap_pos = end
+    return at, gap_pos
+
+
+def _move_symbols(rw, image, moved, new_shndx):
+    """Give each symbol in ``moved`` ({name: new value}) its new value (and the
+    section index ``new_shndx`` names for it, if any), and add its move to every
+    relocated field in an allocated section that refers to it. Returns the
+    number of fields changed."""
+    names, syms = image.symbol_table()
+    symsec = next(s for s in image.sections if s.type == SHT_SYMTAB)
+    first_global, shift = getattr(rw, "sym_index_shift", (len(syms), 0))
+    rows = rw.buf(symsec).view(SYM)
+    delta_of = {}
+    for nm, value in moved.items():
+        idx = [i for i, x in enumerate(names) if x == nm and syms["shndx"][i] != 0]
+        if len(idx) != 1:
+            raise ValueError(f"kallsyms: {len(idx)} symbols named {nm}")
+        i = idx[0]
+        j = i + shift if i >= first_global else i
+        delta = value - int(syms["value"][i])
+        if rw.sym_new is not None:
+            rw.sym_new[i] = value
+        rows["value"][j] = value
+        if nm in new_shndx:
+            rows["shndx"][j] = new_shndx[nm]
+        if delta:
+            delta_of[j] = delta
+    count = 0
+    for s in image.sections:
+        if s.type != SHT_RELA or s.link != symsec.index or not s.size:
+            continue
+        target = image.sections[s.info]
+        if not target.flags & SHF_ALLOC:
+            continue
+        r = rw.buf(s).view(RELA)
+        sym = (r["info"] >> np.uint64(32)).astype(np.int64)
+        sel = np.nonzero(np.isin(sym, list(delta_of)))[0]
+        for k in sel.tolist():
+            typ = int(r["info"][k] & np.uint64(0xFFFFFFFF))
+            if typ not in _FIELDS:
+                raise ValueError(f"kallsyms: relocation type {typ} against a moved symbol")
+            size, signed = _FIELDS[typ]
+            addr = int(r["offset"][k])
+            sec = image.section_at(addr)
+            buf = rw.buf(sec)
+            off = addr - sec.addr
+            v = int.from_bytes(bytes(buf[off:off + size]), "little", signed=bool(signed))
+            v += delta_of[int(sym[k])]
+            if size == 8:
+                v &= (1 << 64) - 1
+            elif not (-(1 << 31) <= v < (1 << 31) if signed else 0 <= v < (1 << 32)):
+                raise ValueError(f"kallsyms: field at {addr:#x} overflows after the move")
+            buf[off:off + size] = np.frombuffer(
+                v.to_bytes(size, "little", signed=bool(signed) and size == 4), np.uint8)
+            count += 1
+    return count
