@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from . import __version__
+from . import __version__, timings
 from .errors import EXIT_USAGE, LinepackError
 from .io import Interrupted, trap_signals
 
@@ -74,7 +74,10 @@ def main(argv=None):
         # SIGINT/SIGTERM/SIGHUP become Interrupted: temp files are removed on the way out
         # and no declared output appears (tools/io.py, OutputSet).
         with trap_signals():
-            return int(args._run(args) or 0)
+            try:
+                return int(args._run(args) or 0)
+            finally:
+                timings.print_table()
     except LinepackError as e:
         print(f"linepack: error: {e}", file=sys.stderr)
         return e.exit_code

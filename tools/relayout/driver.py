@@ -10,6 +10,7 @@ from ..image.disasm import disassemble
 from ..image.elf import ET_EXEC, ElfImage
 from ..image.functions import FunctionTable, text_size
 from ..image.writer import write_image
+from .. import timings
 from ..io import write_atomic
 from . import strategies
 from .plan import LayoutError, block_line_metric, line_metric, make_heat, make_plan
@@ -124,6 +125,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     if os.path.exists(out_path) and os.path.samefile(image_path, out_path):
         raise BadInput(f"{out_path}: output is the input; linepack never modifies its input")
     strat = strategies.get(strategy) if not hasattr(strategy, "layout") else strategy
+    timings.phase("load image, functions")
     image = ElfImage(image_path)
     if image.type != ET_EXEC:
         raise BadInput(f"{image_path}: not an ET_EXEC executable (type {image.type}); "
@@ -138,15 +140,18 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     if missing:
         log(f"profile: {missing} named functions are not in the image (ignored)")
     log(f"disassembling {len(functions)} functions")
+    timings.phase("disassemble, units")
     units, dis = build_units(image, functions, lambda u: disassemble(image, u), log=log)
     heat = make_heat(units, functions, hotness)
     split = None
     if getattr(strat, "block_level", False):
+        timings.phase("CFG, block counts, split")
         split = _split_functions(image, units, dis, functions, heat, blocks, strat, log)
         orig_units = units
         units, heat, parent, part = split["planning"]
     log(f"planning layout '{strat.name}' for {len(units)} units "
         f"({int((heat > 0).sum())} hot) in {len(units.regions)} regions")
+    timings.phase("plan")
     try:
         plan = make_plan(units, strat, heat, calls=calls, functions=functions,
                          blocks=None if split else blocks,
@@ -154,6 +159,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
                          if split else None)
     except LayoutError as e:
         raise LayoutError(_no_fit_message(e, strat, units, heat, calls, functions, log)) from None
+    timings.phase("rewrite: parts, code, relocations")
     if split:
         from .block_rewriter import BlockRewriter
         from .blocks import layout_rows
@@ -165,6 +171,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         rw = Rewriter(image, units, plan, dis, log=log)
     log("rewriting code, relocations and symbols")
     rw.run()
+    timings.phase("kernel tables, eh_frame, symbols")
     from .kernel_tables import update_kernel_tables
     update_kernel_tables(rw, log)
     from .eh_frame import update_eh_frame
@@ -192,6 +199,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         log("dropping DWARF: no .rela.debug_* relocations to find its addresses "
             "(an image relaid out before?)")
     elif is_debug:
+        timings.phase("DWARF rewrite")
         from ..dwarf.rewrite import rewrite_dwarf
         log("rewriting DWARF for the new layout")
         try:
@@ -201,8 +209,10 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
                            "--strip-debug drops it instead") from None
         rw.patched.update(dw_patched)
     log(f"writing {out_path}")
+    timings.phase("write image")
     write_image(image, out_path, rw.patched, drop=drop, entry=rw.new_entry(),
                 extra_sections=extra_sections, header_updates=getattr(rw, "header_updates", None))
+    timings.phase("summary, maps")
     summary = plan.summary()
     summary.update(rw.stats)
     summary.update(line_metric(plan, functions, hotness))

@@ -26,6 +26,7 @@ import numpy as np
 
 import capstone
 
+from .. import timings
 from ..errors import BadInput, LinepackError
 from ..image import blockmap as bm
 from ..image.disasm import Disassembly
@@ -268,6 +269,7 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     log = log or (lambda m: None)
     findings = report.findings
     counter = {}
+    timings.phase("against: load OLD, match")
     old = ElfImage(old_path)
     # NEW was already decoded by the standalone verify that made ``report``
     nctx = report.context if getattr(report, "context", None) is not None else \
@@ -307,6 +309,7 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     log(f"{len(oi)} functions matched, {moved} moved")
 
     # 1. instruction boundaries and lengths
+    timings.phase("against: decode OLD")
     od, nd = octx.disasm, nctx.disasm
     same_size = np.ones(len(of), dtype=bool)
     same_size[oi[size_diff]] = False
@@ -315,11 +318,14 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     use = _compared_instructions(octx, od, matched_func, same_size)
     fidx = od.func.astype(np.int64)
     use &= ~((fidx >= 0) & split[np.maximum(fidx, 0)])     # split functions: block-level checks
+    timings.phase("against: instructions")
     report.extra.update(compare_instructions(octx, nctx, amap, use, kernel, findings, counter))
+    timings.phase("against: blocks")
     if split.any():
         _check_blocks(octx, nctx, rows, split, oi, ni, amap, findings, counter, report)
 
     # 3. data: relocated pointers translate; nothing stale
+    timings.phase("against: data, regions, relocations")
     _check_data_relocs(old, new, amap, octx, findings, counter)
     _check_regions(old, new, of, nf, oi, ni, findings, counter)
 
@@ -327,12 +333,15 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     _check_relocations(old, new, octx, findings, counter, report)
 
     # 4. tables and symbols
+    timings.phase("against: tables, symbols")
     cold_names = _cold_names(of, split) if split.any() else frozenset()
     _check_tables(octx, nctx, amap, findings, counter, split_ranges=_split_ranges(
         of, nf, split, oi, ni, new, cold_names), cold_names=cold_names)
     _check_eh_frame(old, new, amap, octx, findings, counter)
     _check_symbols(old, new, octx, amap, findings, counter, cold_names)
+    timings.phase("against: debug info")
     check_debuginfo(old, new, amap, findings, counter, report, log)
+    timings.phase("against: rest")
     if layout_map:
         _check_layout_map(layout_map, of, nf, oi, ni, findings, counter, report)
     report.extra["equivalence_moved_functions"] = moved
