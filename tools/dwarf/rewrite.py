@@ -104,6 +104,20 @@ class Segments:
         return False
 
 
+def _read_section(image, s):
+    """A section's bytes, read from the file when the image is one (a copy made
+    through the mapping would also keep the mapped pages resident: 156 MB of
+    .debug_info in a kernel)."""
+    path = getattr(image, "path", None)
+    if path and type(image).__name__ == "ElfImage" and s.type != 8:      # 8: SHT_NOBITS
+        import os
+        with open(path, "rb") as f:
+            data = os.pread(f.fileno(), s.size, s.offset)
+        if len(data) == s.size:
+            return data
+    return bytes(image.section_bytes(s))
+
+
 def merge_ranges(rs):
     rs = sorted(r for r in rs if r[1] > r[0])
     out = []
@@ -143,7 +157,7 @@ class DwarfRewrite:
         for name in PATCHED_IN_PLACE + (".debug_line", ".debug_aranges", ".debug_abbrev"):
             s = self._sec(name)
             if s is not None:
-                self.orig[name] = bytes(self.image.section_bytes(s))
+                self.orig[name] = _read_section(self.image, s)
         for name in PATCHED_IN_PLACE:
             if name in self.orig:
                 self.buf[name] = np.frombuffer(self.orig[name], np.uint8).copy()
