@@ -138,6 +138,7 @@ class DwarfRewrite:
         self.log = log or (lambda m: None)
         self.secs = {s.name: s for s in image.sections}
         self.patched, self.drop, self.stats = {}, [], {}
+        self._list_bytes = {}
         self.orig = {}
         self.buf = {}
         self.append = {}       # section name -> bytearray appended after the original
@@ -611,6 +612,7 @@ class DwarfRewrite:
                     unreadable += 1     # kept as it is (and counted)
                     continue
                 relisted += 1
+        self._list_bytes = {}
         self.stats["dwarf_lists_reencoded"] = relisted
         if unreadable:
             self.stats["dwarf_lists_unreadable"] = unreadable
@@ -641,7 +643,11 @@ class DwarfRewrite:
         v5 = un.version >= 5
         name = ".debug_loclists" if v5 else ".debug_loc"
         ents = self._read_loclist(off, base, v5)
-        src = self.buf[name]      # expressions as patched (DW_OP_addr translated)
+        # expressions as patched (DW_OP_addr translated); the list sections are not
+        # patched after patch_addresses, so one bytes copy serves every list
+        src = self._list_bytes.get(name)
+        if src is None:
+            src = self._list_bytes[name] = bytes(self.buf[name])
         vb = self.orig[name]
         old_views = []
         if views_field is not None:
@@ -657,7 +663,7 @@ class DwarfRewrite:
         new_views = []
         j = 0
         for lo, hi, e0, e1 in ents:
-            expr = bytes(src[e0:e1])
+            expr = src[e0:e1]
             if lo is None:
                 if v5:
                     body += b"\x05" + expr
