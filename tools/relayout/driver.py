@@ -272,7 +272,8 @@ def _split_functions(image, units, dis, functions, heat, blocks, strat, log):
     counts = block_counts(cfg, *blocks)
     short_keys = ctx.version is None or ctx.version[:2] >= SHORT_SITES_SINCE
     splits, reason = choose_splits(cfg, units, heat, counts, strat.block_min_count, functions,
-                                   short_keys, strat.cold_min)
+                                   short_keys, strat.cold_min,
+                                   getattr(strat, "invert_jcc", False))
     log(f"CFG: {len(cfg)} blocks in {len(units)} units; {len(splits)} hot functions split, "
         f"{int(((heat >= strat.min_count) & (reason != 0)).sum())} hot ones moved whole")
     return {"cfg": cfg, "splits": splits, "reason": reason, "block_count": counts,
@@ -322,6 +323,7 @@ def _split_summary(rw, split, heat):
                     key = f"{'long' if p.long else 'short'}"
                     kinds[key] = kinds.get(key, 0) + 1
     out["split"]["branches_reencoded"] = kinds
+    out["split"]["jcc_inverted"] = sum(p.inverted for s in sp for part in s.parts for p in part)
     out["split"]["branch_bytes_saved"] = int(
         (rows["old_len"][rows["kind"] == bm.KIND_BRANCH].astype(np.int64) -
          rows["new_len"][rows["kind"] == bm.KIND_BRANCH].astype(np.int64)).sum())

@@ -13,7 +13,10 @@ of a split function went (tools/image/blockmap.py). Nothing here trusts it:
   same operation, its operands translated through the block map
   (``equiv.block-instruction``); a re-encoded branch keeps its kind and
   condition, its length is what the map says and its target is the
-  translated target (``equiv.relaxation``, short and long forms are equal);
+  translated target (``equiv.relaxation``, short and long forms are equal); a
+  jcc may be inverted when its successors swap places: the opposite condition
+  must branch to the translated fall-through and fall into the translated
+  target (``equiv.jcc-inversion`` otherwise), the same edge set;
 - control flow: every original edge exists in NEW: branch targets (above),
   every fall-through either still falls through to the translated successor
   or reaches it through an inserted ``jmp``; a removed ``jmp`` must have been
@@ -339,6 +342,19 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                         f"not exactly the instruction at {a:#x}")
                     continue
                 new_ins = _decode_one(cs, new_read, n)
+                # an opposite condition to the original target is a flipped jcc
+                # (relaxation); to anywhere else it claims to be an inversion
+                if _inverted_jcc(ins, new_ins) and target is not None and \
+                        _direct_target(new_ins) != amap.map1(target):
+                    why = _inversion_problem(ins, new_ins, new_len, target, amap)
+                    if why:
+                        add("equiv.jcc-inversion", n, f"{f.name}: '{ins.mnemonic}' at {a:#x} "
+                            f"inverted to '{new_ins.mnemonic}' wrongly: {why}")
+                    else:
+                        stats["jcc_inverted"] = stats.get("jcc_inverted", 0) + 1
+                        if orc_ok:
+                            orc_pairs.append((a, n, piece_start, p))
+                    continue                    # both edges checked by the inversion
                 why = _relaxation_problem(ins, new_ins, new_len, target, amap)
                 if why:
                     add("equiv.relaxation", n, f"{f.name}: branch at {a:#x} re-encoded wrongly: "
@@ -419,6 +435,46 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 add("equiv.orc-block", n, f"ORC at {n:#x} differs from the original's at {o:#x}")
         stats["orc_checked"] = int(len(pa))
     return findings, stats
+
+
+def _jcc_cond(ins):
+    """Condition code (0..15) of a jcc from its bytes, else None."""
+    raw = bytes(ins.bytes)
+    k = 0
+    while k < len(raw) and raw[k] in (0x2E, 0x3E, 0xF2):
+        k += 1
+    if k < len(raw) and 0x70 <= raw[k] <= 0x7F:
+        return raw[k] & 0xF
+    if k + 1 < len(raw) and raw[k] == 0x0F and 0x80 <= raw[k + 1] <= 0x8F:
+        return raw[k + 1] & 0xF
+    return None
+
+
+def _inverted_jcc(ins, new_ins):
+    """True when new_ins is a jcc on the opposite condition of ins (a jcc)."""
+    if new_ins is None:
+        return False
+    c0, c1 = _jcc_cond(ins), _jcc_cond(new_ins)
+    return c0 is not None and c1 is not None and c1 == c0 ^ 1
+
+
+def _inversion_problem(ins, new_ins, new_len, target, amap):
+    """Why an inverted jcc does not keep both edges, or None: it must branch to
+    the original fall-through and fall into the original target, translated."""
+    if new_ins.size != new_len:
+        return f"form: {new_ins.size} bytes where the map says {new_len}"
+    fall = ins.address + ins.size
+    got, want = _direct_target(new_ins), amap.map1(fall)
+    if got != want:
+        return (f"it goes to {got:#x}; the original fall-through {fall:#x} is now at "
+                f"{want:#x}")
+    n_end = new_ins.address + new_ins.size
+    if target is None:
+        return f"'{ins.mnemonic} {ins.op_str}' is not a direct branch"
+    if amap.map1(target) != n_end:
+        return (f"it falls through to {n_end:#x}; the original target {target:#x} is now at "
+                f"{amap.map1(target):#x}")
+    return None
 
 
 def _relaxation_problem(ins, new_ins, new_len, target, amap):
