@@ -466,8 +466,8 @@ def _inversion_problem(ins, new_ins, new_len, target, amap):
     fall = ins.address + ins.size
     got, want = _direct_target(new_ins), amap.map1(fall)
     if got != want:
-        return (f"it goes to {got:#x}; the original fall-through {fall:#x} is now at "
-                f"{want:#x}")
+        return (f"it goes to {'nowhere' if got is None else hex(got)}; the original "
+                f"fall-through {fall:#x} is now at {want:#x}")
     n_end = new_ins.address + new_ins.size
     if target is None:
         return f"'{ins.mnemonic} {ins.op_str}' is not a direct branch"
