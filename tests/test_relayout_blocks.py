@@ -16,6 +16,7 @@ from linepack.image.disasm import disassemble
 from linepack.image.elf import ElfImage
 from linepack.image.functions import FunctionTable
 from linepack.relayout import blocks as B
+from linepack.relayout import strategies
 from linepack.relayout.driver import relayout
 from linepack.relayout.units import build_units
 
@@ -255,3 +256,100 @@ def test_split_program_runs_same(prog, tmp_path):
     relayout(str(exe), str(tmp_path / "again"), "blocks", hotness={"f": 100.0, "main": 100.0},
              blocks=_hot_ranges(im))
     assert (tmp_path / "again").read_bytes() == out.read_bytes()
+
+
+# g(x): jns to the hot block right after a cold one: with invert_jcc the jns becomes
+# js to the cold block and the hot path falls through (no appended jmp).
+ASM_G = r"""
+    .section .text.hot,"ax",@progbits
+    .fill 4096, 1, 0xcc
+    .p2align 4
+    .globl g
+    .type g, @function
+g:
+    mov %edi, %eax
+    test %edi, %edi
+    jns .Lg_hot
+.Lg_cold:
+    neg %eax
+    .rept 20
+    add $3, %eax
+    .endr
+    ret
+.Lg_hot:
+    add $7, %eax
+    ret
+    .size g, .-g
+    .globl g_cold, g_hot
+    .set g_cold, .Lg_cold
+    .set g_hot, .Lg_hot
+    .section .note.GNU-stack,"",@progbits
+"""
+MAIN_G = r"""
+#include <stdio.h>
+int g(int);
+int main(void) {
+    long s = 0;
+    for (int i = -5; i < 2000; i += 7) s += g(i);
+    printf("s=%ld\n", s);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def prog_g(tmp_path_factory):
+    d = tmp_path_factory.mktemp("blkg")
+    (d / "g.s").write_text(ASM_G)
+    (d / "main.c").write_text(MAIN_G)
+    exe = d / "prog"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
+                    str(d / "main.c"), str(d / "g.s")], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    return exe, out
+
+
+def _g_hot_ranges(im):
+    g, cold, hot = _sym(im, "g"), _sym(im, "g_cold"), _sym(im, "g_hot")
+    fn = FunctionTable(im)
+    end = int(fn.end[fn.index_of("g")])
+    return (np.array([g, hot], np.uint64), np.array([cold - g, end - hot], np.uint64),
+            np.array([100.0, 100.0]))
+
+
+@pytest.mark.parametrize("invert", [False, True])
+def test_jcc_inversion(prog_g, tmp_path, invert):
+    exe, expected = prog_g
+    im, fn, units, dis, cfg = _cfg(exe)
+    counts = block_counts(cfg, *_g_hot_ranges(im))
+    heat = np.zeros(len(units))
+    u = int(units.find([_sym(im, "g")])[0])
+    heat[u] = 100.0
+    splits, reason = B.choose_splits(cfg, units, heat, counts, 1.0, fn, True, invert_jcc=invert)
+    (sf,) = [s for s in splits if s.unit == u]
+    jcc_at = _sym(im, "g") + 4                       # mov (2) + test (2)
+    jcc = next(p for p in sf.parts[0] if p.old == jcc_at)
+    inserted = [p for p in sf.parts[0] if p.kind == bm.KIND_JMP_INSERTED]
+    if invert:
+        # js (0x78) to the cold block, long (other part); the hot block follows
+        assert jcc.inverted and jcc.cc == 0x8 and jcc.long and jcc.size == 6
+        assert sf.block_part[jcc.target_block] == 1 and not inserted
+    else:
+        # jns (0x79) to the next hot block (short) plus a jmp to the cold fall-through
+        assert not jcc.inverted and jcc.cc == 0x9 and jcc.size == 2
+        assert len(inserted) == 1 and inserted[0].size == 5
+    # the rewritten program computes the same, and the block-level proof accepts it
+    out = tmp_path / "g.out"
+    strat = strategies.get({"strategy": "blocks", "invert_jcc": invert})
+    summary, _, _ = relayout(str(exe), str(out), strat, hotness={"g": 100.0, "main": 100.0},
+                             blocks=_g_hot_ranges(im))
+    assert summary["split"]["functions_split"] == 1
+    assert summary["split"]["jcc_inverted"] == (1 if invert else 0)
+    res = subprocess.run([str(out)], capture_output=True, text=True, timeout=20)
+    assert res.returncode == 0 and res.stdout == expected
+    from linepack.verify.equivalence import verify_against
+    from linepack.verify.standalone import verify_image
+    report = verify_image(str(out))
+    verify_against(report, str(out), str(exe))
+    blockish = [f for f in report.findings if f.check.startswith("equiv.")]
+    assert blockish == [], [(f.check, f.message) for f in blockish]

@@ -144,6 +144,46 @@ def test_block_placed_twice():
     assert "equiv.block-twice" in checks(found)
 
 
+# -- case B inverted: the hot jcc's taken target follows it, its fall-through went cold:
+#    je 110a becomes jne (cold 3100) and falls into the old target; no inserted jmp
+NEW_B_INV = {0x2100: hx("85ff 0f85f80f0000 31c0 c3"),      # hot 2100..210b
+             0x3100: hx("b801000000 c3")}                   # cold 3100..3106
+
+
+def case_b_inverted():
+    g = SplitFunction("g", 0x1100, 0x110f, [(HOT, 0x2100, 0x210b), (COLD, 0x3100, 0x3106)])
+    rows = rows_of((0x1100, 2, 0x2100, 2, C, HOT), (0x1102, 2, 0x2102, 6, B, HOT),
+                   (0x1104, 6, 0x3100, 6, C, COLD),
+                   (0x110a, 2, 0x2108, 2, C, HOT), (0x110c, 2, 0x210a, 0, R, HOT),
+                   (0x110e, 1, 0x210a, 1, C, HOT))
+    orc_old = (np.array([0x1100], np.uint64), np.array([7]))
+    orc_new = (np.array([0x2100, 0x3100], np.uint64), np.array([7, 7]))
+    return rows, [g], Memory(OLD_B), Memory(NEW_B_INV), orc_old, orc_new
+
+
+def test_inverted_jcc_keeps_both_edges():
+    rows, funcs, old, new, oo, on = case_b_inverted()
+    findings, stats = run(rows, funcs, old, new, oo, on)
+    assert findings == []
+    assert stats["jcc_inverted"] == 1 and stats["jmps_inserted"] == 0
+
+
+def test_wrong_inversion_is_named():
+    # jne to the cold block's second instruction (3105) instead of its start
+    rows, funcs, old, new, oo, on = case_b_inverted()
+    new.patch(0x2104, (0xffd).to_bytes(4, "little"))
+    found, _ = run(rows, funcs, old, new, oo, on)
+    assert checks(found) == ["equiv.jcc-inversion"]
+    assert "original fall-through 0x1104 is now at 0x3100" in found[0].message
+    # inverted, but what follows it is not the original target (xor and ret swapped away)
+    rows, funcs, old, new, oo, on = case_b_inverted()
+    rows = rows[rows["old"] != 0x110a]
+    rows = np.concatenate([rows, rows_of((0x110a, 2, 0x2109, 2, C, HOT))])
+    found, _ = run(rows, funcs, old, new, oo, on)
+    assert "equiv.jcc-inversion" in checks(found)
+    assert any("original target 0x110a is now at 0x2109" in f.message for f in found)
+
+
 def test_relaxation_wrong_displacement_and_form():
     rows, funcs, old, new, oo, on = case_a()
     new.patch(0x2004, (0xff9).to_bytes(4, "little"))        # jne to 3001

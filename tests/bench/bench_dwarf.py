@@ -65,8 +65,8 @@ def bolt_anchor(work, runs):
     bub.CFLAGS = CFLAGS + ["-g"]
     exe = build_lua(os.path.join(work, "lua"), log=lambda m: None)
     base = [BOLT, exe, "--lite=0", "--reorder-blocks=reverse", "-o", os.path.join(work, "lua.b")]
-    with_dbg = [run_measured(None, base + ["--update-debug-sections"])[1:] for _ in range(runs)]
-    without = [run_measured(None, base)[1:] for _ in range(runs)]
+    with_dbg = [run_measured(None, base + ["--update-debug-sections"])[1:3] for _ in range(runs)]
+    without = [run_measured(None, base)[1:3] for _ in range(runs)]
     from linepack.image.elf import ElfImage
     im = ElfImage(exe)
     dbg = sum(s.size for s in im.sections if s.name.startswith(".debug_"))
@@ -87,7 +87,7 @@ def main(argv=None):
         res["pieces"] = make_map(a.vmlinux, mp)
         runs = []
         for _ in range(a.runs):
-            _, wall, mib = run_measured(None, [sys.executable, "-c", CHILD, a.vmlinux, mp,
+            _, wall, mib, _ = run_measured(None, [sys.executable, "-c", CHILD, a.vmlinux, mp,
                                                os.path.join(d, "out")])
             runs.append((wall, mib))
             print(f"  kernel DWARF rewrite: {wall:.1f} s, {mib:.0f} MiB", file=sys.stderr)

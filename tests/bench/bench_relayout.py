@@ -51,7 +51,7 @@ BOLT_KERNEL_FLAGS = ["--eliminate-unreachable=0", "--simplify-conditional-tail-c
 
 
 def run_measured(args, argv=None):
-    """(exit status, wall seconds, peak memory MiB) of one `python -m linepack ARGS`
+    """(exit status, wall seconds, peak memory MiB, CPU seconds) of one `python -m linepack ARGS`
     process (or of ``argv``): the larger of its own ru_maxrss and the sampled
     peak PSS of its process tree (every 50 ms)."""
     import threading
@@ -77,7 +77,9 @@ def run_measured(args, argv=None):
         sys.stderr.write(err.decode(errors="replace")[-2000:])
         raise SystemExit(f"{(argv or ['linepack', args[0]])[:2]} failed with exit status "
                          f"{p.returncode}")
-    return p.returncode, wall, max(ru.ru_maxrss, peak[0]) / 1024.0
+    # CPU: the process and its waited-for descendants (the forked disassemblers)
+    cpu = ru.ru_utime + ru.ru_stime
+    return p.returncode, wall, max(ru.ru_maxrss, peak[0]) / 1024.0, cpu
 
 
 def main(argv=None):
@@ -114,33 +116,39 @@ def main(argv=None):
             r2 = run_measured(["verify", out, "--against", a.vmlinux, "-q"])
             rows["relayout"].append(r1[1:])
             rows["verify --against"].append(r2[1:])
-            rows["together"].append((r1[1] + r2[1], max(r1[2], r2[2])))
+            rows["together"].append((r1[1] + r2[1], max(r1[2], r2[2]), r1[3] + r2[3]))
             status = {"relayout": r1[0], "verify --against": r2[0]}
             if bolt:
                 rb = run_measured(None, [bolt, a.vmlinux, "-o", os.path.join(d, "vmlinux.bolt"),
                                          *BOLT_KERNEL_FLAGS])
                 rows["anchor: BOLT 19 in place"].append(rb[1:])
                 status["anchor: BOLT 19 in place"] = rb[0]
-            print(f"run {i + 1}: relayout {r1[1]:.1f} s {r1[2]:.0f} MiB, verify {r2[1]:.1f} s "
-                  f"{r2[2]:.0f} MiB (exit {r2[0]})", file=sys.stderr, flush=True)
+            print(f"run {i + 1}: relayout {r1[1]:.1f} s ({r1[3]:.1f} s CPU) {r1[2]:.0f} MiB, "
+                  f"verify {r2[1]:.1f} s ({r2[3]:.1f} s CPU) {r2[2]:.0f} MiB (exit {r2[0]})"
+                  + (f", BOLT {rb[1]:.1f} s ({rb[3]:.1f} s CPU) {rb[2]:.0f} MiB" if bolt else "")
+                  + f", load average {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
     result = {}
     print(f"\nrelayout ({a.strategy}) + verify --against on {os.path.basename(a.vmlinux)}, "
           f"median of {a.runs} (min..max)")
-    print(f"{'step':<18} {'wall s':>20} {'peak mem MiB':>24}  exit")
+    print(f"{'step':<18} {'wall s':>20} {'CPU s':>20} {'peak mem MiB':>24}  exit")
     for step, vals in rows.items():
         w = [v[0] for v in vals]
         m = [v[1] for v in vals]
+        c = [v[2] for v in vals]
         result[step] = {"wall_s": round(statistics.median(w), 2), "wall_min": round(min(w), 2),
                         "wall_max": round(max(w), 2), "rss_mb": round(statistics.median(m)),
-                        "rss_max_mb": round(max(m))}
+                        "rss_max_mb": round(max(m)), "cpu_s": round(statistics.median(c), 2),
+                        "cpu_min": round(min(c), 2), "cpu_max": round(max(c), 2)}
         ex = status.get(step, "")
         print(f"{step:<18} {statistics.median(w):>8.1f} ({min(w):.1f}..{max(w):.1f})"
+              f"{statistics.median(c):>8.1f} ({min(c):.1f}..{max(c):.1f})"
               f"{statistics.median(m):>12.0f} ({min(m):.0f}..{max(m):.0f})  {ex}")
     if "anchor: BOLT 19 in place" in result:
         b = result["anchor: BOLT 19 in place"]
         for step in ("relayout", "together"):
             r = result[step]
             print(f"{step} vs BOLT (same run): {r['wall_s'] / b['wall_s']:.2f}x wall, "
+                  f"{r['cpu_s'] / max(b['cpu_s'], 1e-9):.2f}x CPU, "
                   f"{r['rss_max_mb'] / max(b['rss_max_mb'], 1):.2f}x peak memory")
     tog = result["together"]
     ok = tog["wall_s"] <= TARGET_WALL_S and tog["rss_max_mb"] <= TARGET_RSS_MB

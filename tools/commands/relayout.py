@@ -7,6 +7,7 @@ import time
 
 from ..cli import verb, wall_seconds
 from ..errors import BadInput
+from .. import timings
 from ..io import OutputSet, load_toml, write_atomic
 
 
@@ -65,6 +66,7 @@ class Relayout:
                                   "--layout-map": args.layout_map})
         hot, build_id, calls, blocks = ({}, None, [], None)
         if args.profile:
+            timings.phase("load profile")
             lp = load_profile_full(args.profile, args.image)
             hot, build_id, calls, blocks = lp.hotness, lp.build_id, lp.calls, lp.blocks
         elif strat.name not in ("stock",) and not strat.name.startswith("align-all"):

@@ -89,27 +89,65 @@ def skip_form(b, p, form, asz, osz, version):
     raise ValueError(f"unknown DWARF form {form:#x}")
 
 
+# attribute specs seen so far, by their bytes (a kernel has ~1.6 M specs per image but
+# only ~8,000 distinct ones): (attr, form, implicit_const) tuples
+_SPECS = {}
+
+
 def parse_abbrevs(b, off):
     """{code: (tag, children, [(attr, form, implicit_const)])} and the table's end offset."""
+    # Hot (every unit of a kernel, twice per verify). An entry's attribute specs end
+    # with the pair (0, 0); the first 00 00 after them is that pair unless an
+    # implicit_const 0 comes last, so b[p:first 00 00] found in _SPECS is exactly
+    # a spec list parsed before (its parse would stop at the same place).
     out = {}
     p = off
+    specs = _SPECS
+    find = b.find if hasattr(b, "find") else None
     while True:
-        code, p = uleb(b, p)
+        code = b[p]
+        if code < 0x80:
+            p += 1
+        else:
+            code, p = uleb(b, p)
         if code == 0:
             return out, p
-        tag, p = uleb(b, p)
+        tag = b[p]
+        if tag < 0x80:
+            p += 1
+        else:
+            tag, p = uleb(b, p)
         children = b[p]
         p += 1
+        if find is not None:
+            q = find(b"\0\0", p) + 2
+            known = specs.get(b[p:q]) if q > 1 else None
+            if known is not None:
+                out[code] = (tag, children, list(known))
+                p = q
+                continue
+        start = p
         attrs = []
         while True:
-            at, p = uleb(b, p)
-            form, p = uleb(b, p)
-            ic = None
+            at = b[p]
+            if at < 0x80:
+                p += 1
+            else:
+                at, p = uleb(b, p)
+            form = b[p]
+            if form < 0x80:
+                p += 1
+            else:
+                form, p = uleb(b, p)
             if form == DW_FORM_implicit_const:
                 ic, p = sleb(b, p)
-            if at == 0 and form == 0:
+            elif at == 0 and form == 0:
                 break
+            else:
+                ic = None
             attrs.append((at, form, ic))
+        if find is not None:
+            specs[bytes(b[start:p])] = tuple(attrs)
         out[code] = (tag, children, attrs)
 
 

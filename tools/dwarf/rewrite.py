@@ -146,6 +146,20 @@ class Segments:
             self.new_end[k] == self.new[k + 1]
 
 
+def _read_section(image, s):
+    """A section's bytes, read from the file when the image is one (a copy made
+    through the mapping would also keep the mapped pages resident: 156 MB of
+    .debug_info in a kernel)."""
+    path = getattr(image, "path", None)
+    if path and type(image).__name__ == "ElfImage" and s.type != 8:      # 8: SHT_NOBITS
+        import os
+        with open(path, "rb") as f:
+            data = os.pread(f.fileno(), s.size, s.offset)
+        if len(data) == s.size:
+            return data
+    return bytes(image.section_bytes(s))
+
+
 def merge_ranges(rs):
     rs = sorted(r for r in rs if r[1] > r[0])
     out = []
@@ -166,6 +180,7 @@ class DwarfRewrite:
         self.log = log or (lambda m: None)
         self.secs = {s.name: s for s in image.sections}
         self.patched, self.drop, self.stats = {}, [], {}
+        self._list_bytes = {}
         self.orig = {}
         self.buf = {}
         self.append = {}       # section name -> bytearray appended after the original
@@ -187,7 +202,7 @@ class DwarfRewrite:
         for name in PATCHED_IN_PLACE + (".debug_line", ".debug_aranges", ".debug_abbrev"):
             s = self._sec(name)
             if s is not None:
-                self.orig[name] = bytes(self.image.section_bytes(s))
+                self.orig[name] = _read_section(self.image, s)
         for name in PATCHED_IN_PLACE:
             if name in self.orig:
                 self.buf[name] = np.frombuffer(self.orig[name], np.uint8).copy()
@@ -693,6 +708,7 @@ class DwarfRewrite:
                     unreadable += 1     # kept as it is (and counted)
                     continue
                 relisted += 1
+        self._list_bytes = {}
         self.stats["dwarf_lists_reencoded"] = relisted
         if unreadable:
             self.stats["dwarf_lists_unreadable"] = unreadable
@@ -723,7 +739,11 @@ class DwarfRewrite:
         v5 = un.version >= 5
         name = ".debug_loclists" if v5 else ".debug_loc"
         ents = self._read_loclist(off, base, v5)
-        src = self.buf[name]      # expressions as patched (DW_OP_addr translated)
+        # expressions as patched (DW_OP_addr translated); the list sections are not
+        # patched after patch_addresses, so one bytes copy serves every list
+        src = self._list_bytes.get(name)
+        if src is None:
+            src = self._list_bytes[name] = bytes(self.buf[name])
         vb = self.orig[name]
         old_views = []
         if views_field is not None:
@@ -739,7 +759,7 @@ class DwarfRewrite:
         new_views = []
         j = 0
         for lo, hi, e0, e1 in ents:
-            expr = bytes(src[e0:e1])
+            expr = src[e0:e1]
             if lo is None:
                 if v5:
                     body += b"\x05" + expr

@@ -86,9 +86,31 @@ class Relocations:
         self.section = section          # the .rela.* section
         self.target = target            # the section the relocations apply to
         self.offset = rows["offset"]    # virtual address of the field (ET_EXEC)
-        self.type = (rows["info"] & 0xFFFFFFFF).astype(np.uint32)
-        self.sym = (rows["info"] >> 32).astype(np.uint32)
         self.addend = rows["addend"]
+        self._rows = rows
+        self._type = self._sym = None
+
+    # type and symbol are split out of r_info on first use: a kernel's
+    # .rela.debug_* (10 M entries) is read only by the code that needs it
+    @property
+    def type(self):
+        if self._type is None:
+            self._type = (self._rows["info"] & 0xFFFFFFFF).astype(np.uint32)
+        return self._type
+
+    @type.setter
+    def type(self, value):
+        self._type = value
+
+    @property
+    def sym(self):
+        if self._sym is None:
+            self._sym = (self._rows["info"] >> 32).astype(np.uint32)
+        return self._sym
+
+    @sym.setter
+    def sym(self, value):
+        self._sym = value
 
     def __len__(self):
         return len(self.offset)

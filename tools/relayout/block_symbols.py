@@ -49,12 +49,18 @@ def cold_symbols(rw, image, log=None):
     for s in image.sections:
         if s.type != SHT_RELA or s.link != symsec.index or not s.size:
             continue
+        if image.sections[s.info].name.startswith(".debug_"):
+            continue      # .rela.debug_* never reach the output (driver: rewritten DWARF drops them)
         buf = rw.patched.get(s.index)
-        r = (np.array(buf) if buf is not None else np.array(image.section_bytes(s))).view(RELA).copy()
-        sym = r["info"] >> np.uint64(32)
-        typ = r["info"] & np.uint64(0xFFFFFFFF)
-        sym = np.where(sym >= np.uint64(first_global), sym + np.uint64(n), sym)
-        r["info"] = (sym << np.uint64(32)) | typ
+        r = np.array(buf if buf is not None else image.section_bytes(s)).view(RELA)
+        # symbol index += n from first_global on, in place and by chunks: the
+        # kernel's .rela.debug_info alone has 10 M entries
+        info = r["info"]
+        shifted = np.uint64(first_global) << np.uint64(32)
+        step = np.uint64(n) << np.uint64(32)
+        for c in range(0, len(info), 1 << 20):
+            part = info[c:c + (1 << 20)]
+            part[part >= shifted] += step
         rw.patched[s.index] = r.view(np.uint8)
     rw.header_updates = {symsec.index: {"info": first_global + n}}
     rw.sym_index_shift = (first_global, n)

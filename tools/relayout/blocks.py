@@ -41,7 +41,7 @@ SIZES = {FORM_JMP: (2, 5), FORM_JCC: (2, 6), FORM_KEY_NOP: (2, 5), FORM_KEY_JMP:
 
 class Piece:
     __slots__ = ("old", "old_len", "kind", "form", "cc", "target_block", "long", "size", "off",
-                 "block")
+                 "block", "inverted")
 
     def __init__(self, old, old_len, kind, block, form=None, cc=0, target_block=-1):
         self.old, self.old_len, self.kind, self.block = old, old_len, kind, block
@@ -49,6 +49,7 @@ class Piece:
         self.long = False
         self.size = old_len if kind == COPY else 0
         self.off = 0
+        self.inverted = False
 
 
 class SplitFunction:
@@ -69,8 +70,13 @@ def _cond(raw, skip):
     return int(raw[skip + 1] & 0xF) if op == 0x0F else int(op & 0xF)
 
 
-def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, falls=None):
-    """Pieces of both parts of one function (blocks [a, z) of ``cfg``)."""
+def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, falls=None,
+                invert_jcc=False):
+    """Pieces of both parts of one function (blocks [a, z) of ``cfg``).
+
+    ``invert_jcc``: a jcc whose taken target comes next in its part and whose
+    fall-through went elsewhere branches on the opposite condition instead of
+    getting an appended jmp."""
     a, z = cfg.blocks_of(f_unit)
     hot = [b for b in range(a, z) if hot_mask[b]]
     cold = [b for b in range(a, z) if not hot_mask[b]]
@@ -113,12 +119,21 @@ def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, fall
                     if raw[skip] == 0xE3:          # jrcxz has no long form
                         return None
                     p = Piece(body_end, blen, BRANCH, b, FORM_JCC, _cond(raw, skip), tb)
-                if p.kind == BRANCH and sf.block_part[tb] != part:
+                    if invert_jcc and tb == nxt and falls[b] and b + 1 < z and b + 1 != nxt and \
+                            body_end + blen == end and \
+                            (0x70 <= raw[skip] <= 0x7F or raw[skip] == 0x0F):
+                        # jcc inversion: the taken target follows in this part and the
+                        # fall-through went elsewhere: branch on the opposite condition
+                        # to the old fall-through and fall into the old target (no jmp)
+                        p = Piece(body_end, blen, BRANCH, b, FORM_JCC, _cond(raw, skip) ^ 1,
+                                  b + 1)
+                        p.inverted = True
+                if p.kind == BRANCH and sf.block_part[p.target_block] != part:
                     p.long = True
                 pieces.append(p)
                 if body_end + blen < end:          # int3 padding after the branch stays
                     pieces.append(Piece(body_end + blen, end - body_end - blen, COPY, b))
-            if falls[b] and b + 1 < z and (b + 1) != nxt:
+            if falls[b] and b + 1 < z and (b + 1) != nxt and not (pieces and pieces[-1].inverted):
                 p = Piece(int(cfg.start[b + 1]), 0, INSERTED, b, FORM_JMP, 0, b + 1)
                 p.long = sf.block_part[b + 1] != part
                 pieces.append(p)
@@ -156,7 +171,8 @@ def _relax(sf):
         sf.first[part] = first
 
 
-def choose_splits(cfg, units, heat, block_count, min_count, functions, short_keys, cold_min=8):
+def choose_splits(cfg, units, heat, block_count, min_count, functions, short_keys, cold_min=8,
+                  invert_jcc=False):
     """SplitFunction list and per-unit reason codes (REASONS) for every unit."""
     nu = len(units)
     reason = np.array(cfg.reason, dtype=np.int8)
@@ -191,7 +207,7 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
             continue
         fi = units.members[u][0][0]
         sf = build_parts(cfg, u, u, functions.name[fi], hot_block, short_keys,
-                         int(functions.sym_index[fi]), falls)
+                         int(functions.sym_index[fi]), falls, invert_jcc)
         if sf is None:
             reason[u] = R_NO_COLD
             continue

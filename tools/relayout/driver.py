@@ -9,6 +9,7 @@ from ..errors import BadInput
 from ..image.elf import ET_DYN, ET_EXEC, ElfImage
 from ..image.functions import FunctionTable, text_size
 from ..image.writer import write_image
+from .. import timings
 from ..io import write_atomic
 from . import strategies
 from .plan import LayoutError, block_line_metric, line_metric, make_heat, make_plan
@@ -125,6 +126,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     if os.path.exists(out_path) and os.path.samefile(image_path, out_path):
         raise BadInput(f"{out_path}: output is the input; linepack never modifies its input")
     strat = strategies.get(strategy) if not hasattr(strategy, "layout") else strategy
+    timings.phase("load image, functions")
     from ..image.shared import elf_image, function_units
     image = elf_image(image_path)          # shared: evaluate relays out one base many times
     if image.type == ET_DYN and image.section(".interp") is not None:
@@ -143,15 +145,18 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     missing = check_profile(image, functions, hotness, profile_build_id, allow_missing)
     if missing:
         log(f"profile: {missing} named functions are not in the image (ignored)")
+    timings.phase("disassemble, units")
     units, functions, dis = function_units(image, log)
     heat = make_heat(units, functions, hotness)
     split = None
     if getattr(strat, "block_level", False):
+        timings.phase("CFG, block counts, split")
         split = _split_functions(image, units, dis, functions, heat, blocks, strat, log)
         orig_units = units
         units, heat, parent, part = split["planning"]
     log(f"planning layout '{strat.name}' for {len(units)} units "
         f"({int((heat > 0).sum())} hot) in {len(units.regions)} regions")
+    timings.phase("plan")
     try:
         plan = make_plan(units, strat, heat, calls=calls, functions=functions,
                          blocks=None if split else blocks,
@@ -159,6 +164,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
                          if split else None, log=log)
     except LayoutError as e:
         raise LayoutError(_no_fit_message(e, strat, units, heat, calls, functions, log)) from None
+    timings.phase("rewrite: parts, code, relocations")
     if split:
         from .block_rewriter import BlockRewriter
         from .blocks import layout_rows
@@ -170,6 +176,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         rw = Rewriter(image, units, plan, dis, log=log)
     log("rewriting code, relocations and symbols")
     rw.run()
+    timings.phase("kernel tables, eh_frame, symbols")
     from .kernel_tables import update_kernel_tables
     # a block-level layout rebuilds kallsyms with its .cold parts (after the symbols)
     update_kernel_tables(rw, log, skip=("kallsyms",) if split else ())
@@ -219,6 +226,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         log("dropping DWARF: no .rela.debug_* relocations to find its addresses "
             "(an image relaid out before?)")
     elif is_debug:
+        timings.phase("DWARF rewrite")
         from ..dwarf.rewrite import rewrite_dwarf
         log("rewriting DWARF for the new layout")
         try:
@@ -228,10 +236,12 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
                            "--strip-debug drops it instead") from None
         rw.patched.update(dw_patched)
     log(f"writing {out_path}")
+    timings.phase("write image")
     write_image(image, out_path, rw.patched, drop=drop, entry=rw.new_entry(),
                 extra_sections=extra_sections, header_updates=getattr(rw, "header_updates", None),
                 section_moves=getattr(rw, "section_moves", None),
                 alloc_sections=alloc_sections, phdr_updates=phdr_updates)
+    timings.phase("summary, maps")
     summary = plan.summary()
     summary.update(rw.stats)
     summary.update(line_metric(plan, functions, hotness))
@@ -297,7 +307,8 @@ def _split_functions(image, units, dis, functions, heat, blocks, strat, log):
     counts = block_counts(cfg, *blocks)
     short_keys = ctx.version is None or ctx.version[:2] >= SHORT_SITES_SINCE
     splits, reason = choose_splits(cfg, units, heat, counts, strat.block_min_count, functions,
-                                   short_keys, strat.cold_min)
+                                   short_keys, strat.cold_min,
+                                   getattr(strat, "invert_jcc", False))
     if eh_split is not None:
         n = len(splits)
         splits = eh_split.accept(splits, units.start, heat, reason)
@@ -381,6 +392,7 @@ def _split_summary(rw, split, heat):
                     key = f"{'long' if p.long else 'short'}"
                     kinds[key] = kinds.get(key, 0) + 1
     out["split"]["branches_reencoded"] = kinds
+    out["split"]["jcc_inverted"] = sum(p.inverted for s in sp for part in s.parts for p in part)
     out["split"]["branch_bytes_saved"] = int(
         (rows["old_len"][rows["kind"] == bm.KIND_BRANCH].astype(np.int64) -
          rows["new_len"][rows["kind"] == bm.KIND_BRANCH].astype(np.int64)).sum())

@@ -13,7 +13,10 @@ of a split function went (tools/image/blockmap.py). Nothing here trusts it:
   same operation, its operands translated through the block map
   (``equiv.block-instruction``); a re-encoded branch keeps its kind and
   condition, its length is what the map says and its target is the
-  translated target (``equiv.relaxation``, short and long forms are equal);
+  translated target (``equiv.relaxation``, short and long forms are equal); a
+  jcc may be inverted when its successors swap places: the opposite condition
+  must branch to the translated fall-through and fall into the translated
+  target (``equiv.jcc-inversion`` otherwise), the same edge set;
 - control flow: every original edge exists in NEW: branch targets (above),
   every fall-through either still falls through to the translated successor
   or reaches it through an inserted ``jmp``; a removed ``jmp`` must have been
@@ -27,6 +30,7 @@ The core works on byte readers and arrays so that tests can hand it small
 synthetic functions; ``verify --against`` feeds it the two images.
 """
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,6 +77,11 @@ class BlockMap:
         self.kind = r["kind"]
         self.collapse = self.kind != bm.KIND_COPIED
         self.outside = outside
+        # map1 is called per instruction and edge: plain lists and a memo beat
+        # one-element numpy calls
+        self._old_l, self._end_l = self.old.tolist(), self.old_end.tolist()
+        self._new_l, self._col_l = self.new.tolist(), self.collapse.tolist()
+        self._memo = {}
 
     def piece(self, addrs):
         """Index of the piece covering each address, -1 where none."""
@@ -94,7 +103,17 @@ class BlockMap:
         return np.where(p >= 0, lin, out)
 
     def map1(self, addr):
-        return int(self.map(np.array([addr], np.uint64))[0])
+        addr = int(addr)
+        got = self._memo.get(addr)
+        if got is not None:
+            return got
+        i = bisect_right(self._old_l, addr) - 1
+        if i >= 0 and addr < self._end_l[i]:
+            got = self._new_l[i] if self._col_l[i] else self._new_l[i] + (addr - self._old_l[i])
+        else:
+            got = int(np.asarray(self.outside(np.array([addr], np.uint64)), np.uint64)[0])
+        self._memo[addr] = got
+        return got
 
 
 def _cs():
@@ -116,6 +135,11 @@ def _direct_target(ins):
             ins.group(capstone.CS_GRP_JUMP) or ins.group(capstone.CS_GRP_CALL)):
         return ins.operands[0].imm & (2**64 - 1)
     return None
+
+
+def _rip_relative(ins):
+    return any(op.type == cx86.X86_OP_MEM and op.mem.base == cx86.X86_REG_RIP
+               for op in ins.operands)
 
 
 def _meaning(ins):
@@ -297,15 +321,23 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
             target = _direct_target(ins)
             if kind == bm.KIND_COPIED:
                 n = int(amap.new[p]) + (a - int(amap.old[p]))
-                new_ins = _decode_one(cs, new_read, n)
-                translate = amap.map1
+                translate, data_moved = amap.map1, False
                 if data_moves is not None and len(data_moves[0]):
                     k = int(np.searchsorted(data_moves[0], a))
                     if k < len(data_moves[0]) and int(data_moves[0][k]) < a + ins.size:
                         d = int(data_moves[1][k])
                         translate = lambda v, d=d: (v + d) & (2**64 - 1)   # noqa: E731
+                        data_moved = True
+                # the same bytes mean the same unless an operand is relative to the
+                # instruction's address (RIP operand, direct branch) or refers to a
+                # moved data symbol: no decode needed
+                if not data_moved and target is None and not _rip_relative(ins) and \
+                        bytes(new_read(n, ins.size)) == bytes(ins.bytes):
+                    new_ins = ins
+                else:
+                    new_ins = _decode_one(cs, new_read, n)
                 if new_ins is None or new_ins.size != ins.size or \
-                        not _same_meaning(ins, new_ins, translate):
+                        (new_ins is not ins and not _same_meaning(ins, new_ins, translate)):
                     add("equiv.block-instruction", n, f"{f.name}: '{ins.mnemonic} {ins.op_str}' "
                         f"at {a:#x} has no counterpart of the same meaning at {n:#x}"
                         + (f" (found '{new_ins.mnemonic} {new_ins.op_str}')" if new_ins else ""))
@@ -320,6 +352,19 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                         f"not exactly the instruction at {a:#x}")
                     continue
                 new_ins = _decode_one(cs, new_read, n)
+                # an opposite condition to the original target is a flipped jcc
+                # (relaxation); to anywhere else it claims to be an inversion
+                if _inverted_jcc(ins, new_ins) and target is not None and \
+                        _direct_target(new_ins) != amap.map1(target):
+                    why = _inversion_problem(ins, new_ins, new_len, target, amap)
+                    if why:
+                        add("equiv.jcc-inversion", n, f"{f.name}: '{ins.mnemonic}' at {a:#x} "
+                            f"inverted to '{new_ins.mnemonic}' wrongly: {why}")
+                    else:
+                        stats["jcc_inverted"] = stats.get("jcc_inverted", 0) + 1
+                        if orc_ok:
+                            orc_pairs.append((a, n, piece_start, p))
+                    continue                    # both edges checked by the inversion
                 why = _relaxation_problem(ins, new_ins, new_len, target, amap)
                 if why:
                     add("equiv.relaxation", n, f"{f.name}: branch at {a:#x} re-encoded wrongly: "
@@ -400,6 +445,46 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 add("equiv.orc-block", n, f"ORC at {n:#x} differs from the original's at {o:#x}")
         stats["orc_checked"] = int(len(pa))
     return findings, stats
+
+
+def _jcc_cond(ins):
+    """Condition code (0..15) of a jcc from its bytes, else None."""
+    raw = bytes(ins.bytes)
+    k = 0
+    while k < len(raw) and raw[k] in (0x2E, 0x3E, 0xF2):
+        k += 1
+    if k < len(raw) and 0x70 <= raw[k] <= 0x7F:
+        return raw[k] & 0xF
+    if k + 1 < len(raw) and raw[k] == 0x0F and 0x80 <= raw[k + 1] <= 0x8F:
+        return raw[k + 1] & 0xF
+    return None
+
+
+def _inverted_jcc(ins, new_ins):
+    """True when new_ins is a jcc on the opposite condition of ins (a jcc)."""
+    if new_ins is None:
+        return False
+    c0, c1 = _jcc_cond(ins), _jcc_cond(new_ins)
+    return c0 is not None and c1 is not None and c1 == c0 ^ 1
+
+
+def _inversion_problem(ins, new_ins, new_len, target, amap):
+    """Why an inverted jcc does not keep both edges, or None: it must branch to
+    the original fall-through and fall into the original target, translated."""
+    if new_ins.size != new_len:
+        return f"form: {new_ins.size} bytes where the map says {new_len}"
+    fall = ins.address + ins.size
+    got, want = _direct_target(new_ins), amap.map1(fall)
+    if got != want:
+        return (f"it goes to {'nowhere' if got is None else hex(got)}; the original "
+                f"fall-through {fall:#x} is now at {want:#x}")
+    n_end = new_ins.address + new_ins.size
+    if target is None:
+        return f"'{ins.mnemonic} {ins.op_str}' is not a direct branch"
+    if amap.map1(target) != n_end:
+        return (f"it falls through to {n_end:#x}; the original target {target:#x} is now at "
+                f"{amap.map1(target):#x}")
+    return None
 
 
 def _relaxation_problem(ins, new_ins, new_len, target, amap):

@@ -21,11 +21,13 @@ NEW without DWARF while OLD has it is an info finding (``--strip-debug``).
 """
 
 import bisect
+import os
 import random
 
 import numpy as np
 
 from ..dwarf import encoding as enc
+from ..image.elf import SHT_NOBITS, ElfImage
 from ..dwarf.native import LineRows
 from ..kernel.base import Finding
 
@@ -120,9 +122,23 @@ def _inside(r, rs):
     return i >= 0 and rs[i][0] <= r[0] and r[1] <= rs[i][1]
 
 
+def _has(image, name):
+    s = image.section(name) if hasattr(image, "section") else None
+    return s is not None and bool(s.size)
+
+
 def _sec(image, name):
     s = image.section(name) if hasattr(image, "section") else None
-    return bytes(image.section_bytes(s)) if s is not None and s.size else None
+    if s is None or not s.size:
+        return None
+    if type(image) is ElfImage and s.type != SHT_NOBITS:
+        # read from the file: a copy through the mapping would also make the
+        # mapped pages resident (.debug_info is 156 MB per kernel image)
+        with open(image.path, "rb") as f:
+            data = os.pread(f.fileno(), s.size, s.offset)
+        if len(data) == s.size:
+            return data
+    return bytes(image.section_bytes(s))
 
 
 def _row_keys(rows, addrs):
@@ -136,9 +152,9 @@ def _row_keys(rows, addrs):
 def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sample=20000,
                     units_sample=24, seed=12):
     log = log or (lambda m: None)
-    if _sec(old, ".debug_info") is None:
+    if not _has(old, ".debug_info"):
         return
-    if _sec(new, ".debug_info") is None:
+    if not _has(new, ".debug_info"):
         findings.append(Finding("info", "debuginfo.stripped", None,
                                 "OLD has DWARF, NEW has none (relayout --strip-debug)"))
         return
@@ -146,8 +162,21 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
                 "debuginfo.unit-range": [], "debuginfo.scope-range": []}
     pieces = _Pieces(amap)
     rng = np.random.default_rng(seed)
+    # in a function of its own, so that the row arrays are freed before step 2
+    checked_rows = _check_line_rows(old, new, amap, pieces, rng, rows_sample, problems)
+    report.extra["debuginfo_line_rows_checked"] = checked_rows
+    _check_units(old, new, pieces, problems, report, units_sample, seed)
+    from .equivalence import _add
+    for check, items in problems.items():
+        _add(findings, "error", check, items, lambda it: it, counter)
+    log(f"debug info: {checked_rows} line rows, {report.extra['debuginfo_units_checked']} units, "
+        f"{report.extra['debuginfo_subprograms_checked']} subprograms, "
+        f"{report.extra['debuginfo_scopes_checked']} inlined subroutines and lexical blocks "
+        f"checked; {sum(len(v) for v in problems.values())} problems")
 
-    # 1. line rows
+
+def _check_line_rows(old, new, amap, pieces, rng, rows_sample, problems):
+    """Step 1: sampled line rows of moved code are at their translated address."""
     lo_, ln_ = _sec(old, ".debug_line"), _sec(new, ".debug_line")
     checked_rows = 0
     if lo_ is not None and ln_ is not None:
@@ -182,9 +211,11 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
                 (int(ro.addr[r]), f"line row {int(ro.file[r])}:{int(ro.line[r])}:"
                  f"{int(ro.column[r])} of unit {int(ro.unit[r])} is not at the translated "
                  f"address {int(_map(amap, np.array([ro.addr[r]], np.uint64))[0]):#x}"))
-    report.extra["debuginfo_line_rows_checked"] = checked_rows
+    return checked_rows
 
-    # 2. units and subprograms
+
+def _check_units(old, new, pieces, problems, report, units_sample, seed):
+    """Step 2: unit and (sampled) subprogram ranges cover the translated code."""
     oi, ni = _sec(old, ".debug_info"), _sec(new, ".debug_info")
     oa, na = _sec(old, ".debug_abbrev"), _sec(new, ".debug_abbrev")
     olists = (_sec(old, ".debug_rnglists"), _sec(old, ".debug_ranges"))
@@ -262,11 +293,6 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
     report.extra["debuginfo_subprograms_checked"] = subprograms
     report.extra["debuginfo_scopes_checked"] = scopes
     report.extra["debuginfo_split_units_checked"] = len(sample & set(split_units))
-    from .equivalence import _add
-    for check, items in problems.items():
-        _add(findings, "error", check, items, lambda it: it, counter)
-    log(f"debug info: {checked_rows} line rows, {len(cus)} units, {subprograms} subprograms, "
-        f"{scopes} inlined subroutines and lexical blocks checked; {sum(len(v) for v in problems.values())} problems")
 
 
 def _map(amap, addrs):

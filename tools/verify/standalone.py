@@ -4,6 +4,8 @@ kernel table, plus the static-key census. Produces a ``VerifyReport``.
 
 import time
 
+from .. import timings
+
 from ..image.disasm import KNOWN_UNDECODED
 from ..image.elf import ElfImage
 from ..kernel import TABLES
@@ -69,6 +71,7 @@ def verify_image(path, log=None, tables=None):
     """Check one image alone; returns a VerifyReport."""
     t0 = time.time()
     log = log or (lambda m: None)
+    timings.phase("verify: load, decode NEW")
     image = ElfImage(path)
     image.symtab  # raises BadInput for stripped images
     ctx = ImageContext(image, log=log)
@@ -80,7 +83,9 @@ def verify_image(path, log=None, tables=None):
     report.functions = len(ctx.functions)
     report.instructions = len(ctx.disasm)
     report.known_undecoded = {name: 0 for _, _, name in KNOWN_UNDECODED}
+    timings.phase("verify: coverage")
     _coverage(ctx, report, findings)
+    timings.phase("verify: tables, relocations")
     for cls in TABLES:
         if tables and cls.name not in tables:
             continue
