@@ -263,3 +263,29 @@ def test_noreturn_call_needs_no_fall_through(noreturn):
     rows = rows_of((0x1200, 5, 0x2200, 5, C, HOT), (0x1205, 1, 0x3200, 1, C, COLD))
     found, _ = run(rows, [f], old, new, noreturn=frozenset([0x5000]) if noreturn else frozenset())
     assert checks(found) == ([] if noreturn else ["equiv.edge"])
+
+
+# -- case S: an instruction Capstone 5 does not decode (SERIALIZE, as in the kernel's
+#    finish_task_switch) at the start of the hot part ---------------------------------
+#   1000 serialize; 1003 test edi,edi; 1005 jne 100a; 1007 xor eax,eax; 1009 ret
+#   100a call 5000 (moved whole, to 6000); 100f mov eax,1; 1014 ret
+OLD_S = {0x1000: hx("0f01e8 85ff 7503 31c0 c3 e8f13f0000 b801000000 c3")}
+NEW_S = {0x2000: hx("0f01e8 85ff 0f85f50f0000 31c0 c3"),    # hot part 2000..200e
+         0x3000: hx("e8fb2f0000 b801000000 c3")}            # cold part 3000..300b
+
+
+def case_serialize():
+    f = SplitFunction("s", 0x1000, 0x1015, [(HOT, 0x2000, 0x200e), (COLD, 0x3000, 0x300b)])
+    rows = rows_of((0x1000, 5, 0x2000, 5, C, HOT), (0x1005, 2, 0x2005, 6, B, HOT),
+                   (0x1007, 3, 0x200b, 3, C, HOT), (0x100a, 11, 0x3000, 11, C, COLD))
+    return rows, [f], Memory(OLD_S), Memory(NEW_S)
+
+
+def test_instruction_capstone_does_not_know_is_checked_not_lost():
+    rows, funcs, old, new = case_serialize()
+    findings, stats = run(rows, funcs, old, new)
+    assert findings == [], [f.message for f in findings]
+    assert stats["instructions"] == 8 and stats["branches_reencoded"] == 1
+    new.patch(0x2000, hx("909090"))                 # serialize lost in NEW
+    findings, _ = run(rows, funcs, old, new)
+    assert "equiv.block-instruction" in checks(findings)

@@ -122,11 +122,50 @@ def _cs():
     return cs
 
 
+class _Opaque:
+    """An instruction Capstone 5 does not know (``disasm.KNOWN_UNDECODED``, e.g.
+    SERIALIZE in finish_task_switch): no operands, so it means its bytes."""
+
+    def __init__(self, addr, code, name):
+        self.address, self.size, self.bytes = addr, len(code), bytes(code)
+        self.mnemonic, self.op_str, self.operands = name, "", []
+        self.disp_size = self.imm_size = self.disp_offset = self.imm_offset = 0
+
+    def group(self, _g):
+        return False
+
+
+def _known(code, addr):
+    from ..image.disasm import KNOWN_UNDECODED
+    for pattern, length, name in KNOWN_UNDECODED:
+        if code.startswith(pattern):
+            return _Opaque(addr, code[:length], name)
+    return None
+
+
 def _decode_one(cs, read, addr):
+    code = bytes(read(addr, 16))
     try:
-        return next(cs.disasm(bytes(read(addr, 16)), addr, 1))
+        return next(cs.disasm(code, addr, 1))
     except (StopIteration, ValueError):
-        return None
+        return _known(code, addr)
+
+
+def _decode_all(cs, code, addr):
+    """Every instruction of ``code``, past the ones Capstone stops at."""
+    out, pos = [], 0
+    while pos < len(code):
+        got = list(cs.disasm(code[pos:], addr + pos))
+        out += got
+        pos = got[-1].address + got[-1].size - addr if got else pos
+        if pos >= len(code):
+            break
+        ins = _known(code[pos:pos + 16], addr + pos)
+        if ins is None:
+            break                       # undecodable: reported by the caller
+        out.append(ins)
+        pos += ins.size
+    return out
 
 
 def _direct_target(ins):
@@ -271,7 +310,7 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
         pieces = fr[fr["old_len"] > 0]
         stats["pieces"] += int(len(fr))
         code = bytes(old_read(f.old_start, f.old_end - f.old_start))
-        insns = list(cs.disasm(code, f.old_start))
+        insns = _decode_all(cs, code, f.old_start)
         starts = {i.address for i in insns}
         decoded_end = insns[-1].address + insns[-1].size if insns else f.old_start
         if decoded_end != f.old_end:
