@@ -11,22 +11,16 @@ The booted and verified results are in test_torture_boot.py and
 test_verify_blocks_vmlinux.py.
 """
 
-import os
 
 import numpy as np
 import pytest
 
-VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
-
-
 @pytest.fixture(scope="module")
-def kallsyms():
-    if not os.path.exists(VMLINUX):
-        pytest.skip("no cached vmlinux")
+def kallsyms(debian_vmlinux):
     from linepack.image.elf import ElfImage
     from linepack.kernel.base import ImageContext
     from linepack.kernel.kallsyms import Kallsyms
-    ctx = ImageContext(ElfImage(VMLINUX))
+    ctx = ImageContext(ElfImage(debian_vmlinux))
     table = Kallsyms()
     table.parse(ctx)
     return ctx, table, table._tokens(ctx)

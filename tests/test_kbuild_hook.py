@@ -216,3 +216,28 @@ def test_kbuild_usage_errors(tmp_path):
     _one_line_exit2(run_linepack("kbuild", "--source", tmp_path, "--config", CONFIG,
                                  "--profile", tmp_path / "nope", "-o", tmp_path / "o"),
                     "no such profile")
+
+
+def test_kbuild_output_dir_checked_before_work(tmp_path):
+    """-o is replaced as a whole: a directory kbuild did not write, one holding an input,
+    or one inside the source tree is refused before any build, and left as it was."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "Makefile").write_text("VERSION = 6\nPATCHLEVEL = 12\nSUBLEVEL = 0\n")
+    (src / "arch" / "x86" / "boot").mkdir(parents=True)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("user data")
+    _one_line_exit2(run_linepack("kbuild", "--source", src, "--config", CONFIG, "-o", mine),
+                    "was not written by linepack kbuild")
+    assert (mine / "keep.txt").read_text() == "user data"
+    cfg = mine / "my.config"
+    cfg.write_bytes(open(CONFIG, "rb").read())
+    _one_line_exit2(run_linepack("kbuild", "--source", src, "--config", cfg, "-o", mine),
+                    "holds the input")
+    _one_line_exit2(run_linepack("kbuild", "--source", src, "--config", CONFIG,
+                                 "-o", src / "out"), "inside the input")
+    _one_line_exit2(run_linepack("kbuild", "--source", src, "--config", CONFIG,
+                                 "-o", tmp_path / "nodir" / "out"), "does not exist")
+    assert sorted(p.name for p in mine.iterdir()) == ["keep.txt", "my.config"]
+    assert not (src / "out").exists()

@@ -37,6 +37,7 @@ if ! "$PY" -c 'import drgn' 2>/dev/null; then
   "$PY" -m pip install -q --disable-pip-version-check "drgn>=0.0.25" 2>&1 \
     | grep -v "Running pip as the 'root' user" >&2 || true
 fi
+"$PY" -c 'import drgn' 2>/dev/null || { echo "setup: drgn could not be installed (pip install drgn)" >&2; exit 1; }
 
 if [ -f tools/profile/plugin/Makefile ]; then
   log "building the QEMU TCG plugin"

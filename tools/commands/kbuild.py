@@ -28,7 +28,8 @@ class Kbuild:
         p.add_argument("--relayout-flags", default="", metavar="ARGS",
                        help="extra relayout arguments, one string")
         p.add_argument("-o", "--output", metavar="DIR", help="directory for bzImage, vmlinux, "
-                       "vmlinux.orig, System.map, vmlinux.relocs, modules/ (replaced as a whole)")
+                       "vmlinux.orig, System.map, vmlinux.relocs, modules/ (a new directory, or "
+                       "one an earlier kbuild wrote: replaced as a whole)")
         p.add_argument("-j", "--jobs", type=int, help="make jobs (default: the CPU count)")
         p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
@@ -55,6 +56,9 @@ class Kbuild:
             raise BadInput(f"{args.source}: no such source directory")
         from ..ship.tree import check_config
         check_config(args.config)     # before any download or build
+        if args.source:
+            kbuild.kernel_version(args.source)          # a kernel tree at all
+        kbuild.check_output_dir(args.output, inputs=(args.source, args.config, args.profile))
         log = (lambda m: None) if args.quiet else \
             (lambda m: print(f"kbuild: {m}", file=sys.stderr, flush=True))
         t0 = time.monotonic()

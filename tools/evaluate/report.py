@@ -85,7 +85,12 @@ def render(directory):
     from .user import format_rows as format_program_rows
     parts = []
     for name, rows in load_results(directory):
-        table = format_program_rows(rows) if "program" in rows[0] else format_rows(rows)
+        try:
+            table = format_program_rows(rows) if "program" in rows[0] else format_rows(rows)
+        except (KeyError, TypeError, ValueError) as e:
+            # a hand-edited or foreign file: rows lack a column or hold text for a number
+            raise BadInput(f"--report: {name}: not an evaluate result table "
+                           f"({type(e).__name__}: {e})") from None
         parts.append(f"== {name}\n{table}")
     return "\n\n".join(parts)
 

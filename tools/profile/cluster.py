@@ -126,10 +126,9 @@ def run_on_cluster(launches, scheduler, on_done, log=None, retries=3):
     """Run ``launches`` on the cluster; ``on_done(index, JobResult)`` as each finishes."""
     if not launches:
         return
-    from distributed import as_completed
-
     from .runner import file_hash
-    client, own = connect(scheduler)
+    client, own = connect(scheduler)        # names a missing dask/distributed in one line
+    from distributed import as_completed
     try:
         files, hashes = {}, []
         for la in launches:

@@ -230,6 +230,36 @@ def kbuild(src, config, out_dir, profile=None, strategy="pack", relayout_flags="
     return summary
 
 
+OUTPUT_MARKER = ".linepack-kbuild-output"
+
+
+def check_output_dir(out_dir, inputs=()):
+    """Before any work: ``-o`` is replaced as a whole, so it must be a new directory
+    or one an earlier ``linepack kbuild`` wrote (it holds OUTPUT_MARKER), in a
+    writable parent, and neither be nor hold nor sit inside an input."""
+    from ..io import check_output_path
+    out = os.path.realpath(os.path.abspath(out_dir))
+    parent = os.path.dirname(out)
+    # the parent: exists, is a directory, accepts new files (probed)
+    check_output_path(os.path.join(parent, OUTPUT_MARKER), f"-o {out_dir}:")
+    for p in inputs:
+        if not p:
+            continue
+        rp = os.path.realpath(os.path.abspath(p))
+        if rp == out or rp.startswith(out + os.sep):
+            raise BadInput(f"-o {out_dir}: holds the input {p}; kbuild replaces its output "
+                           "directory as a whole, so give a new directory")
+        if os.path.isdir(rp) and out.startswith(rp + os.sep):
+            raise BadInput(f"-o {out_dir}: is inside the input {p}, which is never written")
+    if os.path.lexists(out):
+        if not os.path.isdir(out):
+            raise BadInput(f"-o {out_dir}: exists and is not a directory")
+        if not os.path.exists(os.path.join(out, OUTPUT_MARKER)):
+            raise BadInput(f"-o {out_dir}: exists and was not written by linepack kbuild; "
+                           "it would be replaced as a whole, so give a new directory")
+    return out
+
+
 def _write_json(path, doc):
     with open(path + ".tmp", "w") as f:
         json.dump(doc, f, sort_keys=True, indent=1)
@@ -254,6 +284,8 @@ def _collect(build, out_dir, cfg, profiled):
                                         f"{os.path.join(build, 'make.log')})")
             shutil.copyfile(path, os.path.join(tmp, name))
             got.append(name)
+        with open(os.path.join(tmp, OUTPUT_MARKER), "w") as f:
+            f.write("written by linepack kbuild; replaced as a whole by the next run\n")
         modules = []
         order = os.path.join(build, "modules.order")
         if cfg.get("CONFIG_MODULES") == "y" and os.path.exists(order):
