@@ -78,17 +78,27 @@ def test_relayout_not_stopped_leaves_all_outputs(debian_vmlinux, tmp_path):
     assert set(os.listdir(tmp_path)) == OUTPUTS
 
 
-def test_signal_during_output_check_leaves_no_probe(tmp_path, monkeypatch):
+@pytest.mark.parametrize("threads", [0, 2])
+def test_signal_during_output_check_leaves_no_probe(tmp_path, monkeypatch, threads):
     """The writability probe of an output's directory: a SIGTERM that arrives while the
     probe file exists is held back until the probe is gone (found under load: the
-    interrupted run above left the probe behind)."""
+    interrupted run above left the probe behind). With other threads alive the kernel
+    delivers the signal to one of them, not the masked main thread (found by CI, where
+    earlier tests leave threads behind): the handler itself must defer."""
+    import threading
     from linepack import io
+
+    stop = threading.Event()
+    helpers = [threading.Thread(target=stop.wait, daemon=True) for _ in range(threads)]
+    for t in helpers:
+        t.start()
 
     real_mkstemp = io.tempfile.mkstemp
 
     def mkstemp_then_signal(*a, **kw):
         fd_path = real_mkstemp(*a, **kw)
         os.kill(os.getpid(), signal.SIGTERM)      # arrives while the probe exists
+        time.sleep(0.2)                           # lets another thread take it meanwhile
         return fd_path
 
     monkeypatch.setattr(io.tempfile, "mkstemp", mkstemp_then_signal)
@@ -96,4 +106,5 @@ def test_signal_during_output_check_leaves_no_probe(tmp_path, monkeypatch):
         with io.trap_signals():
             io.check_output_path(tmp_path / "vmlinux.new")
             time.sleep(1)                         # not reached: delivered at the unblock
+    stop.set()
     assert os.listdir(tmp_path) == []

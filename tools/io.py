@@ -59,7 +59,18 @@ class Interrupted(BaseException):
         self.exit_code = 128 + signum
 
 
+_held = 0              # depth of _signals_blocked blocks in the main thread
+_pending = None        # a signal that arrived while held: raised when the block ends
+
+
 def _raise_interrupted(signum, frame):
+    global _pending
+    if _held:
+        # Blocking the mask holds a signal back only in this thread; a process-directed
+        # signal may land in any other (pool, Dask, BLAS threads) and still run this
+        # handler here at once. So the handler itself defers while a block is open.
+        _pending = _pending or signum
+        return
     raise Interrupted(signum)
 
 
@@ -90,8 +101,9 @@ def trap_signals():
 def _after_fork_in_child():
     # A forked worker (multiprocessing's fork pool) must die on the SIGTERM its pool
     # sends at the end, not raise Interrupted; and it owns no staged outputs.
-    global _active, _untrapped
+    global _active, _untrapped, _held, _pending
     _active = None
+    _held, _pending = 0, None
     if _untrapped is not None:
         for s, h in _untrapped.items():
             signal.signal(s, h)
@@ -103,12 +115,22 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 @contextlib.contextmanager
 def _signals_blocked():
-    """Hold the trapped signals back (they are delivered after the block)."""
+    """Hold the trapped signals back (they are delivered after the block): masked in
+    this thread, and deferred by the trap handler whichever thread the kernel chose."""
+    global _held, _pending
+    main = threading.current_thread() is threading.main_thread()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, TRAPPED_SIGNALS)
+    if main:
+        _held += 1
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)   # a masked one runs the handler
+        if main:
+            _held -= 1
+            if not _held and _pending:
+                signum, _pending = _pending, None
+                raise Interrupted(signum)
 
 
 def _real(path):
