@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 
-from .. import targets
+from .. import io, targets
 from ..errors import BadInput, ExternalToolError
 from . import tree
 
@@ -203,8 +203,8 @@ def kbuild(src, config, out_dir, profile=None, strategy="pack", relayout_flags="
                 "linepack": _linepack_code_hash() if profile else None}
         if profile:
             staged = os.path.join(build, "linepack.profile")
-            shutil.copyfile(profile, staged + ".tmp")
-            os.replace(staged + ".tmp", staged)
+            with open(profile, "rb") as f:
+                io.write_atomic(staged, f.read())
             want.update(profile=_file_sha(staged), strategy=strategy, flags=relayout_flags)
             hook_vars += [f"LINEPACK_PROFILE={staged}", f"LINEPACK_STRATEGY={strategy}"]
             if relayout_flags:
@@ -261,9 +261,7 @@ def check_output_dir(out_dir, inputs=()):
 
 
 def _write_json(path, doc):
-    with open(path + ".tmp", "w") as f:
-        json.dump(doc, f, sort_keys=True, indent=1)
-    os.replace(path + ".tmp", path)
+    io.write_atomic(path, json.dumps(doc, sort_keys=True, indent=1))
 
 
 def _collect(build, out_dir, cfg, profiled):
