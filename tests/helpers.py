@@ -1,6 +1,8 @@
 """Shared test helpers: build C fixtures at test time, patch copies of images."""
 
+import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -9,6 +11,35 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "fixtures")
+
+
+@functools.lru_cache(maxsize=None)
+def debian_abi():
+    """The ABI of Debian's 6.1 cloud kernel the tests use: the one tools/setup.sh fetched
+    ($LINEPACK_KERNEL_ABI, else the newest apt knows), or the newest cached one when apt
+    answers nothing. Never a fixed number: Debian bumps the ABI and drops the old package."""
+    from linepack import targets
+    from linepack.errors import LinepackError
+    try:
+        return targets.resolve_abi()
+    except LinepackError:
+        kernels = os.path.join(targets.cache_dir(), "kernels")
+        cached = sorted(int(m.group(1)) for n in (os.listdir(kernels) if os.path.isdir(kernels)
+                                                    else ())
+                        for m in [re.fullmatch(r"6\.1\.0-(\d+)-cloud-amd64", n)] if m)
+        return cached[-1] if cached else 0
+
+
+def debian_release():
+    """uname -r of the kernel the tests use, e.g. 6.1.0-56-cloud-amd64."""
+    from linepack import targets
+    return targets.release(debian_abi())
+
+
+def debian_vmlinux_path():
+    """Its cached vmlinux path (exists once tools/setup.sh or `linepack fetch` ran)."""
+    from linepack import targets
+    return os.path.join(targets.cache_dir(), "kernels", debian_release(), "vmlinux")
 
 
 def build_c(src_name, out, *flags, static=False):

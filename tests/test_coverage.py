@@ -12,8 +12,9 @@ from helpers import build_c, run_linepack
 from linepack.image.coverage import DATA, DECODED, PADDING, UNEXPLAINED, CodeCoverage
 from linepack.image.elf import ElfImage
 from linepack.kernel.base import ImageContext
+import helpers
 
-VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+VMLINUX = helpers.debian_vmlinux_path()
 
 
 def test_asm_code_data_and_unexplained_bytes(tmp_path):

@@ -15,8 +15,9 @@ from linepack.relayout.driver import relayout
 
 from helpers import run_linepack
 from symbolizers import differences, llvm_tool
+import helpers
 
-VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+VMLINUX = helpers.debian_vmlinux_path()
 pytestmark = [pytest.mark.realkernel,
               pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux")]
 SAMPLES = 10_000

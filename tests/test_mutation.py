@@ -25,8 +25,9 @@ from linepack.image.elf import ElfImage
 from linepack.image.functions import FunctionTable
 from linepack.kernel.base import ImageContext
 from linepack.verify.mutation import UNDETECTABLE, code_mutations, table_mutations
+import helpers
 
-VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+VMLINUX = helpers.debian_vmlinux_path()
 pytestmark = [pytest.mark.realkernel,
               pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux")]
 SEED = 10

@@ -14,12 +14,12 @@ from linepack.image.elf import ElfImage
 from linepack.image.functions import FunctionTable
 from linepack.profile.model import KIND_CALL, Profile
 from linepack.profile.perf_script import hex_to_u64, import_perf_script, parse
+import helpers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "fixtures", "perf")
 C_SRC = os.path.join(HERE, "fixtures", "c", "hotloop.c")
-VMLINUX = os.environ.get("LINEPACK_VMLINUX",
-                         "/root/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+VMLINUX = os.environ.get("LINEPACK_VMLINUX") or helpers.debian_vmlinux_path()
 
 _PLACE = re.compile(r"\{([A-Za-z_][\w.]*)(?:\+0x([0-9a-fA-F]+))?\}")
 

@@ -18,8 +18,9 @@ import subprocess
 import pytest
 
 from helpers import build_c, run_linepack
+import helpers
 
-VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+VMLINUX = helpers.debian_vmlinux_path()
 ABI = 56
 PROFILE_LOOPS = 50          # enough to make ~800 functions hot
 BOOT_LOOPS = 50

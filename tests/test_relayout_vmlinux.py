@@ -14,8 +14,9 @@ import pytest
 from linepack.image.elf import ElfImage
 from linepack.image.functions import FunctionTable
 from linepack.relayout.driver import relayout
+import helpers
 
-VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+VMLINUX = helpers.debian_vmlinux_path()
 pytestmark = [pytest.mark.realkernel,
               pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux")]
 

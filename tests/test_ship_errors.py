@@ -8,8 +8,9 @@ import subprocess
 import pytest
 
 from helpers import run_linepack
+import helpers
 
-VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+VMLINUX = helpers.debian_vmlinux_path()
 DEBIAN_BANNER = ("Linux version 6.1.0-56-cloud-amd64 (debian-kernel@lists.debian.org) (gcc-12 "
                  "(Debian 12.2.0-14+deb12u1) 12.2.0, GNU ld (GNU Binutils for Debian) 2.40) #1 "
                  "SMP PREEMPT_DYNAMIC Debian 6.1.192-2 (2026-11-16)\n")

@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 
 from helpers import run_linepack
+import helpers
 
-VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+VMLINUX = helpers.debian_vmlinux_path()
 ABI = 56
 PROFILE_LOOPS = 20
 BOOT_LOOPS = 20

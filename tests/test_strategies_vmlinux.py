@@ -14,8 +14,9 @@ import pytest
 from linepack.relayout import strategies
 from linepack.relayout.plan import (LINE, block_line_metric, line_metric, make_heat, make_plan,
                                     profile_blocks, profile_calls)
+import helpers
 
-VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+VMLINUX = helpers.debian_vmlinux_path()
 pytestmark = [pytest.mark.realkernel, pytest.mark.qemu,
               pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux"),
               pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,

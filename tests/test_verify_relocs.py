@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from helpers import expect_fault, patched_copy, run_linepack
+import helpers
 
-VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+VMLINUX = helpers.debian_vmlinux_path()
 pytestmark = [pytest.mark.realkernel,
               pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux")]
 R_X86_64_PLT32, R_X86_64_32S = 4, 11

@@ -14,9 +14,10 @@ import pytest
 from helpers import run_linepack
 from linepack.errors import ExternalToolError
 from linepack.profile import kmod, workloads
+import helpers
 
-VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
-RELEASE = "6.1.0-56-cloud-amd64"
+VMLINUX = helpers.debian_vmlinux_path()
+RELEASE = helpers.debian_release()
 # Small loop counts: the result line, not the measurement, is what is checked here.
 LOOPS = {"fork-exec": 20, "tcp-loopback": 50, "epoll": 200, "dirwalk": 2, "fsync": 20,
          "slab-bulk": 100}

@@ -23,7 +23,8 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-VMLINUX = "/root/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux"
+from linepack import targets as _targets  # noqa: E402
+VMLINUX = os.environ.get("LINEPACK_VMLINUX") or _targets.debian_vmlinux()  # fetched once, cached
 FLAGS = {"5.x": "/P/-/-/0", "6.1": "/P/-/-/0/COND", "6.12": "/P/-/-/3/COND/-"}
 
 

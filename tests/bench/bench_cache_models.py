@@ -16,7 +16,8 @@ import sys
 from linepack.evaluate.run import evaluate_layouts
 from linepack.profile.trace import cache_config
 
-VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+from linepack import targets as _targets  # noqa: E402
+VMLINUX = os.environ.get("LINEPACK_VMLINUX") or _targets.debian_vmlinux()  # fetched once, cached
 LAYOUTS = ["stock", "align-all:64", "hot64", "pack"]
 CACHES = ["intel-32k-8w", "amd-64k-2w", "intel-32k-8w-nlp", "l2-1m-16w", "l2-2m-16w", "itlb-4k",
           "itlb-2m"]

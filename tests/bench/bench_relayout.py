@@ -20,7 +20,8 @@ import sys
 import tempfile
 import time
 
-VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+from linepack import targets as _targets  # noqa: E402
+VMLINUX = os.environ.get("LINEPACK_VMLINUX") or _targets.debian_vmlinux()  # fetched once, cached
 TARGET_WALL_S = 60.0
 TARGET_RSS_MB = 2048.0
 

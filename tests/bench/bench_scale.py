@@ -24,7 +24,8 @@ import sys
 import tempfile
 import time
 
-VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+from linepack import targets as _targets  # noqa: E402
+VMLINUX = os.environ.get("LINEPACK_VMLINUX") or _targets.debian_vmlinux()  # fetched once, cached
 LAYOUTS = ["stock", "align-all:64", "hot64", "pack"]
 WORKLOADS = "vfs-mix,pipe,fork-exec"
 CACHES = ["intel-32k-8w", "amd-64k-2w", "zen-32k-8w"]

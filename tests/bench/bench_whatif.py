@@ -17,7 +17,8 @@ from linepack.evaluate import whatif as wi
 from linepack.evaluate.booted import measure_caches
 from linepack.evaluate.layouts import Layouts, hotness_from_trace
 
-VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+from linepack import targets as _targets  # noqa: E402
+VMLINUX = os.environ.get("LINEPACK_VMLINUX") or _targets.debian_vmlinux()  # fetched once, cached
 LAYOUTS = ["stock", "align-all:64", "hot64", "pack"]
 CACHES = ["intel-32k-8w", "amd-64k-2w"]
 
