@@ -80,6 +80,7 @@ class Rewriter:
         self.sym_value = syms["value"].astype(np.uint64)
         self.sym_type = (syms["info"] & 0xF).astype(np.int64)
         self.sym_new = None
+        self.pic_tables = None       # PIE: PIC switch-table entries (relayout/pie.py)
 
     # -- helpers -------------------------------------------------------------
     def address_map(self):
@@ -283,6 +284,9 @@ class Rewriter:
                 field = _read_int(old_buf, off[m], size, signed=(pc or t == R_X86_64_32S))
                 if pc:
                     end, _ = self.insn_end(P[m], np.full(len(m), tgt.is_code))
+                    if not tgt.is_code and self.pic_tables is not None:
+                        # a PIC switch-table entry is relative to its table's base
+                        end, _ = self.pic_tables.anchor(end)
                     T = (end.astype(np.int64) + field).astype(np.uint64)
                     T_rel = (S[m].astype(np.int64) + A[m] + (end - P[m]).astype(np.int64)
                              ).astype(np.uint64)

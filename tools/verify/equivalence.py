@@ -413,6 +413,8 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     _check_eh_frame(old, new, amap, octx, findings, counter,
                     block_rows=rows if split.any() else None, report=report)
     _check_symbols(old, new, octx, amap, findings, counter, cold_names)
+    from .pie import check_pie          # a PIE's dynamic relocations and PIC tables
+    check_pie(old, new, amap, octx, findings, counter, report, _add)
     timings.phase("against: debug info")
     check_debuginfo(old, new, amap, findings, counter, report, log)
     timings.phase("against: rest")
