@@ -177,15 +177,24 @@ def test_verify_names_a_wrong_switch_table_entry(c_pie, tmp_path):
     assert rc == 1 and "equiv.pic-table" in text, text
 
 
-def test_cxx_exception_through_split_pie(tmp_path):
+@pytest.fixture(scope="module")
+def cxx_pie(tmp_path_factory):
     from linepack.profile.user import record_user
-    exe = str(tmp_path / "split_throw")
+    exe = str(tmp_path_factory.mktemp("piecxx") / "split_throw")
     subprocess.run(["g++", "-std=gnu++14", "-Wno-deprecated", *PIE, "-o", exe,
                     os.path.join(FIX, "split_throw.cc"), os.path.join(FIX, "room.s")],
                    check=True)
-    assert is_pie(ElfImage(exe))
     prof = exe + ".lpprof"
     record_user(exe, [], output=prof)
+    return exe, prof
+
+
+def test_cxx_exception_through_split_pie(cxx_pie):
+    """Thrown in work.cold, caught in guarded.cold: the CIE's pc-relative
+    personality pointer is re-encoded where the rebuilt .eh_frame puts it, and
+    each part's LSDA has a pc-relative LPStart."""
+    exe, prof = cxx_pie
+    assert is_pie(ElfImage(exe))
     out = exe + ".blocks"
     summary = _relayout(exe, prof, "blocks", out)
     im = ElfImage(out)
@@ -197,6 +206,27 @@ def test_cxx_exception_through_split_pie(tmp_path):
     assert got == _run(exe, "x") and "caught Bad 2332" in got[0]
     rc, _, text = _verify(out, exe)
     assert rc == 0, text
+
+
+def test_verify_names_an_absolute_lpstart(cxx_pie, tmp_path):
+    """Part LSDAs written with an absolute LPStart (right for a non-PIE, the
+    link address in a PIE: the exception lands on an unmapped page): verify
+    names each one."""
+    import linepack.relayout.eh_frame_split as es
+    from linepack.relayout.driver import load_profile_full, relayout
+    exe, prof = cxx_pie
+    orig = es.lsda_encode
+    try:
+        es.lsda_encode = lambda *a, **k: orig(*a, **dict(k, pcrel_lpstart=False))
+        lp = load_profile_full(prof, exe)
+        bad = str(tmp_path / "abs")
+        relayout(exe, bad, "blocks", hotness=lp.hotness, calls=lp.calls, blocks=lp.blocks,
+                 profile_build_id=lp.build_id)
+    finally:
+        es.lsda_encode = orig
+    rc, rep, text = _verify(bad, exe)
+    assert rc == 1 and "absolute LSDA LPStart" in text, text
+    assert rep["equivalence_counts"]["equiv.pie-absolute-pointer"] == 2
 
 
 def test_shared_library_is_refused(c_pie, tmp_path):

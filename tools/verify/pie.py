@@ -7,7 +7,11 @@
   covers);
 - ``equiv.pic-table``: every PIC switch-table entry (relayout/pie.py) of OLD
   holds, in NEW, its case's new address minus the table's base;
-- ``equiv.dynamic``: DT_INIT / DT_FINI translate.
+- ``equiv.dynamic``: DT_INIT / DT_FINI translate;
+- ``equiv.pie-absolute-pointer``: no more absolute code or data addresses in
+  the unwind information than the original had (ld.so relocates none of
+  them: an absolute personality, FDE start, LSDA pointer or LSDA LPStart in a
+  PIE names the link address, and an exception lands there).
 """
 
 import numpy as np
@@ -92,3 +96,34 @@ def check_pie(old, new, amap, octx, findings, counter, report, add):
     elif do is not None:
         bad_dyn.append((dso.addr, ".dynamic changed shape"))
     add(findings, "error", "equiv.dynamic", bad_dyn, lambda b: b, counter)
+
+    abs_old, abs_new = absolute_unwind_pointers(old), absolute_unwind_pointers(new)
+    extra_abs = [] if len(abs_new) <= len(abs_old) else abs_new
+    add(findings, "error", "equiv.pie-absolute-pointer", extra_abs,
+        lambda b: (b[0], f"absolute {b[1]} at {b[0]:#x} in a PIE: ld.so does not relocate it "
+                         "(the original has " + str(len(abs_old)) + " such)"), counter)
+
+
+def absolute_unwind_pointers(image):
+    """[(address, what)] of absolute-encoded pointers in ``image``'s .eh_frame
+    and the LSDAs its FDEs name (none in what gcc writes for a PIE)."""
+    from ..relayout.eh_frame import DW_EH_PE_omit, parse_eh_frame
+    sec = image.section(".eh_frame")
+    if sec is None or not sec.size:
+        return []
+    eh = parse_eh_frame(image.section_bytes(sec), sec.addr)
+    out = []
+    for off, c in eh.cies.items():
+        if c.personality_enc != DW_EH_PE_omit and not c.personality_enc & 0x70:
+            out.append((sec.addr + c.personality_field, "personality pointer"))
+    absolute_fde = (eh.fde_enc & 0x70) == 0
+    for f in (sec.addr + eh.fde_field[absolute_fde]).tolist():
+        out.append((f, "FDE start"))
+    for a in np.unique(eh.lsda[eh.lsda != 0]).tolist():
+        try:
+            enc = image.read(int(a), 1)[0]
+        except ValueError:
+            continue
+        if enc != DW_EH_PE_omit and not enc & 0x70:
+            out.append((int(a) + 1, "LSDA LPStart"))
+    return out
