@@ -5,8 +5,10 @@ tests/fixtures/c/room.s for headroom):
 
 - tests/fixtures/c/pie_main.c against its own shared library (pie_lib.c):
   function pointers in .data.rel.ro (R_X86_64_RELATIVE), a PIC switch table,
-  a call into the shared library, a constructor in .init_array, and error
-  paths that only run with an argument;
+  a call into the shared library and a callback from libc (qsort), a
+  constructor in .init_array, an ifunc (IRELATIVE), and error paths that only
+  run with an argument; built again -fpic -Wl,--no-relax, so that code loads
+  function addresses from GOT slots ld filled in without a link relocation;
 - tests/fixtures/c/split_throw.cc as a PIE: a C++ exception thrown in a split
   function's cold part, caught by its caller's landing pad in another cold part.
 
@@ -59,17 +61,23 @@ def _verify(new, old):
         return p.returncode, json.load(f), p.stdout + p.stderr
 
 
+def _build_c(d, name, flags=()):
+    lib = os.path.join(d, "libpielib.so")
+    if not os.path.exists(lib):
+        subprocess.run(["gcc", "-O2", "-fpic", "-shared", "-o", lib,
+                        os.path.join(FIX, "pie_lib.c")], check=True)
+    exe = os.path.join(d, name)
+    subprocess.run(["gcc", *PIE, *flags, "-o", exe, os.path.join(FIX, "pie_main.c"),
+                    os.path.join(FIX, "room.s"), "-L", d, "-lpielib", f"-Wl,-rpath,{d}"],
+                   check=True)
+    return exe, lib
+
+
 @pytest.fixture(scope="module")
 def c_pie(tmp_path_factory):
     from linepack.profile.user import record_user
     d = str(tmp_path_factory.mktemp("pie"))
-    lib = os.path.join(d, "libpielib.so")
-    subprocess.run(["gcc", "-O2", "-fpic", "-shared", "-o", lib, os.path.join(FIX, "pie_lib.c")],
-                   check=True)
-    exe = os.path.join(d, "pie_main")
-    subprocess.run(["gcc", *PIE, "-o", exe, os.path.join(FIX, "pie_main.c"),
-                    os.path.join(FIX, "room.s"), "-L", d, "-lpielib", f"-Wl,-rpath,{d}"],
-                   check=True)
+    exe, lib = _build_c(d, "pie_main")
     prof = exe + ".lpprof"
     profile = record_user(exe, [], output=prof)
     outs = {s: (os.path.join(d, f"pie_main.{s}"),) for s in ("pack", "blocks")}
@@ -129,6 +137,29 @@ def test_verify_against_passes(c_pie, strategy):
     extra = rep.get("extra", rep)
     assert extra["equivalence_dynamic_relocs_checked"] >= 5
     assert extra["equivalence_pic_table_entries_checked"] == 10
+
+
+def test_got_slots_and_ifunc(tmp_path):
+    """Built -fpic -Wl,--no-relax: code loads main's and cmp_desc's addresses
+    from GOT slots only ld wrote (no link relocation covers them), and the ifunc
+    is called through a PLT entry whose relocation names the resolver. The slots
+    follow the layout, the calls keep their stubs; qsort (libc) calls back into
+    the moved cmp_desc; the IRELATIVE resolver moved too."""
+    from linepack.profile.user import record_user
+    d = str(tmp_path)
+    exe, _ = _build_c(d, "pie_got", ["-fpic", "-Wl,--no-relax"])
+    prof = exe + ".lpprof"
+    record_user(exe, [], output=prof)
+    rows = np.array(ElfImage(exe).section_bytes(ElfImage(exe).section(".rela.plt"))).view(RELA)
+    assert ((rows["info"] & 0xFFFFFFFF) == 37).sum() == 1          # R_X86_64_IRELATIVE
+    for strategy in ("pack", "blocks"):
+        out = os.path.join(d, f"pie_got.{strategy}")
+        summary = _relayout(exe, prof, strategy, out)
+        assert summary["got_slots_updated"] >= 2, summary
+        assert _run(out) == _run(exe)
+        assert _run(out, "5") == _run(exe, "5")
+        rc, _, text = _verify(out, exe)
+        assert rc == 0, text
 
 
 def _patch(path, out, addr, value, size):

@@ -29,6 +29,7 @@ from ..image.elf import (RELA, SHT_SYMTAB, STT_SECTION, SYM, R_X86_64_NONE, R_X8
                          R_X86_64_PC64, RELOC_NAMES)
 
 R_X86_64_GOTPCREL, R_X86_64_GOTPCRELX, R_X86_64_REX_GOTPCRELX = 9, 41, 42
+STT_GNU_IFUNC = 10
 GOT_TYPES = (R_X86_64_GOTPCREL, R_X86_64_GOTPCRELX, R_X86_64_REX_GOTPCRELX)
 PC_TYPES = {R_X86_64_PC32: 4, R_X86_64_PLT32: 4, R_X86_64_PC64: 8, R_X86_64_GOTPCREL: 4,
             R_X86_64_GOTPCRELX: 4, R_X86_64_REX_GOTPCRELX: 4}
@@ -301,10 +302,16 @@ class Rewriter:
                     if t == R_X86_64_32S:
                         T_rel = T_rel.view(np.int64).astype(np.int32).astype(np.int64).view(np.uint64)
                 stale += int((T != T_rel).sum())
-                Tn, ok = self._target_rule(T, S[m], S_new[m], is_sec[m])
+                # the field reaches a stub or slot ld made, not the symbol: a GOT slot
+                # (GOTPCREL left unrelaxed) or an ifunc's PLT entry; it does not move
+                # with the symbol (mapped like a SECTION target: left where it is)
+                direct = is_sec[m] | (self.sym_type[sym[m]] == STT_GNU_IFUNC)
+                if t in GOT_TYPES:
+                    direct |= ~self.amap.in_extent(T)
+                Tn, ok = self._target_rule(T, S[m], S_new[m], direct)
                 if not ok.all():
                     self.problem("target-in-padding", T[~ok], f"{name}: target in dropped padding")
-                Tn_rel, _ = self._target_rule(T_rel, S[m], S_new[m], is_sec[m])
+                Tn_rel, _ = self._target_rule(T_rel, S[m], S_new[m], direct)
                 dP = P_new[m].astype(np.int64) - P[m].astype(np.int64)
                 if pc:
                     end_new = (end.astype(np.int64) + dP)
