@@ -139,15 +139,21 @@ def test_verify_against_passes(c_pie, strategy):
     assert extra["equivalence_pic_table_entries_checked"] == 10
 
 
-def test_got_slots_and_ifunc(tmp_path):
+@pytest.mark.parametrize("relr", [False, True], ids=["rela", "relr"])
+def test_got_slots_and_ifunc(tmp_path, relr):
     """Built -fpic -Wl,--no-relax: code loads main's and cmp_desc's addresses
     from GOT slots only ld wrote (no link relocation covers them), and the ifunc
     is called through a PLT entry whose relocation names the resolver. The slots
     follow the layout, the calls keep their stubs; qsort (libc) calls back into
-    the moved cmp_desc; the IRELATIVE resolver moved too."""
+    the moved cmp_desc; the IRELATIVE resolver moved too. ``relr``: relative
+    relocations packed in .relr.dyn (-z pack-relative-relocs, the field is the
+    addend); a GOT slot left at its old value there is named by verify."""
     from linepack.profile.user import record_user
+    from linepack.relayout.pie import relr_addresses
     d = str(tmp_path)
-    exe, _ = _build_c(d, "pie_got", ["-fpic", "-Wl,--no-relax"])
+    exe, _ = _build_c(d, "pie_got", ["-fpic", "-Wl,--no-relax"] +
+                      (["-Wl,-z,pack-relative-relocs"] if relr else []))
+    assert bool(len(relr_addresses(ElfImage(exe)))) == relr
     prof = exe + ".lpprof"
     record_user(exe, [], output=prof)
     rows = np.array(ElfImage(exe).section_bytes(ElfImage(exe).section(".rela.plt"))).view(RELA)
@@ -160,6 +166,17 @@ def test_got_slots_and_ifunc(tmp_path):
         assert _run(out, "5") == _run(exe, "5")
         rc, _, text = _verify(out, exe)
         assert rc == 0, text
+    if relr:
+        # main's GOT slot (what _start hands to __libc_start_main) back at its old value
+        old_im = ElfImage(exe)
+        main = old_im.symbol_address("main")
+        slots = relr_addresses(old_im)
+        vals = [int.from_bytes(old_im.read(int(a), 8), "little") for a in slots]
+        slot = int(slots[vals.index(main)])
+        bad = os.path.join(d, "bad")
+        _patch(out, bad, slot, main, 8)
+        rc, _, text = _verify(bad, exe)
+        assert rc == 1 and "equiv.dynamic-reloc" in text and f"{slot:#x}" in text, text
 
 
 def _patch(path, out, addr, value, size):

@@ -11,7 +11,10 @@ and go through the same rewrite. Two things are PIE-only:
   (a function pointer in .data, an .init_array entry) the addend becomes the
   field's new value, so the two agree exactly; the other fields are the ones
   ld made up itself (GOT slots), and both the addend and the slot's contents
-  are mapped. DT_INIT/DT_FINI that point into rewritten code are mapped too.
+  are mapped. With packed relative relocations (.relr.dyn, ld -z
+  pack-relative-relocs) the field itself is the addend: ld's own slots are
+  mapped the same way. DT_INIT/DT_FINI that point into rewritten code are
+  mapped too.
 - PIC switch tables. gcc's ``-fpie`` tables hold ``.long .Lcase - .Ltable``:
   an R_X86_64_PC32 relocation in .rodata whose field is relative to the
   table's base, not to the field itself (S + A is the case's address shifted
@@ -152,23 +155,53 @@ def pic_table_entries(image, dis):
     return PicTables(f[o], b[o], c[o], unexplained)
 
 
-def _field_reader(rw, image):
-    """Read 8-byte fields at addresses from the (partly rewritten) image."""
-    def read(addrs, new=True):
-        out = np.zeros(len(addrs), np.uint64)
-        have = np.zeros(len(addrs), bool)
-        for k, a in enumerate(addrs.tolist()):
-            s = image.section_at(a)
-            if s is None or s.type == 8 or a + 8 > s.end:
+def read_fields(image, addrs, size=8, patched=None):
+    """(values, have) of little-endian ``size``-byte fields at ``addrs`` (uint64;
+    4-byte fields signed): from ``patched`` (section index -> new bytes) where
+    given, else from the file. ``have`` is False outside file-backed sections."""
+    addrs = np.asarray(addrs, np.uint64)
+    out = np.zeros(len(addrs), np.uint64)
+    have = np.zeros(len(addrs), bool)
+    for s in image.alloc_sections():
+        if s.type == 8:
+            continue
+        m = np.nonzero((addrs >= np.uint64(s.addr)) &
+                       (addrs + np.uint64(size) <= np.uint64(s.end)))[0]
+        if not len(m):
+            continue
+        buf = (patched or {}).get(s.index)
+        buf = np.asarray(image.section_bytes(s) if buf is None else buf)
+        pos = (addrs[m] - np.uint64(s.addr)).astype(np.int64)
+        raw = buf[pos[:, None] + np.arange(size)[None, :]].copy()
+        out[m] = raw.view("<u8" if size == 8 else "<u4").ravel().astype(np.uint64)
+        have[m] = True
+    if size == 4:
+        return out.astype(np.uint32).view(np.int32).astype(np.int64), have
+    return out, have
+
+
+SHT_RELR = 19
+
+
+def relr_addresses(image):
+    """Addresses of the fields a ``.relr.dyn`` (ld -z pack-relative-relocs)
+    relocates: relative relocations whose addend is the field's contents."""
+    out = []
+    for sec in image.sections:
+        if sec.type != SHT_RELR or not sec.size:
+            continue
+        words = np.array(image.section_bytes(sec)).view("<u8").tolist()
+        where = 0
+        for w in words:
+            if not w & 1:               # an address; the bitmaps after it start at the next word
+                out.append(w)
+                where = w + 8
                 continue
-            buf = rw.patched.get(s.index) if new else None
-            if buf is None:
-                buf = image.section_bytes(s)
-            o = a - s.addr
-            out[k] = int.from_bytes(bytes(buf[o:o + 8]), "little")
-            have[k] = True
-        return out, have
-    return read
+            for i in range(1, 64):      # a bitmap of the 63 words from ``where``
+                if w >> i & 1:
+                    out.append(where + 8 * (i - 1))
+            where += 63 * 8
+    return np.array(sorted(out), np.uint64)
 
 
 def _static_fields(image):
@@ -186,9 +219,17 @@ def update_dynamic(rw, image, log=None):
     .dynamic entries that name rewritten code follow the layout."""
     if not is_pie(image) or rw.plan.is_identity():
         return 0
-    read = _field_reader(rw, image)
     static = _static_fields(image)
     changed = slots = 0
+
+    def write_slots(P, values):
+        for a, v in zip(P.tolist(), values.tolist()):
+            sec = image.section_at(a)
+            buf = rw.buf(sec)
+            o = a - sec.addr
+            buf[o:o + 8] = np.frombuffer(int(v).to_bytes(8, "little"), np.uint8)
+        return len(P)
+
     for sec in dynamic_rela_sections(image):
         rows = np.array(image.section_bytes(sec)).view(RELA).copy()
         typ = (rows["info"] & 0xFFFFFFFF).astype(np.int64)
@@ -203,22 +244,28 @@ def update_dynamic(rw, image, log=None):
         if not ok.all():
             rw.problem("dynamic-reloc-in-padding", P[~ok], f"{sec.name}: addend in dropped padding")
         covered = np.isin(P, static)
-        now, have = read(P)
-        old, _ = read(P, new=False)
+        now, have = read_fields(image, P, 8, rw.patched)
+        old, _ = read_fields(image, P, 8)
         # a link relocation rewrote the field: the addend takes exactly its value
         take = covered & have & (old == A)
         newA = np.where(take, now, newA)
         # ld's own slots (GOT): contents as the addend says
         own = ~covered & have & (old == A) & ok
-        for a, v in zip(P[own].tolist(), newA[own].tolist()):
-            s = image.section_at(a)
-            buf = rw.buf(s)
-            o = a - s.addr
-            buf[o:o + 8] = np.frombuffer(int(v).to_bytes(8, "little"), np.uint8)
-            slots += 1
+        slots += write_slots(P[own], newA[own])
         rows["addend"][sel] = newA.view(np.int64)
         changed += int((newA != A).sum())
         rw.patched[sec.index] = rows.view(np.uint8)
+    # packed relative relocations: the field is the addend; link relocations
+    # rewrote theirs, ld's own slots are mapped here
+    relr = relr_addresses(image)
+    if len(relr):
+        old, have = read_fields(image, relr, 8)
+        own = have & ~np.isin(relr, static) & rw.amap.in_extent(old)
+        new, ok = rw.amap.map(old[own])
+        if not ok.all():
+            rw.problem("dynamic-reloc-in-padding", relr[own][~ok], ".relr.dyn: field in padding")
+        slots += write_slots(relr[own][ok], new[ok])
+        changed += int((new[ok] != old[own][ok]).sum())
     dsec, dyn = _dynamic(image)
     dyn_changed = 0
     if dsec is not None:

@@ -4,7 +4,7 @@
   .rela.dyn/.rela.plt is the translated addend of OLD's (same entries, same
   order, same places), and a field that held its addend in OLD holds the new
   addend in NEW (the GOT slots ld filled in, the pointers a link relocation
-  covers);
+  covers); every field .relr.dyn relocates holds the translated value;
 - ``equiv.pic-table``: every PIC switch-table entry (relayout/pie.py) of OLD
   holds, in NEW, its case's new address minus the table's base;
 - ``equiv.dynamic``: DT_INIT / DT_FINI translate;
@@ -18,20 +18,12 @@ import numpy as np
 
 from ..image.elf import RELA
 from ..relayout.pie import (DT_FINI, DT_INIT, R_X86_64_IRELATIVE, R_X86_64_RELATIVE, _dynamic,
-                            dynamic_rela_sections, is_pie, pic_table_entries)
+                            dynamic_rela_sections, is_pie, pic_table_entries, read_fields,
+                            relr_addresses)
 
 
 def _read(image, addrs, size):
-    out = np.zeros(len(addrs), np.int64 if size == 4 else np.uint64)
-    have = np.zeros(len(addrs), bool)
-    for k, a in enumerate(np.asarray(addrs, np.uint64).tolist()):
-        s = image.section_at(a)
-        if s is None or s.type == 8 or a + size > s.end:
-            continue
-        b = bytes(image.data[s.offset + a - s.addr:s.offset + a - s.addr + size])
-        out[k] = int.from_bytes(b, "little", signed=size == 4)
-        have[k] = True
-    return out, have
+    return read_fields(image, addrs, size)
 
 
 def check_pie(old, new, amap, octx, findings, counter, report, add):
@@ -68,6 +60,18 @@ def check_pie(old, new, amap, octx, findings, counter, report, add):
         for p, v, b in zip(P[stale].tolist(), fn[stale].tolist(), an[stale].tolist()):
             bad_rel.append((p, f"field at {p:#x} holds {v:#x}, its relative relocation "
                             f"says {b:#x}"))
+    relr = relr_addresses(old)
+    if len(relr):
+        if not np.array_equal(relr, relr_addresses(new)):
+            bad_rel.append((int(relr[0]), ".relr.dyn: the relocated places differ from the "
+                            "original's"))
+        fo, ho = _read(old, relr, 8)
+        fn, hn = _read(new, relr, 8)
+        wrong = ~(ho & hn) | ~amap.translates(fo, fn)
+        for p, a, b in zip(relr[wrong].tolist(), fo[wrong].tolist(), fn[wrong].tolist()):
+            bad_rel.append((p, f".relr.dyn field at {p:#x} holds {b:#x}; the original's "
+                            f"{a:#x} ({octx.symbol_at(a)}) does not map there"))
+        checked += len(relr)
     add(findings, "error", "equiv.dynamic-reloc", bad_rel, lambda b: b, counter)
     report.extra["equivalence_dynamic_relocs_checked"] = checked
 
