@@ -119,6 +119,7 @@ def test_relaid_pie_runs_the_same(c_pie, strategy):
     out, summary = outs[strategy]
     assert summary["units_moved"] > 0
     assert summary["dynamic_relocs_updated"] >= 3      # ops[], indirect, .init_array ctor
+    assert summary["pie.pic_table_entries"] == 10 and summary["pie.pcrel_data_unexplained"] == 0
     assert _run(out) == _run(exe)
     assert _run(out, "77") == _run(exe, "77")
     if strategy == "blocks":
@@ -253,6 +254,11 @@ def test_cxx_exception_through_split_pie(cxx_pie):
     got = _run(out, "x")
     assert got == _run(exe, "x") and "caught Bad 2332" in got[0]
     rc, _, text = _verify(out, exe)
+    assert rc == 0, text
+    pack = exe + ".pack"
+    assert _relayout(exe, prof, "pack", pack)["units_moved"] > 0
+    assert _run(pack) == _run(exe) and _run(pack, "x") == _run(exe, "x")
+    rc, _, text = _verify(pack, exe)
     assert rc == 0, text
 
 

@@ -183,6 +183,11 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     else:
         rw = Rewriter(image, units, plan, dis, log=log)
     rw.pic_tables = pic
+    if pic is not None:
+        rw.stats["pie.pic_table_entries"] = len(pic)
+        # PC-relative data fields into code that are no switch-table entry: taken as
+        # relative to themselves (right for ``.long sym - .``)
+        rw.stats["pie.pcrel_data_unexplained"] = pic.unexplained
     log("rewriting code, relocations and symbols")
     rw.run()
     timings.phase("kernel tables, eh_frame, symbols")
