@@ -40,11 +40,13 @@ PAD = ('.section .text.zzpad,"ax",@progbits\n.fill 16384,1,0xcc\n'
        '.section .note.GNU-stack,"",@progbits\n')
 
 
-def _build(d, name, tag="ok", pie=False):
+def _build(d, name, tag="ok", pie=False, shared=False):
     src, pad, exe = d / f"{name}.c", d / "pad.s", d / name
     src.write_text(f'#define TAG "{tag}"\n' + PROG)
     pad.write_text(PAD)
     flags = ["-pie", "-fpie"] if pie else ["-no-pie", "-fno-pie", "-Wl,--emit-relocs"]
+    if shared:
+        flags = ["-shared", "-fpic"]
     subprocess.run(["gcc", "-O2", *flags, "-o", str(exe), str(src), str(pad)], check=True)
     return exe
 
@@ -112,7 +114,7 @@ def test_different_output_flagged(progs, plugin):
 
 @pytest.mark.parametrize("case,needle", [
     ("missing", "no such file"),
-    ("pie", "position-independent"),
+    ("so", "a shared library"),
     ("notelf", "not an ELF"),
     ("kernel+program", "--kernel does not go with --program"),
     ("layout+program", "--layout does not go with --program"),
@@ -125,7 +127,7 @@ def test_bad_inputs(progs, tmp_path, case, needle):
     d, exe, lp, _ = progs
     args = {
         "missing": ["--program", exe, "--program", tmp_path / "nope"],
-        "pie": ["--program", exe, "--program", _build(tmp_path, "pie", pie=True)],
+        "so": ["--program", exe, "--program", _build(tmp_path, "lib.so", shared=True)],
         "notelf": ["--program", exe, "--program", d / "prog.c"],
         "kernel+program": ["--program", exe, "--kernel", exe],
         "layout+program": ["--program", exe, "--layout", "stock"],

@@ -144,7 +144,7 @@ class Evaluate:
                        help="a kernel image (repeat; the first is the baseline); LABEL=PATH names "
                        "it. With --layout/--sweep: the one base image")
         p.add_argument("--program", action="append", metavar="[LABEL=]PATH",
-                       help="instead of --kernel: a non-PIE userspace program run under "
+                       help="instead of --kernel: a userspace program (PIE or not) run under "
                        "qemu-x86_64 (repeat; the first is the baseline); its arguments go "
                        "after --")
         p.add_argument("program_args", nargs="*", metavar="ARGS",

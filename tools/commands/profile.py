@@ -1,7 +1,7 @@
 """``linepack profile``: record or import a profile, export it for BOLT, or show it.
 
     linepack profile --kernel VMLINUX --workload vfs-mix [--loops N] -o PROFILE   (QEMU)
-    linepack profile --program PATH [-o PROFILE] [-- ARGS...]    (qemu-x86_64, non-PIE)
+    linepack profile --program PATH [-o PROFILE] [-- ARGS...]    (qemu-x86_64, PIE or not)
     linepack profile --perf-script FILE --image IMAGE -o PROFILE [--kaslr-offset X|auto]
     linepack profile --fdata FILE --image IMAGE -o PROFILE
     linepack profile --export-fdata PROFILE [--image IMAGE] -o out.fdata
@@ -31,7 +31,7 @@ class ProfileVerb:
         src = p.add_mutually_exclusive_group()
         src.add_argument("--kernel", metavar="VMLINUX", help="profile this kernel under QEMU (TCG plugin)")
         src.add_argument("--program", metavar="PATH",
-                         help="profile this userspace program (non-PIE) under qemu-x86_64 with the "
+                         help="profile this userspace program (PIE or not) under qemu-x86_64 with the "
                               "plugin; its arguments follow '--'")
         src.add_argument("--perf-script", metavar="FILE",
                          help="import `perf script -F ip,brstack` (LBR) or `-F ip[,sym]` (IP samples) text")

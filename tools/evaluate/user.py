@@ -41,7 +41,8 @@ def parse_program(spec):
 
 
 def check_programs(specs):
-    """[(label, path)] for --program specs; one-line BadInput for missing / PIE / non-ELF."""
+    """[(label, path)] for --program specs; one-line BadInput for missing / shared
+    library / non-ELF (a PIE runs at the base qemu-x86_64 picks: runner.load_bias)."""
     from ..image.elf import ElfImage, ET_EXEC
     out = []
     for spec in specs:
@@ -58,10 +59,10 @@ def check_programs(specs):
             raise BadInput(f"--program {path}: {msg}") from None
         except Exception as e:                  # noqa: BLE001 - unreadable input: one line
             raise BadInput(f"--program {path}: not a readable ELF executable ({e})") from None
-        if image.type == 3:
-            raise BadInput(f"--program {path}: a position-independent executable (PIE): qemu "
-                           "loads it at a base of its choosing; relink with -no-pie -fno-pie")
-        if image.type != ET_EXEC:
+        from ..relayout.pie import is_pie
+        if image.type == 3 and not is_pie(image):
+            raise BadInput(f"--program {path}: a shared library, not a program")
+        if image.type != ET_EXEC and not is_pie(image):
             raise BadInput(f"--program {path}: not an executable (ELF type {image.type})")
         if not os.access(path, os.X_OK):
             raise BadInput(f"--program {path}: not executable (chmod +x)")
@@ -99,7 +100,7 @@ def run_program(path, args, caches, argv0=None, timeout=600, log=None):
                                 f"{_last_line(res.stderr) or 'no message'}")
     return ({c["name"]: tr for c, tr in zip(caches, res.traces)},
             {"returncode": res.returncode, "stdout": res.stdout, "stderr": res.stderr,
-             "wall": res.wall})
+             "wall": res.wall, "load_bias": getattr(res, "load_bias", None) or 0})
 
 
 def _last_line(text):
@@ -168,8 +169,9 @@ def _measure(label, path, ranges, args, caches, argv0, repeat, timeout, log, run
     for k in range(repeat):
         trs, res = run_program(path, args, caches, argv0=argv0, timeout=timeout, log=log)
         outputs.setdefault(label, []).append((res["returncode"], res["stdout"]))
+        b = np.uint64(res["load_bias"])        # a PIE's code runs at its link address + bias
         for name, tr in trs.items():
-            inb = inside(tr.tb_addr, ranges)
+            inb = inside(tr.tb_addr, (ranges[0] + b, ranges[1] + b))
             runs.setdefault(label, {}).setdefault(name, []).append({
                 "fetches": tr.fetches, "misses": tr.misses, "instructions": tr.instructions,
                 "miss_rate": tr.misses / tr.fetches if tr.fetches else 0.0,

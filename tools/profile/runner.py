@@ -100,6 +100,7 @@ class JobResult:
     stderr: str = ""
     command: list = field(default_factory=list)
     cached: bool = False
+    load_bias: "int | None" = None     # USER, PIE: where qemu-x86_64 loaded the program
 
 
 # ---- content hashes --------------------------------------------------------------
@@ -209,7 +210,7 @@ def execute(launch, paths=None):
         if job.kind == SYSTEM:
             res = _execute_system(launch, paths, plugin_opts)
         else:
-            res = _execute_user(launch, paths, plugin_opts)
+            res = _execute_user(launch, paths, plugin_opts, tmp)
         missing = [o for o in outs if not os.path.exists(o)]
         if missing and job.check:
             raise ExternalToolError(f"QEMU wrote no plugin output for {os.path.basename(job.image)}"
@@ -258,11 +259,38 @@ def qemu_user():
     return exe
 
 
-def _execute_user(launch, paths, plugin_opts):
+def _pie(path):
+    from ..image.elf import ElfImage
+    from ..relayout.pie import is_pie
+    return is_pie(ElfImage(path))
+
+
+def load_bias(page_log, path):
+    """Load bias of a PIE from qemu-x86_64's ``-d page`` log: QEMU logs the main
+    program's ``start_code`` (its lowest executable PT_LOAD, after the bias)."""
+    from ..image.elf import ElfImage
+    start = None
+    with open(page_log, errors="replace") as f:
+        for line in f:
+            if line.startswith("start_code"):
+                start = int(line.split()[1], 16)
+    if start is None:
+        raise ExternalToolError(f"{QEMU_USER} logged no start_code for {path} (-d page)")
+    ph = ElfImage(path).phdrs
+    ex = ph[(ph["type"] == 1) & ((ph["flags"] & 1) != 0)]
+    return start - int(ex["vaddr"].min())
+
+
+def _execute_user(launch, paths, plugin_opts, tmp=None):
     job = launch.job
     cmd = [qemu_user()]
     if job.argv0:
         cmd += ["-0", job.argv0]
+    page_log = None
+    if tmp is not None and _pie(paths["image"]):
+        # a PIE runs at a base QEMU picks (the same on every run): its page log says which
+        page_log = os.path.join(tmp, "qemu-page.log")
+        cmd += ["-d", "page", "-D", page_log]
     cmd += list(plugin_opts) + [paths["image"], *map(str, job.args)]
     t0 = time.monotonic()
     try:
@@ -278,7 +306,9 @@ def _execute_user(launch, paths, plugin_opts):
         raise ExternalToolError(f"{os.path.basename(job.image)} exited with status "
                                 f"{p.returncode} under {QEMU_USER}: "
                                 f"{_last_line(err) or 'no message'}")
-    return JobResult([], [], None, wall, p.returncode, stdout=p.stdout, stderr=err, command=cmd)
+    bias = load_bias(page_log, paths["image"]) if page_log else None
+    return JobResult([], [], None, wall, p.returncode, stdout=p.stdout, stderr=err,
+                     command=cmd, load_bias=bias)
 
 
 def describe(job):

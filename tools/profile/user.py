@@ -7,8 +7,11 @@ Shared libraries and the dynamic loader run too; their blocks are outside the
 image and are left out of the profile (counted in ``meta["outside_instructions"]``),
 but they do go through the simulated cache, like on hardware.
 
-PIE executables (ET_DYN) are loaded at a base QEMU picks; they are refused with a
-clear message (relink with ``-no-pie``) rather than profiled at guessed addresses.
+PIE executables (ET_DYN with an interpreter) are loaded at a base QEMU picks,
+the same on every run of one QEMU build; each run reads it from QEMU's own
+``-d page`` log (``start_code``, runner.load_bias) and takes it off the
+program's block and edge addresses, so a PIE's profile holds link addresses
+like a non-PIE's. Shared libraries are refused.
 
     record_user(program, args, output=...)      -> Profile (edges on)
     run_user(program, args, cache="intel-32k-8w") -> (PluginTrace, UserRun)  measurement
@@ -36,6 +39,7 @@ class UserRun:
     stderr: bytes
     wall: float
     command: list
+    load_bias: int = 0               # PIE: runtime address - link address of the program
 
 
 def check_program(path):
@@ -43,22 +47,30 @@ def check_program(path):
     if not os.path.exists(path):
         raise BadInput(f"{path}: no such program")
     image = ElfImage(path)
-    if image.type == ET_DYN:
-        raise BadInput(f"{path}: a position-independent executable (ET_DYN): its load base is "
-                       "chosen at run time, so profile addresses would not match the ELF; "
-                       "relink with -no-pie -fno-pie (and -Wl,--emit-relocs to relayout it)")
-    if image.type != ET_EXEC:
+    from ..relayout.pie import is_pie
+    if image.type == ET_DYN and not is_pie(image):
+        raise BadInput(f"{path}: a shared library, not a program (ET_DYN without an "
+                       "interpreter): profile a program that loads it")
+    if image.type != ET_EXEC and not is_pie(image):
         raise BadInput(f"{path}: not an executable (ELF type {image.type})")
     return image
 
 
-def exec_ranges(image):
-    """(starts, ends) of the executable sections, sorted: for image.intervals.containing."""
+def exec_ranges(image, bias=0):
+    """(starts, ends) of the executable sections, sorted: for image.intervals.containing;
+    ``bias``: where a PIE ran (its runtime ranges)."""
     secs = sorted((s for s in image.sections if s.is_code and s.is_alloc and s.size),
                   key=lambda s: s.addr)
-    lo = np.array([s.addr for s in secs], np.uint64)
-    hi = np.array([s.end for s in secs], np.uint64)
+    lo = np.array([s.addr + bias for s in secs], np.uint64)
+    hi = np.array([s.end + bias for s in secs], np.uint64)
     return lo, hi
+
+
+def unbias(addrs, inb, bias):
+    """Link addresses of the program's runtime addresses (``inb``); others unchanged."""
+    if not bias:
+        return addrs
+    return np.where(inb, addrs - np.uint64(bias), addrs)
 
 
 def inside(addrs, ranges):
@@ -84,7 +96,8 @@ def run_user(program, args=(), cache=None, edges=False, stdin=None, cwd=None, en
     if res.traces[0] is None:
         raise ExternalToolError(f"{QEMU_USER} wrote no plugin output (exit {res.returncode}): "
                                 f"{(res.stderr.strip().splitlines() or ['no message'])[-1]}")
-    run = UserRun(res.returncode, res.stdout, res.stderr.encode(), res.wall, res.command)
+    run = UserRun(res.returncode, res.stdout, res.stderr.encode(), res.wall, res.command,
+                  getattr(res, "load_bias", None) or 0)
     return res.traces[0], run
 
 
@@ -97,19 +110,25 @@ def record_user(program, args=(), output=None, meta=None, log=None, stdin=None, 
             f"{QEMU_USER} + plugin (mode=user, edges=on)")
     tr, run = run_user(program, args, edges=True, stdin=stdin, cwd=cwd, env=env,
                        timeout=timeout, log=log)
-    ranges = exec_ranges(image)
+    ranges = exec_ranges(image, run.load_bias)
     inb = inside(tr.tb_addr, ranges)
     outside = int(np.dot(tr.tb_insns[~inb].astype(np.uint64), tr.tb_execs[~inb]))
-    ine = inside(tr.edge_src, ranges) | inside(tr.edge_dst, ranges)
+    src_in, dst_in = inside(tr.edge_src, ranges), inside(tr.edge_dst, ranges)
+    ine = src_in | dst_in
     last = run.stdout.decode("utf-8", "replace").strip().splitlines()
     m = {"workload": os.path.basename(program), "loops": None,
          "cmdline": " ".join([os.path.basename(program)] + [str(a) for a in args]),
          "result_line": last[-1] if last else "", "exit_status": run.returncode,
          "mode": "user", "outside_instructions": outside}
+    if run.load_bias:
+        m["load_bias"] = f"{run.load_bias:#x}"
     m.update(meta or {})
-    prof = Profile.from_blocks(image, tr.tb_addr[inb], tr.tb_size[inb], tr.tb_insns[inb],
-                               tr.tb_execs[inb], edge_src=tr.edge_src[ine],
-                               edge_dst=tr.edge_dst[ine], edge_count=tr.edge_count[ine], meta=m)
+    b = run.load_bias
+    prof = Profile.from_blocks(image, unbias(tr.tb_addr, inb, b)[inb], tr.tb_size[inb],
+                               tr.tb_insns[inb], tr.tb_execs[inb],
+                               edge_src=unbias(tr.edge_src, src_in, b)[ine],
+                               edge_dst=unbias(tr.edge_dst, dst_in, b)[ine],
+                               edge_count=tr.edge_count[ine], meta=m)
     if not len(prof.func_addr):
         raise BadInput(f"{program}: no executed block falls in a function of the program "
                        "(stripped, or not the binary that ran?)")
@@ -129,7 +148,7 @@ def measure_user(program, args=(), cache="intel-32k-8w", stdin=None, cwd=None, t
     (program, libraries, loader) like a hardware counter would."""
     image = check_program(program)
     tr, run = run_user(program, args, cache=cache, stdin=stdin, cwd=cwd, timeout=timeout, log=log)
-    inb = inside(tr.tb_addr, exec_ranges(image))
+    inb = inside(tr.tb_addr, exec_ranges(image, run.load_bias))
     return {"fetches": tr.fetches, "misses": tr.misses, "instructions": tr.instructions,
             "program_instructions": int(np.dot(tr.tb_insns[inb].astype(np.uint64),
                                                tr.tb_execs[inb])),

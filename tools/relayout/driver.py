@@ -129,12 +129,13 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     timings.phase("load image, functions")
     from ..image.shared import elf_image, function_units
     image = elf_image(image_path)          # shared: evaluate relays out one base many times
-    if image.type == ET_DYN and image.section(".interp") is not None:
-        raise BadInput(f"{image_path}: a PIE executable; relayout handles non-PIE executables "
-                       "only (a PIE's R_X86_64_RELATIVE entries in .rela.dyn would have to "
-                       "follow the layout): link with -no-pie -Wl,--emit-relocs")
-    if image.type != ET_EXEC:
-        raise BadInput(f"{image_path}: not an ET_EXEC executable (type {image.type}); "
+    from .pie import is_pie
+    pie = is_pie(image)
+    if image.type == ET_DYN and not pie:
+        raise BadInput(f"{image_path}: a shared library (ET_DYN without an interpreter); "
+                       "relayout handles executables (PIE or not) and vmlinux")
+    if image.type != ET_EXEC and not pie:
+        raise BadInput(f"{image_path}: not an executable (ELF type {image.type}); "
                        "relayout handles linked executables and vmlinux")
     if not image.has_link_relocations():
         raise BadInput(NO_RELOCS.format(path=image_path))
@@ -148,10 +149,17 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     timings.phase("disassemble, units")
     units, functions, dis = function_units(image, log)
     heat = make_heat(units, functions, hotness)
+    pic = None
+    if pie:
+        from .pie import pic_table_entries
+        pic = pic_table_entries(image, dis)
+        log(f"PIE: {len(pic)} PIC switch-table entries"
+            + (f", {pic.unexplained} other PC-relative data fields into code"
+               if pic.unexplained else ""))
     split = None
     if getattr(strat, "block_level", False):
         timings.phase("CFG, block counts, split")
-        split = _split_functions(image, units, dis, functions, heat, blocks, strat, log)
+        split = _split_functions(image, units, dis, functions, heat, blocks, strat, log, pic)
         orig_units = units
         units, heat, parent, part = split["planning"]
     log(f"planning layout '{strat.name}' for {len(units)} units "
@@ -174,6 +182,12 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         rw.block_split = dict(split, rows=rows, cold_syms=cold_syms, orig_units=orig_units)
     else:
         rw = Rewriter(image, units, plan, dis, log=log)
+    rw.pic_tables = pic
+    if pic is not None:
+        rw.stats["pie.pic_table_entries"] = len(pic)
+        # PC-relative data fields into code that are no switch-table entry: taken as
+        # relative to themselves (right for ``.long sym - .``)
+        rw.stats["pie.pcrel_data_unexplained"] = pic.unexplained
     log("rewriting code, relocations and symbols")
     rw.run()
     timings.phase("kernel tables, eh_frame, symbols")
@@ -190,6 +204,9 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         update_eh_frame(rw, log)
     from .dynsym import update_dynsym
     update_dynsym(rw, image, log)
+    if pie:
+        from .pie import update_dynamic
+        update_dynamic(rw, image, log)
     extra_sections, alloc_sections, phdr_updates = [], [], None
     if split:
         from .block_symbols import cold_symbols
@@ -273,7 +290,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     return summary, plan, rw
 
 
-def _split_functions(image, units, dis, functions, heat, blocks, strat, log):
+def _split_functions(image, units, dis, functions, heat, blocks, strat, log, pic=None):
     """CFG of every unit, block hotness from the profile, the split decision and
     the planning unit table (see relayout/blocks.py)."""
     from ..image.cfg import CFG, NORETURN, TableSites, block_counts
@@ -291,7 +308,7 @@ def _split_functions(image, units, dis, functions, heat, blocks, strat, log):
         sites = TableSites.from_kernel(ctx)
     else:
         from .user_blocks import user_table_sites
-        sites, indirect_ok, note = user_table_sites(image)
+        sites, indirect_ok, note = user_table_sites(image, pic)
         log(note)
     noret = [a for a in (image.symbol_address(n) for n in NORETURN) if a is not None]
     reloc_insn = np.zeros(len(dis), bool)

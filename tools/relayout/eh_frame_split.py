@@ -312,7 +312,7 @@ class EhSplit:
                 blob += b"\0" * (-len(blob) % 4)
                 at = lsda_at + len(blob)
                 blob += lsda_encode(ls, sf.new_start[part], call_sites_for_part(ls, pieces),
-                                    lp_map, lpstart, at)
+                                    lp_map, lpstart, at, pcrel_lpstart=self.image.type == 3)
                 new_lsda[(id(sf), part)] = at
         new_addr = (lsda_at + len(blob) + 7) // 8 * 8
         hdr_size = new_addr - self.hsec.addr
@@ -328,6 +328,14 @@ class EhSplit:
                 body = bytearray(bytes(self.image.section_bytes(self.sec))[r.start:r.end])
                 body += b"\0" * (_pad(len(body)) - len(body))
                 struct.pack_into("<I", body, 0, len(body) - 4)
+                c = self.eh.cies[r.start]
+                if c.personality_field is not None and c.personality_enc & 0x70 == DW_EH_PE_pcrel:
+                    # a PIE's personality pointer (DW.ref.__gxx_personality_v0, pc-relative):
+                    # the CIE moves with .eh_frame's start, the pointer's target does not
+                    o = c.personality_field - r.start
+                    n = _FORMATS[c.personality_enc & 0x0F][1]
+                    body[o:o + n] = _pack_ptr(c.personality, c.personality_enc,
+                                              new_addr + at + o)
                 cie_new[r.start] = at
                 for o in range(r.start, r.end):
                     field_map[o] = at + o - r.start

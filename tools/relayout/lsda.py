@@ -154,14 +154,19 @@ def _uleb_fixed(v, width):
     return bytes(out)
 
 
-def encode(lsda, region_start, calls, lp_map, lpstart, at):
+def encode(lsda, region_start, calls, lp_map, lpstart, at, pcrel_lpstart=False):
     """Bytes of a part's LSDA placed at address ``at``. ``calls`` from
-    call_sites_for_part; ``lp_map``: old landing pad -> new address."""
+    call_sites_for_part; ``lp_map``: old landing pad -> new address.
+    ``pcrel_lpstart``: LPStart pc-relative (a PIE: ld.so relocates nothing in
+    the LSDA, so an absolute LPStart would name the link address)."""
     cs = bytearray()
     for s, n, lp, act in calls:
         cs += uleb(s - region_start) + uleb(n) + uleb(lp_map[lp] - lpstart if lp else 0) + \
             uleb(act)
-    head = bytearray([0x00]) + struct.pack("<Q", lpstart)       # LPStart, absptr
+    if pcrel_lpstart:                                           # LPStart, pcrel sdata8
+        head = bytearray([DW_EH_PE_pcrel | 0x0C]) + struct.pack("<q", lpstart - (at + 1))
+    else:
+        head = bytearray([0x00]) + struct.pack("<Q", lpstart)   # LPStart, absptr
     ttype_enc = lsda.ttype_enc if lsda.types else DW_EH_PE_omit
     head.append(ttype_enc)
     tt_field = len(head)

@@ -29,6 +29,7 @@ from ..image.elf import (RELA, SHT_SYMTAB, STT_SECTION, SYM, R_X86_64_NONE, R_X8
                          R_X86_64_PC64, RELOC_NAMES)
 
 R_X86_64_GOTPCREL, R_X86_64_GOTPCRELX, R_X86_64_REX_GOTPCRELX = 9, 41, 42
+STT_GNU_IFUNC = 10
 GOT_TYPES = (R_X86_64_GOTPCREL, R_X86_64_GOTPCRELX, R_X86_64_REX_GOTPCRELX)
 PC_TYPES = {R_X86_64_PC32: 4, R_X86_64_PLT32: 4, R_X86_64_PC64: 8, R_X86_64_GOTPCREL: 4,
             R_X86_64_GOTPCRELX: 4, R_X86_64_REX_GOTPCRELX: 4}
@@ -80,6 +81,7 @@ class Rewriter:
         self.sym_value = syms["value"].astype(np.uint64)
         self.sym_type = (syms["info"] & 0xF).astype(np.int64)
         self.sym_new = None
+        self.pic_tables = None       # PIE: PIC switch-table entries (relayout/pie.py)
 
     # -- helpers -------------------------------------------------------------
     def address_map(self):
@@ -283,6 +285,9 @@ class Rewriter:
                 field = _read_int(old_buf, off[m], size, signed=(pc or t == R_X86_64_32S))
                 if pc:
                     end, _ = self.insn_end(P[m], np.full(len(m), tgt.is_code))
+                    if not tgt.is_code and self.pic_tables is not None:
+                        # a PIC switch-table entry is relative to its table's base
+                        end, _ = self.pic_tables.anchor(end)
                     T = (end.astype(np.int64) + field).astype(np.uint64)
                     T_rel = (S[m].astype(np.int64) + A[m] + (end - P[m]).astype(np.int64)
                              ).astype(np.uint64)
@@ -297,10 +302,16 @@ class Rewriter:
                     if t == R_X86_64_32S:
                         T_rel = T_rel.view(np.int64).astype(np.int32).astype(np.int64).view(np.uint64)
                 stale += int((T != T_rel).sum())
-                Tn, ok = self._target_rule(T, S[m], S_new[m], is_sec[m])
+                # the field reaches a stub or slot ld made, not the symbol: a GOT slot
+                # (GOTPCREL left unrelaxed) or an ifunc's PLT entry; it does not move
+                # with the symbol (mapped like a SECTION target: left where it is)
+                direct = is_sec[m] | (self.sym_type[sym[m]] == STT_GNU_IFUNC)
+                if t in GOT_TYPES:
+                    direct |= ~self.amap.in_extent(T)
+                Tn, ok = self._target_rule(T, S[m], S_new[m], direct)
                 if not ok.all():
                     self.problem("target-in-padding", T[~ok], f"{name}: target in dropped padding")
-                Tn_rel, _ = self._target_rule(T_rel, S[m], S_new[m], is_sec[m])
+                Tn_rel, _ = self._target_rule(T_rel, S[m], S_new[m], direct)
                 dP = P_new[m].astype(np.int64) - P[m].astype(np.int64)
                 if pc:
                     end_new = (end.astype(np.int64) + dP)

@@ -1,5 +1,5 @@
 """Userspace specifics of block-level splitting (the ``blocks`` strategy on
-non-PIE executables linked with --emit-relocs).
+executables, PIE or not, linked with --emit-relocs).
 
 Jump tables: gcc's switch tables (``jmp *table(,%reg,8)``) and computed-goto
 tables (lua's ``disptab``: ``&&label`` arrays loaded into a register, then
@@ -13,8 +13,10 @@ whose indirect jumps go through such tables can be split, provided that:
 - the image has no PC-relative relocation in its data besides the unwind
   sections: position-independent switch tables hold differences
   (``.long .Lcase - .Ltable``) whose relocation's S + A is not the case's
-  address, so they cannot be followed; with any of them present, functions
-  with indirect jumps stay whole (the CFG's "indirect jump" reason).
+  address, so they cannot be followed by their relocation alone; in a PIE
+  relayout/pie.py finds each entry's table base and case, and only entries it
+  cannot explain keep functions with indirect jumps whole (the CFG's
+  "indirect jump" reason).
 """
 
 import numpy as np
@@ -23,8 +25,12 @@ R_X86_64_64, R_X86_64_PC32, R_X86_64_32, R_X86_64_32S, R_X86_64_PC64 = 1, 2, 10,
 UNWIND = (".eh_frame", ".eh_frame_hdr", ".gcc_except_table")
 
 
-def user_table_sites(image):
-    """(TableSites for the CFG, indirect jumps allowed?, note for the log)."""
+def user_table_sites(image, pic=None):
+    """(TableSites for the CFG, indirect jumps allowed?, note for the log).
+
+    ``pic``: a PIE's PIC switch-table entries (relayout/pie.py): their cases are
+    leaders too, and only PC-relative data fields they do not explain keep
+    functions with indirect jumps whole."""
     from ..image.cfg import TableSites
     sym_value = image.symtab["value"].astype(np.uint64)
     code = [s for s in image.sections if s.is_code and s.is_alloc]
@@ -43,6 +49,9 @@ def user_table_sites(image):
         absolute = np.isin(r.type, (R_X86_64_64, R_X86_64_32, R_X86_64_32S))
         pcrel += int((np.isin(r.type, (R_X86_64_PC32, R_X86_64_PC64)) & in_code(t)).sum())
         leaders.append(t[absolute & in_code(t)])
+    if pic is not None:
+        leaders.append(pic.case)
+        pcrel = pic.unexplained
     leaders = np.unique(np.concatenate(leaders)) if leaders else np.zeros(0, np.uint64)
     ok = pcrel == 0
     note = (f"{len(leaders)} code addresses named by data relocations (jump tables) are "

@@ -63,6 +63,7 @@ class _Map:
         self.label_old = np.asarray(label_old, np.uint64)[order]
         self.label_new = np.asarray(label_new, np.uint64)[order]
         self.label_end = np.asarray(label_end, np.uint64)[order]
+        self.fixed = np.zeros(0, np.uint64)     # addresses that stay (userspace code section ends)
 
     def map(self, addrs):
         """Mapped addresses; an address inside (or exactly at the end of) a function
@@ -81,6 +82,10 @@ class _Map:
             lab = ~inside & (j >= 0) & (a < self.label_end[jc])
             ldelta = self.label_new[jc].astype(np.int64) - self.label_old[jc].astype(np.int64)
             out = np.where(lab, (a.astype(np.int64) + ldelta).astype(np.uint64), out)
+        if len(self.fixed):
+            # the end of a code section is the start of the next one (.text's end is
+            # _fini in .fini when no padding is between): relayout leaves it in place
+            out = np.where(np.isin(a, self.fixed), a, out)
         return out
 
     def point(self, addrs):
@@ -371,6 +376,8 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     piece_end = _piece_ends(old, of)[oi]
     amap = _Map(of.start[oi], piece_end, nf.start[ni], *_labels(old, new, of),
                 points=_region_points(old, new))
+    if not octx.is_kernel:
+        amap.fixed = np.array(sorted(e for _, e in _code_ranges(old)), np.uint64)
     if split.any():
         amap = _BlockAwareMap(amap, rows)
     kernel = octx.is_kernel
@@ -413,6 +420,8 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     _check_eh_frame(old, new, amap, octx, findings, counter,
                     block_rows=rows if split.any() else None, report=report)
     _check_symbols(old, new, octx, amap, findings, counter, cold_names)
+    from .pie import check_pie          # a PIE's dynamic relocations and PIC tables
+    check_pie(old, new, amap, octx, findings, counter, report, _add)
     timings.phase("against: debug info")
     check_debuginfo(old, new, amap, findings, counter, report, log)
     timings.phase("against: rest")

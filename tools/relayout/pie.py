@@ -1,0 +1,287 @@
+"""Position-independent executables (ET_DYN with an interpreter, linked with
+-pie -Wl,--emit-relocs): what a PIE adds to an executable's relayout.
+
+A PIE's link relocations (.rela.text, .rela.data, ...) are kept like a non-PIE's
+and go through the same rewrite. Two things are PIE-only:
+
+- Dynamic relocations. ld.so adds the load base to every R_X86_64_RELATIVE
+  (and calls every R_X86_64_IRELATIVE resolver) using the *addend* in
+  .rela.dyn/.rela.plt, not the field's file contents. Each addend that names
+  rewritten code follows the layout: where a link relocation covers the field
+  (a function pointer in .data, an .init_array entry) the addend becomes the
+  field's new value, so the two agree exactly; the other fields are the ones
+  ld made up itself (GOT slots), and both the addend and the slot's contents
+  are mapped. With packed relative relocations (.relr.dyn, ld -z
+  pack-relative-relocs) the field itself is the addend: ld's own slots are
+  mapped the same way. DT_INIT/DT_FINI that point into rewritten code are
+  mapped too.
+- PIC switch tables. gcc's ``-fpie`` tables hold ``.long .Lcase - .Ltable``:
+  an R_X86_64_PC32 relocation in .rodata whose field is relative to the
+  table's base, not to the field itself (S + A is the case's address shifted
+  by the entry's offset in the table). The base is the .rodata address the
+  function loads with ``lea .Ltable(%rip)``; an entry's case is base + value.
+  :func:`pic_table_entries` finds them (base = the nearest lea target at or
+  before the entry whose base + value is an instruction start), so that the
+  rewriter writes map(case) - base and the CFG makes each case a block leader.
+"""
+
+import numpy as np
+
+from ..image.elf import RELA, SHT_RELA
+
+R_X86_64_PC32, R_X86_64_PLT32, R_X86_64_64 = 2, 4, 1
+R_X86_64_RELATIVE, R_X86_64_IRELATIVE = 8, 37
+GOT_PC = (9, 41, 42)                   # GOTPCREL, GOTPCRELX, REX_GOTPCRELX
+SHT_DYNAMIC = 6
+DT_NULL, DT_INIT, DT_FINI, DT_FLAGS_1 = 0, 12, 13, 0x6FFFFFFB
+DF_1_PIE = 0x08000000
+DYN = np.dtype([("tag", "<i8"), ("val", "<u8")])
+UNWIND = (".eh_frame", ".eh_frame_hdr", ".gcc_except_table")
+
+
+def _dynamic(image):
+    sec = next((s for s in image.sections if s.type == SHT_DYNAMIC and s.size), None)
+    if sec is None:
+        return None, None
+    n = sec.size // DYN.itemsize
+    return sec, np.array(image.section_bytes(sec)[:n * DYN.itemsize]).view(DYN)
+
+
+def is_pie(image):
+    """An ET_DYN executable: it has an interpreter, or DT_FLAGS_1 says PIE
+    (a shared library has neither)."""
+    if image.type != 3:
+        return False
+    if image.section(".interp") is not None:
+        return True
+    _, dyn = _dynamic(image)
+    if dyn is None:
+        return False
+    flags = dyn["val"][dyn["tag"] == DT_FLAGS_1]
+    return bool(len(flags) and int(flags[0]) & DF_1_PIE)
+
+
+def dynamic_rela_sections(image):
+    """Allocated SHT_RELA sections: the ones ld.so reads (.rela.dyn, .rela.plt)."""
+    return [s for s in image.sections if s.type == SHT_RELA and s.is_alloc and s.size]
+
+
+class PicTables:
+    """PIC switch-table entries: field address, table base and case address
+    (sorted by field address)."""
+
+    def __init__(self, field=(), base=(), case=(), unexplained=0):
+        self.field = np.asarray(field, np.uint64)
+        self.base = np.asarray(base, np.uint64)
+        self.case = np.asarray(case, np.uint64)
+        self.unexplained = unexplained          # PC-relative data fields into code left over
+
+    def __len__(self):
+        return len(self.field)
+
+    def anchor(self, addrs):
+        """(anchor, is_entry): the table base for fields that are table entries."""
+        addrs = np.asarray(addrs, np.uint64)
+        if not len(self.field):
+            return addrs, np.zeros(len(addrs), bool)
+        j = np.searchsorted(self.field, addrs)
+        jc = np.minimum(j, len(self.field) - 1)
+        hit = (j < len(self.field)) & (self.field[jc] == addrs)
+        return np.where(hit, self.base[jc], addrs), hit
+
+
+def _code_ranges(image):
+    secs = sorted((s for s in image.sections if s.is_code and s.is_alloc and s.size),
+                  key=lambda s: s.addr)
+    return (np.array([s.addr for s in secs], np.uint64),
+            np.array([s.end for s in secs], np.uint64))
+
+
+def _in(ranges, a):
+    from ..image.intervals import containing
+    return containing(ranges[0], ranges[1], a) >= 0
+
+
+def pic_table_entries(image, dis):
+    """PicTables of ``image``; ``dis``: a Disassembly of its functions (instruction
+    starts tell real cases from PC-relative fields that are not table entries)."""
+    if image.type != 3:
+        return PicTables()
+    code = _code_ranges(image)
+    sym_value = image.symtab["value"].astype(np.int64)
+    # table bases: data addresses code reaches PC-relatively (lea .Ltable(%rip))
+    bases = []
+    for r in image.relocations.values():
+        if not len(r) or not r.target.is_code or not r.target.is_alloc:
+            continue
+        m = np.isin(r.type, (R_X86_64_PC32, R_X86_64_PLT32))
+        t = (sym_value[r.sym[m].astype(np.int64)] + r.addend[m] + 4).astype(np.uint64)
+        bases.append(t[~_in(code, t)])
+    bases = np.unique(np.concatenate(bases)) if bases else np.zeros(0, np.uint64)
+    fields, base_of, cases, unexplained = [], [], [], 0
+    for name, r in image.relocations.items():
+        tgt = r.target
+        if not len(r) or tgt.is_code or not tgt.is_alloc or name in UNWIND or tgt.type == 8:
+            continue
+        m = np.nonzero(r.type == R_X86_64_PC32)[0]
+        if not len(m):
+            continue
+        P = r.offset[m].astype(np.uint64)
+        S_A = (sym_value[r.sym[m].astype(np.int64)] + r.addend[m]).astype(np.uint64)
+        into_code = _in(code, S_A)
+        P, S_A = P[into_code], S_A[into_code]
+        if not len(P):
+            continue
+        raw = np.array(image.section_bytes(tgt))
+        off = (P - np.uint64(tgt.addr)).astype(np.int64)
+        v = np.zeros(len(P), np.int64)
+        for k in range(4):
+            v |= raw[off + k].astype(np.int64) << (8 * k)
+        v = np.where(v >= 2**31, v - 2**32, v)
+        k = np.searchsorted(bases, P, side="right").astype(np.int64) - 1
+        B = bases[np.maximum(k, 0)] if len(bases) else np.zeros(len(P), np.uint64)
+        C = (B.astype(np.int64) + v).astype(np.uint64)
+        i = dis.containing(C) if len(C) else np.zeros(0, np.int64)
+        ok = (k >= 0) & (B >= np.uint64(tgt.addr)) & (i >= 0)
+        ok &= dis.addr[np.maximum(i, 0)] == C
+        fields.append(P[ok])
+        base_of.append(B[ok])
+        cases.append(C[ok])
+        unexplained += int((~ok).sum())
+    if not fields:
+        return PicTables(unexplained=unexplained)
+    f, b, c = np.concatenate(fields), np.concatenate(base_of), np.concatenate(cases)
+    o = np.argsort(f, kind="stable")
+    return PicTables(f[o], b[o], c[o], unexplained)
+
+
+def read_fields(image, addrs, size=8, patched=None):
+    """(values, have) of little-endian ``size``-byte fields at ``addrs`` (uint64;
+    4-byte fields signed): from ``patched`` (section index -> new bytes) where
+    given, else from the file. ``have`` is False outside file-backed sections."""
+    addrs = np.asarray(addrs, np.uint64)
+    out = np.zeros(len(addrs), np.uint64)
+    have = np.zeros(len(addrs), bool)
+    for s in image.alloc_sections():
+        if s.type == 8:
+            continue
+        m = np.nonzero((addrs >= np.uint64(s.addr)) &
+                       (addrs + np.uint64(size) <= np.uint64(s.end)))[0]
+        if not len(m):
+            continue
+        buf = (patched or {}).get(s.index)
+        buf = np.asarray(image.section_bytes(s) if buf is None else buf)
+        pos = (addrs[m] - np.uint64(s.addr)).astype(np.int64)
+        raw = buf[pos[:, None] + np.arange(size)[None, :]].copy()
+        out[m] = raw.view("<u8" if size == 8 else "<u4").ravel().astype(np.uint64)
+        have[m] = True
+    if size == 4:
+        return out.astype(np.uint32).view(np.int32).astype(np.int64), have
+    return out, have
+
+
+SHT_RELR = 19
+
+
+def relr_addresses(image):
+    """Addresses of the fields a ``.relr.dyn`` (ld -z pack-relative-relocs)
+    relocates: relative relocations whose addend is the field's contents."""
+    out = []
+    for sec in image.sections:
+        if sec.type != SHT_RELR or not sec.size:
+            continue
+        words = np.array(image.section_bytes(sec)).view("<u8").tolist()
+        where = 0
+        for w in words:
+            if not w & 1:               # an address; the bitmaps after it start at the next word
+                out.append(w)
+                where = w + 8
+                continue
+            for i in range(1, 64):      # a bitmap of the 63 words from ``where``
+                if w >> i & 1:
+                    out.append(where + 8 * (i - 1))
+            where += 63 * 8
+    return np.array(sorted(out), np.uint64)
+
+
+def _static_fields(image):
+    """Addresses of 8-byte absolute fields a link relocation covers (data)."""
+    out = []
+    for name, r in image.relocations.items():
+        if len(r) and r.target.is_alloc and not r.target.is_code and \
+                not r.section.is_alloc:                # link relocations, not ld.so's
+            out.append(r.offset[r.type == R_X86_64_64].astype(np.uint64))
+    return np.unique(np.concatenate(out)) if out else np.zeros(0, np.uint64)
+
+
+def update_dynamic(rw, image, log=None):
+    """Make the dynamic relocations' addends (and ld's own GOT slots) and the
+    .dynamic entries that name rewritten code follow the layout."""
+    if not is_pie(image) or rw.plan.is_identity():
+        return 0
+    static = _static_fields(image)
+    changed = slots = 0
+
+    def write_slots(P, values):
+        for a, v in zip(P.tolist(), values.tolist()):
+            sec = image.section_at(a)
+            buf = rw.buf(sec)
+            o = a - sec.addr
+            buf[o:o + 8] = np.frombuffer(int(v).to_bytes(8, "little"), np.uint8)
+        return len(P)
+
+    for sec in dynamic_rela_sections(image):
+        rows = np.array(image.section_bytes(sec)).view(RELA).copy()
+        typ = (rows["info"] & 0xFFFFFFFF).astype(np.int64)
+        sel = np.nonzero(np.isin(typ, (R_X86_64_RELATIVE, R_X86_64_IRELATIVE)))[0]
+        A = rows["addend"][sel].astype(np.int64).view(np.uint64)
+        moving = rw.amap.in_extent(A)
+        sel, A = sel[moving], A[moving]
+        if not len(sel):
+            continue
+        P = rows["offset"][sel].astype(np.uint64)
+        newA, ok = rw.amap.map(A)
+        if not ok.all():
+            rw.problem("dynamic-reloc-in-padding", P[~ok], f"{sec.name}: addend in dropped padding")
+        covered = np.isin(P, static)
+        now, have = read_fields(image, P, 8, rw.patched)
+        old, _ = read_fields(image, P, 8)
+        # a link relocation rewrote the field: the addend takes exactly its value
+        take = covered & have & (old == A)
+        newA = np.where(take, now, newA)
+        # ld's own slots (GOT): contents as the addend says
+        own = ~covered & have & (old == A) & ok
+        slots += write_slots(P[own], newA[own])
+        rows["addend"][sel] = newA.view(np.int64)
+        changed += int((newA != A).sum())
+        rw.patched[sec.index] = rows.view(np.uint8)
+    # packed relative relocations: the field is the addend; link relocations
+    # rewrote theirs, ld's own slots are mapped here
+    relr = relr_addresses(image)
+    if len(relr):
+        old, have = read_fields(image, relr, 8)
+        own = have & ~np.isin(relr, static) & rw.amap.in_extent(old)
+        new, ok = rw.amap.map(old[own])
+        if not ok.all():
+            rw.problem("dynamic-reloc-in-padding", relr[own][~ok], ".relr.dyn: field in padding")
+        slots += write_slots(relr[own][ok], new[ok])
+        changed += int((new[ok] != old[own][ok]).sum())
+    dsec, dyn = _dynamic(image)
+    dyn_changed = 0
+    if dsec is not None:
+        dyn = dyn.copy()
+        m = np.isin(dyn["tag"], (DT_INIT, DT_FINI)) & rw.amap.in_extent(dyn["val"])
+        if m.any():
+            new, ok = rw.amap.map(dyn["val"][m])
+            dyn["val"][m] = np.where(ok, new, dyn["val"][m])
+            dyn_changed = int((dyn["val"][m] != np.asarray(image.section_bytes(dsec)[
+                :len(dyn) * DYN.itemsize]).view(DYN)["val"][m]).sum())
+            buf = rw.buf(dsec)
+            buf[:len(dyn) * DYN.itemsize] = dyn.view(np.uint8)
+    rw.stats["dynamic_relocs_updated"] = changed
+    rw.stats["got_slots_updated"] = slots
+    rw.stats["dynamic_entries_updated"] = dyn_changed
+    if log:
+        log(f"PIE: {changed} dynamic relocation addends follow the layout "
+            f"({slots} linker-made slots rewritten, {dyn_changed} .dynamic entries)")
+    return changed
