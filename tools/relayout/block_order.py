@@ -215,8 +215,8 @@ def ext_tsp_order(sizes, edges, counts=None, entry=0, split_max=SPLIT_MAX):
         return s
 
     def best_merge(x, y):
-        """(gain, node list) of the best arrangement of chains x (may be cut)
-        and y (kept whole), or (0, None)."""
+        """(gain, (arrangement, cut)) of the best arrangement of chains x (may
+        be cut) and y (kept whole), or (EPS, None) when none adds score."""
         X, Y = nodes[x], nodes[y]
         sx, sy = size_of[x], size_of[y]
         cross = between[(min(x, y), max(x, y))]
