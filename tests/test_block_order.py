@@ -275,3 +275,20 @@ def test_reordered_split_runs_same_and_verifies(prog_h, tmp_path, with_edges):
     assert new2[s["h"]] < new2[s["h_even"]] < new2[s["h_odd"]] < new2[s["h_join"]]
     assert subprocess.run([str(out2)], capture_output=True, text=True,
                           timeout=20).stdout == expected
+
+
+def test_evaluate_allows_fewer_jmps_for_block_layouts_only():
+    """A reorder runs fewer jmps (-0.54% kernel instructions measured on VFS-mix):
+    evaluate's same-work check accepts that for block-level layouts, not for
+    function-level ones, and a different workload result is flagged either way."""
+    from linepack.commands.evaluate import cross_check_rows
+
+    def row(layout, insns, result="r"):
+        return {"layout": layout, "cache": "intel-32k-8w", "mode": "booted", "workload": "w",
+                "instructions": insns, "result_line": result}
+    base = row("stock", 105_407_024)
+    assert cross_check_rows([base, row("blocks-ext-tsp", 104_837_508)]) == []
+    assert cross_check_rows([base, row("blocks", 104_837_508)]) == []
+    assert len(cross_check_rows([base, row("pack", 104_837_508)])) == 1
+    assert len(cross_check_rows([base, row("blocks:1", 100_000_000)])) == 1        # -5%
+    assert len(cross_check_rows([base, row("blocks", 105_407_024, result="other")])) == 1
