@@ -117,8 +117,16 @@ def cross_check_rows(rows):
     return problems
 
 
+# A layout whose hot blocks are reordered runs fewer (or more) jmps: jmps to the
+# block placed next disappear, broken fall-throughs gain one. Measured on VFS-mix
+# (2000 loops): blocks-ext-tsp -0.54% kernel instructions vs stock, 263 fewer per
+# loop than blocks-original (an estimate from the profile: ~265 jmps fewer per loop).
+BLOCK_LEVEL_TOLERANCE = 2e-2
+
+
 def _cross_check_workload(rows):
     from ..evaluate.booted import INSTRUCTION_TOLERANCE
+    from ..evaluate.layouts import BLOCK_LEVEL
     problems = []
     for cache in dict.fromkeys(r["cache"] for r in rows):
         rs = [r for r in rows if r["cache"] == cache and r["mode"] == "booted"]
@@ -127,7 +135,9 @@ def _cross_check_workload(rows):
         b = rs[0]
         for r in rs[1:]:
             bi, mi = b["instructions"], r["instructions"]
-            if bi and abs(mi - bi) / bi > INSTRUCTION_TOLERANCE:
+            tol = BLOCK_LEVEL_TOLERANCE if str(r["layout"]).split(":")[0] in BLOCK_LEVEL \
+                else INSTRUCTION_TOLERANCE
+            if bi and abs(mi - bi) / bi > tol:
                 problems.append(f"{r['layout']}: {mi:,} kernel instructions vs {bi:,} for "
                                 f"{b['layout']} ({(mi - bi) / bi:+.3%}): not exactly the same work")
             if r.get("result_line") != b.get("result_line"):

@@ -109,6 +109,11 @@ class Relayout:
                   f"{sp['split_growth_bytes']:+d}); {sp['copied']} blocks copied, "
                   f"{sp['branch']} branches re-encoded, {sp['jmp_inserted']} jmps inserted, "
                   f"{sp['jmp_removed']} removed")
+            if "ext_tsp_score" in sp:
+                e = sp["ext_tsp_score"]
+                print(f"  hot block order:   ext-TSP, {e['functions_reordered']} functions "
+                      f"reordered; objective {e['original']:,.1f} -> {e['ordered']:,.1f} "
+                      "(original order -> chosen)")
             for why, n in sorted(sp["hot_functions_by_reason"].items(), key=lambda x: -x[1]):
                 print(f"    hot functions {'split' if why == 'split' else 'whole: ' + why}: {n}")
         if "static_keys.made_short" in s:

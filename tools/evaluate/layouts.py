@@ -21,9 +21,9 @@ from ..io import atomic_output
 
 _RELAYOUT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
                              "relayout")
-NEEDS_PROFILE = ("hot64", "pack", "blocks")
+NEEDS_PROFILE = ("hot64", "pack", "blocks", "blocks-original", "blocks-ext-tsp")
 # block-level layouts: their map comes from the rewrite (block map), not the plan
-BLOCK_LEVEL = ("blocks",)
+BLOCK_LEVEL = ("blocks", "blocks-original", "blocks-ext-tsp")
 
 
 def normalize_spec(spec):
@@ -65,6 +65,8 @@ def hotness_hash(hotness, calls=(), blocks=None):
     items = sorted((str(k), float(v)) for k, v in hotness.items())
     h = hashlib.sha256(json.dumps([items, [list(map(str, c)) for c in calls]]).encode())
     for a in (blocks or ()):
+        h.update(np.ascontiguousarray(a).tobytes())
+    for a in (getattr(blocks, "edges", None) or ()):      # a profile's branch edges
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()[:12]
 

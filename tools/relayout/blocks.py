@@ -1,9 +1,11 @@
 """Hot/cold splitting of functions at basic-block level (the ``blocks`` strategy).
 
 Per split function: its hot blocks (run >= ``min_count`` times per workload
-iteration; the entry block always) keep their original relative order in the
-hot part, which stays at the function's symbol; the other blocks form the cold
-part ``name.cold``. Parts are made of pieces:
+iteration; the entry block always) form the hot part, which stays at the
+function's symbol, in their original relative order or (``block_order =
+"ext-tsp"``, relayout/block_order.py) in the order that maximizes the ext-TSP
+objective, the entry first; the other blocks form the cold part ``name.cold``
+in their original order. Parts are made of pieces:
 
 - copied bytes (a block's instructions, bar a re-encoded last branch);
 - re-encoded branches: a direct jmp/jcc or static-key site whose target is a
@@ -62,6 +64,7 @@ class SplitFunction:
         self.sizes = [0, 0]
         self.new_start = [0, 0]
         self.block_part = {}
+        self.order_score = None       # ext-TSP objective (original, chosen order), if ordered
 
 
 def _cond(raw, skip):
@@ -71,14 +74,15 @@ def _cond(raw, skip):
 
 
 def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, falls=None,
-                invert_jcc=False):
+                invert_jcc=False, hot_order=None):
     """Pieces of both parts of one function (blocks [a, z) of ``cfg``).
 
     ``invert_jcc``: a jcc whose taken target comes next in its part and whose
     fall-through went elsewhere branches on the opposite condition instead of
-    getting an appended jmp."""
+    getting an appended jmp. ``hot_order``: the hot blocks in the order to
+    place them (the entry first; default: original order)."""
     a, z = cfg.blocks_of(f_unit)
-    hot = [b for b in range(a, z) if hot_mask[b]]
+    hot = [b for b in range(a, z) if hot_mask[b]] if hot_order is None else list(hot_order)
     cold = [b for b in range(a, z) if not hot_mask[b]]
     sf = SplitFunction(unit_index, f_unit, name, hot, cold, sym)
     dis = cfg.dis
@@ -111,7 +115,9 @@ def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, fall
                     p = Piece(body_end, blen, BRANCH, b, form, 0, tb)
                     p.long = not short_keys
                 elif t == TERM_JMP:
-                    if tb == nxt:
+                    # (a jmp with int3 padding after it stays: the padding would
+                    # sit between the block and its target)
+                    if tb == nxt and body_end + blen == end:
                         p = Piece(body_end, blen, REMOVED, b, target_block=tb)
                     else:
                         p = Piece(body_end, blen, BRANCH, b, FORM_JMP, 0, tb)
@@ -172,8 +178,12 @@ def _relax(sf):
 
 
 def choose_splits(cfg, units, heat, block_count, min_count, functions, short_keys, cold_min=8,
-                  invert_jcc=False):
-    """SplitFunction list and per-unit reason codes (REASONS) for every unit."""
+                  invert_jcc=False, block_order="original", edges=None, log=None):
+    """SplitFunction list and per-unit reason codes (REASONS) for every unit.
+
+    ``block_order``: "original" keeps the hot blocks in their original order,
+    "ext-tsp" orders them by the ext-TSP objective (relayout/block_order.py)
+    from ``block_count`` and ``edges`` (the profile's taken branches, or None)."""
     nu = len(units)
     reason = np.array(cfg.reason, dtype=np.int8)
     reason = reason.copy()
@@ -196,6 +206,14 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
     hot_block[cfg.func_first[cfg.func_nblocks > 0]] = True
     splits = []
     falls = cfg.falls_through()
+    weights = None
+    if block_order == "ext-tsp":
+        from .block_order import BranchWeights
+        weights = BranchWeights(cfg, block_count, edges)
+        if log:
+            log(f"hot blocks in ext-TSP order; edge weights from {weights.source}")
+    elif block_order != "original":
+        raise ValueError(f"block_order {block_order!r}")
     for u in np.nonzero(reason == 0)[0].tolist():
         a, z = cfg.blocks_of(u)
         if z - a < 2:
@@ -206,11 +224,17 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
             reason[u] = R_NO_COLD
             continue
         fi = units.members[u][0][0]
+        order, score = None, None
+        if weights is not None:
+            from .block_order import hot_block_order
+            order, before, after = hot_block_order(cfg, a, z, hot_block, weights, block_count)
+            score = (before, after)
         sf = build_parts(cfg, u, u, functions.name[fi], hot_block, short_keys,
-                         int(functions.sym_index[fi]), falls, invert_jcc)
+                         int(functions.sym_index[fi]), falls, invert_jcc, order)
         if sf is None:
             reason[u] = R_NO_COLD
             continue
+        sf.order_score = score
         splits.append(sf)
     return splits, reason
 

@@ -90,7 +90,8 @@ def load_profile_full(path, image=None, per_loop=True):
     if image is not None:
         im = image if isinstance(image, ElfImage) else ElfImage(image)
         calls = profile_calls(prof, FunctionTable(im), per_loop=per_loop)
-    return LoadedProfile(hot, build_id, calls, profile_blocks(prof), prof)
+    from .block_order import executed_blocks
+    return LoadedProfile(hot, build_id, calls, executed_blocks(prof, profile_blocks(prof)), prof)
 
 
 # A profile of the same build names (almost) only functions the image has; more
@@ -325,7 +326,9 @@ def _split_functions(image, units, dis, functions, heat, blocks, strat, log, pic
     short_keys = ctx.version is None or ctx.version[:2] >= SHORT_SITES_SINCE
     splits, reason = choose_splits(cfg, units, heat, counts, strat.block_min_count, functions,
                                    short_keys, strat.cold_min,
-                                   getattr(strat, "invert_jcc", False))
+                                   getattr(strat, "invert_jcc", False),
+                                   getattr(strat, "block_order", "original"),
+                                   getattr(blocks, "edges", None), log)
     if eh_split is not None:
         n = len(splits)
         splits = eh_split.accept(splits, units.start, heat, reason)
@@ -410,6 +413,11 @@ def _split_summary(rw, split, heat):
                     kinds[key] = kinds.get(key, 0) + 1
     out["split"]["branches_reencoded"] = kinds
     out["split"]["jcc_inverted"] = sum(p.inverted for s in sp for part in s.parts for p in part)
+    scored = [s.order_score for s in sp if s.order_score is not None]
+    if scored:      # ext-TSP objective of the hot parts, original order -> chosen order
+        out["split"]["ext_tsp_score"] = {"original": round(sum(b for b, _ in scored), 3),
+                                         "ordered": round(sum(a for _, a in scored), 3),
+                                         "functions_reordered": sum(a > b for b, a in scored)}
     out["split"]["branch_bytes_saved"] = int(
         (rows["old_len"][rows["kind"] == bm.KIND_BRANCH].astype(np.int64) -
          rows["new_len"][rows["kind"] == bm.KIND_BRANCH].astype(np.int64)).sum())
