@@ -27,6 +27,8 @@ _INSN = np.dtype({
     "offsets": [_F["address"], _F["size"], _F["bytes"]],
     "itemsize": _INSN_SIZE,
 })
+# what decode() returns: the same fields, packed (a cs_insn is ~250 bytes, mostly text)
+_ROW = np.dtype([("address", "<u8"), ("size", "<u2"), ("bytes", "u1", 16)])
 
 
 class _Decoder:
@@ -43,11 +45,15 @@ class _Decoder:
         """Decode as much of ``code`` (bytes) as decodes; returns a numpy record array."""
         count = _cs.cs_disasm(self.handle, code, len(code), address, 0, ctypes.byref(self._insn))
         if count == 0:
-            return np.zeros(0, dtype=_INSN)
+            return np.zeros(0, dtype=_ROW)
         try:
             buf = (ctypes.c_char * (count * _INSN_SIZE)).from_address(
                 ctypes.addressof(self._insn.contents))
-            return np.frombuffer(bytes(buf), dtype=_INSN)
+            view = np.frombuffer(buf, dtype=_INSN)        # Capstone's memory: copy out
+            out = np.empty(count, _ROW)
+            out["address"], out["size"], out["bytes"] = \
+                view["address"], view["size"], view["bytes"]
+            return out
         finally:
             _cs.cs_free(self._insn, count)
 
@@ -186,7 +192,7 @@ def _decode_range(path, starts, sizes, first_index):
             if pos < size:
                 known = _known_length(code[pos:pos + 8])
                 if known:
-                    one = np.zeros(1, dtype=_INSN)
+                    one = np.zeros(1, dtype=_ROW)
                     one["address"], one["size"] = start + pos, known
                     one["bytes"][0, :known] = np.frombuffer(code[pos:pos + known], np.uint8)
                     addr_parts.append(one["address"])

@@ -60,6 +60,7 @@ class Kallsyms(KernelTable):
         blob_end = ti_addr - tt_addr
         table = bytes(im.read(tt_addr, blob_end))
         tokens = [table[o:table.index(b"\0", o)].decode("latin-1") for o in token_index]
+        expand = dict(enumerate(tokens))         # str.translate: token byte -> its text
         markers_addr = im.symbol_address("kallsyms_markers")
         # names run up to the markers array
         names = bytes(im.read(names_addr, markers_addr - names_addr))
@@ -72,7 +73,7 @@ class Kallsyms(KernelTable):
             if ln & 0x80:
                 ln = (ln & 0x7F) | (names[pos] << 7)
                 pos += 1
-            s = "".join(tokens[b] for b in names[pos:pos + ln])
+            s = names[pos:pos + ln].decode("latin-1").translate(expand)
             pos += ln
             self.types.append(s[:1])
             self.names.append(s[1:])

@@ -43,7 +43,7 @@ PINNED_SYMBOLS = ("srso_alias_untrain_ret", "srso_alias_safe_ret", "srso_untrain
                   "__x86_return_thunk", "zen_untrain_ret", "srso_safe_ret")
 PIN_ALIGNMENT = 1 << 21
 
-_PAD_BYTES = (0xCC, 0x00)
+_PAD_BYTES = bytes((0xCC, 0x00))
 
 
 def inferred_align(addrs, cap=MAX_INFERRED_ALIGN):
@@ -58,7 +58,7 @@ def is_padding(code):
     """True when a byte string is only int3 / zero bytes / NOP instructions."""
     if not code:
         return True
-    if all(b in _PAD_BYTES for b in code):
+    if not bytes(code).translate(None, _PAD_BYTES):        # only int3 / zero bytes
         return True
     return _nop_run(code)
 
@@ -256,9 +256,8 @@ def glue(units, dis, log=None):
     src_u = units.find(dis.addr[idx])
     dst_u = units.find(target)
     cross = (kind == 1) & (src_u >= 0) & (dst_u >= 0) & (src_u != dst_u)
-    pairs = set()
-    for a, b in zip(src_u[cross].tolist(), dst_u[cross].tolist()):
-        pairs.add((min(a, b), max(a, b)))
+    pair_lo = np.minimum(src_u[cross], dst_u[cross])
+    pair_hi = np.maximum(src_u[cross], dst_u[cross])
     # Fall-through: a unit whose last instruction can continue into the next unit.
     ends = units.end
     last = dis.containing(ends - np.uint64(1))
@@ -278,31 +277,32 @@ def glue(units, dis, log=None):
     if n > 1:
         adjacent[:-1] = (units.end[:-1] == units.start[1:]) & (units.region[:-1] == units.region[1:])
     fall = np.nonzero(tail_ok & ~stop & adjacent)[0]
-    for a in fall.tolist():
-        pairs.add((a, a + 1))
-    if not pairs:
+    # distinct (a, b) unit pairs, a < b
+    key = np.unique(np.concatenate([pair_lo, fall]).astype(np.int64) * (n + 1) +
+                    np.concatenate([pair_hi, fall + 1]).astype(np.int64))
+    if not len(key):
         return units
+    pa, pb = key // (n + 1), key % (n + 1)
     # Union of index ranges [a, b] (units between them move with them).
+    same = units.region[pa] == units.region[pb]
     join = np.zeros(n + 1, np.int64)
-    for a, b in pairs:
-        if units.region[a] != units.region[b]:
-            continue
-        join[a] += 1
-        join[b] -= 1
+    np.add.at(join, pa[same], 1)
+    np.add.at(join, pb[same], -1)
     inside = np.cumsum(join)[:n] > 0     # unit i glued to i+1
     if log:
         log(f"glued {int(inside.sum())} unit boundaries (rel8 branches: "
-            f"{len(pairs) - len(fall)}, fall-through: {len(fall)})")
-    groups = []
-    i = 0
-    while i < n:
-        j = i
-        while j < n - 1 and inside[j]:
-            j += 1
-        groups.append((i, j))
-        i = j + 1
+            f"{len(key) - len(fall)}, fall-through: {len(fall)})")
+    # groups: runs of units joined by ``inside``
+    first = np.nonzero(np.concatenate([[True], ~inside[:n - 1]]))[0]
+    last = np.append(first[1:] - 1, n - 1)
     starts, sizes, regs, names, members, pinned, align, phase = [], [], [], [], [], [], [], []
-    for a, b in groups:
+    for a, b in zip(first.tolist(), last.tolist()):
+        if a == b:                       # a unit on its own: unchanged
+            starts.append(int(units.start[a])); sizes.append(int(units.size[a]))
+            regs.append(int(units.region[a])); names.append(units.name[a])
+            pinned.append(bool(units.pinned[a])); members.append(list(units.members[a]))
+            align.append(int(units.align[a])); phase.append(0)
+            continue
         s = int(units.start[a])
         e = int(units.end[b])
         starts.append(s); sizes.append(e - s); regs.append(int(units.region[a]))
