@@ -29,6 +29,7 @@ _INSN = np.dtype({
 })
 # what decode() returns: the same fields, packed (a cs_insn is ~250 bytes, mostly text)
 _ROW = np.dtype([("address", "<u8"), ("size", "<u2"), ("bytes", "u1", 16)])
+_COLS = np.arange(16)[None, :]
 
 
 class _Decoder:
@@ -53,6 +54,9 @@ class _Decoder:
             out = np.empty(count, _ROW)
             out["address"], out["size"], out["bytes"] = \
                 view["address"], view["size"], view["bytes"]
+            # Capstone leaves stale heap bytes after each instruction's own: zero them
+            # (rows are the same on every run)
+            out["bytes"][_COLS >= out["size"][:, None]] = 0
             return out
         finally:
             _cs.cs_free(self._insn, count)
@@ -174,6 +178,12 @@ def _decode_range(path, starts, sizes, first_index):
     """Worker: decode functions [first_index, ...) of one image."""
     from .shared import elf_image
     image = elf_image(path)                 # opened once per process
+    from .decode_core import library
+    lib = library()
+    if lib is not None and len(starts):
+        got = _decode_range_native(lib, image, starts, sizes, first_index)
+        if got is not None:
+            return got
     dec = _Decoder()
     addr_parts, size_parts, func_parts, raw_parts, bad = [], [], [], [], []
     for k, (start, size) in enumerate(zip(starts, sizes)):
@@ -211,6 +221,30 @@ def _decode_range(path, starts, sizes, first_index):
             np.concatenate(func_parts), np.concatenate(raw_parts), bad)
 
 
+def _decode_range_native(lib, image, starts, sizes, first_index):
+    """_decode_range through the C loop (decode.c): the same rows, the same
+    handling of bytes Capstone rejects."""
+    from .decode_core import decode_ranges
+    bad = []
+
+    def stuck(k, pos, rest):
+        known = _known_length(rest[:8])
+        if not known:
+            bad.append((starts[k] + pos, first_index + k))
+        return known
+    parts = [bytes(image.read(a, n)) for a, n in zip(starts, sizes)]
+    if any(len(p) != n for p, n in zip(parts, sizes)):
+        return None             # a range runs past the readable bytes: the Python loop
+    code = b"".join(parts)
+    dec = _Decoder()
+    try:
+        addr, size, func, raw = decode_ranges(lib, dec.handle.value, code, starts, sizes,
+                                              first_index, stuck)
+    finally:
+        dec.close()
+    return addr, size, func, raw, bad
+
+
 def disassemble(image, functions, jobs=None):
     """Decode every function of a FunctionTable; returns a Disassembly."""
     starts = functions.start.tolist()
@@ -221,6 +255,8 @@ def disassemble(image, functions, jobs=None):
         parts = [_decode_range(image.path, starts, sizes, 0)]
     else:
         import multiprocessing as mp
+        from .decode_core import library
+        library()               # built (or found) once, before the workers fork
 
         # Balance by bytes, not by count: a few functions are huge.
         cum = np.cumsum(sizes)
