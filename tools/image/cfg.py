@@ -22,7 +22,7 @@ noreturn call); ``target`` is the direct target (0 when none) and
 
 import numpy as np
 
-from .disasm import RAW
+from .disasm import RAW, skip_prefixes
 
 TERM_FALL, TERM_JMP, TERM_JCC, TERM_KEY, TERM_STOP = 0, 1, 2, 3, 4
 BUGFLAG_WARNING = 1          # include/asm-generic/bug.h
@@ -69,17 +69,13 @@ NORETURN = ("__stack_chk_fail", "panic", "do_exit", "do_group_exit", "make_task_
 def _opcodes(dis):
     """(skip, op, op2, modrm-reg) per instruction after the branch-hint/bnd prefixes."""
     raw = dis.raw
-    rows = np.arange(len(raw))
-    skip = np.zeros(len(raw), dtype=np.int64)
-    for _ in range(3):
-        b = raw[rows, np.minimum(skip, RAW - 1)]
-        skip += (b == 0x2E) | (b == 0x3E) | (b == 0xF2) | (b == 0xF3)
-    op = raw[rows, np.minimum(skip, RAW - 1)].astype(np.int64)
-    op2 = raw[rows, np.minimum(skip + 1, RAW - 1)].astype(np.int64)
+    skip, op, op2 = skip_prefixes(raw, (0x2E, 0x3E, 0xF2, 0xF3))
     # REX prefix before ff /4 (jmp *%r8..)
     rex = (op >= 0x40) & (op <= 0x4F)
     op_r = np.where(rex, op2, op)
-    modrm = np.where(rex, raw[rows, np.minimum(skip + 2, RAW - 1)].astype(np.int64), op2)
+    modrm = op2.copy()
+    r = np.nonzero(rex)[0]
+    modrm[r] = raw[r, np.minimum(skip[r] + 2, RAW - 1)]
     return skip, op, op2, op_r, modrm
 
 
@@ -213,10 +209,13 @@ class CFG:
             is_key[ki[ok]] = True
             key_tgt[ki[ok]] = sites.key_target[ok]
         self.insn_key, self.insn_key_target = is_key, key_tgt
-        noret = np.isin(target, np.asarray(noreturn_addrs, np.uint64)) & (kind == 8)
+        noret = np.zeros(n, bool)
+        calls = np.nonzero(kind == 8)[0]
+        noret[calls] = np.isin(target[calls], np.asarray(noreturn_addrs, np.uint64))
         if len(sites.warn):
             kind = kind.copy()
-            kind[np.isin(addr, sites.warn) & (kind == 4)] = 9     # WARN ud2: resumes after
+            ud2 = np.nonzero(kind == 4)[0]
+            kind[ud2[np.isin(addr[ud2], sites.warn)]] = 9          # WARN ud2: resumes after
             self.insn_kind = kind
         ends_block = (kind == 1) | (kind == 2) | (kind == 3) | (kind == 4) | (kind == 6) | \
             (kind == 7) | (kind == 9) | is_key | noret

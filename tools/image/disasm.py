@@ -120,14 +120,7 @@ class Disassembly:
 
     def _decode_branch_targets(self):
         raw, addr, size = self.raw, self.addr, self.size.astype(np.uint64)
-        skip = np.zeros(len(raw), dtype=np.int64)
-        for _ in range(3):
-            b = raw[np.arange(len(raw)), np.minimum(skip, RAW - 1)]
-            pre = (b == 0x2E) | (b == 0x3E) | (b == 0xF2)
-            skip += pre
-        rows = np.arange(len(raw))
-        op = raw[rows, np.minimum(skip, RAW - 1)].astype(np.int64)
-        op2 = raw[rows, np.minimum(skip + 1, RAW - 1)].astype(np.int64)
+        skip, op, op2 = skip_prefixes(raw, (0x2E, 0x3E, 0xF2))
         rel8 = (op == 0xEB) | ((op >= 0x70) & (op <= 0x7F)) | (op == 0xE3)
         rel32 = (op == 0xE8) | (op == 0xE9) | ((op == 0x0F) & (op2 >= 0x80) & (op2 <= 0x8F))
         # Lengths must agree with the encoding, else it is not what we think it is.
@@ -149,6 +142,27 @@ class Disassembly:
         kind = np.concatenate([np.full(len(idx8), 1, np.int8), np.full(len(idx32), 4, np.int8)])
         order = np.argsort(index, kind="stable")
         return index[order], target[order], kind[order]
+
+
+def byte_at(raw, col, usual=0):
+    """raw[i, col[i]] per row (int64; col capped at the last column), gathering
+    only the rows whose col is not the ``usual`` one."""
+    out = raw[:, usual].astype(np.int64)
+    other = np.nonzero(col != usual)[0]
+    out[other] = raw[other, np.minimum(col[other], RAW - 1)]
+    return out
+
+
+def skip_prefixes(raw, prefixes, rounds=3):
+    """(skip, op, op2) per row: how many leading bytes (at most ``rounds``) are
+    in ``prefixes``, the byte after them and the next one (int64)."""
+    skip = np.zeros(len(raw), dtype=np.int64)
+    active = np.arange(len(raw))
+    for k in range(rounds):
+        b = raw[:, 0] if k == 0 else raw[active, skip[active]]
+        active = active[np.isin(b, prefixes)]
+        skip[active] += 1
+    return skip, byte_at(raw, skip), byte_at(raw, skip + 1, 1)
 
 
 # Instructions newer than Capstone 5 knows, seen in kernels: (byte prefix, length, name).

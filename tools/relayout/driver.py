@@ -88,7 +88,9 @@ def load_profile_full(path, image=None, per_loop=True):
         return LoadedProfile(hot, build_id, calls)
     from .plan import profile_blocks, profile_calls
     if image is not None:
-        im = image if isinstance(image, ElfImage) else ElfImage(image)
+        from ..image.shared import elf_image
+        # the shared object: relayout() opens the same path next (parsed once)
+        im = image if isinstance(image, ElfImage) else elf_image(image)
         calls = profile_calls(prof, FunctionTable(im), per_loop=per_loop)
     return LoadedProfile(hot, build_id, calls, profile_blocks(prof), prof)
 

@@ -297,7 +297,14 @@ class Rewriter:
                 Tn, ok = self._target_rule(T, S[m], S_new[m], is_sec[m])
                 if not ok.all():
                     self.problem("target-in-padding", T[~ok], f"{name}: target in dropped padding")
-                Tn_rel, _ = self._target_rule(T_rel, S[m], S_new[m], is_sec[m])
+                # the rule is per element: map again only where the relocation's own
+                # target differs from the field's (stale entries)
+                Tn_rel = Tn
+                differ = np.nonzero(T_rel != T)[0]
+                if len(differ):
+                    Tn_rel = Tn.copy()
+                    Tn_rel[differ], _ = self._target_rule(T_rel[differ], S[m][differ],
+                                                          S_new[m][differ], is_sec[m][differ])
                 dP = P_new[m].astype(np.int64) - P[m].astype(np.int64)
                 if pc:
                     end_new = (end.astype(np.int64) + dP)

@@ -17,6 +17,8 @@ the unit's start must keep: 2**trailing_zeros(start) capped at 16), ``phase``
 ``pinned``, and ``funcs`` (function index -> unit index map).
 """
 
+import re
+
 import numpy as np
 
 from ..image.functions import regions as image_regions
@@ -71,17 +73,13 @@ _NOPS = [bytes.fromhex(h) for h in (
 _NOPS.sort(key=len, reverse=True)
 
 
+# the longest NOP that matches at each position, never reconsidered (an atomic
+# group: the regular expression does what a greedy scan does, in C)
+_NOP_RUN = re.compile(b"(?>" + b"|".join(re.escape(n) for n in _NOPS) + b")*+")
+
+
 def _nop_run(code):
-    pos = 0
-    n = len(code)
-    while pos < n:
-        for nop in _NOPS:
-            if code.startswith(nop, pos):
-                pos += len(nop)
-                break
-        else:
-            return False
-    return True
+    return _NOP_RUN.fullmatch(code) is not None
 
 
 class Region:
@@ -295,27 +293,28 @@ def glue(units, dis, log=None):
     # groups: runs of units joined by ``inside``
     first = np.nonzero(np.concatenate([[True], ~inside[:n - 1]]))[0]
     last = np.append(first[1:] - 1, n - 1)
-    starts, sizes, regs, names, members, pinned, align, phase = [], [], [], [], [], [], [], []
-    for a, b in zip(first.tolist(), last.tolist()):
+    u_start, u_end, u_align = units.start.tolist(), units.end.tolist(), units.align.tolist()
+    u_pinned = units.pinned.tolist()
+    first_l, last_l = first.tolist(), last.tolist()
+    starts = [u_start[a] for a in first_l]
+    sizes = [u_end[b] - u_start[a] for a, b in zip(first_l, last_l)]
+    regs = units.region[first].tolist()
+    names = [units.name[a] for a in first_l]
+    align = [u_align[a] for a in first_l]
+    members, pinned, phase = [], [], []
+    for a, b, s in zip(first_l, last_l, starts):
         if a == b:                       # a unit on its own: unchanged
-            starts.append(int(units.start[a])); sizes.append(int(units.size[a]))
-            regs.append(int(units.region[a])); names.append(units.name[a])
-            pinned.append(bool(units.pinned[a])); members.append(list(units.members[a]))
-            align.append(int(units.align[a])); phase.append(0)
+            pinned.append(u_pinned[a]); members.append(list(units.members[a])); phase.append(0)
             continue
-        s = int(units.start[a])
-        e = int(units.end[b])
-        starts.append(s); sizes.append(e - s); regs.append(int(units.region[a]))
-        names.append(units.name[a]); pinned.append(bool(units.pinned[a:b + 1].any()))
+        pinned.append(any(u_pinned[a:b + 1]))
         mem = []
         amax = 1
         for k in range(a, b + 1):
-            off = int(units.start[k]) - s
+            off = u_start[k] - s
             mem.extend((fi, off + o) for fi, o in units.members[k])
-            amax = max(amax, int(units.align[k]))
+            amax = max(amax, u_align[k])
         members.append(mem)
-        align.append(int(units.align[a]))
-        phase.append(s % amax if amax > int(units.align[a]) else 0)
+        phase.append(s % amax if amax > u_align[a] else 0)
     out = UnitTable(starts, sizes, regs, units.regions, names, pinned, align, phase,
                     members=members)
     return out
