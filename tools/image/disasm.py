@@ -265,18 +265,31 @@ def disassemble(image, functions, jobs=None):
     sizes = functions.size.tolist()
     n = len(starts)
     jobs = jobs or min(os.cpu_count() or 1, 8)
-    if n < 2000 or jobs == 1:
-        parts = [_decode_range(image.path, starts, sizes, 0)]
-    else:
-        import multiprocessing as mp
-        from .decode_core import library
-        library()               # built (or found) once, before the workers fork
-
+    from .decode_core import library
+    lib = library()             # built (or found) once, before any worker starts
+    if n >= 2000 and jobs > 1:
         # Balance by bytes, not by count: a few functions are huge.
         cum = np.cumsum(sizes)
         bounds = [0] + [int(np.searchsorted(cum, cum[-1] * k / (jobs * 4)))
                         for k in range(1, jobs * 4)] + [n]
         chunks = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    if n < 2000 or jobs == 1:
+        parts = [_decode_range(image.path, starts, sizes, 0)]
+    elif lib is not None:
+        # The C loop runs without the GIL (ctypes releases it): threads share the
+        # image and hand back arrays, where worker processes had to fork and pickle
+        # every row back (slower than decoding them, once decoding is in C).
+        from concurrent.futures import ThreadPoolExecutor
+
+        def work(chunk):
+            a, b = chunk
+            got = _decode_range_native(lib, image, starts[a:b], sizes[a:b], a)
+            return got if got is not None else _decode_range(image.path, starts[a:b],
+                                                             sizes[a:b], a)
+        with ThreadPoolExecutor(jobs) as ex:
+            parts = list(ex.map(work, chunks))
+    else:
+        import multiprocessing as mp
         ctx = mp.get_context("fork")
         with ctx.Pool(jobs) as pool:
             parts = pool.starmap(_decode_range, [(image.path, starts[a:b], sizes[a:b], a)
