@@ -329,9 +329,11 @@ class CFG:
         tgt = self.insn_target
         rel = self.insn_rel
         direct = ((kind == 1) | (kind == 2)) & (rel > 0)
-        tf = np.searchsorted(self.fstart, tgt, side="right").astype(np.int64) - 1
-        tfc = np.maximum(tf, 0)
-        tf = np.where((tf >= 0) & (tgt < self.fend[tfc]), tf, -1)
+        # the function holding each direct branch's target (-1 elsewhere: unused)
+        d = np.nonzero(direct)[0]
+        tf = np.full(len(kind), -1, np.int64)
+        tfd = np.searchsorted(self.fstart, tgt[d], side="right").astype(np.int64) - 1
+        tf[d] = np.where((tfd >= 0) & (tgt[d] < self.fend[np.maximum(tfd, 0)]), tfd, -1)
         intra = direct & (tf == fi) & (fi >= 0)
         self.insn_intra = intra
         self._mark(fi[direct & (rel == 1) & (tf != fi)], R_REL8_OUT)
@@ -340,8 +342,10 @@ class CFG:
         # a rel8 in an atomic site must keep its size: only safe when it stays in its block
         self._mark(fi[intra & (rel == 1) & self.insn_atomic], R_ALT_REL8)
         # static-key sites jumping out of their function
-        kf = np.searchsorted(self.fstart, self.insn_key_target, side="right").astype(np.int64) - 1
-        self._mark(fi[self.insn_key & (kf != fi)], R_KEY_OUT)
+        keys = np.nonzero(self.insn_key)[0]
+        kf = np.searchsorted(self.fstart, self.insn_key_target[keys], side="right").astype(
+            np.int64) - 1
+        self._mark(fi[keys[kf != fi[keys]]], R_KEY_OUT)
         # last block of a function falling through past the end (a trailing call is taken
         # as noreturn: gcc ends a function with a call only when it does not return)
         if len(self.start):
