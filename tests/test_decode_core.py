@@ -92,10 +92,10 @@ def test_vmlinux_functions_same_rows(core, monkeypatch):
     from linepack.image.functions import FunctionTable
     image = ElfImage(VMLINUX)
     ft = FunctionTable(image)
-    starts, sizes = ft.start[::7].tolist(), ft.size[::7].tolist()
+    starts, sizes = ft.start[::15].tolist(), ft.size[::15].tolist()
     fast = disasm._decode_range_native(core, image, starts, sizes, 0)
     _same(fast, _python_loop(monkeypatch, image, starts, sizes, 0))
-    assert len(fast[0]) > 300_000
+    assert len(fast[0]) > 100_000
 
     # RIP-relative facts of every instruction with a mod=00 rm=101 ModRM guess, batched
     # and one by one through the wrapper
@@ -105,12 +105,12 @@ def test_vmlinux_functions_same_rows(core, monkeypatch):
     for imm in (0, 1, 2, 4):
         m = np.maximum(size - 5 - imm, 0)
         cand |= (size - 4 - imm >= 1) & ((raw[rows, np.minimum(m, 15)] & 0xC7) == 0x05)
-    idx = np.nonzero(cand)[0][:4000]
+    idx = np.nonzero(cand)[0][::4][:2000]
     has, off = rip_relative(raw[idx], size[idx])
     ref = [_one(raw[i], int(size[i])) for i in idx.tolist()]
     assert has.tolist() == [r[0] for r in ref]
     assert off.tolist() == [r[1] for r in ref]
-    assert 100 < has.sum() < len(idx)
+    assert 50 < has.sum() < len(idx)
 
 
 def test_rip_relative_batch_matches_wrapper():
