@@ -22,7 +22,7 @@ noreturn call); ``target`` is the direct target (0 when none) and
 
 import numpy as np
 
-from .disasm import RAW
+from .disasm import RAW, skip_prefixes
 
 TERM_FALL, TERM_JMP, TERM_JCC, TERM_KEY, TERM_STOP = 0, 1, 2, 3, 4
 BUGFLAG_WARNING = 1          # include/asm-generic/bug.h
@@ -69,17 +69,13 @@ NORETURN = ("__stack_chk_fail", "panic", "do_exit", "do_group_exit", "make_task_
 def _opcodes(dis):
     """(skip, op, op2, modrm-reg) per instruction after the branch-hint/bnd prefixes."""
     raw = dis.raw
-    rows = np.arange(len(raw))
-    skip = np.zeros(len(raw), dtype=np.int64)
-    for _ in range(3):
-        b = raw[rows, np.minimum(skip, RAW - 1)]
-        skip += (b == 0x2E) | (b == 0x3E) | (b == 0xF2) | (b == 0xF3)
-    op = raw[rows, np.minimum(skip, RAW - 1)].astype(np.int64)
-    op2 = raw[rows, np.minimum(skip + 1, RAW - 1)].astype(np.int64)
+    skip, op, op2 = skip_prefixes(raw, (0x2E, 0x3E, 0xF2, 0xF3))
     # REX prefix before ff /4 (jmp *%r8..)
     rex = (op >= 0x40) & (op <= 0x4F)
     op_r = np.where(rex, op2, op)
-    modrm = np.where(rex, raw[rows, np.minimum(skip + 2, RAW - 1)].astype(np.int64), op2)
+    modrm = op2.copy()
+    r = np.nonzero(rex)[0]
+    modrm[r] = raw[r, np.minimum(skip[r] + 2, RAW - 1)]
     return skip, op, op2, op_r, modrm
 
 
@@ -213,10 +209,13 @@ class CFG:
             is_key[ki[ok]] = True
             key_tgt[ki[ok]] = sites.key_target[ok]
         self.insn_key, self.insn_key_target = is_key, key_tgt
-        noret = np.isin(target, np.asarray(noreturn_addrs, np.uint64)) & (kind == 8)
+        noret = np.zeros(n, bool)
+        calls = np.nonzero(kind == 8)[0]
+        noret[calls] = np.isin(target[calls], np.asarray(noreturn_addrs, np.uint64))
         if len(sites.warn):
             kind = kind.copy()
-            kind[np.isin(addr, sites.warn) & (kind == 4)] = 9     # WARN ud2: resumes after
+            ud2 = np.nonzero(kind == 4)[0]
+            kind[ud2[np.isin(addr[ud2], sites.warn)]] = 9          # WARN ud2: resumes after
             self.insn_kind = kind
         ends_block = (kind == 1) | (kind == 2) | (kind == 3) | (kind == 4) | (kind == 6) | \
             (kind == 7) | (kind == 9) | is_key | noret
@@ -330,9 +329,11 @@ class CFG:
         tgt = self.insn_target
         rel = self.insn_rel
         direct = ((kind == 1) | (kind == 2)) & (rel > 0)
-        tf = np.searchsorted(self.fstart, tgt, side="right").astype(np.int64) - 1
-        tfc = np.maximum(tf, 0)
-        tf = np.where((tf >= 0) & (tgt < self.fend[tfc]), tf, -1)
+        # the function holding each direct branch's target (-1 elsewhere: unused)
+        d = np.nonzero(direct)[0]
+        tf = np.full(len(kind), -1, np.int64)
+        tfd = np.searchsorted(self.fstart, tgt[d], side="right").astype(np.int64) - 1
+        tf[d] = np.where((tfd >= 0) & (tgt[d] < self.fend[np.maximum(tfd, 0)]), tfd, -1)
         intra = direct & (tf == fi) & (fi >= 0)
         self.insn_intra = intra
         self._mark(fi[direct & (rel == 1) & (tf != fi)], R_REL8_OUT)
@@ -341,8 +342,10 @@ class CFG:
         # a rel8 in an atomic site must keep its size: only safe when it stays in its block
         self._mark(fi[intra & (rel == 1) & self.insn_atomic], R_ALT_REL8)
         # static-key sites jumping out of their function
-        kf = np.searchsorted(self.fstart, self.insn_key_target, side="right").astype(np.int64) - 1
-        self._mark(fi[self.insn_key & (kf != fi)], R_KEY_OUT)
+        keys = np.nonzero(self.insn_key)[0]
+        kf = np.searchsorted(self.fstart, self.insn_key_target[keys], side="right").astype(
+            np.int64) - 1
+        self._mark(fi[keys[kf != fi[keys]]], R_KEY_OUT)
         # last block of a function falling through past the end (a trailing call is taken
         # as noreturn: gcc ends a function with a call only when it does not return)
         if len(self.start):

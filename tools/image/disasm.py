@@ -27,6 +27,9 @@ _INSN = np.dtype({
     "offsets": [_F["address"], _F["size"], _F["bytes"]],
     "itemsize": _INSN_SIZE,
 })
+# what decode() returns: the same fields, packed (a cs_insn is ~250 bytes, mostly text)
+_ROW = np.dtype([("address", "<u8"), ("size", "<u2"), ("bytes", "u1", 16)])
+_COLS = np.arange(16)[None, :]
 
 
 class _Decoder:
@@ -43,11 +46,18 @@ class _Decoder:
         """Decode as much of ``code`` (bytes) as decodes; returns a numpy record array."""
         count = _cs.cs_disasm(self.handle, code, len(code), address, 0, ctypes.byref(self._insn))
         if count == 0:
-            return np.zeros(0, dtype=_INSN)
+            return np.zeros(0, dtype=_ROW)
         try:
             buf = (ctypes.c_char * (count * _INSN_SIZE)).from_address(
                 ctypes.addressof(self._insn.contents))
-            return np.frombuffer(bytes(buf), dtype=_INSN)
+            view = np.frombuffer(buf, dtype=_INSN)        # Capstone's memory: copy out
+            out = np.empty(count, _ROW)
+            out["address"], out["size"], out["bytes"] = \
+                view["address"], view["size"], view["bytes"]
+            # Capstone leaves stale heap bytes after each instruction's own: zero them
+            # (rows are the same on every run)
+            out["bytes"][_COLS >= out["size"][:, None]] = 0
+            return out
         finally:
             _cs.cs_free(self._insn, count)
 
@@ -110,14 +120,7 @@ class Disassembly:
 
     def _decode_branch_targets(self):
         raw, addr, size = self.raw, self.addr, self.size.astype(np.uint64)
-        skip = np.zeros(len(raw), dtype=np.int64)
-        for _ in range(3):
-            b = raw[np.arange(len(raw)), np.minimum(skip, RAW - 1)]
-            pre = (b == 0x2E) | (b == 0x3E) | (b == 0xF2)
-            skip += pre
-        rows = np.arange(len(raw))
-        op = raw[rows, np.minimum(skip, RAW - 1)].astype(np.int64)
-        op2 = raw[rows, np.minimum(skip + 1, RAW - 1)].astype(np.int64)
+        skip, op, op2 = skip_prefixes(raw, (0x2E, 0x3E, 0xF2))
         rel8 = (op == 0xEB) | ((op >= 0x70) & (op <= 0x7F)) | (op == 0xE3)
         rel32 = (op == 0xE8) | (op == 0xE9) | ((op == 0x0F) & (op2 >= 0x80) & (op2 <= 0x8F))
         # Lengths must agree with the encoding, else it is not what we think it is.
@@ -139,6 +142,27 @@ class Disassembly:
         kind = np.concatenate([np.full(len(idx8), 1, np.int8), np.full(len(idx32), 4, np.int8)])
         order = np.argsort(index, kind="stable")
         return index[order], target[order], kind[order]
+
+
+def byte_at(raw, col, usual=0):
+    """raw[i, col[i]] per row (int64; col capped at the last column), gathering
+    only the rows whose col is not the ``usual`` one."""
+    out = raw[:, usual].astype(np.int64)
+    other = np.nonzero(col != usual)[0]
+    out[other] = raw[other, np.minimum(col[other], RAW - 1)]
+    return out
+
+
+def skip_prefixes(raw, prefixes, rounds=3):
+    """(skip, op, op2) per row: how many leading bytes (at most ``rounds``) are
+    in ``prefixes``, the byte after them and the next one (int64)."""
+    skip = np.zeros(len(raw), dtype=np.int64)
+    active = np.arange(len(raw))
+    for k in range(rounds):
+        b = raw[:, 0] if k == 0 else raw[active, skip[active]]
+        active = active[np.isin(b, prefixes)]
+        skip[active] += 1
+    return skip, byte_at(raw, skip), byte_at(raw, skip + 1, 1)
 
 
 # Instructions newer than Capstone 5 knows, seen in kernels: (byte prefix, length, name).
@@ -168,6 +192,12 @@ def _decode_range(path, starts, sizes, first_index):
     """Worker: decode functions [first_index, ...) of one image."""
     from .shared import elf_image
     image = elf_image(path)                 # opened once per process
+    from .decode_core import library
+    lib = library()
+    if lib is not None and len(starts):
+        got = _decode_range_native(lib, image, starts, sizes, first_index)
+        if got is not None:
+            return got
     dec = _Decoder()
     addr_parts, size_parts, func_parts, raw_parts, bad = [], [], [], [], []
     for k, (start, size) in enumerate(zip(starts, sizes)):
@@ -186,7 +216,7 @@ def _decode_range(path, starts, sizes, first_index):
             if pos < size:
                 known = _known_length(code[pos:pos + 8])
                 if known:
-                    one = np.zeros(1, dtype=_INSN)
+                    one = np.zeros(1, dtype=_ROW)
                     one["address"], one["size"] = start + pos, known
                     one["bytes"][0, :known] = np.frombuffer(code[pos:pos + known], np.uint8)
                     addr_parts.append(one["address"])
@@ -205,22 +235,61 @@ def _decode_range(path, starts, sizes, first_index):
             np.concatenate(func_parts), np.concatenate(raw_parts), bad)
 
 
+def _decode_range_native(lib, image, starts, sizes, first_index):
+    """_decode_range through the C loop (decode.c): the same rows, the same
+    handling of bytes Capstone rejects."""
+    from .decode_core import decode_ranges
+    bad = []
+
+    def stuck(k, pos, rest):
+        known = _known_length(rest[:8])
+        if not known:
+            bad.append((starts[k] + pos, first_index + k))
+        return known
+    parts = [bytes(image.read(a, n)) for a, n in zip(starts, sizes)]
+    if any(len(p) != n for p, n in zip(parts, sizes)):
+        return None             # a range runs past the readable bytes: the Python loop
+    code = b"".join(parts)
+    dec = _Decoder()
+    try:
+        addr, size, func, raw = decode_ranges(lib, dec.handle.value, code, starts, sizes,
+                                              first_index, stuck)
+    finally:
+        dec.close()
+    return addr, size, func, raw, bad
+
+
 def disassemble(image, functions, jobs=None):
     """Decode every function of a FunctionTable; returns a Disassembly."""
     starts = functions.start.tolist()
     sizes = functions.size.tolist()
     n = len(starts)
     jobs = jobs or min(os.cpu_count() or 1, 8)
-    if n < 2000 or jobs == 1:
-        parts = [_decode_range(image.path, starts, sizes, 0)]
-    else:
-        import multiprocessing as mp
-
+    from .decode_core import library
+    lib = library()             # built (or found) once, before any worker starts
+    if n >= 2000 and jobs > 1:
         # Balance by bytes, not by count: a few functions are huge.
         cum = np.cumsum(sizes)
         bounds = [0] + [int(np.searchsorted(cum, cum[-1] * k / (jobs * 4)))
                         for k in range(1, jobs * 4)] + [n]
         chunks = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    if n < 2000 or jobs == 1:
+        parts = [_decode_range(image.path, starts, sizes, 0)]
+    elif lib is not None:
+        # The C loop runs without the GIL (ctypes releases it): threads share the
+        # image and hand back arrays, where worker processes had to fork and pickle
+        # every row back (slower than decoding them, once decoding is in C).
+        from concurrent.futures import ThreadPoolExecutor
+
+        def work(chunk):
+            a, b = chunk
+            got = _decode_range_native(lib, image, starts[a:b], sizes[a:b], a)
+            return got if got is not None else _decode_range(image.path, starts[a:b],
+                                                             sizes[a:b], a)
+        with ThreadPoolExecutor(jobs) as ex:
+            parts = list(ex.map(work, chunks))
+    else:
+        import multiprocessing as mp
         ctx = mp.get_context("fork")
         with ctx.Pool(jobs) as pool:
             parts = pool.starmap(_decode_range, [(image.path, starts[a:b], sizes[a:b], a)

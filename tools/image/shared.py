@@ -29,14 +29,22 @@ def elf_image(path):
     return im
 
 
+def function_table(image):
+    """The FunctionTable of an image, built once per image object."""
+    got = getattr(image, "_linepack_functions", None)
+    if got is None:
+        from .functions import FunctionTable
+        got = image._linepack_functions = FunctionTable(image)
+    return got
+
+
 def function_units(image, log=None):
     """(units, functions, disassembly) of an image's code, computed once per image."""
     got = getattr(image, "_linepack_units", None)
     if got is None:
         from ..relayout.units import build_units
         from .disasm import disassemble
-        from .functions import FunctionTable
-        functions = FunctionTable(image)
+        functions = function_table(image)
         if log:
             log(f"disassembling {len(functions)} functions")
         units, dis = build_units(image, functions, lambda u: disassemble(image, u), log=log)
@@ -44,4 +52,4 @@ def function_units(image, log=None):
     return got
 
 
-__all__ = ["elf_image", "function_units"]
+__all__ = ["elf_image", "function_table", "function_units"]

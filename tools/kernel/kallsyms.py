@@ -60,6 +60,7 @@ class Kallsyms(KernelTable):
         blob_end = ti_addr - tt_addr
         table = bytes(im.read(tt_addr, blob_end))
         tokens = [table[o:table.index(b"\0", o)].decode("latin-1") for o in token_index]
+        expand = dict(enumerate(tokens))         # str.translate: token byte -> its text
         markers_addr = im.symbol_address("kallsyms_markers")
         # names run up to the markers array
         names = bytes(im.read(names_addr, markers_addr - names_addr))
@@ -72,7 +73,7 @@ class Kallsyms(KernelTable):
             if ln & 0x80:
                 ln = (ln & 0x7F) | (names[pos] << 7)
                 pos += 1
-            s = "".join(tokens[b] for b in names[pos:pos + ln])
+            s = names[pos:pos + ln].decode("latin-1").translate(expand)
             pos += ln
             self.types.append(s[:1])
             self.names.append(s[1:])
@@ -101,12 +102,13 @@ class Kallsyms(KernelTable):
         index = im.view(ti_addr, 256, "<u2").tolist()
         return [table[o:table.index(b"\0", o)] for o in index]
 
-    def encode_name(self, tokens, text):
+    def encode_name(self, tokens, text, by_token=None):
         """One kallsyms_names record for ``text`` (type letter + name) in the
         image's existing token table: the fewest tokens (dynamic programming over
         the positions), then the 1- or 2-byte length."""
         raw = text.encode("latin-1")
-        by_token = {t: i for i, t in enumerate(tokens) if t}
+        if by_token is None:
+            by_token = {t: i for i, t in enumerate(tokens) if t}
         longest = max(len(t) for t in by_token)
         inf = len(raw) + 1
         cost = [0] + [inf] * len(raw)
@@ -135,7 +137,8 @@ class Kallsyms(KernelTable):
         """Append records for new symbols (their addresses go to ``update(extra=)``);
         returns how many were added."""
         tokens = self._tokens(ctx)
-        recs = [self.encode_name(tokens, t + nm) for nm, t in zip(names, types)]
+        by_token = {t: i for i, t in enumerate(tokens) if t}
+        recs = [self.encode_name(tokens, t + nm, by_token) for nm, t in zip(names, types)]
         blob = self._names_blob + b"".join(recs)
         ends = np.cumsum([len(r) for r in recs], dtype=np.int64) + len(self._names_blob)
         self._record_bounds = np.concatenate([self._record_bounds, ends])
@@ -159,7 +162,10 @@ class Kallsyms(KernelTable):
         new_addr = np.asarray(new_addr, dtype=np.uint64).copy()
         anchors = dict(zip(getattr(amap, "anchor_old", np.zeros(0)).tolist(),
                            getattr(amap, "anchor_new", np.zeros(0)).tolist()))
-        for k, nm in enumerate(self.names[:len(entries)]):
+        special = set(KERNEL_REGION_LABELS) | set(retarget or ())
+        names = self.names[:len(entries)]
+        for k in [k for k, nm in enumerate(names) if nm in special]:
+            nm = names[k]
             if nm in KERNEL_REGION_LABELS:
                 a = int(entries["addr"][k])
                 if a in anchors:
@@ -189,10 +195,11 @@ class Kallsyms(KernelTable):
         base = self.relative_base
         if (out["addr"][rel] < np.uint64(base)).any():
             raise ValueError("kallsyms: a symbol moved below kallsyms_relative_base")
-        # offset = relative_base - 1 - addr, computed in Python ints (u64 range)
-        offs = [(a if not r else (base - 1 - a)) for a, r in zip(out["addr"].tolist(), rel.tolist())]
-        offs = [o - (1 << 64) if o >= (1 << 63) else o for o in offs]
-        out["offset"] = np.array(offs, dtype=np.int64).astype(np.int32)
+        # offset = relative_base - 1 - addr (relative) or addr (absolute), as s32: the
+        # low 32 bits of either, so u64 arithmetic (which wraps) gives them
+        a = out["addr"]
+        offs = np.where(rel, np.uint64((base - 1) & ((1 << 64) - 1)) - a, a)
+        out["offset"] = offs.view(np.int64).astype(np.int32)
         return out
 
     # The arrays whose size follows the symbol count, in the order they are laid out.
@@ -206,14 +213,13 @@ class Kallsyms(KernelTable):
         out = {"kallsyms_offsets": entries["offset"].astype("<i4").tobytes()}
         bounds = self._record_bounds
         blob = self._names_blob
-        parts, new_off, pos = [], [], 0
-        for i in old_index:
-            rec = blob[bounds[i]:bounds[i + 1]]
-            new_off.append(pos)
-            parts.append(rec)
-            pos += len(rec)
-        out["kallsyms_names"] = b"".join(parts)
-        out["kallsyms_markers"] = np.array(new_off[::256], dtype="<u4").tobytes()
+        b = np.asarray(bounds, np.int64)
+        order = np.asarray(old_index, np.int64)
+        lens = b[order + 1] - b[order]
+        new_off = np.concatenate([[0], np.cumsum(lens)[:-1]]) if n else np.zeros(0, np.int64)
+        out["kallsyms_names"] = b"".join([blob[x:y] for x, y in
+                                         zip(b[order].tolist(), b[order + 1].tolist())])
+        out["kallsyms_markers"] = new_off[::256].astype("<u4").tobytes()
         if ctx.image.symbol_address("kallsyms_seqs_of_names") is not None:
             # name order (strcmp on the name without its type letter), ties by address
             addr = entries["addr"].tolist()

@@ -38,10 +38,16 @@ def cold_symbols(rw, image, log=None):
         k += 1
     new = new[:k]
     # aliases of a split function (same address) get the hot size too
+    old_size = image.symtab["size"]
+    hot_size = {}                  # (new value, original size) -> hot size; the last split wins
     for sf in splits:
-        same = (rows["value"] == rows["value"][sf.sym]) & ((rows["info"] & 0xF) == STT_FUNC) & \
-            (image.symtab["size"] == image.symtab["size"][sf.sym])
-        rows["size"][same] = sf.sizes[0]
+        hot_size[(int(rows["value"][sf.sym]), int(old_size[sf.sym]))] = sf.sizes[0]
+    vals = np.array(sorted({v for v, _ in hot_size}), np.uint64)
+    cand = np.nonzero(np.isin(rows["value"], vals) & ((rows["info"] & 0xF) == STT_FUNC))[0]
+    for i, v, sz in zip(cand.tolist(), rows["value"][cand].tolist(), old_size[cand].tolist()):
+        h = hot_size.get((v, sz))
+        if h is not None:
+            rows["size"][i] = h
     out = np.concatenate([rows[:first_global], new, rows[first_global:]])
     rw.patched[symsec.index] = out.view(np.uint8)
     rw.patched[strsec.index] = np.frombuffer(bytes(strtab), np.uint8)

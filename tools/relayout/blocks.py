@@ -243,23 +243,32 @@ def planning_units(units, heat, splits):
     """A UnitTable for placement: split units shrink to their hot part; each
     cold part is a new unit right after its parent (unit order = cold order).
     Returns (table, heat, parent index per planning unit, part per planning unit)."""
+    n = len(units)
     by_unit = {sf.unit: sf for sf in splits}
-    st, sz, rg, nm, pn, al, ph, mem, ht, par, part = ([] for _ in range(11))
-    for i in range(len(units)):
-        sf = by_unit.get(i)
-        st.append(int(units.start[i]))
-        sz.append(sf.sizes[0] if sf else int(units.size[i]))
-        rg.append(int(units.region[i])); nm.append(units.name[i]); pn.append(bool(units.pinned[i]))
-        al.append(int(units.align[i])); ph.append(int(units.phase[i])); mem.append(units.members[i])
-        ht.append(float(heat[i])); par.append(i); part.append(0)
-        if sf:
-            st.append(int(units.start[i]) + 1)     # a sort key only: never used as an address
-            sz.append(sf.sizes[1]); rg.append(int(units.region[i]))
-            nm.append(sf.name + ".cold"); pn.append(False); al.append(1); ph.append(0)
-            mem.append([]); ht.append(0.0); par.append(i); part.append(1)
+    is_split = np.zeros(n, bool)
+    hot_size = units.size.astype(np.int64)
+    cold_size = np.zeros(n, np.int64)
+    for u, sf in by_unit.items():
+        is_split[u], hot_size[u], cold_size[u] = True, sf.sizes[0], sf.sizes[1]
+    # every unit, and right after a split one its cold part
+    par = np.repeat(np.arange(n, dtype=np.int64), 1 + is_split)
+    part = np.zeros(len(par), np.int8)
+    part[(np.cumsum(1 + is_split) - 1)[is_split]] = 1
+    cold = part == 1
+    st = units.start[par] + cold.astype(np.uint64)     # a sort key only: never an address
+    sz = np.where(cold, cold_size[par], hot_size[par])
+    rg = units.region[par]
+    pn = np.where(cold, False, units.pinned[par])
+    al = np.where(cold, 1, units.align[par])
+    ph = np.where(cold, 0, units.phase[par])
+    ht = np.where(cold, 0.0, np.asarray(heat, np.float64)[par])
+    nm, mem = [], []
+    for u, c in zip(par.tolist(), cold.tolist()):
+        nm.append(by_unit[u].name + ".cold" if c else units.name[u])
+        mem.append([] if c else units.members[u])
     t = UnitTable(st, sz, rg, units.regions, nm, pn, al, ph, members=mem)
     t.funcs = _func_map(t, len(units.funcs)) if units.funcs is not None else None
-    return t, np.array(ht), np.array(par, np.int64), np.array(part, np.int8)
+    return t, ht, par, part
 
 
 def layout_rows(splits, plan, parent, part, image):

@@ -88,8 +88,10 @@ def load_profile_full(path, image=None, per_loop=True):
         return LoadedProfile(hot, build_id, calls)
     from .plan import profile_blocks, profile_calls
     if image is not None:
-        im = image if isinstance(image, ElfImage) else ElfImage(image)
-        calls = profile_calls(prof, FunctionTable(im), per_loop=per_loop)
+        from ..image.shared import elf_image, function_table
+        # the shared object: relayout() opens the same path next (parsed once)
+        im = image if isinstance(image, ElfImage) else elf_image(image)
+        calls = profile_calls(prof, function_table(im), per_loop=per_loop)
     from .block_order import executed_blocks
     return LoadedProfile(hot, build_id, calls, executed_blocks(prof, profile_blocks(prof)), prof)
 
@@ -140,7 +142,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
                        "relayout handles linked executables and vmlinux")
     if not image.has_link_relocations():
         raise BadInput(NO_RELOCS.format(path=image_path))
-    functions = FunctionTable(image)
+    from ..image.shared import function_table
+    functions = function_table(image)
     if not len(functions):
         raise BadInput(f"{image_path}: no function symbols")
     hotness = hotness or {}

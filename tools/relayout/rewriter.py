@@ -18,9 +18,6 @@
 
 import numpy as np
 
-import capstone
-from capstone import x86 as csx86
-
 from ..errors import LinepackError
 from ..image.addrmap import AddressMap
 from ..image.disasm import disassemble
@@ -311,7 +308,14 @@ class Rewriter:
                 Tn, ok = self._target_rule(T, S[m], S_new[m], direct)
                 if not ok.all():
                     self.problem("target-in-padding", T[~ok], f"{name}: target in dropped padding")
-                Tn_rel, _ = self._target_rule(T_rel, S[m], S_new[m], direct)
+                # the rule is per element: map again only where the relocation's own
+                # target differs from the field's (stale entries)
+                Tn_rel = Tn
+                differ = np.nonzero(T_rel != T)[0]
+                if len(differ):
+                    Tn_rel = Tn.copy()
+                    Tn_rel[differ], _ = self._target_rule(T_rel[differ], S[m][differ],
+                                                          S_new[m][differ], direct[differ])
                 dP = P_new[m].astype(np.int64) - P[m].astype(np.int64)
                 if pc:
                     end_new = (end.astype(np.int64) + dP)
@@ -395,6 +399,7 @@ class Rewriter:
 
     def fix_rip_relative(self):
         """RIP-relative operands without a relocation (same-section references)."""
+        from ..image.operands import rip_relative
         dis = self.dis
         raw = dis.raw
         size = dis.size.astype(np.int64)
@@ -402,51 +407,48 @@ class Rewriter:
         cand = np.zeros(len(dis), bool)
         text_lo = min(r.start for r in self.units.regions)
         text_hi = max(r.end for r in self.units.regions)
-        rows = np.arange(len(dis))
+        flat = raw.reshape(-1)
+        base = np.arange(len(dis), dtype=np.int64) * raw.shape[1]
+        # candidates: a mod=00 rm=101 ModRM byte right before a 4-byte displacement
+        # (followed by 0, 1, 2 or 4 immediate bytes) that points into the laid-out text
         for imm in (0, 1, 2, 4):
             dpos = size - 4 - imm
             ok = (dpos >= 1) & ~covered
             mpos = np.maximum(dpos - 1, 0)
-            modrm = raw[rows, np.minimum(mpos, 15)]
-            hit = ok & ((modrm & 0xC7) == 0x05)
-            disp = np.zeros(len(dis), np.int64)
+            modrm = flat[base + np.minimum(mpos, 15)]
+            i = np.nonzero(ok & ((modrm & 0xC7) == 0x05))[0]
+            disp = np.zeros(len(i), np.int64)
             for k in range(4):
-                disp |= raw[rows, np.clip(dpos + k, 0, 15)].astype(np.int64) << (8 * k)
+                disp |= flat[base[i] + np.clip(dpos[i] + k, 0, 15)].astype(np.int64) << (8 * k)
             disp = np.where(disp >= 2**31, disp - 2**32, disp)
-            T = dis.addr + size.astype(np.uint64) + disp.view(np.uint64)
-            hit &= (T >= np.uint64(text_lo)) & (T < np.uint64(text_hi))
-            cand |= hit
+            T = dis.addr[i] + size[i].astype(np.uint64) + disp.view(np.uint64)
+            cand[i[(T >= np.uint64(text_lo)) & (T < np.uint64(text_hi))]] = True
         idx = np.nonzero(cand)[0]
-        md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-        md.detail = True
-        fixed = 0
-        found = 0
-        for i in idx.tolist():
-            a = int(dis.addr[i])
-            n = int(size[i])
-            ins = next(md.disasm(bytes(raw[i, :n]), a), None)
-            if ins is None or not any(o.type == csx86.X86_OP_MEM and o.mem.base == csx86.X86_REG_RIP
-                                      for o in ins.operands):
-                continue
-            found += 1
-            do = ins.disp_offset
-            disp = int.from_bytes(bytes(raw[i, do:do + 4]), "little", signed=True)
-            T = (a + n + disp) & (2**64 - 1)
-            Tn, ok = self.amap.map(np.array([T], np.uint64))
-            an, _ = self.amap.map(np.array([a], np.uint64))
-            dn = int(Tn[0]) - (int(an[0]) + n)
-            if dn == disp:
-                continue
-            if not ok[0]:
-                self.problem("rip-into-padding", [a], "RIP-relative target in dropped padding")
-                continue
-            sec = self.image.section_at(int(an[0]))
+        rip, do = rip_relative(raw[idx], size[idx])
+        idx, do = idx[rip], do[rip]
+        found = len(idx)
+        a = dis.addr[idx]
+        n = size[idx]
+        disp = np.zeros(len(idx), np.int64)
+        for k in range(4):
+            disp |= flat[base[idx] + do + k].astype(np.int64) << (8 * k)
+        disp = np.where(disp >= 2**31, disp - 2**32, disp)
+        T = a + n.astype(np.uint64) + disp.view(np.uint64)       # wraps like the CPU
+        Tn, ok = self.amap.map(T)
+        an, _ = self.amap.map(a)
+        dn = Tn.astype(np.int64) - (an.astype(np.int64) + n)
+        change = dn != disp
+        for addr in a[change & ~ok].tolist():
+            self.problem("rip-into-padding", [addr], "RIP-relative target in dropped padding")
+        fix = np.nonzero(change & ok)[0]
+        for j in fix.tolist():
+            new_a = int(an[j])
+            sec = self.image.section_at(new_a)
             buf = self.buf(sec)
-            p = int(an[0]) - sec.addr + do
-            buf[p:p + 4] = np.frombuffer(dn.to_bytes(4, "little", signed=True), np.uint8)
-            fixed += 1
+            p = new_a - sec.addr + int(do[j])
+            buf[p:p + 4] = np.frombuffer(int(dn[j]).to_bytes(4, "little", signed=True), np.uint8)
         self.stats["rip_relative.unrelocated"] = found
-        self.stats["rip_relative.fixed"] = fixed
+        self.stats["rip_relative.fixed"] = len(fix)
 
     # -- outputs ---------------------------------------------------------------
     def symtab_bytes(self):

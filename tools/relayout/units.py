@@ -17,6 +17,8 @@ the unit's start must keep: 2**trailing_zeros(start) capped at 16), ``phase``
 ``pinned``, and ``funcs`` (function index -> unit index map).
 """
 
+import re
+
 import numpy as np
 
 from ..image.functions import regions as image_regions
@@ -43,7 +45,7 @@ PINNED_SYMBOLS = ("srso_alias_untrain_ret", "srso_alias_safe_ret", "srso_untrain
                   "__x86_return_thunk", "zen_untrain_ret", "srso_safe_ret")
 PIN_ALIGNMENT = 1 << 21
 
-_PAD_BYTES = (0xCC, 0x00)
+_PAD_BYTES = bytes((0xCC, 0x00))
 
 
 def inferred_align(addrs, cap=MAX_INFERRED_ALIGN):
@@ -58,7 +60,7 @@ def is_padding(code):
     """True when a byte string is only int3 / zero bytes / NOP instructions."""
     if not code:
         return True
-    if all(b in _PAD_BYTES for b in code):
+    if not bytes(code).translate(None, _PAD_BYTES):        # only int3 / zero bytes
         return True
     return _nop_run(code)
 
@@ -71,17 +73,13 @@ _NOPS = [bytes.fromhex(h) for h in (
 _NOPS.sort(key=len, reverse=True)
 
 
+# the longest NOP that matches at each position, never reconsidered (an atomic
+# group: the regular expression does what a greedy scan does, in C)
+_NOP_RUN = re.compile(b"(?>" + b"|".join(re.escape(n) for n in _NOPS) + b")*+")
+
+
 def _nop_run(code):
-    pos = 0
-    n = len(code)
-    while pos < n:
-        for nop in _NOPS:
-            if code.startswith(nop, pos):
-                pos += len(nop)
-                break
-        else:
-            return False
-    return True
+    return _NOP_RUN.fullmatch(code) is not None
 
 
 class Region:
@@ -256,9 +254,8 @@ def glue(units, dis, log=None):
     src_u = units.find(dis.addr[idx])
     dst_u = units.find(target)
     cross = (kind == 1) & (src_u >= 0) & (dst_u >= 0) & (src_u != dst_u)
-    pairs = set()
-    for a, b in zip(src_u[cross].tolist(), dst_u[cross].tolist()):
-        pairs.add((min(a, b), max(a, b)))
+    pair_lo = np.minimum(src_u[cross], dst_u[cross])
+    pair_hi = np.maximum(src_u[cross], dst_u[cross])
     # Fall-through: a unit whose last instruction can continue into the next unit.
     ends = units.end
     last = dis.containing(ends - np.uint64(1))
@@ -278,44 +275,46 @@ def glue(units, dis, log=None):
     if n > 1:
         adjacent[:-1] = (units.end[:-1] == units.start[1:]) & (units.region[:-1] == units.region[1:])
     fall = np.nonzero(tail_ok & ~stop & adjacent)[0]
-    for a in fall.tolist():
-        pairs.add((a, a + 1))
-    if not pairs:
+    # distinct (a, b) unit pairs, a < b
+    key = np.unique(np.concatenate([pair_lo, fall]).astype(np.int64) * (n + 1) +
+                    np.concatenate([pair_hi, fall + 1]).astype(np.int64))
+    if not len(key):
         return units
+    pa, pb = key // (n + 1), key % (n + 1)
     # Union of index ranges [a, b] (units between them move with them).
+    same = units.region[pa] == units.region[pb]
     join = np.zeros(n + 1, np.int64)
-    for a, b in pairs:
-        if units.region[a] != units.region[b]:
-            continue
-        join[a] += 1
-        join[b] -= 1
+    np.add.at(join, pa[same], 1)
+    np.add.at(join, pb[same], -1)
     inside = np.cumsum(join)[:n] > 0     # unit i glued to i+1
     if log:
         log(f"glued {int(inside.sum())} unit boundaries (rel8 branches: "
-            f"{len(pairs) - len(fall)}, fall-through: {len(fall)})")
-    groups = []
-    i = 0
-    while i < n:
-        j = i
-        while j < n - 1 and inside[j]:
-            j += 1
-        groups.append((i, j))
-        i = j + 1
-    starts, sizes, regs, names, members, pinned, align, phase = [], [], [], [], [], [], [], []
-    for a, b in groups:
-        s = int(units.start[a])
-        e = int(units.end[b])
-        starts.append(s); sizes.append(e - s); regs.append(int(units.region[a]))
-        names.append(units.name[a]); pinned.append(bool(units.pinned[a:b + 1].any()))
+            f"{len(key) - len(fall)}, fall-through: {len(fall)})")
+    # groups: runs of units joined by ``inside``
+    first = np.nonzero(np.concatenate([[True], ~inside[:n - 1]]))[0]
+    last = np.append(first[1:] - 1, n - 1)
+    u_start, u_end, u_align = units.start.tolist(), units.end.tolist(), units.align.tolist()
+    u_pinned = units.pinned.tolist()
+    first_l, last_l = first.tolist(), last.tolist()
+    starts = [u_start[a] for a in first_l]
+    sizes = [u_end[b] - u_start[a] for a, b in zip(first_l, last_l)]
+    regs = units.region[first].tolist()
+    names = [units.name[a] for a in first_l]
+    align = [u_align[a] for a in first_l]
+    members, pinned, phase = [], [], []
+    for a, b, s in zip(first_l, last_l, starts):
+        if a == b:                       # a unit on its own: unchanged
+            pinned.append(u_pinned[a]); members.append(list(units.members[a])); phase.append(0)
+            continue
+        pinned.append(any(u_pinned[a:b + 1]))
         mem = []
         amax = 1
         for k in range(a, b + 1):
-            off = int(units.start[k]) - s
+            off = u_start[k] - s
             mem.extend((fi, off + o) for fi, o in units.members[k])
-            amax = max(amax, int(units.align[k]))
+            amax = max(amax, u_align[k])
         members.append(mem)
-        align.append(int(units.align[a]))
-        phase.append(s % amax if amax > int(units.align[a]) else 0)
+        phase.append(s % amax if amax > u_align[a] else 0)
     out = UnitTable(starts, sizes, regs, units.regions, names, pinned, align, phase,
                     members=members)
     return out

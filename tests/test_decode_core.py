@@ -1,0 +1,128 @@
+"""The fast decoding paths give exactly what the slow ones give: the C loop
+around Capstone (image/decode.c) against the Python loop, and the batched
+RIP-operand facts (image/operands.py) against Capstone's Python wrapper, on
+the real vmlinux and on bytes Capstone rejects."""
+
+import os
+
+import numpy as np
+import pytest
+
+from linepack.image import decode_core, disasm
+from linepack.image.operands import _one, rip_relative
+
+VMLINUX = os.path.expanduser("~/.cache/linepack/kernels/6.1.0-56-cloud-amd64/vmlinux")
+
+
+class _Bytes:
+    """An image stand-in: ``read`` from a byte string mapped at ``base``."""
+
+    def __init__(self, data, base):
+        self.data, self.base = data, base
+
+    def read(self, addr, size):
+        return self.data[addr - self.base:addr - self.base + size]
+
+
+def _python_loop(monkeypatch, image, starts, sizes, first):
+    monkeypatch.setattr(decode_core, "_lib", None)          # no core: the Python loop
+    from linepack.image import shared
+    monkeypatch.setattr(shared, "elf_image", lambda path: image)
+    return disasm._decode_range("unused", starts, sizes, first)
+
+
+def _same(a, b):
+    for x, y in zip(a[:4], b[:4]):
+        assert x.dtype == y.dtype and np.array_equal(x, y)
+    assert a[4] == b[4]
+
+
+@pytest.fixture
+def core():
+    lib = decode_core.library()
+    if lib is None:
+        pytest.skip("no C compiler: the Python loop is the only path")
+    return lib
+
+
+def test_rejected_and_known_bytes(core, monkeypatch):
+    # mov; serialize (Capstone 5 rejects it: decoded by pattern); nop; ud2; two bytes
+    # Capstone rejects in 64-bit mode (push es, salc: skipped one by one); ret;
+    # pvalidate (by pattern); ret; a call cut by its range's end
+    code = bytes.fromhex("4889e5" "0f01e8" "90" "0f0b" "06d6" "c3" "f20f01ff" "c3"
+                         "e8000000")
+    img = _Bytes(code, 0x1000)
+    assert len(code) == 21
+    starts, sizes = [0x1000, 0x1000 + 16, 0x1000 + 17], [16, 1, 4]
+    fast = disasm._decode_range_native(core, img, starts, sizes, 7)
+    slow = _python_loop(monkeypatch, img, starts, sizes, 7)
+    _same(fast, slow)
+    assert fast[4][:2] == [(0x1009, 7), (0x100A, 7)]         # rejected bytes are named
+    rows = dict(zip(fast[0].tolist(), fast[1].tolist()))
+    assert rows[0x1003] == 3 and rows[0x100C] == 4            # serialize, pvalidate
+    assert 0x1000 + 17 not in rows                            # the cut call decodes nothing
+    assert fast[4][2:] == [(0x1011, 9), (0x1014, 9)]          # e8, then 00 00 decodes
+    # bytes after each instruction's own are zero (Capstone leaves heap bytes there)
+    cols = np.arange(16)[None, :]
+    assert not fast[3][cols >= fast[1][:, None]].any()
+
+
+def test_short_read_keeps_the_python_loop(core, monkeypatch):
+    # a range running past the readable bytes: the Python loop's answer, no read past them
+    img = _Bytes(bytes.fromhex("4889e5c3"), 0x2000)
+    assert disasm._decode_range_native(core, img, [0x2000], [8], 0) is None
+    from linepack.image import shared
+    monkeypatch.setattr(shared, "elf_image", lambda path: img)
+    fast = disasm._decode_range("unused", [0x2000], [8], 0)      # the core declines
+    _same(fast, _python_loop(monkeypatch, img, [0x2000], [8], 0))
+
+
+def test_output_arrays_grow(core, monkeypatch):
+    # 3000 one-byte nops in one range: more rows than the first guess (bytes / 3)
+    img = _Bytes(b"\x90" * 3000 + b"\xc3", 0x4000)
+    fast = disasm._decode_range_native(core, img, [0x4000], [3001], 0)
+    assert len(fast[0]) == 3001
+    _same(fast, _python_loop(monkeypatch, img, [0x4000], [3001], 0))
+
+
+@pytest.mark.realkernel
+@pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux")
+def test_vmlinux_functions_same_rows(core, monkeypatch):
+    from linepack.image.elf import ElfImage
+    from linepack.image.functions import FunctionTable
+    image = ElfImage(VMLINUX)
+    ft = FunctionTable(image)
+    starts, sizes = ft.start[::15].tolist(), ft.size[::15].tolist()
+    fast = disasm._decode_range_native(core, image, starts, sizes, 0)
+    _same(fast, _python_loop(monkeypatch, image, starts, sizes, 0))
+    assert len(fast[0]) > 100_000
+
+    # RIP-relative facts of every instruction with a mod=00 rm=101 ModRM guess, batched
+    # and one by one through the wrapper
+    raw, size = fast[3], fast[1].astype(np.int64)
+    rows = np.arange(len(size))
+    cand = np.zeros(len(size), bool)
+    for imm in (0, 1, 2, 4):
+        m = np.maximum(size - 5 - imm, 0)
+        cand |= (size - 4 - imm >= 1) & ((raw[rows, np.minimum(m, 15)] & 0xC7) == 0x05)
+    idx = np.nonzero(cand)[0][::4][:2000]
+    has, off = rip_relative(raw[idx], size[idx])
+    ref = [_one(raw[i], int(size[i])) for i in idx.tolist()]
+    assert has.tolist() == [r[0] for r in ref]
+    assert off.tolist() == [r[1] for r in ref]
+    assert 50 < has.sum() < len(idx)
+
+
+def test_rip_relative_batch_matches_wrapper():
+    # lea 0x10(%rip),%rax; mov %eax,(%rax); cmpl $1,0x20(%rip); a rejected pair; call
+    blobs = [bytes.fromhex(h) for h in ("488d0510000000", "8900", "833d2000000001", "0fff",
+                                        "e800000000", "f20f01ff")]
+    raw = np.zeros((len(blobs), 16), np.uint8)
+    for i, b in enumerate(blobs):
+        raw[i, :len(b)] = np.frombuffer(b, np.uint8)
+    size = np.array([len(b) for b in blobs])
+    has, off = rip_relative(raw, size)
+    assert has.tolist() == [True, False, True, False, False, False]
+    assert off.tolist()[0] == 3 and off.tolist()[2] == 2
+    assert [(bool(h), int(o)) for h, o in zip(has, off)] == [_one(raw[i], int(size[i]))
+                                                             for i in range(len(size))]
