@@ -49,13 +49,21 @@ class Verify:
         if args.against:
             ElfImage(args.against)                # not an ELF, truncated, ...: fail now
         with outs:
-            report = verify_image(args.image, log=log)
+            old_decode = None
             if args.against:
                 try:
-                    from ..verify.equivalence import verify_against
+                    from ..verify.equivalence import start_against, verify_against
                 except ImportError:
                     raise LinepackError("verify --against is not available in this build") from None
-                verify_against(report, args.image, args.against, layout_map=layout_map, log=log)
+                old_decode = start_against(args.against)     # OLD decoded beside NEW
+            try:
+                report = verify_image(args.image, log=log)
+                if args.against:
+                    verify_against(report, args.image, args.against, layout_map=layout_map,
+                                   log=log, old_decode=old_decode)
+            finally:
+                if old_decode is not None:
+                    old_decode.cancel()
             report.seconds = wall_seconds()     # the whole command, as the user waited
             if args.json:
                 report.write_json(args.json, strict=args.strict)
