@@ -7,6 +7,7 @@
 - blocks.py's lite decode asks for Capstone's detail on every instruction
   that is a direct branch or has a RIP-relative operand (same sample);
 - field_values reads every field width and sign like int.from_bytes;
+- the merged disassembly's carried-over branch targets equal a fresh decode;
 - Forked returns what the call returns, re-raises the call's own exception in
   the parent, and a cancelled child is gone.
 """
@@ -124,3 +125,18 @@ def test_forked_cancel_reaps_the_child():
     job.cancel()
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def test_merged_disassembly_carries_the_branch_targets(debian_vmlinux):
+    """coverage.merge hands the parts' decoded branch targets to the merged
+    disassembly: they equal a fresh decode of the merged rows."""
+    from linepack.image.disasm import Disassembly
+    from linepack.image.elf import ElfImage
+    from linepack.kernel.base import ImageContext
+    d = ImageContext(ElfImage(debian_vmlinux)).disasm
+    carried = d._branch_targets
+    fresh = Disassembly(d.addr, d.size, d.func, d.raw, []).branch_targets()
+    assert len(carried[0]) > 500_000
+    for a, b in zip(carried, fresh):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
