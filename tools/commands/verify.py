@@ -34,7 +34,7 @@ class Verify:
     @staticmethod
     def run(args):
         from ..image.elf import ElfImage
-        from ..verify.standalone import verify_image
+        from ..verify.standalone import cancel_tables, collect_tables, verify_image
 
         log = _log(args.quiet)
         # Outputs and every input checked before the (long) verification.
@@ -49,13 +49,26 @@ class Verify:
         if args.against:
             ElfImage(args.against)                # not an ELF, truncated, ...: fail now
         with outs:
-            report = verify_image(args.image, log=log)
+            old_decode = None
             if args.against:
                 try:
-                    from ..verify.equivalence import verify_against
+                    from ..verify.equivalence import start_against, verify_against
                 except ImportError:
                     raise LinepackError("verify --against is not available in this build") from None
-                verify_against(report, args.image, args.against, layout_map=layout_map, log=log)
+                old_decode = start_against(args.against)     # OLD decoded beside NEW
+            report = None
+            try:
+                # with --against, NEW's table checks run in a child beside the proof
+                report = verify_image(args.image, log=log, fork_tables=bool(args.against))
+                if args.against:
+                    verify_against(report, args.image, args.against, layout_map=layout_map,
+                                   log=log, old_decode=old_decode)
+                collect_tables(report)
+            finally:
+                if old_decode is not None:
+                    old_decode.cancel()
+                if report is not None:
+                    cancel_tables(report)
             report.seconds = wall_seconds()     # the whole command, as the user waited
             if args.json:
                 report.write_json(args.json, strict=args.strict)

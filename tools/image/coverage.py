@@ -362,6 +362,19 @@ def merge(function_disasm, extra):
     f, e = function_disasm, extra
     addr = np.concatenate([f.addr, e.addr])
     order = np.argsort(addr, kind="stable")
-    return Disassembly(addr[order], np.concatenate([f.size, e.size])[order],
-                       np.concatenate([f.func, e.func])[order],
-                       np.concatenate([f.raw, e.raw])[order], f.undecodable)
+    out = Disassembly(addr[order], np.concatenate([f.size, e.size])[order],
+                      np.concatenate([f.func, e.func])[order],
+                      np.concatenate([f.raw, e.raw])[order], f.undecodable)
+    # A row's direct branch target depends on that row alone: the parts' (decoded
+    # for the coverage's branch check) are carried over instead of decoded again.
+    bf, be = getattr(f, "_branch_targets", None), getattr(e, "_branch_targets", None)
+    if bf is not None and be is not None:
+        rank = np.empty(len(order), np.int64)
+        rank[order] = np.arange(len(order))
+        index = np.concatenate([rank[bf[0]], rank[be[0] + len(f.addr)]])
+        o = np.argsort(index, kind="stable")
+        found = (index[o], np.concatenate([bf[1], be[1]])[o], np.concatenate([bf[2], be[2]])[o])
+        for a in found:
+            a.flags.writeable = False
+        out._branch_targets = found
+    return out

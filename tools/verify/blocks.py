@@ -151,11 +151,43 @@ def _decode_one(cs, read, addr):
         return _known(code, addr)
 
 
-def _decode_all(cs, code, addr):
-    """Every instruction of ``code``, past the ones Capstone stops at."""
+class _Light:
+    """An instruction as Capstone's lite decode gives it (no operand detail):
+    address, length, bytes, mnemonic and operand text. ``_full`` decodes the
+    detail where a check needs it (branches, RIP-relative operands, changed
+    bytes); most copied instructions never need it."""
+
+    __slots__ = ("address", "size", "bytes", "mnemonic", "op_str")
+
+    def __init__(self, address, size, code, mnemonic, op_str):
+        self.address, self.size, self.bytes = address, size, code
+        self.mnemonic, self.op_str = mnemonic, op_str
+
+
+def _full(cs, ins):
+    """The detailed decode of a _Light instruction (anything else as it is)."""
+    if not isinstance(ins, _Light):
+        return ins
+    return next(cs.disasm(ins.bytes, ins.address, 1))
+
+
+def _maybe_branch(mnemonic):
+    """False only where an instruction cannot be a direct jmp/jcc/call/loop (a
+    superset test on the mnemonic; _direct_target decides on the detail)."""
+    return any(t[0] == "j" or t.startswith("loop") or t in ("call", "lcall", "xbegin")
+               for t in mnemonic.split())
+
+
+def _decode_all(cs, code, addr, lite=None):
+    """Every instruction of ``code``, past the ones Capstone stops at; with
+    ``lite`` (a Cs without detail) as _Light instructions."""
     out, pos = [], 0
     while pos < len(code):
-        got = list(cs.disasm(code[pos:], addr + pos))
+        if lite is not None:
+            got = [_Light(a, n, code[a - addr:a - addr + n], m, o)
+                   for a, n, m, o in lite.disasm_lite(code[pos:], addr + pos)]
+        else:
+            got = list(cs.disasm(code[pos:], addr + pos))
         out += got
         pos = got[-1].address + got[-1].size - addr if got else pos
         if pos >= len(code):
@@ -265,6 +297,7 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
         add("equiv.block-map", None, f"block map: {b}")
     amap = BlockMap(rows, outside_map)
     cs = _cs()
+    lite = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
     f_start = np.array([f.old_start for f in functions], np.uint64)
     order = np.argsort(f_start, kind="stable")
     functions = [functions[i] for i in order]
@@ -310,7 +343,7 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
         pieces = fr[fr["old_len"] > 0]
         stats["pieces"] += int(len(fr))
         code = bytes(old_read(f.old_start, f.old_end - f.old_start))
-        insns = _decode_all(cs, code, f.old_start)
+        insns = _decode_all(cs, code, f.old_start, lite)
         starts = {i.address for i in insns}
         decoded_end = insns[-1].address + insns[-1].size if insns else f.old_start
         if decoded_end != f.old_end:
@@ -357,7 +390,10 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
             a = ins.address
             kind = int(amap.kind[p])
             piece_start = int(amap.old[p]) == a
-            target = _direct_target(ins)
+            if kind != bm.KIND_COPIED or _maybe_branch(ins.mnemonic):
+                ins = _full(cs, ins)
+            # a lite instruction is no direct branch (_maybe_branch said so)
+            target = None if isinstance(ins, _Light) else _direct_target(ins)
             if kind == bm.KIND_COPIED:
                 n = int(amap.new[p]) + (a - int(amap.old[p]))
                 translate, data_moved = amap.map1, False
@@ -370,10 +406,13 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 # the same bytes mean the same unless an operand is relative to the
                 # instruction's address (RIP operand, direct branch) or refers to a
                 # moved data symbol: no decode needed
-                if not data_moved and target is None and not _rip_relative(ins) and \
+                rip = ("rip" in ins.op_str and _rip_relative(_full(cs, ins))) \
+                    if isinstance(ins, _Light) else _rip_relative(ins)
+                if not data_moved and target is None and not rip and \
                         bytes(new_read(n, ins.size)) == bytes(ins.bytes):
                     new_ins = ins
                 else:
+                    ins = _full(cs, ins)
                     new_ins = _decode_one(cs, new_read, n)
                 if new_ins is None or new_ins.size != ins.size or \
                         (new_ins is not ins and not _same_meaning(ins, new_ins, translate)):
@@ -427,7 +466,8 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
             # fall-through edge
             succ = a + ins.size
             falls = ins.mnemonic not in _NO_FALLTHROUGH and a not in no_fallthrough and \
-                not (ins.group(capstone.CS_GRP_CALL) and target in noreturn)
+                not (target is not None and ins.group(capstone.CS_GRP_CALL) and
+                     target in noreturn)
             if not falls or succ >= f.old_end:
                 continue
             stats["edges"] += 1

@@ -34,6 +34,7 @@ from ..image.elf import ElfImage, STT_FUNC, STT_SECTION, SHT_SYMTAB
 from ..kernel import TABLES
 from ..kernel.base import Finding, ImageContext
 from .debuginfo import check_debuginfo
+from .forked import Forked
 
 MAX_REPORT = 20
 KERNEL_MAP = 0xFFFFFFFF80000000      # x86-64 __START_KERNEL_map
@@ -328,11 +329,24 @@ def _data_moves(old, new, findings, counter):
             (np.array(addrs, np.uint64)[o], np.array(deltas, np.int64)[o]))
 
 
-def _field_value(raw_bytes, off, size, signed):
-    return int.from_bytes(bytes(raw_bytes[off:off + size]), "little", signed=signed)
+def _decoded_old(path):
+    """What decoding OLD produces (its coverage, detached from the image, and its
+    instructions), computed in start_against's child."""
+    ctx = ImageContext(ElfImage(path))
+    dis = ctx.disasm
+    cov = ctx.coverage
+    cov.image = None
+    return cov, dis
 
 
-def verify_against(report, new_path, old_path, layout_map=None, log=None):
+def start_against(old_path):
+    """Start decoding OLD in a forked child (forked.py) so that it runs while
+    NEW is decoded and checked alone; pass the result to verify_against as
+    ``old_decode`` (or ``cancel()`` it)."""
+    return Forked(_decoded_old, old_path)
+
+
+def verify_against(report, new_path, old_path, layout_map=None, log=None, old_decode=None):
     """Add equivalence findings to ``report`` (a VerifyReport of NEW).
 
     The map is never taken from the rewriter's output: it is rebuilt from the
@@ -383,10 +397,66 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     kernel = octx.is_kernel
     moved = int((of.start[oi] != nf.start[ni]).sum())
     log(f"{len(oi)} functions matched, {moved} moved")
+    moved_data, data_moves = _data_moves(old, new, findings, counter)
+    # the block-level checks decode what they need themselves and need nothing
+    # the instruction checks make: on the second core, in a forked child
+    # (forked.py); their findings are added after the instruction checks'
+    blocks = Forked(_block_results, octx, nctx, rows, split, oi, ni, amap, data_moves) \
+        if split.any() else None
+    try:
+        _compare_code(report, octx, nctx, amap, of, oi, size_diff, split, kernel, data_moves,
+                      old_decode, findings, counter, log)
+        # 3. and 4. while the block checks may still run: their findings are
+        # kept aside and added after the block findings (the report's order)
+        later = _Aside()
+        _check_data_and_tables(old, new, octx, nctx, amap, of, nf, oi, ni, split, rows,
+                               moved_data, later.findings, later.counter, later)
+        timings.phase("against: blocks (wait)")
+        if blocks is not None:
+            found, stats = blocks.result()
+            _add_block_findings(found, stats, findings, counter, report)
+        later.add_to(report, counter)
+    finally:
+        if blocks is not None:
+            blocks.cancel()
+    timings.phase("against: debug info")
+    check_debuginfo(old, new, amap, findings, counter, report, log)
+    timings.phase("against: rest")
+    if layout_map:
+        _check_layout_map(layout_map, of, nf, oi, ni, findings, counter, report)
+    report.extra["equivalence_moved_functions"] = moved
+    report.extra["against"] = old_path
+    # the full count per check (the findings list stops at MAX_REPORT per check)
+    report.extra["equivalence_counts"] = {k: int(v) for k, v in counter.items()}
+    log("equivalence: " + (", ".join(f"{k} {v}" for k, v in counter.items()) or "no problems"))
+    return report
 
-    # 1. instruction boundaries and lengths
+
+class _Aside:
+    """Findings, counts and report extras of checks run out of the report's order."""
+
+    def __init__(self):
+        self.findings, self.counter, self.extra = [], {}, {}
+
+    def add_to(self, report, counter):
+        report.findings.extend(self.findings)
+        for k, v in self.counter.items():
+            counter[k] = counter.get(k, 0) + v
+        report.extra.update(self.extra)
+
+
+def _compare_code(report, octx, nctx, amap, of, oi, size_diff, split, kernel, data_moves,
+                  old_decode, findings, counter, log):
+    """Steps 1 and 2 (compare_instructions) on the instructions of OLD outside
+    split functions."""
+    if old_decode is not None:
+        timings.phase("against: decode OLD (wait)")
+        cov, dis = old_decode.result()
+        cov.image = octx.image
+        octx._coverage, octx._disasm, octx._function_disasm = cov, dis, None
+        log(f"OLD: {len(dis)} instructions, decoded beside NEW")
     timings.phase("against: decode OLD")
-    od, nd = octx.disasm, nctx.disasm
+    od = octx.disasm
     same_size = np.ones(len(of), dtype=bool)
     same_size[oi[size_diff]] = False
     matched_func = np.zeros(len(of), dtype=bool)
@@ -394,15 +464,13 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     use = _compared_instructions(octx, od, matched_func, same_size)
     fidx = od.func.astype(np.int64)
     use &= ~((fidx >= 0) & split[np.maximum(fidx, 0)])     # split functions: block-level checks
-    moved_data, data_moves = _data_moves(old, new, findings, counter)
     timings.phase("against: instructions")
     report.extra.update(compare_instructions(octx, nctx, amap, use, kernel, findings, counter,
                                              data_moves))
-    timings.phase("against: blocks")
-    if split.any():
-        _check_blocks(octx, nctx, rows, split, oi, ni, amap, findings, counter, report,
-                      data_moves)
 
+
+def _check_data_and_tables(old, new, octx, nctx, amap, of, nf, oi, ni, split, rows, moved_data,
+                           findings, counter, report):
     # 3. data: relocated pointers translate; nothing stale
     timings.phase("against: data, regions, relocations")
     _check_data_relocs(old, new, amap, octx, findings, counter)
@@ -422,17 +490,6 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None):
     _check_symbols(old, new, octx, amap, findings, counter, cold_names)
     from .pie import check_pie          # a PIE's dynamic relocations and PIC tables
     check_pie(old, new, amap, octx, findings, counter, report, _add)
-    timings.phase("against: debug info")
-    check_debuginfo(old, new, amap, findings, counter, report, log)
-    timings.phase("against: rest")
-    if layout_map:
-        _check_layout_map(layout_map, of, nf, oi, ni, findings, counter, report)
-    report.extra["equivalence_moved_functions"] = moved
-    report.extra["against"] = old_path
-    # the full count per check (the findings list stops at MAX_REPORT per check)
-    report.extra["equivalence_counts"] = {k: int(v) for k, v in counter.items()}
-    log("equivalence: " + (", ".join(f"{k} {v}" for k, v in counter.items()) or "no problems"))
-    return report
 
 
 def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_moves=None):
@@ -491,64 +548,54 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
                                                t_old[is_br & ~br_ok].tolist(),
                                                t_new[is_br & ~br_ok].tolist(),
                                                new_br[is_br & ~br_ok].tolist())]
-    cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    cs.detail = True
-    unexplained = []
-    field_fixed = 0
-    # address fields are translated all at once after the loop (one numpy call
-    # instead of one per field): (instruction's row in ``checked``, old, new)
-    checked, f_row, f_old, f_new, f_at = [], [], [], [], []
-    for k in k_diff[~is_br].tolist():
-        oj, nj = int(o_idx_all[k]), int(n_idx_all[k])
-        oa, na = int(od.addr[oj]), int(nd.addr[nj])
-        size = int(sizes[k])
-        ob = bytes(o_raw[k][:size])
-        nb = bytes(n_raw[k][:size])
-        try:
-            ins = next(cs.disasm(ob, oa, 1))
-        except StopIteration:
-            checked.append((oa, None, False))
-            continue
-        diff_pos = {p for p in range(size) if ob[p] != nb[p]}
-        covered = set()
-        end_o, end_n = oa + size, na + size
-        rip_mem = any(op.type == capstone.x86.X86_OP_MEM and op.mem.base == capstone.x86.X86_REG_RIP
-                      for op in ins.operands)
-        # 64-bit mode has only 1- and 4-byte displacements; Capstone 5 reports 2 for
-        # RIP-relative operands of 16-bit instructions (66 prefix), so widen it.
-        disp_size = 4 if ins.disp_size == 2 else ins.disp_size
-        if disp_size and diff_pos & set(range(ins.disp_offset, ins.disp_offset + disp_size)):
-            off, sz = ins.disp_offset, disp_size
-            dv_o, dv_n = _field_value(ob, off, sz, True), _field_value(nb, off, sz, True)
-            if rip_mem:
-                t_o, t_n = end_o + dv_o, end_n + dv_n
-            else:
-                t_o, t_n = dv_o & (2**64 - 1), dv_n & (2**64 - 1)
-            f_row.append(len(checked)); f_old.append(t_o & (2**64 - 1))
-            f_new.append(t_n & (2**64 - 1)); f_at.append((oa + off, sz))
-            covered |= set(range(off, off + sz))
-        if ins.imm_size and diff_pos & set(range(ins.imm_offset, ins.imm_offset + ins.imm_size)):
-            off, sz = ins.imm_offset, ins.imm_size
-            signed = sz < 8
-            t_o = _field_value(ob, off, sz, signed) & (2**64 - 1)
-            t_n = _field_value(nb, off, sz, signed) & (2**64 - 1)
-            f_row.append(len(checked)); f_old.append(t_o); f_new.append(t_n)
-            f_at.append((oa + off, sz))
-            covered |= set(range(off, off + sz))
-        checked.append((oa, ins, not (diff_pos - covered)))
-    fields_ok = np.ones(len(checked), bool)
-    if f_row:
-        good = amap.translates(np.array(f_old, np.uint64), np.array(f_new, np.uint64), kernel)
+    # every other changed instruction: each changed byte must lie in an address
+    # field (displacement or immediate) whose value translates; the field layout
+    # comes from Capstone, once per distinct instruction header (fields.py)
+    from .fields import FieldLayouts, field_values
+    rows = k_diff[~is_br]
+    r_raw_o, r_raw_n = o_raw[rows], n_raw[rows]
+    r_size = sizes[rows]
+    r_oa = od.addr[o_idx_all[rows]]
+    r_na = nd.addr[n_idx_all[rows]]
+    decoded, d_off, d_sz, i_off, i_sz, rip = FieldLayouts().layouts(r_raw_o, r_size, r_oa)
+    diff = (r_raw_o != r_raw_n) & (col < r_size[:, None])
+    in_disp = (col >= d_off[:, None]) & (col < (d_off + d_sz)[:, None])
+    in_imm = (col >= i_off[:, None]) & (col < (i_off + i_sz)[:, None])
+    has_disp = (d_sz > 0) & (diff & in_disp).any(axis=1)
+    has_imm = (i_sz > 0) & (diff & in_imm).any(axis=1)
+    covered = (has_disp[:, None] & in_disp) | (has_imm[:, None] & in_imm)
+    all_covered = decoded & ~(diff & ~covered).any(axis=1)
+    # the fields to translate, in the order the instructions come (disp before imm)
+    dv_o, dv_n = field_values(r_raw_o, d_off, d_sz), field_values(r_raw_n, d_off, d_sz)
+    end_o = r_oa + r_size.astype(np.uint64)
+    end_n = r_na + r_size.astype(np.uint64)
+    dv_o = np.where(rip, end_o + dv_o, dv_o)
+    dv_n = np.where(rip, end_n + dv_n, dv_n)
+    iv_o, iv_n = field_values(r_raw_o, i_off, i_sz), field_values(r_raw_n, i_off, i_sz)
+    use_d, use_i = decoded & has_disp, decoded & has_imm
+    f_row = np.concatenate([np.nonzero(use_d)[0], np.nonzero(use_i)[0]])
+    f_old = np.concatenate([dv_o[use_d], iv_o[use_i]])
+    f_new = np.concatenate([dv_n[use_d], iv_n[use_i]])
+    f_at = np.concatenate([r_oa[use_d] + d_off[use_d].astype(np.uint64),
+                           r_oa[use_i] + i_off[use_i].astype(np.uint64)])
+    f_sz = np.concatenate([d_sz[use_d], i_sz[use_i]])
+    fields_ok = np.ones(len(rows), bool)
+    if len(f_row):
+        good = amap.translates(f_old, f_new, kernel)
         # a field relocated against a moved data symbol moved with it (rare: checked one by one)
         for i in np.nonzero(~good)[0].tolist():
-            good[i] = moved_by(f_at[i][0], f_old[i], f_new[i], f_at[i][1])
-        np.logical_and.at(fields_ok, np.array(f_row, np.int64), good)
-    for (oa, ins, all_covered), fok in zip(checked, fields_ok.tolist()):
-        if not all_covered or not fok:
-            unexplained.append((oa, "undecodable" if ins is None else
+            good[i] = moved_by(int(f_at[i]), int(f_old[i]), int(f_new[i]), int(f_sz[i]))
+        np.logical_and.at(fields_ok, f_row, good)
+    passed = all_covered & fields_ok
+    field_fixed = int(passed.sum())
+    unexplained = []
+    if not passed.all():
+        cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        for k in np.nonzero(~passed)[0].tolist():
+            oa, size = int(r_oa[k]), int(r_size[k])
+            ins = next(cs.disasm(bytes(r_raw_o[k][:size]), oa, 1), None)
+            unexplained.append((oa, "undecodable" if ins is None or not decoded[k] else
                                 f"{ins.mnemonic} {ins.op_str}"))
-        else:
-            field_fixed += 1
     _add(findings, "error", "equiv.branch-target", wrong_target,
          lambda w: (w[1], f"branch at {octx.symbol_at(w[0])} went to {octx.symbol_at(w[2])}, "
                     f"now goes to {w[3]:#x}" if w[3] is not None else
@@ -1049,9 +1096,18 @@ def _orc_lookup(ctx):
     return e["ip"].astype(np.uint64), key
 
 
-def _check_blocks(octx, nctx, rows, split, oi, ni, amap, findings, counter, report,
-                  data_moves=None):
-    """Block-level equivalence of the split functions (tools/verify/blocks.py)."""
+def _add_block_findings(found, stats, findings, counter, report):
+    by_check = {}
+    for f in found:
+        by_check.setdefault(f.check, []).append(f)
+    for check, items in sorted(by_check.items()):
+        _add(findings, "error", check, items, lambda f: (f.address, f.message), counter)
+    report.extra["equivalence_blocks"] = stats
+
+
+def _block_results(octx, nctx, rows, split, oi, ni, amap, data_moves=None):
+    """Block-level equivalence of the split functions (tools/verify/blocks.py):
+    (findings, stats), added to the report by _add_block_findings."""
     from .blocks import SplitFunction, check_blocks
     old, new = octx.image, nctx.image
     of, nf = octx.functions, nctx.functions
@@ -1094,12 +1150,6 @@ def _check_blocks(octx, nctx, rows, split, oi, ni, amap, findings, counter, repo
     for nm in NORETURN:
         noreturn |= octx.symbol_addresses().get(nm, set())
     orc_old, orc_new = _orc_lookup(octx), _orc_lookup(nctx)
-    found, stats = check_blocks(rows, funcs, old.read, new.read, amap.base.map, orc_old, orc_new,
-                                tables=tables, no_fallthrough=frozenset(no_fall),
-                                noreturn=frozenset(noreturn), data_moves=data_moves)
-    by_check = {}
-    for f in found:
-        by_check.setdefault(f.check, []).append(f)
-    for check, items in sorted(by_check.items()):
-        _add(findings, "error", check, items, lambda f: (f.address, f.message), counter)
-    report.extra["equivalence_blocks"] = stats
+    return check_blocks(rows, funcs, old.read, new.read, amap.base.map, orc_old, orc_new,
+                        tables=tables, no_fallthrough=frozenset(no_fall),
+                        noreturn=frozenset(noreturn), data_moves=data_moves)

@@ -67,8 +67,13 @@ def _eh_frame_checks(image, report, findings):
     report.tables[".eh_frame"] = {"entries": count, "ok": not problems}
 
 
-def verify_image(path, log=None, tables=None):
-    """Check one image alone; returns a VerifyReport."""
+def verify_image(path, log=None, tables=None, fork_tables=False):
+    """Check one image alone; returns a VerifyReport.
+
+    ``fork_tables``: the table and relocation checks run in a forked child
+    (forked.py) while the caller goes on (``verify --against`` on the second
+    core); their findings join the report at ``collect_tables(report)``.
+    """
     t0 = time.time()
     log = log or (lambda m: None)
     timings.phase("verify: load, decode NEW")
@@ -85,7 +90,48 @@ def verify_image(path, log=None, tables=None):
     report.known_undecoded = {name: 0 for _, _, name in KNOWN_UNDECODED}
     timings.phase("verify: coverage")
     _coverage(ctx, report, findings)
-    timings.phase("verify: tables, relocations")
+    timings.phase("verify: tables, relocations" + (" (forked)" if fork_tables else ""))
+    if fork_tables:
+        from .forked import Forked
+        report.pending_tables = Forked(_table_checks, ctx, tables, log)
+        report.tables_at = len(findings)        # where their findings go
+    else:
+        _add_table_checks(report, _table_checks(ctx, tables, log))
+    report.seconds = time.time() - t0
+    return report
+
+
+def collect_tables(report):
+    """Add the forked table checks' findings (verify_image's ``fork_tables``)."""
+    pending = getattr(report, "pending_tables", None)
+    if pending is not None:
+        report.pending_tables = None
+        _add_table_checks(report, pending.result(), report.tables_at)
+
+
+def cancel_tables(report):
+    pending = getattr(report, "pending_tables", None)
+    if pending is not None:
+        pending.cancel()
+
+
+def _add_table_checks(report, result, at=None):
+    found, tables, static_keys, extra = result
+    at = len(report.findings) if at is None else at
+    report.findings[at:at] = found
+    report.tables.update(tables)
+    if static_keys is not None:
+        report.static_keys = static_keys
+    # the report's key order as if they had run first
+    report.extra = {**extra, **{k: v for k, v in report.extra.items() if k not in extra}}
+
+
+def _table_checks(ctx, tables, log):
+    """Every kernel table, .eh_frame and the code relocations of one image:
+    (findings, {table: {"entries", "ok"}}, static-key census, report extras)."""
+    image = ctx.image
+    report = VerifyReport(path=image.path, kernel_version=ctx.banner)
+    findings = report.findings
     for cls in TABLES:
         if tables and cls.name not in tables:
             continue
@@ -117,5 +163,4 @@ def verify_image(path, log=None, tables=None):
     if ctx.is_kernel and not report.tables:
         findings.append(Finding("warning", "kernel.tables", None,
                                 "kernel image without any recognised kernel table"))
-    report.seconds = time.time() - t0
-    return report
+    return findings, report.tables, report.static_keys, report.extra

@@ -1,0 +1,142 @@
+"""verify --against's fast paths (tools/verify/fields.py, tools/verify/forked.py).
+
+- FieldLayouts (Capstone's field layout, decoded once per instruction header)
+  gives exactly what Capstone's own detail decode gives, instruction by
+  instruction, on a random sample of the real vmlinux's instructions, including
+  instructions whose header was first seen on another instruction;
+- blocks.py's lite decode asks for Capstone's detail on every instruction
+  that is a direct branch or has a RIP-relative operand (same sample);
+- field_values reads every field width and sign like int.from_bytes;
+- the merged disassembly's carried-over branch targets equal a fresh decode;
+- Forked returns what the call returns, re-raises the call's own exception in
+  the parent, and a cancelled child is gone.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import capstone
+from capstone import x86 as cx86
+
+from linepack.verify.fields import FieldLayouts, field_values
+from linepack.verify.forked import Forked
+
+SAMPLE = 40_000
+
+
+def _capstone_layout(cs, code, addr):
+    ins = next(cs.disasm(code, addr, 1), None)
+    if ins is None or ins.size != len(code):
+        return (False, 0, 0, 0, 0, False)
+    rip = any(op.type == cx86.X86_OP_MEM and op.mem.base == cx86.X86_REG_RIP for op in ins.operands)
+    dsz = 4 if ins.disp_size == 2 else ins.disp_size
+    return (True, ins.disp_offset if dsz else 0, dsz, ins.imm_offset if ins.imm_size else 0,
+            ins.imm_size, rip)
+
+
+@pytest.fixture(scope="module")
+def vmlinux_insns(debian_vmlinux):
+    from linepack.image.disasm import disassemble
+    from linepack.image.elf import ElfImage
+    from linepack.image.functions import FunctionTable
+    image = ElfImage(debian_vmlinux)
+    return disassemble(image, FunctionTable(image))
+
+
+def test_layouts_match_capstone_on_the_real_vmlinux(vmlinux_insns):
+    d = vmlinux_insns
+    rng = np.random.default_rng(9)
+    pick = np.sort(rng.choice(len(d), SAMPLE, replace=False))
+    raw, size, addr = d.raw[pick], d.size[pick].astype(np.int64), d.addr[pick]
+    fl = FieldLayouts()
+    got = fl.layouts(raw, size, addr)
+    cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    cs.detail = True
+    want = [_capstone_layout(cs, bytes(raw[k][:size[k]]), int(addr[k])) for k in range(len(pick))]
+    # blocks.py decodes operand detail only for mnemonics that may branch and
+    # operand texts that name rip: every real direct branch and RIP operand is among them
+    from linepack.verify.blocks import _direct_target, _maybe_branch, _rip_relative
+    branches = rips = 0
+    for k in range(len(pick)):
+        ins = next(cs.disasm(bytes(raw[k][:size[k]]), int(addr[k]), 1), None)
+        if ins is None:
+            continue
+        if _direct_target(ins) is not None:
+            branches += 1
+            assert _maybe_branch(ins.mnemonic), ins.mnemonic
+        if _rip_relative(ins):
+            rips += 1
+            assert "rip" in ins.op_str, (ins.mnemonic, ins.op_str)
+    assert branches > 1000 and rips > 500
+    want = [np.array([w[c] for w in want]) for c in range(6)]
+    for c, name in enumerate(("decoded", "disp offset", "disp size", "imm offset", "imm size",
+                              "rip")):
+        bad = np.nonzero(got[c] != want[c])[0]
+        assert not len(bad), (name, [bytes(raw[k][:size[k]]).hex() for k in bad[:5]])
+    # the memo did the work: far fewer headers than instructions, and with
+    # RIP-relative displacements among them
+    assert len(fl._by_header) < SAMPLE // 4
+    assert got[5].sum() > 500 and (got[2] == 4).sum() > 1000 and (got[4] == 8).sum() > 0
+
+
+def test_field_values_every_width_and_sign():
+    rows = [(b"\x01\x80\xff\x7f\x00\x00\x00\x00", 0, 1), (b"\x01\x80\xff\x7f", 1, 1),
+            (b"\x00\x34\x12\xf0\xff", 1, 4), (b"\x00\x34\x12\xf0\x7f", 1, 4),
+            (b"\x48\xb8" + (0x8123456789abcdef).to_bytes(8, "little"), 2, 8),
+            (b"\x90", 0, 0), (b"\x66\x05\x34\x82", 2, 2)]
+    raw = np.zeros((len(rows), 16), np.uint8)
+    for k, (b, _, _) in enumerate(rows):
+        raw[k, :len(b)] = np.frombuffer(b, np.uint8)
+    off = np.array([r[1] for r in rows])
+    sz = np.array([r[2] for r in rows])
+    got = field_values(raw, off, sz).tolist()
+    want = [int.from_bytes(b[o:o + s], "little", signed=0 < s < 8) & (2**64 - 1) if s else 0
+            for b, o, s in rows]
+    assert got == want
+
+
+def _square(x):
+    return {"pid": os.getpid(), "value": np.arange(x) ** 2}
+
+
+def _fails(x):
+    raise ValueError(f"bad {x}")
+
+
+def test_forked_returns_the_child_result():
+    job = Forked(_square, 100_000)
+    got = job.result()
+    assert got["pid"] != os.getpid()                    # really computed in the child
+    assert np.array_equal(got["value"], np.arange(100_000) ** 2)
+
+
+def test_forked_failure_is_raised_in_the_parent():
+    job = Forked(_fails, 7)
+    with pytest.raises(ValueError, match="bad 7"):
+        job.result()
+
+
+def test_forked_cancel_reaps_the_child():
+    job = Forked(_square, 10_000_000)       # a result larger than the pipe: the child blocks
+    pid = job.pid
+    assert pid
+    job.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def test_merged_disassembly_carries_the_branch_targets(debian_vmlinux):
+    """coverage.merge hands the parts' decoded branch targets to the merged
+    disassembly: they equal a fresh decode of the merged rows."""
+    from linepack.image.disasm import Disassembly
+    from linepack.image.elf import ElfImage
+    from linepack.kernel.base import ImageContext
+    d = ImageContext(ElfImage(debian_vmlinux)).disasm
+    carried = d._branch_targets
+    fresh = Disassembly(d.addr, d.size, d.func, d.raw, []).branch_targets()
+    assert len(carried[0]) > 500_000
+    for a, b in zip(carried, fresh):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
