@@ -33,6 +33,7 @@ import bisect
 import numpy as np
 
 from . import encoding as enc
+from . import native
 from .native import relines
 
 R_X86_64_64, R_X86_64_32 = 1, 10
@@ -106,6 +107,18 @@ class Segments:
                 np.array([min(self.new_end[i], cap) for i in m], np.uint64),
                 np.array([self.collapse[i] for i in m], bool))
 
+    def c_arrays(self):
+        """Every segment (empty ones too, as ``map`` and ``ranges`` see them) as
+        the arrays the C core takes: old, end, new, new_end, collapse."""
+        if getattr(self, "_c", None) is None:
+            cap = (1 << 64) - 1
+            self._c = (np.array([min(x, cap) for x in self.old], np.uint64),
+                       np.array([min(x, cap) for x in self.end], np.uint64),
+                       np.array([min(x, cap) for x in self.new], np.uint64),
+                       np.array([min(x, cap) for x in self.new_end], np.uint64),
+                       np.array(self.collapse, np.uint8))
+        return self._c
+
     def _place(self, k, a, b):
         """New [start, end) of old [a, b) inside segment k."""
         if self.collapse[k]:
@@ -158,6 +171,16 @@ def _read_section(image, s):
         if len(data) == s.size:
             return data
     return bytes(image.section_bytes(s))
+
+
+def _put_le(buf, pos, value, n):
+    """buf[pos:pos + n] = value (little-endian, masked to n bytes) for every pos."""
+    pos = np.asarray(pos, np.int64)
+    if not len(pos):
+        return
+    v = np.broadcast_to(np.asarray(value).astype(np.uint64), pos.shape)
+    for k in range(n):
+        buf[pos + k] = ((v >> np.uint64(8 * k)) & np.uint64(0xFF)).astype(np.uint8)
 
 
 def merge_ranges(rs):
@@ -601,52 +624,90 @@ class DwarfRewrite:
         starts = [s for s, _ in split]
         walked = []
         info = self.orig[".debug_info"]
+        abbrev = self.orig.get(".debug_abbrev", b"")
+        cuts_a = np.array([min(c, (1 << 64) - 1) for c in cuts], np.uint64)
+        seg = self.seg.c_arrays()
         dies = stuck = 0
+        LO, HI, ENT, RNG, IDC, PAD = range(6)
+        want = (enc.DW_AT_low_pc, enc.DW_AT_high_pc, enc.DW_AT_entry_pc, enc.DW_AT_ranges,
+                enc.DW_AT_identifier_case, DW_AT_linepack_pad)
         for ui, un in enumerate(self.units):
             old = self.cu_old_ranges[ui]
             if not old or not any(self._overlaps(starts, split, lo, hi) for lo, hi in old):
                 continue
             walked.append(ui)
             table = tables[un.abbrev_off]
-            todo = []
-            codes = set()
-            for off, tag, a, code in enc.walk_dies(info, un, table):
-                if off == un.die:
-                    continue
-                if enc.DW_AT_high_pc not in a or enc.DW_AT_low_pc not in a or \
-                        a[enc.DW_AT_low_pc][0] != enc.DW_FORM_addr:
-                    continue
-                lo = enc.u(info, a[enc.DW_AT_low_pc][1], un.asz)
-                f, p, e = a[enc.DW_AT_high_pc]
-                hv = enc.u(info, p, e - p)
-                hi = hv if f == enc.DW_FORM_addr else lo + hv
-                k = bisect.bisect_right(cuts, lo)
-                cut = k < len(cuts) and cuts[k] < hi
-                if not cut and hi > lo:
-                    # no cut inside, but the piece it ends with may have grown
-                    # (a jmp appended) or shrunk: its length no longer holds
-                    nlo = self.seg.map(lo)
-                    cut = self.seg.ranges(lo, hi) != [(nlo, nlo + hi - lo)]
-                if not (self._convertible(un, a) or self._convertible_with_entry(un, a)):
-                    stuck += cut         # left as it is (counted)
-                    continue
-                todo.append((a, code, lo, hi))
-                if cut:
-                    codes.add(code)
+            d = native.dies(info, abbrev, un, want)
+            # DIEs (not the unit's) with an address low pc and a high pc
+            idx = np.nonzero((d.off != un.die) & d.has(HI) & d.has(LO) &
+                             (d.form[:, LO] == enc.DW_FORM_addr))[0]
+            if not len(idx):
+                continue
+            form, val, has = d.form[idx], d.val[idx], d.pos[idx] >= 0
+            hsize = (d.end[idx, HI] - d.pos[idx, HI])
+            lsize = (d.end[idx, LO] - d.pos[idx, LO])
+            lo = val[:, LO]
+            hi = np.where(form[:, HI] == enc.DW_FORM_addr, val[:, HI], lo + val[:, HI])
+            k = np.searchsorted(cuts_a, lo, side="right")
+            cut = (k < len(cuts_a)) & (cuts_a[np.minimum(k, len(cuts_a) - 1)] < hi) \
+                if len(cuts_a) else np.zeros(len(idx), bool)
+            count, linear, rlo, rhi = native.seg_ranges(seg, lo, hi, merge=True)
+            # no cut inside, but the piece it ends with may have grown (a jmp
+            # appended) or shrunk: its length no longer holds
+            cut |= (hi > lo) & ~linear
+            h48 = (hsize == 4) | (hsize == 8)
+            convertible = (un.osz == 4) & h48 & ~((hsize == 8) & has[:, IDC]) & \
+                ~has[:, ENT] & ~has[:, RNG]
+            with_entry = has[:, ENT] & ~has[:, RNG] & (un.osz == 4) & (lsize == 8) & h48 & \
+                (form[:, HI] != enc.DW_FORM_addr) & ~has[:, PAD]
+            conv = convertible | with_entry
+            stuck += int((cut & ~conv).sum())        # left as they are (counted)
+            codes = np.unique(d.code[idx][conv & cut])
+            if not len(codes):
+                continue
+            code = d.code[idx]
             mods = self.abbrev_mods.setdefault(ui, {})
-            for code in codes:
-                tag, children, attrs = table[code]
-                size = next(e - p for (a, cd, _, _) in todo if cd == code
-                            for f, p, e in [a[enc.DW_AT_high_pc]])
-                mods[code] = (tag, children, self._ranges_attrs(attrs, size, False))
-            for a, code, lo, hi in todo:
-                if code in codes:
-                    self._write_ranges_attr(un, a, merge_ranges(self.seg.ranges(lo, hi)))
-                    dies += 1
+            for c in codes.tolist():
+                first = np.nonzero(conv & (code == c))[0][0]
+                tag, children, attrs = table[c]
+                mods[c] = (tag, children, self._ranges_attrs(attrs, int(hsize[first]), False))
+            w = conv & np.isin(code, codes)
+            self._write_ranges_attrs(un, d, idx[w], count, rlo, rhi, w)
+            dies += int(w.sum())
         self.stats["dwarf_dies_converted_to_ranges"] = dies
         if stuck:
             self.stats["dwarf_dies_not_convertible"] = stuck
         return walked
+
+    def _write_ranges_attrs(self, un, d, rows, count, rlo, rhi, sel):
+        """_write_ranges_attr for DIE rows ``rows`` of ``d`` at once: their new
+        ranges are the items ``sel`` of the flat (count, rlo, rhi)."""
+        starts = np.concatenate([[0], np.cumsum(count)])[:-1]
+        pick = np.nonzero(sel)[0]
+        c = count[pick]
+        flat = np.repeat(starts[pick], c) + (np.arange(int(c.sum())) -
+                                             np.repeat(np.cumsum(c) - c, c))
+        v5 = un.version >= 5
+        name = ".debug_rnglists" if v5 else ".debug_ranges"
+        t = self._list_area(name, v5)
+        data, offs = native.encode_ranges(v5, c, rlo[flat], rhi[flat],
+                                          len(self.orig[name]) + len(t))
+        t += data
+        LO, HI, ENT = 0, 1, 2
+        ent = d.pos[rows, ENT] >= 0
+        lp, hp = d.pos[rows, LO], d.pos[rows, HI]
+        hsize = d.end[rows, HI] - hp
+        buf = self.buf[".debug_info"]
+        # the DIE names its entry already: low pc's 8 bytes hold the list offset
+        # and filler, high pc is filler; else high pc holds it (+ filler)
+        field = np.where(ent, lp, hp)
+        self.done_fields.update(field.tolist())
+        _put_le(buf, field, offs, 4)
+        _put_le(buf, np.where(ent, lp + 4, hp + 4)[ent | (hsize == 8)], 0, 4)
+        e8 = ent & (hsize == 8)
+        _put_le(buf, hp[e8], 0, 8)
+        e4 = ent & (hsize == 4)
+        _put_le(buf, hp[e4], 0, 4)
 
     @staticmethod
     def _overlaps(starts, spans, lo, hi):
@@ -671,12 +732,14 @@ class DwarfRewrite:
         from a converted unit (its entries were relative to the old base)."""
         if not converted:
             return
-        starts = np.array([self.units[i].off for i in converted], np.int64)
-        ends = np.array([self.units[i].end for i in converted], np.int64)
-        bases = {}
-        for i in converted:
-            bases[self.units[i].off] = self._old_base(self.units[i])
-        relisted = unreadable = 0
+        cu = [self.units[i] for i in converted]
+        starts = np.array([un.off for un in cu], np.int64)
+        ends = np.array([un.end for un in cu], np.int64)
+        base_of = np.array([self._old_base(un) for un in cu], np.uint64)
+        v5_of = np.array([un.version >= 5 for un in cu], np.uint8)
+        asz_of = np.array([un.asz for un in cu], np.uint8)
+        done = np.array(sorted(self.done_fields), np.int64)
+        parts = []
         for name in LIST_SECTIONS:
             if name not in self.orig:
                 continue
@@ -684,34 +747,59 @@ class DwarfRewrite:
             k = np.searchsorted(starts, pos, side="right") - 1
             kc = np.maximum(k, 0)
             inside = (k >= 0) & (pos < ends[kc])
-            pos, val, uo = pos[inside], val[inside], starts[kc[inside]]
+            pos, val, kc = pos[inside], val[inside], kc[inside]
             if not len(pos):
                 continue
             is_loc = name in (".debug_loclists", ".debug_loc")
-            views = set()
-            if is_loc:   # DW_AT_GNU_locviews follows DW_AT_location: its list precedes the locations
-                nxt = {p: v for p, v in zip(pos.tolist(), val.tolist())}
-                for p, v in nxt.items():
-                    w = nxt.get(p + 4)
-                    if w is not None and w < v:
-                        views.add(p + 4)
-            by_off = {self.units[i].off: self.units[i] for i in converted}
-            for p, v, ub in zip(pos.tolist(), val.tolist(), uo.tolist()):
-                if p in views or p in self.done_fields:
-                    continue
-                un = by_off[ub]
-                base = bases[ub]
-                v5 = un.version >= 5
-                try:
-                    self._relist(un, p, v, base, v5, is_loc, views)
-                except (ValueError, IndexError):
-                    unreadable += 1     # kept as it is (and counted)
-                    continue
-                relisted += 1
+            vp = np.full(len(pos), -1, np.int64)
+            keep = ~np.isin(pos, done)
+            if is_loc:
+                # DW_AT_GNU_locviews follows DW_AT_location: its list precedes the locations
+                views = self._view_fields(pos, val)
+                keep &= ~np.isin(pos, views)
+                vp = np.where(np.isin(pos + 4, views), pos + 4, -1)
+            parts.append((pos[keep], val[keep], kc[keep], is_loc, vp[keep]))
         self._list_bytes = {}
-        self.stats["dwarf_lists_reencoded"] = relisted
-        if unreadable:
-            self.stats["dwarf_lists_unreadable"] = unreadable
+        if not parts:
+            self.stats["dwarf_lists_reencoded"] = 0
+            return
+        p = np.concatenate([x[0] for x in parts])
+        kc = np.concatenate([x[2] for x in parts])
+        items = {"p": p, "v": np.concatenate([x[1] for x in parts]), "base": base_of[kc],
+                 "v5": v5_of[kc], "asz": asz_of[kc], "vp": np.concatenate([x[4] for x in parts]),
+                 "is_loc": np.concatenate([np.full(len(x[0]), x[3], np.uint8) for x in parts])}
+        names = (".debug_rnglists", ".debug_ranges", ".debug_loclists", ".debug_loc")
+        sections = [self.orig.get(n) for n in names] + \
+            [self.buf.get(".debug_loclists"), self.buf.get(".debug_loc")]
+        areas = [(len(self.orig.get(n, b"")), len(self.append.get(n, b"")), n in self.append)
+                 for n in names]
+        noff, voff, status, added = native.relist(self.seg.c_arrays(), self.orig[".debug_info"],
+                                                  sections, items, areas)
+        for n, data in zip(names, added):
+            if data:
+                self.append.setdefault(n, bytearray()).extend(data)
+        ok = status == 0
+        buf = self.buf[".debug_info"]
+        _put_le(buf, p[ok], noff[ok], 4)
+        hv = ok & (items["vp"] >= 0)
+        _put_le(buf, items["vp"][hv], voff[hv], 4)
+        self.stats["dwarf_lists_reencoded"] = int(ok.sum())
+        if (~ok).any():
+            self.stats["dwarf_lists_unreadable"] = int((~ok).sum())
+
+    @staticmethod
+    def _view_fields(pos, val):
+        """Fields (sorted offsets ``pos``, referenced offsets ``val``) that hold a
+        location-view list: the field 4 bytes after a location field whose
+        referenced offset is below that field's (the views list comes first)."""
+        if len(pos) > 1 and (np.diff(pos) <= 0).any():     # repeated fields: as a dict would
+            nxt = {q: v for q, v in zip(pos.tolist(), val.tolist())}
+            return np.array(sorted(q + 4 for q, v in nxt.items()
+                                   if nxt.get(q + 4) is not None and nxt[q + 4] < v), np.int64)
+        j = np.searchsorted(pos, pos + 4)
+        jc = np.minimum(j, len(pos) - 1)
+        hit = (j < len(pos)) & (pos[jc] == pos + 4) & (val[jc] < val)
+        return pos[jc[hit]]
 
     def _relist(self, un, p, v, base, v5, is_loc, views):
         """Append list ``v`` (referenced from field ``p``) re-encoded; repoint ``p``."""

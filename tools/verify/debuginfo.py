@@ -27,6 +27,7 @@ import random
 import numpy as np
 
 from ..dwarf import encoding as enc
+from ..dwarf import native
 from ..image.elf import SHT_NOBITS, ElfImage
 from ..dwarf.native import LineRows
 from ..kernel.base import Finding
@@ -226,23 +227,16 @@ def _check_units(old, new, pieces, problems, report, units_sample, seed):
             (None, f"OLD has {len(ou)} units, NEW {len(nu)}"))
     cus = [i for i in range(min(len(ou), len(nu))) if ou[i].unit_type in (1, 3)]
     sample = set(random.Random(seed).sample(cus, min(units_sample, len(cus))))
-    otabs, ntabs = {}, {}
     subprograms = scopes = 0
     units = {}
     resized = pieces.resized()
     split_units = []
     for i in cus:
         a, b = ou[i], nu[i]
-        for un, tabs, ab in ((a, otabs, oa), (b, ntabs, na)):
-            if un.abbrev_off not in tabs:
-                tabs[un.abbrev_off] = enc.parse_abbrevs(ab, un.abbrev_off)[0]
-        _, oattrs = enc.top_die_attrs(oi, a, otabs)
-        _, nattrs = enc.top_die_attrs(ni, b, ntabs)
-        oat = {x[0]: x[1:] for x in oattrs}
-        nat = {x[0]: x[1:] for x in nattrs}
-        obase, nbase = _base(oi, a, oat), _base(ni, b, nat)
-        orr = enc.die_ranges(oi, a, oat, obase, *olists)
-        nrr = enc.die_ranges(ni, b, nat, nbase, *nlists)
+        ot, nt = _unit_die(oi, oa, a), _unit_die(ni, na, b)
+        obase, nbase = _base(ot, a), _base(nt, b)
+        orr = _die_ranges(ot, np.zeros(1, np.int64), a, obase, olists)[0] if ot else None
+        nrr = _die_ranges(nt, np.zeros(1, np.int64), b, nbase, nlists)[0] if nt else None
         if orr is None:
             continue
         want_cu = _merge(r for lo, hi in orr for r in pieces.ranges(lo, hi))
@@ -261,16 +255,19 @@ def _check_units(old, new, pieces, problems, report, units_sample, seed):
     for i in sorted(sample & set(units)):
         a, b = ou[i], nu[i]
         obase, nbase, have_cu = units[i]
-        odies = enc.walk_dies(oi, a, otabs[a.abbrev_off])
-        ndies = enc.walk_dies(ni, b, ntabs[b.abbrev_off])
-        for (ooff, otag, oat2, _), (noff, ntag, nat2, _) in zip(odies, ndies):
-            if otag not in (DW_TAG_subprogram, DW_TAG_inlined_subroutine, DW_TAG_lexical_block):
-                continue
-            so = enc.die_ranges(oi, a, oat2, obase, *olists)
+        # DIEs pair up in order (the rewrite keeps every DIE where it was)
+        od, nd = native.dies(oi, oa, a, _WANT), native.dies(ni, na, b, _WANT)
+        m = min(len(od.off), len(nd.off))
+        rows = np.nonzero(np.isin(od.tag[:m], (DW_TAG_subprogram, DW_TAG_inlined_subroutine,
+                                               DW_TAG_lexical_block)))[0]
+        olds = _die_ranges(od, rows, a, obase, olists)
+        news = _die_ranges(nd, rows, b, nbase, nlists)
+        for r, so, nr in zip(rows.tolist(), olds, news):
             if not so:
                 continue
-            want = _merge(r for lo, hi in so for r in pieces.ranges(lo, hi))
-            have = _merge(enc.die_ranges(ni, b, nat2, nbase, *nlists) or [])
+            otag, ooff = int(od.tag[r]), int(od.off[r])
+            want = _merge(x for lo, hi in so for x in pieces.ranges(lo, hi))
+            have = _merge(nr or [])
             if otag != DW_TAG_subprogram:
                 scopes += 1
                 if want != have:
@@ -309,11 +306,58 @@ class _Sub:
         self.line, self.column = rows.line[idx], rows.column[idx]
 
 
-def _base(b, un, attrs):
-    x = attrs.get(enc.DW_AT_low_pc)
-    if x is not None and x[0] == enc.DW_FORM_addr:
-        return enc.u(b, x[1], un.asz)
+_WANT = (enc.DW_AT_low_pc, enc.DW_AT_high_pc, enc.DW_AT_ranges)
+_LO, _HI, _RG = range(3)
+
+
+def _unit_die(info, abbrev, un):
+    """The unit DIE's attributes (native.Dies of one row), or None when its
+    abbreviation cannot be read (no attributes, as a reader would see it)."""
+    try:
+        d = native.dies(info, abbrev, un, _WANT, limit=1)
+    except ValueError:
+        return None
+    return d if len(d.off) and int(d.off[0]) == un.die else None
+
+
+def _base(d, un):
+    if d is not None and d.pos[0, _LO] >= 0 and d.form[0, _LO] == enc.DW_FORM_addr:
+        return int(d.val[0, _LO])
     return 0
+
+
+def _die_ranges(d, rows, un, base, lists):
+    """Code ranges of DIE rows ``rows`` of ``d`` (encoding.die_ranges, in bulk):
+    per row [(lo, hi)] from DW_AT_ranges or low/high pc, or None."""
+    out = [None] * len(rows)
+    if not len(rows):
+        return out
+    form, val, pos = d.form[rows], d.val[rows], d.pos[rows]
+    has_r = pos[:, _RG] >= 0
+    v5 = un.version >= 5
+    sec = lists[0] if v5 else lists[1]
+    rsel = np.nonzero(has_r & np.isin(form[:, _RG], (enc.DW_FORM_sec_offset, enc.DW_FORM_data4,
+                                                     enc.DW_FORM_data8)))[0]
+    if len(rsel) and sec is not None:
+        count, lo, hi = native.read_lists(sec, v5, un.asz, val[rsel, _RG].astype(np.int64),
+                                          np.full(len(rsel), base, np.uint64))
+        if (count < 0).any():
+            bad = int(val[rsel[np.nonzero(count < 0)[0][0]], _RG])
+            raise ValueError(f"{'.debug_rnglists' if v5 else '.debug_ranges'}: cannot read the "
+                             f"range list at {bad:#x}")
+        lo, hi = lo.tolist(), hi.tolist()
+        k = 0
+        for j, c in zip(rsel.tolist(), count.tolist()):
+            out[j] = list(zip(lo[k:k + c], hi[k:k + c]))
+            k += c
+    lsel = np.nonzero(~has_r & (pos[:, _LO] >= 0) & (pos[:, _HI] >= 0) &
+                      (form[:, _LO] == enc.DW_FORM_addr))[0]
+    if len(lsel):
+        lo = val[lsel, _LO]
+        hi = np.where(form[lsel, _HI] == enc.DW_FORM_addr, val[lsel, _HI], lo + val[lsel, _HI])
+        for j, a, b in zip(lsel.tolist(), lo.tolist(), hi.tolist()):
+            out[j] = [(a, b)]
+    return out
 
 
 def _fmt(rs):
