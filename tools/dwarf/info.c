@@ -647,3 +647,133 @@ int64_t lp_read_lists(const uint8_t *sec, int64_t sec_len, int v5, int asz,
     free(v.r);
     return total;
 }
+
+/* ------------------------------------------------- abbreviation tables out */
+
+static int bput_sleb(buf_t *o, int64_t v) {
+    for (;;) {
+        uint8_t c = v & 0x7f;
+        v >>= 7;                                   /* arithmetic shift */
+        int done = (v == 0 && !(c & 0x40)) || (v == -1 && (c & 0x40));
+        if (bput1(o, done ? c : (c | 0x80))) return -1;
+        if (done) return 0;
+    }
+}
+
+typedef struct { uint64_t code; int64_t start, end; int64_t seq; } ent_t;
+
+/* Scan the table at off: every entry's code and byte span [start, end). */
+static int64_t scan_table(const sec_t *s, int64_t off, ent_t **out) {
+    int64_t p = off, n = 0, cap = 0;
+    ent_t *e = NULL;
+    for (;;) {
+        int64_t st = p;
+        uint64_t code, tag, at, form;
+        if (rd_uleb(s, &p, &code)) goto bad;
+        if (code == 0) break;
+        if (rd_uleb(s, &p, &tag) || p >= s->n) goto bad;
+        p++;
+        for (;;) {
+            if (rd_uleb(s, &p, &at) || rd_uleb(s, &p, &form)) goto bad;
+            if (form == DW_FORM_implicit_const) { int64_t ic; if (rd_sleb(s, &p, &ic)) goto bad; }
+            else if (at == 0 && form == 0) break;
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 256;
+            ent_t *ne = realloc(e, sizeof(ent_t) * cap);
+            if (!ne) goto bad;
+            e = ne;
+        }
+        e[n].code = code; e[n].start = st; e[n].end = p; e[n].seq = n; n++;
+    }
+    *out = e;
+    return n;
+bad:
+    free(e);
+    return -1;
+}
+
+/* One entry (the last one with ``code``, as a dict keeps it): tag, children
+ * and up to cap (attr, form, implicit const, has const) specs; returns the
+ * spec count, -1 code absent, -2 malformed table. */
+int64_t lp_abbrev_entry(const uint8_t *ab, int64_t ab_len, int64_t off, uint64_t code,
+                        uint64_t *tag, int64_t *children, uint64_t *at, uint64_t *form, int64_t *ic,
+                        uint8_t *has_ic, int64_t cap) {
+    sec_t s = {ab, ab_len};
+    ent_t *e = NULL;
+    int64_t n = scan_table(&s, off, &e);
+    if (n < 0) return -2;
+    int64_t hit = -1;
+    for (int64_t i = 0; i < n; i++) if (e[i].code == code) hit = i;
+    if (hit < 0) { free(e); return -1; }
+    int64_t p = e[hit].start, k = 0;
+    free(e);
+    uint64_t c = 0, t = 0, a = 0, f = 0;
+    rd_uleb(&s, &p, &c); rd_uleb(&s, &p, &t);
+    *tag = t; *children = s.b[p++];
+    for (;;) {
+        int64_t v = 0; int h = 0;
+        rd_uleb(&s, &p, &a); rd_uleb(&s, &p, &f);
+        if (f == DW_FORM_implicit_const) { rd_sleb(&s, &p, &v); h = 1; }
+        else if (a == 0 && f == 0) break;
+        if (k < cap) { at[k] = a; form[k] = f; ic[k] = v; has_ic[k] = (uint8_t)h; }
+        k++;
+    }
+    return k;
+}
+
+static int ecmp(const void *x, const void *y) {
+    const ent_t *a = x, *b = y;
+    if (a->code != b->code) return a->code < b->code ? -1 : 1;
+    return a->seq < b->seq ? -1 : (a->seq > b->seq);
+}
+
+/* encoding.encode_abbrevs of (the table at off, updated with the mods): every
+ * entry re-encoded (canonical LEB128), in code order, the last entry of a
+ * code winning, mod i (code mod_codes[i], its encoded entry
+ * mod_bytes[mod_off[i]..mod_off[i + 1]]) replacing or adding its code; then
+ * the terminating 0. Returns the length (may exceed cap), -1 malformed. */
+int64_t lp_abbrev_table(const uint8_t *ab, int64_t ab_len, int64_t off, int64_t nmods,
+                        const uint64_t *mod_codes, const uint8_t *mod_bytes, const int64_t *mod_off,
+                        uint8_t *out, int64_t cap) {
+    sec_t s = {ab, ab_len};
+    ent_t *e = NULL;
+    int64_t n = scan_table(&s, off, &e);
+    if (n < 0) return -1;
+    ent_t *all = realloc(e, sizeof(ent_t) * (size_t)(n + nmods + 1));
+    if (!all) { free(e); return -1; }
+    e = all;
+    for (int64_t i = 0; i < nmods; i++) {         /* a mod: start < 0 names it */
+        e[n].code = mod_codes[i]; e[n].start = -1 - i; e[n].end = 0; e[n].seq = n; n++;
+    }
+    qsort(e, (size_t)n, sizeof(ent_t), ecmp);
+    buf_t o = {0, 0, 0};
+    int err = 0;
+    for (int64_t i = 0; i < n && !err; i++) {
+        if (i + 1 < n && e[i + 1].code == e[i].code) continue;     /* a later one wins */
+        if (e[i].start < 0) {
+            int64_t m = -1 - e[i].start;
+            err |= bput(&o, mod_bytes + mod_off[m], mod_off[m + 1] - mod_off[m]);
+            continue;
+        }
+        int64_t p = e[i].start;
+        uint64_t c = 0, t = 0, a = 0, f = 0;
+        rd_uleb(&s, &p, &c); rd_uleb(&s, &p, &t);
+        err |= bput_uleb(&o, c) | bput_uleb(&o, t) | bput1(&o, s.b[p++]);
+        for (;;) {
+            rd_uleb(&s, &p, &a); rd_uleb(&s, &p, &f);
+            if (f == DW_FORM_implicit_const) {
+                int64_t v; rd_sleb(&s, &p, &v);
+                err |= bput_uleb(&o, a) | bput_uleb(&o, f) | bput_sleb(&o, v);
+            } else if (a == 0 && f == 0) break;
+            else err |= bput_uleb(&o, a) | bput_uleb(&o, f);
+        }
+        err |= bput1(&o, 0) | bput1(&o, 0);
+    }
+    err |= bput1(&o, 0);
+    free(e);
+    int64_t len = err ? -1 : o.n;
+    if (!err && o.n <= cap) memcpy(out, o.b, (size_t)o.n);
+    free(o.b);
+    return len;
+}

@@ -58,17 +58,21 @@ def library():
     lib.lp_seg_ranges.restype = I64
     lib.lp_encode_ranges.argtypes = [ctypes.c_int, I64, P, P, P, I64, P, P, I64]
     lib.lp_encode_ranges.restype = I64
-    lib.lp_relist.argtypes = [P, P, P, P, P, I64, P, I64, P, P, I64, P, P, P, P, P, P, P, P, P, P,
-                              P, P, P, P, P]
+    lib.lp_relist.argtypes = [P, P, P, P, P, I64, P, I64, P, P, I64, P, P, P, P, P, P, P,
+                              P, P, P, P, P, P, P, P, P]
     lib.lp_relist.restype = I64
     lib.lp_read_lists.argtypes = [P, I64, ctypes.c_int, ctypes.c_int, I64, P, P, P, P, P, I64]
     lib.lp_read_lists.restype = I64
+    lib.lp_abbrev_entry.argtypes = [P, I64, I64, ctypes.c_uint64, P, P, P, P, P, P, I64]
+    lib.lp_abbrev_entry.restype = I64
+    lib.lp_abbrev_table.argtypes = [P, I64, I64, I64, P, P, P, P, I64]
+    lib.lp_abbrev_table.restype = I64
     _lib = lib
     return lib
 
 
 def _p(a):
-    return a.ctypes.data_as(ctypes.c_void_p)
+    return a.ctypes.data        # an int: ctypes passes it as the c_void_p argument
 
 
 def relines(section, seg_old, seg_end, seg_new, seg_new_end=None, seg_collapse=None, addr_size=8):
@@ -153,6 +157,15 @@ class Dies:
         return self.end[:, j] - self.pos[:, j]
 
 
+class DieError(ValueError):
+    """Malformed DWARF met by the DIE walk; ``kind``: the C core's error code."""
+
+    def __init__(self, message, kind):
+        super().__init__(message)
+        self.kind = kind
+
+
+UNKNOWN_CODE = -3
 _DIE_ERRORS = {-1: "truncated DIE or attribute", -2: "unknown attribute form",
                -3: "unknown abbreviation code", -4: "unreadable abbreviation table"}
 
@@ -177,8 +190,8 @@ def dies(info, abbrev, un, want, limit=0):
                         _p(ab), len(ab), un.abbrev_off, _p(w), nw, _p(off), _p(code), _p(tag),
                         _p(form), _p(pos), _p(end), _p(val), cap, limit, _p(err))
         if n < 0:
-            raise ValueError(f".debug_info: {_DIE_ERRORS.get(n, 'malformed')} at offset "
-                             f"{int(err[0]):#x} (unit at {un.off:#x})")
+            raise DieError(f".debug_info: {_DIE_ERRORS.get(n, 'malformed')} at offset "
+                           f"{int(err[0]):#x} (unit at {un.off:#x})", int(n))
         if n <= cap:
             break
         cap = int(n)
@@ -287,3 +300,58 @@ def read_lists(section, v5, asz, off, base):
         if t <= cap:
             return count, lo[:t], hi[:t]
         cap = int(t)
+
+
+class AbbrevTable:
+    """One abbreviation table read on demand: ``table[code]`` is (tag, children,
+    [(attr, form, implicit_const or None)]) like encoding.parse_abbrevs' (the
+    last entry of a code), from the C core; KeyError when absent."""
+
+    def __init__(self, abbrev, off):
+        self.ab, self.off, self._memo = _u8(abbrev), off, {}
+
+    def __getitem__(self, code):
+        hit = self._memo.get(code)
+        if hit is not None:
+            return hit
+        lib = library()
+        cap = 64
+        while True:
+            tag, children = np.zeros(1, np.uint64), np.zeros(1, np.int64)
+            at, form, ic = np.zeros(cap, np.uint64), np.zeros(cap, np.uint64), np.zeros(cap, np.int64)
+            has = np.zeros(cap, np.uint8)
+            n = lib.lp_abbrev_entry(_p(self.ab), len(self.ab), self.off, code, _p(tag),
+                                    _p(children), _p(at), _p(form), _p(ic), _p(has), cap)
+            if n == -1:
+                raise KeyError(code)
+            if n < 0:
+                raise ValueError(f".debug_abbrev: cannot read the table at offset {self.off:#x}")
+            if n <= cap:
+                break
+            cap = int(n)
+        specs = [(a, f, c if h else None) for a, f, c, h in
+                 zip(at[:n].tolist(), form[:n].tolist(), ic[:n].tolist(), has[:n].tolist())]
+        hit = self._memo[code] = (int(tag[0]), int(children[0]), specs)
+        return hit
+
+
+def abbrev_table_with(abbrev, off, mods, encode_entry):
+    """encoding.encode_abbrevs of the table at ``off`` updated with ``mods``
+    ({code: entry}); ``encode_entry(code, entry)`` gives a mod's bytes."""
+    lib = library()
+    ab = _u8(abbrev)
+    codes = sorted(mods)
+    parts = [encode_entry(c, mods[c]) for c in codes]
+    mb = np.frombuffer(b"".join(parts) or b"\0", np.uint8)
+    mo = np.concatenate([[0], np.cumsum([len(x) for x in parts], dtype=np.int64)]).astype(np.int64)
+    mc = np.array(codes, np.uint64)
+    cap = 4096
+    while True:
+        out = np.empty(cap, np.uint8)
+        n = lib.lp_abbrev_table(_p(ab), len(ab), off, len(codes), _p(mc), _p(mb), _p(mo),
+                                _p(out), cap)
+        if n < 0:
+            raise ValueError(f".debug_abbrev: cannot read the table at offset {off:#x}")
+        if n <= cap:
+            return out[:n].tobytes()
+        cap = int(n)

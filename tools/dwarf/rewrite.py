@@ -173,6 +173,37 @@ def _read_section(image, s):
     return bytes(image.section_bytes(s))
 
 
+class _Tables(dict):
+    """Abbreviation tables by offset, each read entry by entry on demand."""
+
+    def __init__(self, abbrev):
+        super().__init__()
+        self.abbrev = abbrev
+
+    def __missing__(self, off):
+        t = self[off] = native.AbbrevTable(self.abbrev, off)
+        return t
+
+
+_TOP = (DW_AT_stmt_list, enc.DW_AT_low_pc, enc.DW_AT_high_pc, enc.DW_AT_ranges,
+        enc.DW_AT_identifier_case, enc.DW_AT_entry_pc, DW_AT_linepack_pad)
+
+
+def _member(a, sorted_b):
+    """np.isin(a, sorted_b) for a sorted ``sorted_b``, by binary search."""
+    if not len(sorted_b):
+        return np.zeros(len(a), bool)
+    j = np.minimum(np.searchsorted(sorted_b, a), len(sorted_b) - 1)
+    return sorted_b[j] == a
+
+
+def _le_words(buf, n):
+    """A view of uint8 array ``buf``: the n-byte little-endian word at every byte
+    offset (unaligned; writable when ``buf`` is). An offset too close to the end
+    raises IndexError, as reading its bytes one by one would."""
+    return np.ndarray((max(len(buf) - n + 1, 0),), dtype=f"<u{n}", buffer=buf, strides=(1,))
+
+
 def _put_le(buf, pos, value, n):
     """buf[pos:pos + n] = value (little-endian, masked to n bytes) for every pos."""
     pos = np.asarray(pos, np.int64)
@@ -207,6 +238,7 @@ class DwarfRewrite:
         self.orig = {}
         self.buf = {}
         self.append = {}       # section name -> bytearray appended after the original
+        self._shndx = {}       # relocation section -> its symbols' section indices
 
     def _sec(self, name):
         s = self.secs.get(name)
@@ -242,8 +274,11 @@ class DwarfRewrite:
         return self.image.relocations.get(name)
 
     def _sym_section(self, rel):
-        shndx = self.image.symtab["shndx"][rel.sym].astype(np.int64)
-        return shndx
+        key = id(rel)
+        hit = self._shndx.get(key)
+        if hit is None or hit[0] is not rel:
+            hit = self._shndx[key] = (rel, self.image.symtab["shndx"][rel.sym].astype(np.int64))
+        return hit[1]
 
     def patch_addresses(self):
         secs = self.image.sections
@@ -260,14 +295,11 @@ class DwarfRewrite:
             pos = rel.offset[m].astype(np.int64)
             if not len(pos):
                 continue
-            buf = self.buf[name]
-            val = np.zeros(len(pos), np.uint64)
-            for k in range(8):
-                val |= buf[pos + k].astype(np.uint64) << np.uint64(8 * k)
+            words = _le_words(self.buf[name], 8)
+            val = words[pos]
             new, ok = amap.map(val)
             new = np.where(ok, new, val)
-            for k in range(8):
-                buf[pos + k] = ((new >> np.uint64(8 * k)) & np.uint64(0xFF)).astype(np.uint8)
+            words[pos] = new
             fields += int((new != val).sum())
             unmapped += int((~ok).sum())
         self.stats["dwarf_address_fields_moved"] = fields
@@ -284,10 +316,7 @@ class DwarfRewrite:
         shndx = self._sym_section(rel)
         m = (rel.type == R_X86_64_32) & (shndx == s.index)
         pos = np.sort(rel.offset[m].astype(np.int64))
-        buf = np.frombuffer(self.orig[".debug_info"], np.uint8)
-        val = np.zeros(len(pos), np.int64)
-        for k in range(4):
-            val |= buf[pos + k].astype(np.int64) << (8 * k)
+        val = _le_words(np.frombuffer(self.orig[".debug_info"], np.uint8), 4)[pos].astype(np.int64)
         return pos, val
 
     def _put(self, name, pos, value, n):
@@ -309,10 +338,7 @@ class DwarfRewrite:
         info = self.orig[".debug_info"]
         abbrev = self.orig.get(".debug_abbrev", b"")
         self.units = enc.units(info)
-        tables = {}
-        for un in self.units:
-            if un.abbrev_off not in tables:
-                tables[un.abbrev_off] = enc.parse_abbrevs(abbrev, un.abbrev_off)[0]
+        tables = _Tables(abbrev)
         converted, relisted, kept = [], 0, 0
         self.cu_new_ranges, self.cu_old_ranges, self.abbrev_mods = [], [], {}
         self.done_fields = set()      # .debug_info fields already pointing at a new list
@@ -322,8 +348,7 @@ class DwarfRewrite:
                 self.cu_old_ranges.append(None)
                 self._type_unit_stmt_list(un, tables)
                 continue
-            code, attrs = enc.top_die_attrs(info, un, tables)
-            a = {at: (f, p, e) for at, f, p, e in attrs}
+            code, a = self._top_die(un)
             if DW_AT_stmt_list in a and getattr(self, "line_offsets", None):
                 f, p, e = a[DW_AT_stmt_list]
                 nv = self.line_offsets.get(enc.u(info, p, e - p))
@@ -372,10 +397,28 @@ class DwarfRewrite:
         if un.unit_type not in (2, 6) or not getattr(self, "line_offsets", None):
             return
         info = self.orig[".debug_info"]
-        _, attrs = enc.top_die_attrs(info, un, tables)
-        for at, f, p, e in attrs:
-            if at == DW_AT_stmt_list and enc.u(info, p, e - p) in self.line_offsets:
+        _, a = self._top_die(un)
+        if DW_AT_stmt_list in a:
+            f, p, e = a[DW_AT_stmt_list]
+            if enc.u(info, p, e - p) in self.line_offsets:
                 self._put(".debug_info", p, self.line_offsets[enc.u(info, p, e - p)], e - p)
+
+    def _top_die(self, un):
+        """(abbreviation code, {attr: (form, value position, value end)}) of a
+        unit's first DIE, for the attributes the rewrite reads (as
+        encoding.top_die_attrs: none when its abbreviation is unknown)."""
+        info = self.orig[".debug_info"]
+        try:
+            d = native.dies(info, self.orig.get(".debug_abbrev", b""), un, _TOP, limit=1)
+        except native.DieError as e:
+            if e.kind != native.UNKNOWN_CODE:
+                raise
+            return enc.uleb(info, un.die)[0], {}
+        if not len(d.off) or int(d.off[0]) != un.die:      # a null entry first
+            return 0, {}
+        a = {at: (int(d.form[0, j]), int(d.pos[0, j]), int(d.end[0, j]))
+             for j, at in enumerate(_TOP) if d.pos[0, j] >= 0}
+        return int(d.code[0]), a
 
     def _unit_ranges(self, un, a, base):
         info = self.orig[".debug_info"]
@@ -720,11 +763,10 @@ class DwarfRewrite:
             if not mods:
                 continue
             un = self.units[ui]
-            ntable = dict(tables[un.abbrev_off])
-            ntable.update(mods)
             t = self._tail(".debug_abbrev")
             aoff = len(self.orig[".debug_abbrev"]) + len(t)
-            t += enc.encode_abbrevs(ntable)
+            t += native.abbrev_table_with(self.orig[".debug_abbrev"], un.abbrev_off, mods,
+                                          lambda c, e: enc.encode_abbrevs({c: e})[:-1])
             self._put(".debug_info", un.abbrev_field, aoff, un.osz)
 
     def rebase_lists(self, converted):
@@ -752,12 +794,12 @@ class DwarfRewrite:
                 continue
             is_loc = name in (".debug_loclists", ".debug_loc")
             vp = np.full(len(pos), -1, np.int64)
-            keep = ~np.isin(pos, done)
+            keep = ~_member(pos, done)
             if is_loc:
                 # DW_AT_GNU_locviews follows DW_AT_location: its list precedes the locations
                 views = self._view_fields(pos, val)
-                keep &= ~np.isin(pos, views)
-                vp = np.where(np.isin(pos + 4, views), pos + 4, -1)
+                keep &= ~_member(pos, views)
+                vp = np.where(_member(pos + 4, views), pos + 4, -1)
             parts.append((pos[keep], val[keep], kc[keep], is_loc, vp[keep]))
         self._list_bytes = {}
         if not parts:
@@ -815,12 +857,10 @@ class DwarfRewrite:
             self._put(".debug_info", vp, voff, 4)
 
     def _old_base(self, un):
-        info = self.orig[".debug_info"]
-        tables = {un.abbrev_off: enc.parse_abbrevs(self.orig[".debug_abbrev"], un.abbrev_off)[0]}
-        _, attrs = enc.top_die_attrs(info, un, tables)
-        for at, f, p, e in attrs:
-            if at == enc.DW_AT_low_pc and f == enc.DW_FORM_addr:
-                return enc.u(info, p, un.asz)
+        _, a = self._top_die(un)
+        x = a.get(enc.DW_AT_low_pc)
+        if x is not None and x[0] == enc.DW_FORM_addr:
+            return enc.u(self.orig[".debug_info"], x[1], un.asz)
         return 0
 
     def _append_loclist(self, un, off, base, views_field):
@@ -883,10 +923,11 @@ class DwarfRewrite:
         out = bytearray()
         p = 0
         moved = 0
+        sets = []
         while p + 4 <= len(b):
             ln = enc.u(b, p, 4)
             if ln == 0xFFFFFFFF:        # 64-bit aranges: copied as they are
-                out += b[p:p + 12 + enc.u(b, p + 4, 8)]
+                sets.append(b[p:p + 12 + enc.u(b, p + 4, 8)])
                 p += 12 + enc.u(b, p + 4, 8)
                 continue
             end = p + 4 + ln
@@ -901,16 +942,32 @@ class DwarfRewrite:
                 if lo == 0 and n == 0:
                     break
                 rs.append((lo, lo + n))
-            new = merge_ranges(r for lo, hi in rs for r in self.seg.ranges(lo, hi))
+            sets.append((ver, info_off, asz, ssz, rs))
+            p = end
+        # every set's ranges translated at once
+        lo = np.array([r[0] for x in sets if type(x) is tuple for r in x[4]], np.uint64)
+        hi = np.array([r[1] for x in sets if type(x) is tuple for r in x[4]], np.uint64)
+        count, _, nlo, nhi = native.seg_ranges(self.seg.c_arrays(), lo, hi, merge=False)
+        nlo, nhi = nlo.tolist(), nhi.tolist()
+        count = np.concatenate([[0], np.cumsum(count)])
+        k = i = 0
+        for x in sets:
+            if type(x) is not tuple:
+                out += x
+                continue
+            ver, info_off, asz, ssz, rs = x
+            c = int(count[i + len(rs)] - count[i])
+            i += len(rs)
+            new = merge_ranges(zip(nlo[k:k + c], nhi[k:k + c]))
+            k += c
             moved += new != rs
             body = bytearray(enc.pack_u(ver, 2) + enc.pack_u(info_off, 4) + bytes([asz, ssz]))
             while (4 + len(body)) % (2 * asz):
                 body += b"\0"
-            for lo, hi in new:
-                body += enc.pack_u(lo, asz) + enc.pack_u(hi - lo, asz)
+            for lo_, hi_ in new:
+                body += enc.pack_u(lo_, asz) + enc.pack_u(hi_ - lo_, asz)
             body += bytes(2 * asz)
             out += enc.pack_u(len(body), 4) + body
-            p = end
         self.patched[self.secs[".debug_aranges"].index] = np.frombuffer(bytes(out), np.uint8)
         self.stats["dwarf_aranges_sets_moved"] = int(moved)
 
@@ -925,21 +982,30 @@ class DwarfRewrite:
             return
         b = self.orig[".debug_frame"]
         buf = self.buf.get(".debug_frame")
-        p, split = 0, 0
+        p = 0
+        fde_pos, fde_lo, fde_n = [], [], []
         while p + 4 <= len(b):
             ln = enc.u(b, p, 4)
             if ln == 0 or ln == 0xFFFFFFFF:
                 break
             cie = enc.u(b, p + 4, 4)
             if cie != 0xFFFFFFFF and ln >= 20:
-                lo, n = enc.u(b, p + 8, 8), enc.u(b, p + 16, 8)
-                if n and self.seg.ranges(lo, lo + n) != [(self.seg.map(lo),
-                                                          self.seg.map(lo) + n)]:
-                    split += 1
-                    if buf is not None:
-                        buf[p + 16:p + 24] = np.frombuffer(
-                            enc.pack_u(self._linear_run(lo, lo + n), 8), np.uint8)
+                n = enc.u(b, p + 16, 8)
+                if n:
+                    fde_pos.append(p)
+                    fde_lo.append(enc.u(b, p + 8, 8))
+                    fde_n.append(n)
             p += 4 + ln
+        lo = np.array(fde_lo, np.uint64)
+        _, linear, _, _ = native.seg_ranges(self.seg.c_arrays(), lo,
+                                            lo + np.array(fde_n, np.uint64), merge=False)
+        split = 0
+        for i in np.nonzero(~linear)[0].tolist():
+            split += 1
+            if buf is not None:
+                p, a = fde_pos[i], fde_lo[i]
+                buf[p + 16:p + 24] = np.frombuffer(
+                    enc.pack_u(self._linear_run(a, a + fde_n[i]), 8), np.uint8)
         self.stats["dwarf_fdes_split"] = split
 
     def _linear_run(self, lo, hi):

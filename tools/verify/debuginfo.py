@@ -204,7 +204,11 @@ def _check_line_rows(old, new, amap, pieces, rng, rows_sample, problems):
         want = _row_keys(_Sub(ro, pick), np.asarray(_map(amap, ro.addr[pick]), np.uint64))
         nl = np.nonzero((rn.flags & 1) == 0)[0]
         have = _row_keys(_Sub(rn, nl), rn.addr[nl])
-        ok = np.isin(want, have)
+        # np.isin(want, have), without sorting NEW's millions of rows: keep the
+        # rows whose key is wanted (binary search in the sorted sample), then isin
+        ws = np.sort(want)
+        j = np.minimum(np.searchsorted(ws, have), len(ws) - 1) if len(ws) else None
+        ok = np.isin(want, have[ws[j] == have]) if len(ws) else np.zeros(0, bool)
         checked_rows = len(pick)
         for i in np.nonzero(~ok)[0].tolist():
             r = int(pick[i])
