@@ -777,3 +777,30 @@ int64_t lp_abbrev_table(const uint8_t *ab, int64_t ab_len, int64_t off, int64_t 
     free(o.b);
     return len;
 }
+
+/* The first DIE of each of n units (lp_dies with limit 1, in one call): per
+ * unit i, row i of the outputs; off[i] = -1 when the unit's first entry cannot
+ * be read (unknown abbreviation, truncated: no attributes, as
+ * encoding.top_die_attrs sees it) or is a null entry. Returns 0, or -2 for an
+ * unknown attribute form (err_pos: where). */
+int64_t lp_top_dies(const uint8_t *info, int64_t info_len, int64_t n, const int64_t *die,
+                    const int64_t *end, const int64_t *version, const int64_t *asz, const int64_t *osz,
+                    const int64_t *abbrev_off, const uint8_t *abbrev, int64_t abbrev_len,
+                    const uint64_t *want, int nw,
+                    int64_t *off, int64_t *code_out, int64_t *tag_out,
+                    int32_t *form_out, int64_t *pos_out, int64_t *end_out, uint64_t *val_out,
+                    int64_t *err_pos) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t e = 0;
+        int64_t r = lp_dies(info, info_len, die[i], end[i], (int)version[i], (int)asz[i], (int)osz[i],
+                            abbrev, abbrev_len, abbrev_off[i], want, nw, off + i, code_out + i,
+                            tag_out + i, form_out + i * nw, pos_out + i * nw, end_out + i * nw,
+                            val_out + i * nw, 1, 1, &e);
+        if (r == -2) { *err_pos = e; return -2; }
+        if (r < 1 || off[i] != die[i]) {
+            off[i] = -1;
+            for (int j = 0; j < nw; j++) { pos_out[i * nw + j] = -1; form_out[i * nw + j] = 0; }
+        }
+    }
+    return 0;
+}

@@ -63,6 +63,9 @@ def library():
     lib.lp_relist.restype = I64
     lib.lp_read_lists.argtypes = [P, I64, ctypes.c_int, ctypes.c_int, I64, P, P, P, P, P, I64]
     lib.lp_read_lists.restype = I64
+    lib.lp_top_dies.argtypes = [P, I64, I64, P, P, P, P, P, P, P, I64, P, ctypes.c_int,
+                                P, P, P, P, P, P, P, P]
+    lib.lp_top_dies.restype = I64
     lib.lp_abbrev_entry.argtypes = [P, I64, I64, ctypes.c_uint64, P, P, P, P, P, P, I64]
     lib.lp_abbrev_entry.restype = I64
     lib.lp_abbrev_table.argtypes = [P, I64, I64, I64, P, P, P, P, I64]
@@ -199,6 +202,32 @@ def dies(info, abbrev, un, want, limit=0):
     d.off, d.code, d.tag = off[:n], code[:n], tag[:n]
     d.form, d.pos = form[:n * nw].reshape(n, nw), pos[:n * nw].reshape(n, nw)
     d.end, d.val = end[:n * nw].reshape(n, nw), val[:n * nw].reshape(n, nw)
+    return d
+
+
+def top_dies(info, abbrev, units, want):
+    """The first DIE of every unit (one Dies row per unit, in order); a unit
+    whose first entry is unreadable or null has off -1 and no attributes."""
+    lib = library()
+    ib, ab = _u8(info), _u8(abbrev)
+    w = np.array(want, np.uint64)
+    nw, n = len(w), len(units)
+    cols = {k: np.array([getattr(u, k) for u in units], np.int64)
+            for k in ("die", "end", "version", "asz", "osz", "abbrev_off")}
+    d = Dies()
+    d.off, d.code, d.tag = (np.zeros(n, np.int64) for _ in range(3))
+    d.form = np.zeros((n, nw), np.int32)
+    d.pos, d.end = np.full((n, nw), -1, np.int64), np.zeros((n, nw), np.int64)
+    d.val = np.zeros((n, nw), np.uint64)
+    err = np.zeros(1, np.int64)
+    r = lib.lp_top_dies(_p(ib), len(ib), n, *(_p(cols[k]) for k in
+                                               ("die", "end", "version", "asz", "osz",
+                                                "abbrev_off")),
+                        _p(ab), len(ab), _p(w), nw, _p(d.off), _p(d.code), _p(d.tag), _p(d.form),
+                        _p(d.pos), _p(d.end), _p(d.val), _p(err))
+    if r < 0:
+        raise DieError(f".debug_info: {_DIE_ERRORS.get(r, 'malformed')} at offset "
+                       f"{int(err[0]):#x}", int(r))
     return d
 
 

@@ -340,12 +340,13 @@ class DwarfRewrite:
         self.units = enc.units(info)
         tables = _Tables(abbrev)
         converted, relisted, kept = [], 0, 0
-        self.cu_new_ranges, self.cu_old_ranges, self.abbrev_mods = [], [], {}
+        self.abbrev_mods = {}
         self.done_fields = set()      # .debug_info fields already pointing at a new list
+        self.cu_new_ranges = [None] * len(self.units)
+        self.cu_old_ranges = [None] * len(self.units)
+        todo = []
         for ui, un in enumerate(self.units):
             if un.unit_type not in (enc.DW_UT_compile, enc.DW_UT_partial):
-                self.cu_new_ranges.append(None)
-                self.cu_old_ranges.append(None)
                 self._type_unit_stmt_list(un, tables)
                 continue
             code, a = self._top_die(un)
@@ -360,27 +361,36 @@ class DwarfRewrite:
             base = enc.u(info, a[enc.DW_AT_low_pc][1], un.asz) if enc.DW_AT_low_pc in a and \
                 a[enc.DW_AT_low_pc][0] == enc.DW_FORM_addr else 0
             old = self._unit_ranges(un, a, base)
-            self.cu_old_ranges.append(old)
-            if old is None:
-                self.cu_new_ranges.append(None)
-                continue
-            new = merge_ranges(r for lo, hi in old for r in self.seg.ranges(lo, hi))
-            self.cu_new_ranges.append(new)
+            self.cu_old_ranges[ui] = old
+            if old is not None:
+                todo.append((ui, un, code, a, base, old))
+        # every unit's ranges translated at once: per old range its new ranges
+        # (contiguous runs merged) and whether it moved as one linear block
+        lo = np.array([r[0] for t in todo for r in t[5]], np.uint64)
+        hi = np.array([r[1] for t in todo for r in t[5]], np.uint64)
+        count, linear, nlo_, nhi_ = native.seg_ranges(self.seg.c_arrays(), lo, hi, merge=False)
+        first = np.concatenate([[0], np.cumsum(count)]).tolist()
+        nlo_, nhi_, linear = nlo_.tolist(), nhi_.tolist(), linear.tolist()
+        k = 0
+        for ui, un, code, a, base, old in todo:
+            ks = range(k, k + len(old))
+            k += len(old)
+            new = merge_ranges((nlo_[j], nhi_[j]) for i in ks for j in range(first[i], first[i + 1]))
+            self.cu_new_ranges[ui] = new
             if enc.DW_AT_ranges in a:
                 f, p, e = a[enc.DW_AT_ranges]
                 # in place, each entry keeps its length from its translated start
                 # (the relocated start moved): right only if no entry was cut
-                if any(self.seg.ranges(lo, hi) != [(self.seg.map(lo), self.seg.map(lo) + hi - lo)]
-                       for lo, hi in old if hi > lo):
+                if any(not linear[i] for i, (lo_, hi_) in zip(ks, old) if hi_ > lo_):
                     self._put(".debug_info", p, self._append_ranges(un, new), 4)
                     self.done_fields.add(p)
                     relisted += 1
                 else:
                     kept += 1
             elif enc.DW_AT_low_pc in a and enc.DW_AT_high_pc in a:
-                lo = base
-                nlo = self.seg.map(lo)
-                if len(new) == 1 and nlo == new[0][0] and new[0][1] - nlo == old[0][1] - lo:
+                lo_ = base
+                nlo = self.seg.map(lo_)
+                if len(new) == 1 and nlo == new[0][0] and new[0][1] - nlo == old[0][1] - lo_:
                     kept += 1          # one piece: low_pc patched, the length holds
                     continue
                 if self._convert_unit(ui, un, code, tables[un.abbrev_off], a, new):
@@ -407,18 +417,16 @@ class DwarfRewrite:
         """(abbreviation code, {attr: (form, value position, value end)}) of a
         unit's first DIE, for the attributes the rewrite reads (as
         encoding.top_die_attrs: none when its abbreviation is unknown)."""
-        info = self.orig[".debug_info"]
-        try:
-            d = native.dies(info, self.orig.get(".debug_abbrev", b""), un, _TOP, limit=1)
-        except native.DieError as e:
-            if e.kind != native.UNKNOWN_CODE:
-                raise
-            return enc.uleb(info, un.die)[0], {}
-        if not len(d.off) or int(d.off[0]) != un.die:      # a null entry first
+        if getattr(self, "_tops", None) is None:
+            self._tops = native.top_dies(self.orig[".debug_info"],
+                                         self.orig.get(".debug_abbrev", b""), self.units, _TOP)
+            self._top_row = {u.off: i for i, u in enumerate(self.units)}
+        d, i = self._tops, self._top_row[un.off]
+        if d.off[i] < 0:            # unknown abbreviation or a null entry first
             return 0, {}
-        a = {at: (int(d.form[0, j]), int(d.pos[0, j]), int(d.end[0, j]))
-             for j, at in enumerate(_TOP) if d.pos[0, j] >= 0}
-        return int(d.code[0]), a
+        a = {at: (int(d.form[i, j]), int(d.pos[i, j]), int(d.end[i, j]))
+             for j, at in enumerate(_TOP) if d.pos[i, j] >= 0}
+        return int(d.code[i]), a
 
     def _unit_ranges(self, un, a, base):
         info = self.orig[".debug_info"]

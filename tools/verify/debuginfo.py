@@ -109,6 +109,9 @@ class _Pieces:
 
 
 def _merge(rs):
+    rs = rs if isinstance(rs, list) else list(rs)
+    if len(rs) <= 1:            # most DIEs: one range
+        return [rs[0]] if rs and rs[0][1] > rs[0][0] else []
     out = []
     for lo, hi in sorted(r for r in rs if r[1] > r[0]):
         if out and lo <= out[-1][1]:
@@ -235,12 +238,13 @@ def _check_units(old, new, pieces, problems, report, units_sample, seed):
     units = {}
     resized = pieces.resized()
     split_units = []
-    for i in cus:
+    otop = native.top_dies(oi, oa, [ou[i] for i in cus], _WANT)
+    ntop = native.top_dies(ni, na, [nu[i] for i in cus], _WANT)
+    for row, i in enumerate(cus):
         a, b = ou[i], nu[i]
-        ot, nt = _unit_die(oi, oa, a), _unit_die(ni, na, b)
-        obase, nbase = _base(ot, a), _base(nt, b)
-        orr = _die_ranges(ot, np.zeros(1, np.int64), a, obase, olists)[0] if ot else None
-        nrr = _die_ranges(nt, np.zeros(1, np.int64), b, nbase, nlists)[0] if nt else None
+        obase, nbase = _base(otop, row), _base(ntop, row)
+        orr = _die_ranges(otop, np.array([row]), a, obase, olists)[0]
+        nrr = _die_ranges(ntop, np.array([row]), b, nbase, nlists)[0]
         if orr is None:
             continue
         want_cu = _merge(r for lo, hi in orr for r in pieces.ranges(lo, hi))
@@ -314,19 +318,10 @@ _WANT = (enc.DW_AT_low_pc, enc.DW_AT_high_pc, enc.DW_AT_ranges)
 _LO, _HI, _RG = range(3)
 
 
-def _unit_die(info, abbrev, un):
-    """The unit DIE's attributes (native.Dies of one row), or None when its
-    abbreviation cannot be read (no attributes, as a reader would see it)."""
-    try:
-        d = native.dies(info, abbrev, un, _WANT, limit=1)
-    except ValueError:
-        return None
-    return d if len(d.off) and int(d.off[0]) == un.die else None
-
-
-def _base(d, un):
-    if d is not None and d.pos[0, _LO] >= 0 and d.form[0, _LO] == enc.DW_FORM_addr:
-        return int(d.val[0, _LO])
+def _base(d, row):
+    """A unit's base address: its unit DIE's low pc (address form), else 0."""
+    if d.pos[row, _LO] >= 0 and d.form[row, _LO] == enc.DW_FORM_addr:
+        return int(d.val[row, _LO])
     return 0
 
 
@@ -340,8 +335,9 @@ def _die_ranges(d, rows, un, base, lists):
     has_r = pos[:, _RG] >= 0
     v5 = un.version >= 5
     sec = lists[0] if v5 else lists[1]
-    rsel = np.nonzero(has_r & np.isin(form[:, _RG], (enc.DW_FORM_sec_offset, enc.DW_FORM_data4,
-                                                     enc.DW_FORM_data8)))[0]
+    fr = form[:, _RG]
+    rsel = np.nonzero(has_r & ((fr == enc.DW_FORM_sec_offset) | (fr == enc.DW_FORM_data4) |
+                               (fr == enc.DW_FORM_data8)))[0]
     if len(rsel) and sec is not None:
         count, lo, hi = native.read_lists(sec, v5, un.asz, val[rsel, _RG].astype(np.int64),
                                           np.full(len(rsel), base, np.uint64))
