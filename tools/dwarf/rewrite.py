@@ -238,7 +238,6 @@ class DwarfRewrite:
         self.orig = {}
         self.buf = {}
         self.append = {}       # section name -> bytearray appended after the original
-        self._shndx = {}       # relocation section -> its symbols' section indices
 
     def _sec(self, name):
         s = self.secs.get(name)
@@ -273,12 +272,11 @@ class DwarfRewrite:
     def _relocs(self, name):
         return self.image.relocations.get(name)
 
-    def _sym_section(self, rel):
-        key = id(rel)
-        hit = self._shndx.get(key)
-        if hit is None or hit[0] is not rel:
-            hit = self._shndx[key] = (rel, self.image.symtab["shndx"][rel.sym].astype(np.int64))
-        return hit[1]
+    def _of_type(self, rel, rtype):
+        """(indices of ``rel``'s relocations of type ``rtype``, their symbols'
+        section indices as int64): only those, not the kernel's 10 M."""
+        sel = np.nonzero(rel.type == rtype)[0]
+        return sel, self.image.symtab["shndx"][rel.sym[sel]].astype(np.int64)
 
     def patch_addresses(self):
         secs = self.image.sections
@@ -289,10 +287,9 @@ class DwarfRewrite:
             rel = self._relocs(name)
             if rel is None or name not in self.buf:
                 continue
-            shndx = self._sym_section(rel)
+            sel, shndx = self._of_type(rel, R_X86_64_64)
             shndx = np.where(shndx < len(secs), shndx, len(secs))
-            m = (rel.type == R_X86_64_64) & alloc[shndx]
-            pos = rel.offset[m].astype(np.int64)
+            pos = rel.offset[sel[alloc[shndx]]].astype(np.int64)
             if not len(pos):
                 continue
             words = _le_words(self.buf[name], 8)
@@ -313,9 +310,8 @@ class DwarfRewrite:
         s = self._sec(target)
         if rel is None or s is None:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        shndx = self._sym_section(rel)
-        m = (rel.type == R_X86_64_32) & (shndx == s.index)
-        pos = np.sort(rel.offset[m].astype(np.int64))
+        sel, shndx = self._of_type(rel, R_X86_64_32)
+        pos = np.sort(rel.offset[sel[shndx == s.index]].astype(np.int64))
         val = _le_words(np.frombuffer(self.orig[".debug_info"], np.uint8), 4)[pos].astype(np.int64)
         return pos, val
 
@@ -520,6 +516,11 @@ class DwarfRewrite:
         name = ".debug_rnglists" if v5 else ".debug_ranges"
         t = self._list_area(name, v5)
         off = len(self.orig[name]) + len(t)
+        if len(new) > 4:        # long lists (a unit's scattered functions): the C encoder
+            data, _ = native.encode_ranges(v5, [len(new)], [r[0] for r in new],
+                                           [r[1] for r in new], off)
+            t += data
+            return off
         if v5:
             for lo, hi in new:
                 t += b"\x07" + enc.pack_u(lo, 8) + enc.enc_uleb(hi - lo)
@@ -641,19 +642,15 @@ class DwarfRewrite:
     def _cuts(self):
         """Old addresses where the map is discontinuous (a piece boundary whose two
         sides do not stay adjacent) or a piece changes size (a re-encoded branch,
-        an appended jmp: a length that covers it no longer holds), sorted."""
-        cuts = []
-        o, e = self.seg.old, self.seg.end
-        for k in range(len(o)):
-            resized = self.seg.new_end[k] - self.seg.new[k] != e[k] - o[k]
-            if self.seg.continuous(k) and not resized:
-                continue
-            cuts.append(e[k])
-            if resized:
-                cuts.append(o[k])
-            if k == 0 or e[k - 1] != o[k]:
-                cuts.append(o[k])
-        return sorted(set(cuts))
+        an appended jmp: a length that covers it no longer holds), sorted (uint64)."""
+        o, e, n, ne, _ = self.seg.c_arrays()
+        resized = (ne - n) != (e - o)
+        cont = np.zeros(len(o), bool)
+        cont[:-1] = (e[:-1] == o[1:]) & (ne[:-1] == n[1:])
+        keep = ~cont | resized
+        gap_before = np.ones(len(o), bool)
+        gap_before[1:] = e[:-1] != o[1:]
+        return np.unique(np.concatenate([e[keep], o[keep & resized], o[keep & gap_before]]))
 
     def split_dies(self, tables):
         """DIEs (subprograms, lexical blocks, inlined subroutines) with low/high pc
@@ -663,11 +660,11 @@ class DwarfRewrite:
         cuts = self._cuts()
         from ..image.functions import FunctionTable
         ft = FunctionTable(self.image)
-        split = []
-        for s0, n in zip(ft.start.tolist(), ft.size.tolist()):
-            k = bisect.bisect_right(cuts, s0)
-            if k < len(cuts) and cuts[k] < s0 + n:
-                split.append((s0, s0 + n))
+        fs, fe = ft.start.astype(np.uint64), (ft.start + ft.size).astype(np.uint64)
+        k = np.searchsorted(cuts, fs, side="right")
+        hit = (k < len(cuts)) & (cuts[np.minimum(k, len(cuts) - 1)] < fe) if len(cuts) else \
+            np.zeros(len(fs), bool)
+        split = list(zip(fs[hit].tolist(), fe[hit].tolist()))
         self.stats["dwarf_split_functions"] = len(split)
         if not split:
             return []
@@ -676,7 +673,7 @@ class DwarfRewrite:
         walked = []
         info = self.orig[".debug_info"]
         abbrev = self.orig.get(".debug_abbrev", b"")
-        cuts_a = np.array([min(c, (1 << 64) - 1) for c in cuts], np.uint64)
+        cuts_a = cuts
         seg = self.seg.c_arrays()
         dies = stuck = 0
         LO, HI, ENT, RNG, IDC, PAD = range(6)

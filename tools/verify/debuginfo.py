@@ -61,6 +61,31 @@ class _Pieces:
                 self.new_end[i] = b
                 after[b] = i
 
+    def segments(self):
+        """The pieces and the identity between them as the C core's segments
+        (old, end, new, new_end, collapse arrays), or None when a piece is empty
+        (ranges() stops at one: kept to the Python path)."""
+        if getattr(self, "_segments", False) is not False:
+            return self._segments
+        o, e = np.array(self.old, np.uint64), np.array(self.end, np.uint64)
+        if (e <= o).any():
+            self._segments = None
+            return None
+        cap = np.uint64((1 << 64) - 1)
+        # the identity before each piece (from the furthest end so far) and after the last
+        reach = np.maximum.accumulate(np.concatenate([np.zeros(1, np.uint64), e]))
+        so = np.concatenate([o, [cap]]).astype(np.uint64)
+        gap = so > reach
+        go, ge = reach[gap], so[gap]
+        old = np.concatenate([o, go])
+        order = np.argsort(old, kind="stable")
+        self._segments = (old[order], np.concatenate([e, ge])[order],
+                          np.concatenate([np.array(self.new, np.uint64), go])[order],
+                          np.concatenate([np.array(self.new_end, np.uint64), ge])[order],
+                          np.concatenate([np.array(self.collapse, np.uint8),
+                                          np.zeros(len(go), np.uint8)])[order])
+        return self._segments
+
     def resized(self):
         """Sorted old starts of the pieces whose new size differs or that collapse
         (block-level code: re-encoded branches, removed and appended jmps)."""
@@ -240,14 +265,17 @@ def _check_units(old, new, pieces, problems, report, units_sample, seed):
     split_units = []
     otop = native.top_dies(oi, oa, [ou[i] for i in cus], _WANT)
     ntop = native.top_dies(ni, na, [nu[i] for i in cus], _WANT)
+    rows = np.arange(len(cus))
+    obases = [_base(otop, r) for r in rows.tolist()]
+    nbases = [_base(ntop, r) for r in rows.tolist()]
+    orrs = _die_ranges(otop, rows, [ou[i] for i in cus], obases, olists)
+    nrrs = _die_ranges(ntop, rows, [nu[i] for i in cus], nbases, nlists)
+    wants = _translate(pieces, orrs)
     for row, i in enumerate(cus):
-        a, b = ou[i], nu[i]
-        obase, nbase = _base(otop, row), _base(ntop, row)
-        orr = _die_ranges(otop, np.array([row]), a, obase, olists)[0]
-        nrr = _die_ranges(ntop, np.array([row]), b, nbase, nlists)[0]
+        obase, nbase, orr, nrr = obases[row], nbases[row], orrs[row], nrrs[row]
         if orr is None:
             continue
-        want_cu = _merge(r for lo, hi in orr for r in pieces.ranges(lo, hi))
+        want_cu = wants[row]
         have_cu = _merge(nrr or [])
         units[i] = (obase, nbase, have_cu)
         for r in have_cu:
@@ -268,13 +296,13 @@ def _check_units(old, new, pieces, problems, report, units_sample, seed):
         m = min(len(od.off), len(nd.off))
         rows = np.nonzero(np.isin(od.tag[:m], (DW_TAG_subprogram, DW_TAG_inlined_subroutine,
                                                DW_TAG_lexical_block)))[0]
-        olds = _die_ranges(od, rows, a, obase, olists)
-        news = _die_ranges(nd, rows, b, nbase, nlists)
-        for r, so, nr in zip(rows.tolist(), olds, news):
+        olds = _die_ranges(od, rows, [a] * len(rows), [obase] * len(rows), olists)
+        news = _die_ranges(nd, rows, [b] * len(rows), [nbase] * len(rows), nlists)
+        wants = _translate(pieces, olds)
+        for r, so, nr, want in zip(rows.tolist(), olds, news, wants):
             if not so:
                 continue
             otag, ooff = int(od.tag[r]), int(od.off[r])
-            want = _merge(x for lo, hi in so for x in pieces.ranges(lo, hi))
             have = _merge(nr or [])
             if otag != DW_TAG_subprogram:
                 scopes += 1
@@ -290,7 +318,7 @@ def _check_units(old, new, pieces, problems, report, units_sample, seed):
                     (so[0][0], f"subprogram at DIE {ooff:#x}: ranges {_fmt(have)} in NEW, "
                      f"its code is at {_fmt(want)}"))
             for r in want:
-                if not any(lo <= r[0] and r[1] <= hi for lo, hi in have_cu):
+                if not _inside(r, have_cu):     # have_cu is sorted and disjoint
                     problems["debuginfo.unit-range"].append(
                         (r[0], f"unit {i}: does not cover its subprogram's new range "
                          f"[{r[0]:#x}, {r[1]:#x})"))
@@ -325,31 +353,38 @@ def _base(d, row):
     return 0
 
 
-def _die_ranges(d, rows, un, base, lists):
-    """Code ranges of DIE rows ``rows`` of ``d`` (encoding.die_ranges, in bulk):
-    per row [(lo, hi)] from DW_AT_ranges or low/high pc, or None."""
+def _die_ranges(d, rows, units, bases, lists):
+    """Code ranges of DIE rows ``rows`` of ``d`` (encoding.die_ranges, in bulk;
+    row k read as DWARF of ``units[k]`` with base address ``bases[k]``): per row
+    [(lo, hi)] from DW_AT_ranges or low/high pc, or None."""
     out = [None] * len(rows)
     if not len(rows):
         return out
     form, val, pos = d.form[rows], d.val[rows], d.pos[rows]
     has_r = pos[:, _RG] >= 0
-    v5 = un.version >= 5
-    sec = lists[0] if v5 else lists[1]
     fr = form[:, _RG]
-    rsel = np.nonzero(has_r & ((fr == enc.DW_FORM_sec_offset) | (fr == enc.DW_FORM_data4) |
-                               (fr == enc.DW_FORM_data8)))[0]
-    if len(rsel) and sec is not None:
-        count, lo, hi = native.read_lists(sec, v5, un.asz, val[rsel, _RG].astype(np.int64),
-                                          np.full(len(rsel), base, np.uint64))
-        if (count < 0).any():
-            bad = int(val[rsel[np.nonzero(count < 0)[0][0]], _RG])
-            raise ValueError(f"{'.debug_rnglists' if v5 else '.debug_ranges'}: cannot read the "
-                             f"range list at {bad:#x}")
-        lo, hi = lo.tolist(), hi.tolist()
-        k = 0
-        for j, c in zip(rsel.tolist(), count.tolist()):
-            out[j] = list(zip(lo[k:k + c], hi[k:k + c]))
-            k += c
+    v5 = np.array([u.version >= 5 for u in units], bool)
+    asz = np.array([u.asz for u in units], np.int64)
+    base = np.array(bases, np.uint64)
+    rsel = has_r & ((fr == enc.DW_FORM_sec_offset) | (fr == enc.DW_FORM_data4) |
+                    (fr == enc.DW_FORM_data8))
+    for is5 in (True, False):
+        sec = lists[0] if is5 else lists[1]
+        if sec is None:
+            continue
+        for width in np.unique(asz[rsel & (v5 == is5)]).tolist():
+            sel = np.nonzero(rsel & (v5 == is5) & (asz == width))[0]
+            count, lo, hi = native.read_lists(sec, is5, width, val[sel, _RG].astype(np.int64),
+                                              base[sel])
+            if (count < 0).any():
+                bad = int(val[sel[np.nonzero(count < 0)[0][0]], _RG])
+                raise ValueError(f"{'.debug_rnglists' if is5 else '.debug_ranges'}: cannot "
+                                 f"read the range list at {bad:#x}")
+            lo, hi = lo.tolist(), hi.tolist()
+            k = 0
+            for j, c in zip(sel.tolist(), count.tolist()):
+                out[j] = list(zip(lo[k:k + c], hi[k:k + c]))
+                k += c
     lsel = np.nonzero(~has_r & (pos[:, _LO] >= 0) & (pos[:, _HI] >= 0) &
                       (form[:, _LO] == enc.DW_FORM_addr))[0]
     if len(lsel):
@@ -357,6 +392,32 @@ def _die_ranges(d, rows, un, base, lists):
         hi = np.where(form[lsel, _HI] == enc.DW_FORM_addr, val[lsel, _HI], lo + val[lsel, _HI])
         for j, a, b in zip(lsel.tolist(), lo.tolist(), hi.tolist()):
             out[j] = [(a, b)]
+    return out
+
+
+def _translate(pieces, range_lists):
+    """_merge(translated ranges) of each list of old ranges (None stays None),
+    through the C core (pieces plus identity segments between them)."""
+    seg = pieces.segments()
+    if seg is None:
+        return [None if rs is None else
+                _merge(x for lo, hi in rs for x in pieces.ranges(lo, hi)) for rs in range_lists]
+    flat = [r for rs in range_lists if rs for r in rs]
+    count, _, nlo, nhi = native.seg_ranges(seg, np.array([r[0] for r in flat], np.uint64),
+                                           np.array([r[1] for r in flat], np.uint64), merge=True)
+    first = np.concatenate([[0], np.cumsum(count)]).tolist()
+    nlo, nhi = nlo.tolist(), nhi.tolist()
+    out, k = [], 0
+    for rs in range_lists:
+        if rs is None:
+            out.append(None)
+            continue
+        if len(rs) == 1:                        # merged by the core already
+            out.append(list(zip(nlo[first[k]:first[k + 1]], nhi[first[k]:first[k + 1]])))
+        else:
+            out.append(_merge(list(zip(nlo[first[k]:first[k + len(rs)]],
+                                       nhi[first[k]:first[k + len(rs)]]))))
+        k += len(rs)
     return out
 
 
