@@ -29,6 +29,7 @@ sections).
 """
 
 import bisect
+import os
 
 import numpy as np
 
@@ -238,6 +239,7 @@ class DwarfRewrite:
         self.orig = {}
         self.buf = {}
         self.append = {}       # section name -> bytearray appended after the original
+        self._typed = {}       # (relocation section, type) -> (offsets, symbol sections)
 
     def _sec(self, name):
         s = self.secs.get(name)
@@ -273,10 +275,39 @@ class DwarfRewrite:
         return self.image.relocations.get(name)
 
     def _of_type(self, rel, rtype):
-        """(indices of ``rel``'s relocations of type ``rtype``, their symbols'
-        section indices as int64): only those, not the kernel's 10 M."""
-        sel = np.nonzero(rel.type == rtype)[0]
-        return sel, self.image.symtab["shndx"][rel.sym[sel]].astype(np.int64)
+        """(offsets of ``rel``'s relocations of type ``rtype``, their symbols'
+        section indices as int64). The rows are read in chunks from the file (a
+        kernel's .rela.debug_info has 10 M: through the mapping they would all
+        stay resident, with their split-out type and symbol arrays)."""
+        key = (id(rel), rtype)
+        hit = self._typed.get(key)
+        if hit is not None and hit[0] is rel:
+            return hit[1], hit[2]
+        from ..image.elf import RELA
+        shndx_of = self.image.symtab["shndx"]
+        sec = rel.section
+        path = getattr(self.image, "path", None)
+        step = RELA.itemsize << 20
+        offs, idx = [], []
+        f = open(path, "rb") if path and type(self.image).__name__ == "ElfImage" else None
+        try:
+            for a in range(0, sec.size, step):
+                n = min(step, sec.size - a)
+                data = os.pread(f.fileno(), n, sec.offset + a) if f is not None else None
+                if data is None or len(data) != n:
+                    data = bytes(self.image.section_bytes(sec)[a:a + n])
+                rows = np.frombuffer(data, RELA)
+                info = rows["info"]
+                m = (info & 0xFFFFFFFF) == rtype
+                offs.append(rows["offset"][m])
+                idx.append(shndx_of[(info[m] >> 32).astype(np.int64)].astype(np.int64))
+        finally:
+            if f is not None:
+                f.close()
+        off = np.concatenate(offs) if offs else np.zeros(0, np.uint64)
+        sh = np.concatenate(idx) if idx else np.zeros(0, np.int64)
+        self._typed[key] = (rel, off, sh)
+        return off, sh
 
     def patch_addresses(self):
         secs = self.image.sections
@@ -287,9 +318,9 @@ class DwarfRewrite:
             rel = self._relocs(name)
             if rel is None or name not in self.buf:
                 continue
-            sel, shndx = self._of_type(rel, R_X86_64_64)
+            off, shndx = self._of_type(rel, R_X86_64_64)
             shndx = np.where(shndx < len(secs), shndx, len(secs))
-            pos = rel.offset[sel[alloc[shndx]]].astype(np.int64)
+            pos = off[alloc[shndx]].astype(np.int64)
             if not len(pos):
                 continue
             words = _le_words(self.buf[name], 8)
@@ -310,8 +341,8 @@ class DwarfRewrite:
         s = self._sec(target)
         if rel is None or s is None:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        sel, shndx = self._of_type(rel, R_X86_64_32)
-        pos = np.sort(rel.offset[sel[shndx == s.index]].astype(np.int64))
+        off, shndx = self._of_type(rel, R_X86_64_32)
+        pos = np.sort(off[shndx == s.index].astype(np.int64))
         val = _le_words(np.frombuffer(self.orig[".debug_info"], np.uint8), 4)[pos].astype(np.int64)
         return pos, val
 
