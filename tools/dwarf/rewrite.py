@@ -83,7 +83,8 @@ class Segments:
         ext = sorted(list(zip(amap.ext_lo.tolist(), amap.ext_hi.tolist())) +
                      list(zip(old, end)))
         pos = 0
-        for lo, hi in ext + [(1 << 64, 1 << 64)]:
+        top = (1 << 64) - 1      # the identity reaches the top of the address space
+        for lo, hi in ext + [(top, top)]:
             if lo > pos:
                 old.append(pos)
                 end.append(lo)
@@ -100,23 +101,16 @@ class Segments:
 
     def arrays(self):
         """(old, end, new, new_end, collapse) arrays of the non-empty segments."""
-        m = [i for i in range(len(self.old)) if self.end[i] > self.old[i]]
-        cap = (1 << 64) - 1
-        return (np.array([min(self.old[i], cap) for i in m], np.uint64),
-                np.array([min(self.end[i], cap) for i in m], np.uint64),
-                np.array([self.new[i] for i in m], np.uint64),
-                np.array([min(self.new_end[i], cap) for i in m], np.uint64),
-                np.array([self.collapse[i] for i in m], bool))
+        o, e, n, ne, c = self.c_arrays()
+        m = e > o
+        return o[m], e[m], n[m], ne[m], c[m].astype(bool)
 
     def c_arrays(self):
         """Every segment (empty ones too, as ``map`` and ``ranges`` see them) as
         the arrays the C core takes: old, end, new, new_end, collapse."""
         if getattr(self, "_c", None) is None:
-            cap = (1 << 64) - 1
-            self._c = (np.array([min(x, cap) for x in self.old], np.uint64),
-                       np.array([min(x, cap) for x in self.end], np.uint64),
-                       np.array([min(x, cap) for x in self.new], np.uint64),
-                       np.array([min(x, cap) for x in self.new_end], np.uint64),
+            self._c = (np.array(self.old, np.uint64), np.array(self.end, np.uint64),
+                       np.array(self.new, np.uint64), np.array(self.new_end, np.uint64),
                        np.array(self.collapse, np.uint8))
         return self._c
 
@@ -1020,8 +1014,9 @@ class DwarfRewrite:
         buf = self.buf.get(".debug_frame")
         p = 0
         fde_pos, fde_lo, fde_n = [], [], []
+        unpack = enc.struct.unpack_from
         while p + 4 <= len(b):
-            ln = enc.u(b, p, 4)
+            ln = unpack("<I", b, p)[0]
             if ln == 0 or ln == 0xFFFFFFFF:
                 break
             cie = enc.u(b, p + 4, 4)
