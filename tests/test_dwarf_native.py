@@ -19,6 +19,7 @@ from linepack.image.addrmap import AddressMap
 from linepack.image.disasm import disassemble
 from linepack.image.elf import ElfImage
 from linepack.image.functions import FunctionTable
+from linepack.verify.debuginfo import check_debuginfo
 
 from helpers import FIXTURES
 
@@ -169,3 +170,12 @@ def test_rewrite_of_broken_dwarf_stops_with_one_line(prog, tmp_path):
     with pytest.raises(ValueError) as ei:
         rewrite_dwarf(ElfImage(str(broken)), amap)
     assert "unknown abbreviation code" in str(ei.value) and "\n" not in str(ei.value)
+    # verify --against names it (one finding) instead of stopping
+    findings, counter = [], {}
+
+    class R:
+        extra = {}
+    check_debuginfo(im, ElfImage(str(broken)), amap, findings, counter, R())
+    bad = [f for f in findings if f.check == "debuginfo.unreadable"]
+    assert len(bad) == 1 and "unknown abbreviation code" in bad[0].message
+    assert counter["debuginfo.unreadable"] == 1

@@ -17,7 +17,9 @@ see _Pieces).
   block's (``debuginfo.scope-range``: the inline chain a symbolizer prints);
 - units: every unit's NEW ranges lie inside its translated OLD ranges and cover
   every translated subprogram of the unit (``debuginfo.unit-range``).
-NEW without DWARF while OLD has it is an info finding (``--strip-debug``).
+NEW without DWARF while OLD has it is an info finding (``--strip-debug``); DWARF
+that cannot be read (an unknown abbreviation or form, a DIE or list past its
+section) is one ``debuginfo.unreadable`` error naming the offset.
 """
 
 import bisect
@@ -194,7 +196,13 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
     # in a function of its own, so that the row arrays are freed before step 2
     checked_rows = _check_line_rows(old, new, amap, pieces, rng, rows_sample, problems)
     report.extra["debuginfo_line_rows_checked"] = checked_rows
-    _check_units(old, new, pieces, problems, report, units_sample, seed)
+    try:
+        _check_units(old, new, pieces, problems, report, units_sample, seed)
+    except ValueError as e:     # malformed DWARF: the C core names the offset
+        problems["debuginfo.unreadable"] = [(None, f"cannot read the DWARF: {e}")]
+        for k in ("debuginfo_units_checked", "debuginfo_subprograms_checked",
+                  "debuginfo_scopes_checked", "debuginfo_split_units_checked"):
+            report.extra.setdefault(k, 0)
     from .equivalence import _add
     for check, items in problems.items():
         _add(findings, "error", check, items, lambda it: it, counter)
