@@ -966,7 +966,13 @@ class DwarfRewrite:
             tup = 2 * asz + ssz
             q += (-q + p) % tup if tup else 0
             rs = []
-            while q + 2 * asz <= end:
+            if asz in (4, 8) and q <= end:      # the tuples at once, up to the (0, 0) one
+                t = np.frombuffer(b, f"<u{asz}", count=(end - q) // (2 * asz) * 2,
+                                  offset=q).reshape(-1, 2)
+                stop = np.nonzero((t[:, 0] == 0) & (t[:, 1] == 0))[0]
+                t = t[:stop[0]] if len(stop) else t
+                rs = [(lo, lo + n) for lo, n in t.tolist()]
+            while asz not in (4, 8) and q + 2 * asz <= end:
                 lo, n = enc.u(b, q, asz), enc.u(b, q + asz, asz)
                 q += 2 * asz
                 if lo == 0 and n == 0:
@@ -994,8 +1000,13 @@ class DwarfRewrite:
             body = bytearray(enc.pack_u(ver, 2) + enc.pack_u(info_off, 4) + bytes([asz, ssz]))
             while (4 + len(body)) % (2 * asz):
                 body += b"\0"
-            for lo_, hi_ in new:
-                body += enc.pack_u(lo_, asz) + enc.pack_u(hi_ - lo_, asz)
+            if asz in (4, 8):
+                mask = (1 << (8 * asz)) - 1
+                body += enc.struct.pack(f"<{2 * len(new)}{'I' if asz == 4 else 'Q'}",
+                                        *[x & mask for lo_, hi_ in new for x in (lo_, hi_ - lo_)])
+            else:
+                for lo_, hi_ in new:
+                    body += enc.pack_u(lo_, asz) + enc.pack_u(hi_ - lo_, asz)
             body += bytes(2 * asz)
             out += enc.pack_u(len(body), 4) + body
         self.patched[self.secs[".debug_aranges"].index] = np.frombuffer(bytes(out), np.uint8)
@@ -1015,17 +1026,19 @@ class DwarfRewrite:
         p = 0
         fde_pos, fde_lo, fde_n = [], [], []
         unpack = enc.struct.unpack_from
-        while p + 4 <= len(b):
-            ln = unpack("<I", b, p)[0]
+        size = len(b)
+        while p + 4 <= size:
+            if p + 24 <= size:
+                ln, cie, lo, n = unpack("<IIQQ", b, p)
+            else:               # a short last entry: the bytes that are there
+                ln, cie = enc.u(b, p, 4), enc.u(b, p + 4, 4)
+                lo, n = enc.u(b, p + 8, 8), enc.u(b, p + 16, 8)
             if ln == 0 or ln == 0xFFFFFFFF:
                 break
-            cie = enc.u(b, p + 4, 4)
-            if cie != 0xFFFFFFFF and ln >= 20:
-                n = enc.u(b, p + 16, 8)
-                if n:
-                    fde_pos.append(p)
-                    fde_lo.append(enc.u(b, p + 8, 8))
-                    fde_n.append(n)
+            if cie != 0xFFFFFFFF and ln >= 20 and n:
+                fde_pos.append(p)
+                fde_lo.append(lo)
+                fde_n.append(n)
             p += 4 + ln
         lo = np.array(fde_lo, np.uint64)
         _, linear, _, _ = native.seg_ranges(self.seg.c_arrays(), lo,
