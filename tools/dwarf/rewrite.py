@@ -29,6 +29,7 @@ sections).
 """
 
 import bisect
+import gc
 import os
 
 import numpy as np
@@ -233,7 +234,7 @@ class DwarfRewrite:
         self.orig = {}
         self.buf = {}
         self.append = {}       # section name -> bytearray appended after the original
-        self._typed = {}       # (relocation section, type) -> (offsets, symbol sections)
+        self._typed = {}       # relocation section -> {type: (offsets, symbol sections)}
 
     def _sec(self, name):
         s = self.secs.get(name)
@@ -273,16 +274,16 @@ class DwarfRewrite:
         section indices as int64). The rows are read in chunks from the file (a
         kernel's .rela.debug_info has 10 M: through the mapping they would all
         stay resident, with their split-out type and symbol arrays)."""
-        key = (id(rel), rtype)
-        hit = self._typed.get(key)
+        hit = self._typed.get(id(rel))
         if hit is not None and hit[0] is rel:
-            return hit[1], hit[2]
+            return hit[1][rtype]
         from ..image.elf import RELA
         shndx_of = self.image.symtab["shndx"]
         sec = rel.section
         path = getattr(self.image, "path", None)
         step = RELA.itemsize << 20
-        offs, idx = [], []
+        types = (R_X86_64_64, R_X86_64_32)          # both read in one pass
+        offs, idx = {t: [] for t in types}, {t: [] for t in types}
         f = open(path, "rb") if path and type(self.image).__name__ == "ElfImage" else None
         try:
             for a in range(0, sec.size, step):
@@ -292,16 +293,17 @@ class DwarfRewrite:
                     data = bytes(self.image.section_bytes(sec)[a:a + n])
                 rows = np.frombuffer(data, RELA)
                 info = rows["info"]
-                m = (info & 0xFFFFFFFF) == rtype
-                offs.append(rows["offset"][m])
-                idx.append(shndx_of[(info[m] >> 32).astype(np.int64)].astype(np.int64))
+                for t in types:
+                    m = (info & 0xFFFFFFFF) == t
+                    offs[t].append(rows["offset"][m])
+                    idx[t].append(shndx_of[(info[m] >> 32).astype(np.int64)].astype(np.int64))
         finally:
             if f is not None:
                 f.close()
-        off = np.concatenate(offs) if offs else np.zeros(0, np.uint64)
-        sh = np.concatenate(idx) if idx else np.zeros(0, np.int64)
-        self._typed[key] = (rel, off, sh)
-        return off, sh
+        out = {t: (np.concatenate(offs[t]) if offs[t] else np.zeros(0, np.uint64),
+                   np.concatenate(idx[t]) if idx[t] else np.zeros(0, np.int64)) for t in types}
+        self._typed[id(rel)] = (rel, out)
+        return out[rtype]
 
     def patch_addresses(self):
         secs = self.image.sections
@@ -1084,5 +1086,13 @@ class DwarfRewrite:
 
 def rewrite_dwarf(image, amap, log=None):
     """(patched {index: bytes}, drop [index], stats) for the image's DWARF under ``amap``."""
-    rw = DwarfRewrite(image, amap, log).run()
+    # the rewrite makes many small tuples and lists and no reference cycles: the
+    # cycle collector would only re-scan the objects of the phases before it
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        rw = DwarfRewrite(image, amap, log).run()
+    finally:
+        if was:
+            gc.enable()
     return rw.patched, rw.drop, rw.stats
