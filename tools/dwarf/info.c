@@ -804,3 +804,27 @@ int64_t lp_top_dies(const uint8_t *info, int64_t info_len, int64_t n, const int6
     }
     return 0;
 }
+
+/* merge_ranges over groups: group g is items first[g]..first[g + 1] - 1, and
+ * its ranges are the translations of all of them, sorted and merged into
+ * count[g] ranges. Returns the total (may exceed cap), -1 out of memory. */
+int64_t lp_seg_ranges_grouped(const uint64_t *so, const uint64_t *se, const uint64_t *sn,
+                              const uint64_t *sne, const uint8_t *sc, int64_t nseg,
+                              const uint64_t *lo, const uint64_t *hi, int64_t ngroups,
+                              const int64_t *first, int64_t *count, uint64_t *out_lo,
+                              uint64_t *out_hi, int64_t cap) {
+    sg_t s = {so, se, sn, sne, sc, nseg};
+    rvec_t v = {0, 0, 0};
+    int64_t total = 0;
+    for (int64_t g = 0; g < ngroups; g++) {
+        v.n = 0;
+        for (int64_t i = first[g]; i < first[g + 1]; i++)
+            if (sg_ranges(&s, lo[i], hi[i], &v)) { free(v.r); return -1; }
+        rmerge(&v, 0);
+        count[g] = v.n;
+        for (int64_t k = 0; k < v.n; k++, total++)
+            if (total < cap) { out_lo[total] = v.r[k].lo; out_hi[total] = v.r[k].hi; }
+    }
+    free(v.r);
+    return total;
+}

@@ -66,6 +66,8 @@ def library():
     lib.lp_top_dies.argtypes = [P, I64, I64, P, P, P, P, P, P, P, I64, P, ctypes.c_int,
                                 P, P, P, P, P, P, P, P]
     lib.lp_top_dies.restype = I64
+    lib.lp_seg_ranges_grouped.argtypes = [P, P, P, P, P, I64, P, P, I64, P, P, P, P, I64]
+    lib.lp_seg_ranges_grouped.restype = I64
     lib.lp_abbrev_entry.argtypes = [P, I64, I64, ctypes.c_uint64, P, P, P, P, P, P, I64]
     lib.lp_abbrev_entry.restype = I64
     lib.lp_abbrev_table.argtypes = [P, I64, I64, I64, P, P, P, P, I64]
@@ -252,6 +254,34 @@ def seg_ranges(seg, lo, hi, merge=True):
         if t <= cap:
             return count, linear.astype(bool), olo[:t], ohi[:t]
         cap = int(t)
+
+
+def merged_groups(seg, lo, hi, sizes):
+    """rewrite.merge_ranges of each group's translated ranges: groups of
+    ``sizes[g]`` consecutive old ranges (lo, hi) -> list of [(lo, hi)] per group."""
+    lib = library()
+    so, se, sn, sne, sc = seg
+    lo = np.ascontiguousarray(lo, np.uint64)
+    hi = np.ascontiguousarray(hi, np.uint64)
+    first = np.concatenate([[0], np.cumsum(np.asarray(sizes, np.int64))]).astype(np.int64)
+    ng = len(first) - 1
+    count = np.zeros(max(ng, 1), np.int64)
+    cap = 2 * len(lo) + 16
+    while True:
+        olo, ohi = np.empty(cap, np.uint64), np.empty(cap, np.uint64)
+        t = lib.lp_seg_ranges_grouped(_p(so), _p(se), _p(sn), _p(sne), _p(sc), len(so), _p(lo),
+                                      _p(hi), ng, _p(first), _p(count), _p(olo), _p(ohi), cap)
+        if t < 0:
+            raise MemoryError("DWARF core: out of memory")
+        if t <= cap:
+            break
+        cap = int(t)
+    olo, ohi = olo[:t].tolist(), ohi[:t].tolist()
+    out, k = [], 0
+    for c in count[:ng].tolist():
+        out.append(list(zip(olo[k:k + c], ohi[k:k + c])))
+        k += c
+    return out
 
 
 def encode_ranges(v5, count, lo, hi, base):

@@ -391,14 +391,13 @@ class DwarfRewrite:
         # (contiguous runs merged) and whether it moved as one linear block
         lo = np.array([r[0] for t in todo for r in t[5]], np.uint64)
         hi = np.array([r[1] for t in todo for r in t[5]], np.uint64)
-        count, linear, nlo_, nhi_ = native.seg_ranges(self.seg.c_arrays(), lo, hi, merge=False)
-        first = np.concatenate([[0], np.cumsum(count)]).tolist()
-        nlo_, nhi_, linear = nlo_.tolist(), nhi_.tolist(), linear.tolist()
+        _, linear, _, _ = native.seg_ranges(self.seg.c_arrays(), lo, hi, merge=False)
+        linear = linear.tolist()
+        news = native.merged_groups(self.seg.c_arrays(), lo, hi, [len(t[5]) for t in todo])
         k = 0
-        for ui, un, code, a, base, old in todo:
+        for (ui, un, code, a, base, old), new in zip(todo, news):
             ks = range(k, k + len(old))
             k += len(old)
-            new = merge_ranges((nlo_[j], nhi_[j]) for i in ks for j in range(first[i], first[i + 1]))
             self.cu_new_ranges[ui] = new
             if enc.DW_AT_ranges in a:
                 f, p, e = a[enc.DW_AT_ranges]
@@ -985,19 +984,14 @@ class DwarfRewrite:
         # every set's ranges translated at once
         lo = np.array([r[0] for x in sets if type(x) is tuple for r in x[4]], np.uint64)
         hi = np.array([r[1] for x in sets if type(x) is tuple for r in x[4]], np.uint64)
-        count, _, nlo, nhi = native.seg_ranges(self.seg.c_arrays(), lo, hi, merge=False)
-        nlo, nhi = nlo.tolist(), nhi.tolist()
-        count = np.concatenate([[0], np.cumsum(count)])
-        k = i = 0
+        news = iter(native.merged_groups(self.seg.c_arrays(), lo, hi,
+                                         [len(x[4]) for x in sets if type(x) is tuple]))
         for x in sets:
             if type(x) is not tuple:
                 out += x
                 continue
             ver, info_off, asz, ssz, rs = x
-            c = int(count[i + len(rs)] - count[i])
-            i += len(rs)
-            new = merge_ranges(zip(nlo[k:k + c], nhi[k:k + c]))
-            k += c
+            new = next(news)
             moved += new != rs
             body = bytearray(enc.pack_u(ver, 2) + enc.pack_u(info_off, 4) + bytes([asz, ssz]))
             while (4 + len(body)) % (2 * asz):
