@@ -110,7 +110,8 @@ def relines(section, seg_old, seg_end, seg_new, seg_new_end=None, seg_collapse=N
             break
         cap, max_units = max(cap, int(n)) + 1024, max(max_units, int(stats[0]))
     k = int(stats[0])
-    return out[:n].copy(), uo[:k], un[:k], dict(zip(
+    # a view, not a copy: the buffer's untouched tail was never faulted in
+    return out[:n], uo[:k], un[:k], dict(zip(
         ("units", "sequences_in", "sequences_out", "rows_out", "rows_dropped"), stats.tolist()))
 
 
@@ -134,8 +135,9 @@ class LineRows:
             if n <= cap:
                 break
             cap = int(n)
+        # views, not copies: the arrays' untouched tails were never faulted in
         for k in ("addr", "unit", "file", "line", "column", "flags"):
-            setattr(self, k, getattr(self, k)[:n].copy())
+            setattr(self, k, getattr(self, k)[:n])
 
     def __len__(self):
         return len(self.addr)
