@@ -379,7 +379,8 @@ class AbbrevTable:
         cap = 64
         while True:
             tag, children = np.zeros(1, np.uint64), np.zeros(1, np.int64)
-            at, form, ic = np.zeros(cap, np.uint64), np.zeros(cap, np.uint64), np.zeros(cap, np.int64)
+            at, form = np.zeros(cap, np.uint64), np.zeros(cap, np.uint64)
+            ic = np.zeros(cap, np.int64)
             has = np.zeros(cap, np.uint8)
             n = lib.lp_abbrev_entry(_p(self.ab), len(self.ab), self.off, code, _p(tag),
                                     _p(children), _p(at), _p(form), _p(ic), _p(has), cap)

@@ -230,7 +230,6 @@ class DwarfRewrite:
         self.log = log or (lambda m: None)
         self.secs = {s.name: s for s in image.sections}
         self.patched, self.drop, self.stats = {}, [], {}
-        self._list_bytes = {}
         self.orig = {}
         self.buf = {}
         self.append = {}       # section name -> bytearray appended after the original
@@ -472,56 +471,6 @@ class DwarfRewrite:
 
     def _read_ranges(self, off, base, asz):
         return enc.read_ranges(self.orig[".debug_ranges"], off, base, asz)
-
-    def _read_loclist(self, off, base, v5):
-        """[(lo, hi, expr position, expr end)] and the default-location expression."""
-        b = self.orig[".debug_loclists" if v5 else ".debug_loc"]
-        out = []
-        p = off
-        if not v5:
-            while True:
-                x, y = enc.u(b, p, 8), enc.u(b, p + 8, 8)
-                p += 16
-                if x == 0 and y == 0:
-                    return out
-                if x == (1 << 64) - 1:
-                    base = y
-                    continue
-                n = enc.u(b, p, 2)
-                out.append((base + x, base + y, p, p + 2 + n))
-                p += 2 + n
-        while True:
-            k = b[p]
-            p += 1
-            if k == 0:
-                return out
-            if k == 4:
-                x, p = enc.uleb(b, p)
-                y, p = enc.uleb(b, p)
-                lo, hi = base + x, base + y
-            elif k == 5:
-                lo = hi = None
-            elif k == 6:
-                base = enc.u(b, p, 8)
-                p += 8
-                continue
-            elif k == 7:
-                lo, hi = enc.u(b, p, 8), enc.u(b, p + 8, 8)
-                p += 16
-            elif k == 8:
-                lo = enc.u(b, p, 8)
-                n, p = enc.uleb(b, p + 8)
-                hi = lo + n
-            elif k == 9:        # DW_LLE_GNU_view_pair: views of the next entry
-                _, p = enc.uleb(b, p)
-                _, p = enc.uleb(b, p)
-                continue
-            else:
-                raise ValueError(f".debug_loclists: unsupported entry kind {k}")
-            e0 = p
-            n, p = enc.uleb(b, p)
-            out.append((lo, hi, e0, p + n))
-            p += n
 
     # appending lists --------------------------------------------------------------
     def _tail(self, name, header=None):
@@ -832,7 +781,6 @@ class DwarfRewrite:
                 keep &= ~_member(pos, views)
                 vp = np.where(_member(pos + 4, views), pos + 4, -1)
             parts.append((pos[keep], val[keep], kc[keep], is_loc, vp[keep]))
-        self._list_bytes = {}
         if not parts:
             self.stats["dwarf_lists_reencoded"] = 0
             return
@@ -874,77 +822,12 @@ class DwarfRewrite:
         hit = (j < len(pos)) & (pos[jc] == pos + 4) & (val[jc] < val)
         return pos[jc[hit]]
 
-    def _relist(self, un, p, v, base, v5, is_loc, views):
-        """Append list ``v`` (referenced from field ``p``) re-encoded; repoint ``p``."""
-        if not is_loc:
-            old = self._read_rnglist(v, base) if v5 else self._read_ranges(v, base, un.asz)
-            new = merge_ranges(r for lo, hi in old for r in self.seg.ranges(lo, hi))
-            self._put(".debug_info", p, self._append_ranges(un, new), 4)
-            return
-        vp = p + 4 if (p + 4) in views else None
-        noff, voff = self._append_loclist(un, v, base, vp)
-        self._put(".debug_info", p, noff, 4)
-        if vp is not None:
-            self._put(".debug_info", vp, voff, 4)
-
     def _old_base(self, un):
         _, a = self._top_die(un)
         x = a.get(enc.DW_AT_low_pc)
         if x is not None and x[0] == enc.DW_FORM_addr:
             return enc.u(self.orig[".debug_info"], x[1], un.asz)
         return 0
-
-    def _append_loclist(self, un, off, base, views_field):
-        v5 = un.version >= 5
-        name = ".debug_loclists" if v5 else ".debug_loc"
-        ents = self._read_loclist(off, base, v5)
-        # expressions as patched (DW_OP_addr translated); the list sections are not
-        # patched after patch_addresses, so one bytes copy serves every list
-        src = self._list_bytes.get(name)
-        if src is None:
-            src = self._list_bytes[name] = bytes(self.buf[name])
-        vb = self.orig[name]
-        old_views = []
-        if views_field is not None:
-            vp = enc.u(self.orig[".debug_info"], views_field, 4)
-            for lo, hi, _, _ in ents:
-                if lo is None:
-                    continue
-                x, vp = enc.uleb(vb, vp)
-                y, vp = enc.uleb(vb, vp)
-                old_views.append((x, y))
-        t = self._list_area(name, v5)
-        body = bytearray()
-        new_views = []
-        j = 0
-        for lo, hi, e0, e1 in ents:
-            expr = src[e0:e1]
-            if lo is None:
-                if v5:
-                    body += b"\x05" + expr
-                continue
-            vw = old_views[j] if j < len(old_views) else (0, 0)
-            j += 1
-            parts = self.seg.ranges(lo, hi) if hi > lo else \
-                ([(self.seg.map(lo), self.seg.map(lo))] if self.seg.map(lo) is not None else [])
-            for nlo, nhi in parts:
-                if v5:
-                    body += b"\x08" + enc.pack_u(nlo, 8) + enc.enc_uleb(nhi - nlo) + expr
-                else:
-                    body += enc.pack_u(nlo, 8) + enc.pack_u(nhi, 8) + expr
-                new_views.append(vw)
-        if not v5:
-            body = enc.pack_u(-1, 8) + enc.pack_u(0, 8) + body + bytes(16)
-        else:
-            body += b"\x00"
-        voff = None
-        if views_field is not None:
-            voff = len(self.orig[name]) + len(t)
-            for x, y in new_views:
-                t += enc.enc_uleb(x) + enc.enc_uleb(y)
-        noff = len(self.orig[name]) + len(t)
-        t += body
-        return noff, voff
 
     # -- aranges -----------------------------------------------------------------
     def rewrite_aranges(self):
