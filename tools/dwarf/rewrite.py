@@ -29,10 +29,13 @@ sections).
 """
 
 import bisect
+import gc
+import os
 
 import numpy as np
 
 from . import encoding as enc
+from . import native
 from .native import relines
 
 R_X86_64_64, R_X86_64_32 = 1, 10
@@ -81,7 +84,8 @@ class Segments:
         ext = sorted(list(zip(amap.ext_lo.tolist(), amap.ext_hi.tolist())) +
                      list(zip(old, end)))
         pos = 0
-        for lo, hi in ext + [(1 << 64, 1 << 64)]:
+        top = (1 << 64) - 1      # the identity reaches the top of the address space
+        for lo, hi in ext + [(top, top)]:
             if lo > pos:
                 old.append(pos)
                 end.append(lo)
@@ -98,13 +102,18 @@ class Segments:
 
     def arrays(self):
         """(old, end, new, new_end, collapse) arrays of the non-empty segments."""
-        m = [i for i in range(len(self.old)) if self.end[i] > self.old[i]]
-        cap = (1 << 64) - 1
-        return (np.array([min(self.old[i], cap) for i in m], np.uint64),
-                np.array([min(self.end[i], cap) for i in m], np.uint64),
-                np.array([self.new[i] for i in m], np.uint64),
-                np.array([min(self.new_end[i], cap) for i in m], np.uint64),
-                np.array([self.collapse[i] for i in m], bool))
+        o, e, n, ne, c = self.c_arrays()
+        m = e > o
+        return o[m], e[m], n[m], ne[m], c[m].astype(bool)
+
+    def c_arrays(self):
+        """Every segment (empty ones too, as ``map`` and ``ranges`` see them) as
+        the arrays the C core takes: old, end, new, new_end, collapse."""
+        if getattr(self, "_c", None) is None:
+            self._c = (np.array(self.old, np.uint64), np.array(self.end, np.uint64),
+                       np.array(self.new, np.uint64), np.array(self.new_end, np.uint64),
+                       np.array(self.collapse, np.uint8))
+        return self._c
 
     def _place(self, k, a, b):
         """New [start, end) of old [a, b) inside segment k."""
@@ -160,6 +169,47 @@ def _read_section(image, s):
     return bytes(image.section_bytes(s))
 
 
+class _Tables(dict):
+    """Abbreviation tables by offset, each read entry by entry on demand."""
+
+    def __init__(self, abbrev):
+        super().__init__()
+        self.abbrev = abbrev
+
+    def __missing__(self, off):
+        t = self[off] = native.AbbrevTable(self.abbrev, off)
+        return t
+
+
+_TOP = (DW_AT_stmt_list, enc.DW_AT_low_pc, enc.DW_AT_high_pc, enc.DW_AT_ranges,
+        enc.DW_AT_identifier_case, enc.DW_AT_entry_pc, DW_AT_linepack_pad)
+
+
+def _member(a, sorted_b):
+    """np.isin(a, sorted_b) for a sorted ``sorted_b``, by binary search."""
+    if not len(sorted_b):
+        return np.zeros(len(a), bool)
+    j = np.minimum(np.searchsorted(sorted_b, a), len(sorted_b) - 1)
+    return sorted_b[j] == a
+
+
+def _le_words(buf, n):
+    """A view of uint8 array ``buf``: the n-byte little-endian word at every byte
+    offset (unaligned; writable when ``buf`` is). An offset too close to the end
+    raises IndexError, as reading its bytes one by one would."""
+    return np.ndarray((max(len(buf) - n + 1, 0),), dtype=f"<u{n}", buffer=buf, strides=(1,))
+
+
+def _put_le(buf, pos, value, n):
+    """buf[pos:pos + n] = value (little-endian, masked to n bytes) for every pos."""
+    pos = np.asarray(pos, np.int64)
+    if not len(pos):
+        return
+    v = np.broadcast_to(np.asarray(value).astype(np.uint64), pos.shape)
+    for k in range(n):
+        buf[pos + k] = ((v >> np.uint64(8 * k)) & np.uint64(0xFF)).astype(np.uint8)
+
+
 def merge_ranges(rs):
     rs = sorted(r for r in rs if r[1] > r[0])
     out = []
@@ -180,10 +230,10 @@ class DwarfRewrite:
         self.log = log or (lambda m: None)
         self.secs = {s.name: s for s in image.sections}
         self.patched, self.drop, self.stats = {}, [], {}
-        self._list_bytes = {}
         self.orig = {}
         self.buf = {}
         self.append = {}       # section name -> bytearray appended after the original
+        self._typed = {}       # relocation section -> {type: (offsets, symbol sections)}
 
     def _sec(self, name):
         s = self.secs.get(name)
@@ -218,9 +268,41 @@ class DwarfRewrite:
     def _relocs(self, name):
         return self.image.relocations.get(name)
 
-    def _sym_section(self, rel):
-        shndx = self.image.symtab["shndx"][rel.sym].astype(np.int64)
-        return shndx
+    def _of_type(self, rel, rtype):
+        """(offsets of ``rel``'s relocations of type ``rtype``, their symbols'
+        section indices as int64). The rows are read in chunks from the file (a
+        kernel's .rela.debug_info has 10 M: through the mapping they would all
+        stay resident, with their split-out type and symbol arrays)."""
+        hit = self._typed.get(id(rel))
+        if hit is not None and hit[0] is rel:
+            return hit[1][rtype]
+        from ..image.elf import RELA
+        shndx_of = self.image.symtab["shndx"]
+        sec = rel.section
+        path = getattr(self.image, "path", None)
+        step = RELA.itemsize << 20
+        types = (R_X86_64_64, R_X86_64_32)          # both read in one pass
+        offs, idx = {t: [] for t in types}, {t: [] for t in types}
+        f = open(path, "rb") if path and type(self.image).__name__ == "ElfImage" else None
+        try:
+            for a in range(0, sec.size, step):
+                n = min(step, sec.size - a)
+                data = os.pread(f.fileno(), n, sec.offset + a) if f is not None else None
+                if data is None or len(data) != n:
+                    data = bytes(self.image.section_bytes(sec)[a:a + n])
+                rows = np.frombuffer(data, RELA)
+                info = rows["info"]
+                for t in types:
+                    m = (info & 0xFFFFFFFF) == t
+                    offs[t].append(rows["offset"][m])
+                    idx[t].append(shndx_of[(info[m] >> 32).astype(np.int64)].astype(np.int64))
+        finally:
+            if f is not None:
+                f.close()
+        out = {t: (np.concatenate(offs[t]) if offs[t] else np.zeros(0, np.uint64),
+                   np.concatenate(idx[t]) if idx[t] else np.zeros(0, np.int64)) for t in types}
+        self._typed[id(rel)] = (rel, out)
+        return out[rtype]
 
     def patch_addresses(self):
         secs = self.image.sections
@@ -231,20 +313,16 @@ class DwarfRewrite:
             rel = self._relocs(name)
             if rel is None or name not in self.buf:
                 continue
-            shndx = self._sym_section(rel)
+            off, shndx = self._of_type(rel, R_X86_64_64)
             shndx = np.where(shndx < len(secs), shndx, len(secs))
-            m = (rel.type == R_X86_64_64) & alloc[shndx]
-            pos = rel.offset[m].astype(np.int64)
+            pos = off[alloc[shndx]].astype(np.int64)
             if not len(pos):
                 continue
-            buf = self.buf[name]
-            val = np.zeros(len(pos), np.uint64)
-            for k in range(8):
-                val |= buf[pos + k].astype(np.uint64) << np.uint64(8 * k)
+            words = _le_words(self.buf[name], 8)
+            val = words[pos]
             new, ok = amap.map(val)
             new = np.where(ok, new, val)
-            for k in range(8):
-                buf[pos + k] = ((new >> np.uint64(8 * k)) & np.uint64(0xFF)).astype(np.uint8)
+            words[pos] = new
             fields += int((new != val).sum())
             unmapped += int((~ok).sum())
         self.stats["dwarf_address_fields_moved"] = fields
@@ -258,13 +336,9 @@ class DwarfRewrite:
         s = self._sec(target)
         if rel is None or s is None:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        shndx = self._sym_section(rel)
-        m = (rel.type == R_X86_64_32) & (shndx == s.index)
-        pos = np.sort(rel.offset[m].astype(np.int64))
-        buf = np.frombuffer(self.orig[".debug_info"], np.uint8)
-        val = np.zeros(len(pos), np.int64)
-        for k in range(4):
-            val |= buf[pos + k].astype(np.int64) << (8 * k)
+        off, shndx = self._of_type(rel, R_X86_64_32)
+        pos = np.sort(off[shndx == s.index].astype(np.int64))
+        val = _le_words(np.frombuffer(self.orig[".debug_info"], np.uint8), 4)[pos].astype(np.int64)
         return pos, val
 
     def _put(self, name, pos, value, n):
@@ -286,21 +360,18 @@ class DwarfRewrite:
         info = self.orig[".debug_info"]
         abbrev = self.orig.get(".debug_abbrev", b"")
         self.units = enc.units(info)
-        tables = {}
-        for un in self.units:
-            if un.abbrev_off not in tables:
-                tables[un.abbrev_off] = enc.parse_abbrevs(abbrev, un.abbrev_off)[0]
+        tables = _Tables(abbrev)
         converted, relisted, kept = [], 0, 0
-        self.cu_new_ranges, self.cu_old_ranges, self.abbrev_mods = [], [], {}
+        self.abbrev_mods = {}
         self.done_fields = set()      # .debug_info fields already pointing at a new list
+        self.cu_new_ranges = [None] * len(self.units)
+        self.cu_old_ranges = [None] * len(self.units)
+        todo = []
         for ui, un in enumerate(self.units):
             if un.unit_type not in (enc.DW_UT_compile, enc.DW_UT_partial):
-                self.cu_new_ranges.append(None)
-                self.cu_old_ranges.append(None)
                 self._type_unit_stmt_list(un, tables)
                 continue
-            code, attrs = enc.top_die_attrs(info, un, tables)
-            a = {at: (f, p, e) for at, f, p, e in attrs}
+            code, a = self._top_die(un)
             if DW_AT_stmt_list in a and getattr(self, "line_offsets", None):
                 f, p, e = a[DW_AT_stmt_list]
                 nv = self.line_offsets.get(enc.u(info, p, e - p))
@@ -312,27 +383,35 @@ class DwarfRewrite:
             base = enc.u(info, a[enc.DW_AT_low_pc][1], un.asz) if enc.DW_AT_low_pc in a and \
                 a[enc.DW_AT_low_pc][0] == enc.DW_FORM_addr else 0
             old = self._unit_ranges(un, a, base)
-            self.cu_old_ranges.append(old)
-            if old is None:
-                self.cu_new_ranges.append(None)
-                continue
-            new = merge_ranges(r for lo, hi in old for r in self.seg.ranges(lo, hi))
-            self.cu_new_ranges.append(new)
+            self.cu_old_ranges[ui] = old
+            if old is not None:
+                todo.append((ui, un, code, a, base, old))
+        # every unit's ranges translated at once: per old range its new ranges
+        # (contiguous runs merged) and whether it moved as one linear block
+        lo = np.array([r[0] for t in todo for r in t[5]], np.uint64)
+        hi = np.array([r[1] for t in todo for r in t[5]], np.uint64)
+        _, linear, _, _ = native.seg_ranges(self.seg.c_arrays(), lo, hi, merge=False)
+        linear = linear.tolist()
+        news = native.merged_groups(self.seg.c_arrays(), lo, hi, [len(t[5]) for t in todo])
+        k = 0
+        for (ui, un, code, a, base, old), new in zip(todo, news):
+            ks = range(k, k + len(old))
+            k += len(old)
+            self.cu_new_ranges[ui] = new
             if enc.DW_AT_ranges in a:
                 f, p, e = a[enc.DW_AT_ranges]
                 # in place, each entry keeps its length from its translated start
                 # (the relocated start moved): right only if no entry was cut
-                if any(self.seg.ranges(lo, hi) != [(self.seg.map(lo), self.seg.map(lo) + hi - lo)]
-                       for lo, hi in old if hi > lo):
+                if any(not linear[i] for i, (lo_, hi_) in zip(ks, old) if hi_ > lo_):
                     self._put(".debug_info", p, self._append_ranges(un, new), 4)
                     self.done_fields.add(p)
                     relisted += 1
                 else:
                     kept += 1
             elif enc.DW_AT_low_pc in a and enc.DW_AT_high_pc in a:
-                lo = base
-                nlo = self.seg.map(lo)
-                if len(new) == 1 and nlo == new[0][0] and new[0][1] - nlo == old[0][1] - lo:
+                lo_ = base
+                nlo = self.seg.map(lo_)
+                if len(new) == 1 and nlo == new[0][0] and new[0][1] - nlo == old[0][1] - lo_:
                     kept += 1          # one piece: low_pc patched, the length holds
                     continue
                 if self._convert_unit(ui, un, code, tables[un.abbrev_off], a, new):
@@ -349,10 +428,26 @@ class DwarfRewrite:
         if un.unit_type not in (2, 6) or not getattr(self, "line_offsets", None):
             return
         info = self.orig[".debug_info"]
-        _, attrs = enc.top_die_attrs(info, un, tables)
-        for at, f, p, e in attrs:
-            if at == DW_AT_stmt_list and enc.u(info, p, e - p) in self.line_offsets:
+        _, a = self._top_die(un)
+        if DW_AT_stmt_list in a:
+            f, p, e = a[DW_AT_stmt_list]
+            if enc.u(info, p, e - p) in self.line_offsets:
                 self._put(".debug_info", p, self.line_offsets[enc.u(info, p, e - p)], e - p)
+
+    def _top_die(self, un):
+        """(abbreviation code, {attr: (form, value position, value end)}) of a
+        unit's first DIE, for the attributes the rewrite reads (as
+        encoding.top_die_attrs: none when its abbreviation is unknown)."""
+        if getattr(self, "_tops", None) is None:
+            self._tops = native.top_dies(self.orig[".debug_info"],
+                                         self.orig.get(".debug_abbrev", b""), self.units, _TOP)
+            self._top_row = {u.off: i for i, u in enumerate(self.units)}
+        d, i = self._tops, self._top_row[un.off]
+        if d.off[i] < 0:            # unknown abbreviation or a null entry first
+            return 0, {}
+        a = {at: (int(d.form[i, j]), int(d.pos[i, j]), int(d.end[i, j]))
+             for j, at in enumerate(_TOP) if d.pos[i, j] >= 0}
+        return int(d.code[i]), a
 
     def _unit_ranges(self, un, a, base):
         info = self.orig[".debug_info"]
@@ -377,56 +472,6 @@ class DwarfRewrite:
     def _read_ranges(self, off, base, asz):
         return enc.read_ranges(self.orig[".debug_ranges"], off, base, asz)
 
-    def _read_loclist(self, off, base, v5):
-        """[(lo, hi, expr position, expr end)] and the default-location expression."""
-        b = self.orig[".debug_loclists" if v5 else ".debug_loc"]
-        out = []
-        p = off
-        if not v5:
-            while True:
-                x, y = enc.u(b, p, 8), enc.u(b, p + 8, 8)
-                p += 16
-                if x == 0 and y == 0:
-                    return out
-                if x == (1 << 64) - 1:
-                    base = y
-                    continue
-                n = enc.u(b, p, 2)
-                out.append((base + x, base + y, p, p + 2 + n))
-                p += 2 + n
-        while True:
-            k = b[p]
-            p += 1
-            if k == 0:
-                return out
-            if k == 4:
-                x, p = enc.uleb(b, p)
-                y, p = enc.uleb(b, p)
-                lo, hi = base + x, base + y
-            elif k == 5:
-                lo = hi = None
-            elif k == 6:
-                base = enc.u(b, p, 8)
-                p += 8
-                continue
-            elif k == 7:
-                lo, hi = enc.u(b, p, 8), enc.u(b, p + 8, 8)
-                p += 16
-            elif k == 8:
-                lo = enc.u(b, p, 8)
-                n, p = enc.uleb(b, p + 8)
-                hi = lo + n
-            elif k == 9:        # DW_LLE_GNU_view_pair: views of the next entry
-                _, p = enc.uleb(b, p)
-                _, p = enc.uleb(b, p)
-                continue
-            else:
-                raise ValueError(f".debug_loclists: unsupported entry kind {k}")
-            e0 = p
-            n, p = enc.uleb(b, p)
-            out.append((lo, hi, e0, p + n))
-            p += n
-
     # appending lists --------------------------------------------------------------
     def _tail(self, name, header=None):
         """Append area of a section (a new DWARF 5 contribution gets its header)."""
@@ -446,6 +491,11 @@ class DwarfRewrite:
         name = ".debug_rnglists" if v5 else ".debug_ranges"
         t = self._list_area(name, v5)
         off = len(self.orig[name]) + len(t)
+        if len(new) > 4:        # long lists (a unit's scattered functions): the C encoder
+            data, _ = native.encode_ranges(v5, [len(new)], [r[0] for r in new],
+                                           [r[1] for r in new], off)
+            t += data
+            return off
         if v5:
             for lo, hi in new:
                 t += b"\x07" + enc.pack_u(lo, 8) + enc.enc_uleb(hi - lo)
@@ -567,19 +617,15 @@ class DwarfRewrite:
     def _cuts(self):
         """Old addresses where the map is discontinuous (a piece boundary whose two
         sides do not stay adjacent) or a piece changes size (a re-encoded branch,
-        an appended jmp: a length that covers it no longer holds), sorted."""
-        cuts = []
-        o, e = self.seg.old, self.seg.end
-        for k in range(len(o)):
-            resized = self.seg.new_end[k] - self.seg.new[k] != e[k] - o[k]
-            if self.seg.continuous(k) and not resized:
-                continue
-            cuts.append(e[k])
-            if resized:
-                cuts.append(o[k])
-            if k == 0 or e[k - 1] != o[k]:
-                cuts.append(o[k])
-        return sorted(set(cuts))
+        an appended jmp: a length that covers it no longer holds), sorted (uint64)."""
+        o, e, n, ne, _ = self.seg.c_arrays()
+        resized = (ne - n) != (e - o)
+        cont = np.zeros(len(o), bool)
+        cont[:-1] = (e[:-1] == o[1:]) & (ne[:-1] == n[1:])
+        keep = ~cont | resized
+        gap_before = np.ones(len(o), bool)
+        gap_before[1:] = e[:-1] != o[1:]
+        return np.unique(np.concatenate([e[keep], o[keep & resized], o[keep & gap_before]]))
 
     def split_dies(self, tables):
         """DIEs (subprograms, lexical blocks, inlined subroutines) with low/high pc
@@ -589,11 +635,11 @@ class DwarfRewrite:
         cuts = self._cuts()
         from ..image.functions import FunctionTable
         ft = FunctionTable(self.image)
-        split = []
-        for s0, n in zip(ft.start.tolist(), ft.size.tolist()):
-            k = bisect.bisect_right(cuts, s0)
-            if k < len(cuts) and cuts[k] < s0 + n:
-                split.append((s0, s0 + n))
+        fs, fe = ft.start.astype(np.uint64), (ft.start + ft.size).astype(np.uint64)
+        k = np.searchsorted(cuts, fs, side="right")
+        hit = (k < len(cuts)) & (cuts[np.minimum(k, len(cuts) - 1)] < fe) if len(cuts) else \
+            np.zeros(len(fs), bool)
+        split = list(zip(fs[hit].tolist(), fe[hit].tolist()))
         self.stats["dwarf_split_functions"] = len(split)
         if not split:
             return []
@@ -601,52 +647,90 @@ class DwarfRewrite:
         starts = [s for s, _ in split]
         walked = []
         info = self.orig[".debug_info"]
+        abbrev = self.orig.get(".debug_abbrev", b"")
+        cuts_a = cuts
+        seg = self.seg.c_arrays()
         dies = stuck = 0
+        LO, HI, ENT, RNG, IDC, PAD = range(6)
+        want = (enc.DW_AT_low_pc, enc.DW_AT_high_pc, enc.DW_AT_entry_pc, enc.DW_AT_ranges,
+                enc.DW_AT_identifier_case, DW_AT_linepack_pad)
         for ui, un in enumerate(self.units):
             old = self.cu_old_ranges[ui]
             if not old or not any(self._overlaps(starts, split, lo, hi) for lo, hi in old):
                 continue
             walked.append(ui)
             table = tables[un.abbrev_off]
-            todo = []
-            codes = set()
-            for off, tag, a, code in enc.walk_dies(info, un, table):
-                if off == un.die:
-                    continue
-                if enc.DW_AT_high_pc not in a or enc.DW_AT_low_pc not in a or \
-                        a[enc.DW_AT_low_pc][0] != enc.DW_FORM_addr:
-                    continue
-                lo = enc.u(info, a[enc.DW_AT_low_pc][1], un.asz)
-                f, p, e = a[enc.DW_AT_high_pc]
-                hv = enc.u(info, p, e - p)
-                hi = hv if f == enc.DW_FORM_addr else lo + hv
-                k = bisect.bisect_right(cuts, lo)
-                cut = k < len(cuts) and cuts[k] < hi
-                if not cut and hi > lo:
-                    # no cut inside, but the piece it ends with may have grown
-                    # (a jmp appended) or shrunk: its length no longer holds
-                    nlo = self.seg.map(lo)
-                    cut = self.seg.ranges(lo, hi) != [(nlo, nlo + hi - lo)]
-                if not (self._convertible(un, a) or self._convertible_with_entry(un, a)):
-                    stuck += cut         # left as it is (counted)
-                    continue
-                todo.append((a, code, lo, hi))
-                if cut:
-                    codes.add(code)
+            d = native.dies(info, abbrev, un, want)
+            # DIEs (not the unit's) with an address low pc and a high pc
+            idx = np.nonzero((d.off != un.die) & d.has(HI) & d.has(LO) &
+                             (d.form[:, LO] == enc.DW_FORM_addr))[0]
+            if not len(idx):
+                continue
+            form, val, has = d.form[idx], d.val[idx], d.pos[idx] >= 0
+            hsize = (d.end[idx, HI] - d.pos[idx, HI])
+            lsize = (d.end[idx, LO] - d.pos[idx, LO])
+            lo = val[:, LO]
+            hi = np.where(form[:, HI] == enc.DW_FORM_addr, val[:, HI], lo + val[:, HI])
+            k = np.searchsorted(cuts_a, lo, side="right")
+            cut = (k < len(cuts_a)) & (cuts_a[np.minimum(k, len(cuts_a) - 1)] < hi) \
+                if len(cuts_a) else np.zeros(len(idx), bool)
+            count, linear, rlo, rhi = native.seg_ranges(seg, lo, hi, merge=True)
+            # no cut inside, but the piece it ends with may have grown (a jmp
+            # appended) or shrunk: its length no longer holds
+            cut |= (hi > lo) & ~linear
+            h48 = (hsize == 4) | (hsize == 8)
+            convertible = (un.osz == 4) & h48 & ~((hsize == 8) & has[:, IDC]) & \
+                ~has[:, ENT] & ~has[:, RNG]
+            with_entry = has[:, ENT] & ~has[:, RNG] & (un.osz == 4) & (lsize == 8) & h48 & \
+                (form[:, HI] != enc.DW_FORM_addr) & ~has[:, PAD]
+            conv = convertible | with_entry
+            stuck += int((cut & ~conv).sum())        # left as they are (counted)
+            codes = np.unique(d.code[idx][conv & cut])
+            if not len(codes):
+                continue
+            code = d.code[idx]
             mods = self.abbrev_mods.setdefault(ui, {})
-            for code in codes:
-                tag, children, attrs = table[code]
-                size = next(e - p for (a, cd, _, _) in todo if cd == code
-                            for f, p, e in [a[enc.DW_AT_high_pc]])
-                mods[code] = (tag, children, self._ranges_attrs(attrs, size, False))
-            for a, code, lo, hi in todo:
-                if code in codes:
-                    self._write_ranges_attr(un, a, merge_ranges(self.seg.ranges(lo, hi)))
-                    dies += 1
+            for c in codes.tolist():
+                first = np.nonzero(conv & (code == c))[0][0]
+                tag, children, attrs = table[c]
+                mods[c] = (tag, children, self._ranges_attrs(attrs, int(hsize[first]), False))
+            w = conv & np.isin(code, codes)
+            self._write_ranges_attrs(un, d, idx[w], count, rlo, rhi, w)
+            dies += int(w.sum())
         self.stats["dwarf_dies_converted_to_ranges"] = dies
         if stuck:
             self.stats["dwarf_dies_not_convertible"] = stuck
         return walked
+
+    def _write_ranges_attrs(self, un, d, rows, count, rlo, rhi, sel):
+        """_write_ranges_attr for DIE rows ``rows`` of ``d`` at once: their new
+        ranges are the items ``sel`` of the flat (count, rlo, rhi)."""
+        starts = np.concatenate([[0], np.cumsum(count)])[:-1]
+        pick = np.nonzero(sel)[0]
+        c = count[pick]
+        flat = np.repeat(starts[pick], c) + (np.arange(int(c.sum())) -
+                                             np.repeat(np.cumsum(c) - c, c))
+        v5 = un.version >= 5
+        name = ".debug_rnglists" if v5 else ".debug_ranges"
+        t = self._list_area(name, v5)
+        data, offs = native.encode_ranges(v5, c, rlo[flat], rhi[flat],
+                                          len(self.orig[name]) + len(t))
+        t += data
+        LO, HI, ENT = 0, 1, 2
+        ent = d.pos[rows, ENT] >= 0
+        lp, hp = d.pos[rows, LO], d.pos[rows, HI]
+        hsize = d.end[rows, HI] - hp
+        buf = self.buf[".debug_info"]
+        # the DIE names its entry already: low pc's 8 bytes hold the list offset
+        # and filler, high pc is filler; else high pc holds it (+ filler)
+        field = np.where(ent, lp, hp)
+        self.done_fields.update(field.tolist())
+        _put_le(buf, field, offs, 4)
+        _put_le(buf, np.where(ent, lp + 4, hp + 4)[ent | (hsize == 8)], 0, 4)
+        e8 = ent & (hsize == 8)
+        _put_le(buf, hp[e8], 0, 8)
+        e4 = ent & (hsize == 4)
+        _put_le(buf, hp[e4], 0, 4)
 
     @staticmethod
     def _overlaps(starts, spans, lo, hi):
@@ -659,11 +743,10 @@ class DwarfRewrite:
             if not mods:
                 continue
             un = self.units[ui]
-            ntable = dict(tables[un.abbrev_off])
-            ntable.update(mods)
             t = self._tail(".debug_abbrev")
             aoff = len(self.orig[".debug_abbrev"]) + len(t)
-            t += enc.encode_abbrevs(ntable)
+            t += native.abbrev_table_with(self.orig[".debug_abbrev"], un.abbrev_off, mods,
+                                          lambda c, e: enc.encode_abbrevs({c: e})[:-1])
             self._put(".debug_info", un.abbrev_field, aoff, un.osz)
 
     def rebase_lists(self, converted):
@@ -671,12 +754,14 @@ class DwarfRewrite:
         from a converted unit (its entries were relative to the old base)."""
         if not converted:
             return
-        starts = np.array([self.units[i].off for i in converted], np.int64)
-        ends = np.array([self.units[i].end for i in converted], np.int64)
-        bases = {}
-        for i in converted:
-            bases[self.units[i].off] = self._old_base(self.units[i])
-        relisted = unreadable = 0
+        cu = [self.units[i] for i in converted]
+        starts = np.array([un.off for un in cu], np.int64)
+        ends = np.array([un.end for un in cu], np.int64)
+        base_of = np.array([self._old_base(un) for un in cu], np.uint64)
+        v5_of = np.array([un.version >= 5 for un in cu], np.uint8)
+        asz_of = np.array([un.asz for un in cu], np.uint8)
+        done = np.array(sorted(self.done_fields), np.int64)
+        parts = []
         for name in LIST_SECTIONS:
             if name not in self.orig:
                 continue
@@ -684,108 +769,65 @@ class DwarfRewrite:
             k = np.searchsorted(starts, pos, side="right") - 1
             kc = np.maximum(k, 0)
             inside = (k >= 0) & (pos < ends[kc])
-            pos, val, uo = pos[inside], val[inside], starts[kc[inside]]
+            pos, val, kc = pos[inside], val[inside], kc[inside]
             if not len(pos):
                 continue
             is_loc = name in (".debug_loclists", ".debug_loc")
-            views = set()
-            if is_loc:   # DW_AT_GNU_locviews follows DW_AT_location: its list precedes the locations
-                nxt = {p: v for p, v in zip(pos.tolist(), val.tolist())}
-                for p, v in nxt.items():
-                    w = nxt.get(p + 4)
-                    if w is not None and w < v:
-                        views.add(p + 4)
-            by_off = {self.units[i].off: self.units[i] for i in converted}
-            for p, v, ub in zip(pos.tolist(), val.tolist(), uo.tolist()):
-                if p in views or p in self.done_fields:
-                    continue
-                un = by_off[ub]
-                base = bases[ub]
-                v5 = un.version >= 5
-                try:
-                    self._relist(un, p, v, base, v5, is_loc, views)
-                except (ValueError, IndexError):
-                    unreadable += 1     # kept as it is (and counted)
-                    continue
-                relisted += 1
-        self._list_bytes = {}
-        self.stats["dwarf_lists_reencoded"] = relisted
-        if unreadable:
-            self.stats["dwarf_lists_unreadable"] = unreadable
-
-    def _relist(self, un, p, v, base, v5, is_loc, views):
-        """Append list ``v`` (referenced from field ``p``) re-encoded; repoint ``p``."""
-        if not is_loc:
-            old = self._read_rnglist(v, base) if v5 else self._read_ranges(v, base, un.asz)
-            new = merge_ranges(r for lo, hi in old for r in self.seg.ranges(lo, hi))
-            self._put(".debug_info", p, self._append_ranges(un, new), 4)
+            vp = np.full(len(pos), -1, np.int64)
+            keep = ~_member(pos, done)
+            if is_loc:
+                # DW_AT_GNU_locviews follows DW_AT_location: its list precedes the locations
+                views = self._view_fields(pos, val)
+                keep &= ~_member(pos, views)
+                vp = np.where(_member(pos + 4, views), pos + 4, -1)
+            parts.append((pos[keep], val[keep], kc[keep], is_loc, vp[keep]))
+        if not parts:
+            self.stats["dwarf_lists_reencoded"] = 0
             return
-        vp = p + 4 if (p + 4) in views else None
-        noff, voff = self._append_loclist(un, v, base, vp)
-        self._put(".debug_info", p, noff, 4)
-        if vp is not None:
-            self._put(".debug_info", vp, voff, 4)
+        p = np.concatenate([x[0] for x in parts])
+        kc = np.concatenate([x[2] for x in parts])
+        items = {"p": p, "v": np.concatenate([x[1] for x in parts]), "base": base_of[kc],
+                 "v5": v5_of[kc], "asz": asz_of[kc], "vp": np.concatenate([x[4] for x in parts]),
+                 "is_loc": np.concatenate([np.full(len(x[0]), x[3], np.uint8) for x in parts])}
+        names = (".debug_rnglists", ".debug_ranges", ".debug_loclists", ".debug_loc")
+        sections = [self.orig.get(n) for n in names] + \
+            [self.buf.get(".debug_loclists"), self.buf.get(".debug_loc")]
+        areas = [(len(self.orig.get(n, b"")), len(self.append.get(n, b"")), n in self.append)
+                 for n in names]
+        noff, voff, status, added = native.relist(self.seg.c_arrays(), self.orig[".debug_info"],
+                                                  sections, items, areas)
+        for n, data in zip(names, added):
+            if data:
+                self.append.setdefault(n, bytearray()).extend(data)
+        ok = status == 0
+        buf = self.buf[".debug_info"]
+        _put_le(buf, p[ok], noff[ok], 4)
+        hv = ok & (items["vp"] >= 0)
+        _put_le(buf, items["vp"][hv], voff[hv], 4)
+        self.stats["dwarf_lists_reencoded"] = int(ok.sum())
+        if (~ok).any():
+            self.stats["dwarf_lists_unreadable"] = int((~ok).sum())
+
+    @staticmethod
+    def _view_fields(pos, val):
+        """Fields (sorted offsets ``pos``, referenced offsets ``val``) that hold a
+        location-view list: the field 4 bytes after a location field whose
+        referenced offset is below that field's (the views list comes first)."""
+        if len(pos) > 1 and (np.diff(pos) <= 0).any():     # repeated fields: as a dict would
+            nxt = {q: v for q, v in zip(pos.tolist(), val.tolist())}
+            return np.array(sorted(q + 4 for q, v in nxt.items()
+                                   if nxt.get(q + 4) is not None and nxt[q + 4] < v), np.int64)
+        j = np.searchsorted(pos, pos + 4)
+        jc = np.minimum(j, len(pos) - 1)
+        hit = (j < len(pos)) & (pos[jc] == pos + 4) & (val[jc] < val)
+        return pos[jc[hit]]
 
     def _old_base(self, un):
-        info = self.orig[".debug_info"]
-        tables = {un.abbrev_off: enc.parse_abbrevs(self.orig[".debug_abbrev"], un.abbrev_off)[0]}
-        _, attrs = enc.top_die_attrs(info, un, tables)
-        for at, f, p, e in attrs:
-            if at == enc.DW_AT_low_pc and f == enc.DW_FORM_addr:
-                return enc.u(info, p, un.asz)
+        _, a = self._top_die(un)
+        x = a.get(enc.DW_AT_low_pc)
+        if x is not None and x[0] == enc.DW_FORM_addr:
+            return enc.u(self.orig[".debug_info"], x[1], un.asz)
         return 0
-
-    def _append_loclist(self, un, off, base, views_field):
-        v5 = un.version >= 5
-        name = ".debug_loclists" if v5 else ".debug_loc"
-        ents = self._read_loclist(off, base, v5)
-        # expressions as patched (DW_OP_addr translated); the list sections are not
-        # patched after patch_addresses, so one bytes copy serves every list
-        src = self._list_bytes.get(name)
-        if src is None:
-            src = self._list_bytes[name] = bytes(self.buf[name])
-        vb = self.orig[name]
-        old_views = []
-        if views_field is not None:
-            vp = enc.u(self.orig[".debug_info"], views_field, 4)
-            for lo, hi, _, _ in ents:
-                if lo is None:
-                    continue
-                x, vp = enc.uleb(vb, vp)
-                y, vp = enc.uleb(vb, vp)
-                old_views.append((x, y))
-        t = self._list_area(name, v5)
-        body = bytearray()
-        new_views = []
-        j = 0
-        for lo, hi, e0, e1 in ents:
-            expr = src[e0:e1]
-            if lo is None:
-                if v5:
-                    body += b"\x05" + expr
-                continue
-            vw = old_views[j] if j < len(old_views) else (0, 0)
-            j += 1
-            parts = self.seg.ranges(lo, hi) if hi > lo else \
-                ([(self.seg.map(lo), self.seg.map(lo))] if self.seg.map(lo) is not None else [])
-            for nlo, nhi in parts:
-                if v5:
-                    body += b"\x08" + enc.pack_u(nlo, 8) + enc.enc_uleb(nhi - nlo) + expr
-                else:
-                    body += enc.pack_u(nlo, 8) + enc.pack_u(nhi, 8) + expr
-                new_views.append(vw)
-        if not v5:
-            body = enc.pack_u(-1, 8) + enc.pack_u(0, 8) + body + bytes(16)
-        else:
-            body += b"\x00"
-        voff = None
-        if views_field is not None:
-            voff = len(self.orig[name]) + len(t)
-            for x, y in new_views:
-                t += enc.enc_uleb(x) + enc.enc_uleb(y)
-        noff = len(self.orig[name]) + len(t)
-        t += body
-        return noff, voff
 
     # -- aranges -----------------------------------------------------------------
     def rewrite_aranges(self):
@@ -795,10 +837,11 @@ class DwarfRewrite:
         out = bytearray()
         p = 0
         moved = 0
+        sets = []
         while p + 4 <= len(b):
             ln = enc.u(b, p, 4)
             if ln == 0xFFFFFFFF:        # 64-bit aranges: copied as they are
-                out += b[p:p + 12 + enc.u(b, p + 4, 8)]
+                sets.append(b[p:p + 12 + enc.u(b, p + 4, 8)])
                 p += 12 + enc.u(b, p + 4, 8)
                 continue
             end = p + 4 + ln
@@ -807,22 +850,44 @@ class DwarfRewrite:
             tup = 2 * asz + ssz
             q += (-q + p) % tup if tup else 0
             rs = []
-            while q + 2 * asz <= end:
+            if asz in (4, 8) and q <= end:      # the tuples at once, up to the (0, 0) one
+                t = np.frombuffer(b, f"<u{asz}", count=(end - q) // (2 * asz) * 2,
+                                  offset=q).reshape(-1, 2)
+                stop = np.nonzero((t[:, 0] == 0) & (t[:, 1] == 0))[0]
+                t = t[:stop[0]] if len(stop) else t
+                rs = [(lo, lo + n) for lo, n in t.tolist()]
+            while asz not in (4, 8) and q + 2 * asz <= end:
                 lo, n = enc.u(b, q, asz), enc.u(b, q + asz, asz)
                 q += 2 * asz
                 if lo == 0 and n == 0:
                     break
                 rs.append((lo, lo + n))
-            new = merge_ranges(r for lo, hi in rs for r in self.seg.ranges(lo, hi))
+            sets.append((ver, info_off, asz, ssz, rs))
+            p = end
+        # every set's ranges translated at once
+        lo = np.array([r[0] for x in sets if type(x) is tuple for r in x[4]], np.uint64)
+        hi = np.array([r[1] for x in sets if type(x) is tuple for r in x[4]], np.uint64)
+        news = iter(native.merged_groups(self.seg.c_arrays(), lo, hi,
+                                         [len(x[4]) for x in sets if type(x) is tuple]))
+        for x in sets:
+            if type(x) is not tuple:
+                out += x
+                continue
+            ver, info_off, asz, ssz, rs = x
+            new = next(news)
             moved += new != rs
             body = bytearray(enc.pack_u(ver, 2) + enc.pack_u(info_off, 4) + bytes([asz, ssz]))
             while (4 + len(body)) % (2 * asz):
                 body += b"\0"
-            for lo, hi in new:
-                body += enc.pack_u(lo, asz) + enc.pack_u(hi - lo, asz)
+            if asz in (4, 8):
+                mask = (1 << (8 * asz)) - 1
+                body += enc.struct.pack(f"<{2 * len(new)}{'I' if asz == 4 else 'Q'}",
+                                        *[x & mask for lo_, hi_ in new for x in (lo_, hi_ - lo_)])
+            else:
+                for lo_, hi_ in new:
+                    body += enc.pack_u(lo_, asz) + enc.pack_u(hi_ - lo_, asz)
             body += bytes(2 * asz)
             out += enc.pack_u(len(body), 4) + body
-            p = end
         self.patched[self.secs[".debug_aranges"].index] = np.frombuffer(bytes(out), np.uint8)
         self.stats["dwarf_aranges_sets_moved"] = int(moved)
 
@@ -837,21 +902,33 @@ class DwarfRewrite:
             return
         b = self.orig[".debug_frame"]
         buf = self.buf.get(".debug_frame")
-        p, split = 0, 0
-        while p + 4 <= len(b):
-            ln = enc.u(b, p, 4)
+        p = 0
+        fde_pos, fde_lo, fde_n = [], [], []
+        unpack = enc.struct.unpack_from
+        size = len(b)
+        while p + 4 <= size:
+            if p + 24 <= size:
+                ln, cie, lo, n = unpack("<IIQQ", b, p)
+            else:               # a short last entry: the bytes that are there
+                ln, cie = enc.u(b, p, 4), enc.u(b, p + 4, 4)
+                lo, n = enc.u(b, p + 8, 8), enc.u(b, p + 16, 8)
             if ln == 0 or ln == 0xFFFFFFFF:
                 break
-            cie = enc.u(b, p + 4, 4)
-            if cie != 0xFFFFFFFF and ln >= 20:
-                lo, n = enc.u(b, p + 8, 8), enc.u(b, p + 16, 8)
-                if n and self.seg.ranges(lo, lo + n) != [(self.seg.map(lo),
-                                                          self.seg.map(lo) + n)]:
-                    split += 1
-                    if buf is not None:
-                        buf[p + 16:p + 24] = np.frombuffer(
-                            enc.pack_u(self._linear_run(lo, lo + n), 8), np.uint8)
+            if cie != 0xFFFFFFFF and ln >= 20 and n:
+                fde_pos.append(p)
+                fde_lo.append(lo)
+                fde_n.append(n)
             p += 4 + ln
+        lo = np.array(fde_lo, np.uint64)
+        _, linear, _, _ = native.seg_ranges(self.seg.c_arrays(), lo,
+                                            lo + np.array(fde_n, np.uint64), merge=False)
+        split = 0
+        for i in np.nonzero(~linear)[0].tolist():
+            split += 1
+            if buf is not None:
+                p, a = fde_pos[i], fde_lo[i]
+                buf[p + 16:p + 24] = np.frombuffer(
+                    enc.pack_u(self._linear_run(a, a + fde_n[i]), 8), np.uint8)
         self.stats["dwarf_fdes_split"] = split
 
     def _linear_run(self, lo, hi):
@@ -886,5 +963,13 @@ class DwarfRewrite:
 
 def rewrite_dwarf(image, amap, log=None):
     """(patched {index: bytes}, drop [index], stats) for the image's DWARF under ``amap``."""
-    rw = DwarfRewrite(image, amap, log).run()
+    # the rewrite makes many small tuples and lists and no reference cycles: the
+    # cycle collector would only re-scan the objects of the phases before it
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        rw = DwarfRewrite(image, amap, log).run()
+    finally:
+        if was:
+            gc.enable()
     return rw.patched, rw.drop, rw.stats

@@ -17,7 +17,9 @@ see _Pieces).
   block's (``debuginfo.scope-range``: the inline chain a symbolizer prints);
 - units: every unit's NEW ranges lie inside its translated OLD ranges and cover
   every translated subprogram of the unit (``debuginfo.unit-range``).
-NEW without DWARF while OLD has it is an info finding (``--strip-debug``).
+NEW without DWARF while OLD has it is an info finding (``--strip-debug``); DWARF
+that cannot be read (an unknown abbreviation or form, a DIE or list past its
+section) is one ``debuginfo.unreadable`` error naming the offset.
 """
 
 import bisect
@@ -27,6 +29,7 @@ import random
 import numpy as np
 
 from ..dwarf import encoding as enc
+from ..dwarf import native
 from ..image.elf import SHT_NOBITS, ElfImage
 from ..dwarf.native import LineRows
 from ..kernel.base import Finding
@@ -59,6 +62,31 @@ class _Pieces:
             if i is not None:
                 self.new_end[i] = b
                 after[b] = i
+
+    def segments(self):
+        """The pieces and the identity between them as the C core's segments
+        (old, end, new, new_end, collapse arrays), or None when a piece is empty
+        (ranges() stops at one: kept to the Python path)."""
+        if getattr(self, "_segments", False) is not False:
+            return self._segments
+        o, e = np.array(self.old, np.uint64), np.array(self.end, np.uint64)
+        if (e <= o).any():
+            self._segments = None
+            return None
+        cap = np.uint64((1 << 64) - 1)
+        # the identity before each piece (from the furthest end so far) and after the last
+        reach = np.maximum.accumulate(np.concatenate([np.zeros(1, np.uint64), e]))
+        so = np.concatenate([o, [cap]]).astype(np.uint64)
+        gap = so > reach
+        go, ge = reach[gap], so[gap]
+        old = np.concatenate([o, go])
+        order = np.argsort(old, kind="stable")
+        self._segments = (old[order], np.concatenate([e, ge])[order],
+                          np.concatenate([np.array(self.new, np.uint64), go])[order],
+                          np.concatenate([np.array(self.new_end, np.uint64), ge])[order],
+                          np.concatenate([np.array(self.collapse, np.uint8),
+                                          np.zeros(len(go), np.uint8)])[order])
+        return self._segments
 
     def resized(self):
         """Sorted old starts of the pieces whose new size differs or that collapse
@@ -108,6 +136,9 @@ class _Pieces:
 
 
 def _merge(rs):
+    rs = rs if isinstance(rs, list) else list(rs)
+    if len(rs) <= 1:            # most DIEs: one range
+        return [rs[0]] if rs and rs[0][1] > rs[0][0] else []
     out = []
     for lo, hi in sorted(r for r in rs if r[1] > r[0]):
         if out and lo <= out[-1][1]:
@@ -165,7 +196,13 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
     # in a function of its own, so that the row arrays are freed before step 2
     checked_rows = _check_line_rows(old, new, amap, pieces, rng, rows_sample, problems)
     report.extra["debuginfo_line_rows_checked"] = checked_rows
-    _check_units(old, new, pieces, problems, report, units_sample, seed)
+    try:
+        _check_units(old, new, pieces, problems, report, units_sample, seed)
+    except ValueError as e:     # malformed DWARF: the C core names the offset
+        problems["debuginfo.unreadable"] = [(None, f"cannot read the DWARF: {e}")]
+        for k in ("debuginfo_units_checked", "debuginfo_subprograms_checked",
+                  "debuginfo_scopes_checked", "debuginfo_split_units_checked"):
+            report.extra.setdefault(k, 0)
     from .equivalence import _add
     for check, items in problems.items():
         _add(findings, "error", check, items, lambda it: it, counter)
@@ -203,7 +240,11 @@ def _check_line_rows(old, new, amap, pieces, rng, rows_sample, problems):
         want = _row_keys(_Sub(ro, pick), np.asarray(_map(amap, ro.addr[pick]), np.uint64))
         nl = np.nonzero((rn.flags & 1) == 0)[0]
         have = _row_keys(_Sub(rn, nl), rn.addr[nl])
-        ok = np.isin(want, have)
+        # np.isin(want, have), without sorting NEW's millions of rows: keep the
+        # rows whose key is wanted (binary search in the sorted sample), then isin
+        ws = np.sort(want)
+        j = np.minimum(np.searchsorted(ws, have), len(ws) - 1) if len(ws) else None
+        ok = np.isin(want, have[ws[j] == have]) if len(ws) else np.zeros(0, bool)
         checked_rows = len(pick)
         for i in np.nonzero(~ok)[0].tolist():
             r = int(pick[i])
@@ -226,26 +267,23 @@ def _check_units(old, new, pieces, problems, report, units_sample, seed):
             (None, f"OLD has {len(ou)} units, NEW {len(nu)}"))
     cus = [i for i in range(min(len(ou), len(nu))) if ou[i].unit_type in (1, 3)]
     sample = set(random.Random(seed).sample(cus, min(units_sample, len(cus))))
-    otabs, ntabs = {}, {}
     subprograms = scopes = 0
     units = {}
     resized = pieces.resized()
     split_units = []
-    for i in cus:
-        a, b = ou[i], nu[i]
-        for un, tabs, ab in ((a, otabs, oa), (b, ntabs, na)):
-            if un.abbrev_off not in tabs:
-                tabs[un.abbrev_off] = enc.parse_abbrevs(ab, un.abbrev_off)[0]
-        _, oattrs = enc.top_die_attrs(oi, a, otabs)
-        _, nattrs = enc.top_die_attrs(ni, b, ntabs)
-        oat = {x[0]: x[1:] for x in oattrs}
-        nat = {x[0]: x[1:] for x in nattrs}
-        obase, nbase = _base(oi, a, oat), _base(ni, b, nat)
-        orr = enc.die_ranges(oi, a, oat, obase, *olists)
-        nrr = enc.die_ranges(ni, b, nat, nbase, *nlists)
+    otop = native.top_dies(oi, oa, [ou[i] for i in cus], _WANT)
+    ntop = native.top_dies(ni, na, [nu[i] for i in cus], _WANT)
+    rows = np.arange(len(cus))
+    obases = [_base(otop, r) for r in rows.tolist()]
+    nbases = [_base(ntop, r) for r in rows.tolist()]
+    orrs = _die_ranges(otop, rows, [ou[i] for i in cus], obases, olists)
+    nrrs = _die_ranges(ntop, rows, [nu[i] for i in cus], nbases, nlists)
+    wants = _translate(pieces, orrs)
+    for row, i in enumerate(cus):
+        obase, nbase, orr, nrr = obases[row], nbases[row], orrs[row], nrrs[row]
         if orr is None:
             continue
-        want_cu = _merge(r for lo, hi in orr for r in pieces.ranges(lo, hi))
+        want_cu = wants[row]
         have_cu = _merge(nrr or [])
         units[i] = (obase, nbase, have_cu)
         for r in have_cu:
@@ -261,16 +299,19 @@ def _check_units(old, new, pieces, problems, report, units_sample, seed):
     for i in sorted(sample & set(units)):
         a, b = ou[i], nu[i]
         obase, nbase, have_cu = units[i]
-        odies = enc.walk_dies(oi, a, otabs[a.abbrev_off])
-        ndies = enc.walk_dies(ni, b, ntabs[b.abbrev_off])
-        for (ooff, otag, oat2, _), (noff, ntag, nat2, _) in zip(odies, ndies):
-            if otag not in (DW_TAG_subprogram, DW_TAG_inlined_subroutine, DW_TAG_lexical_block):
-                continue
-            so = enc.die_ranges(oi, a, oat2, obase, *olists)
+        # DIEs pair up in order (the rewrite keeps every DIE where it was)
+        od, nd = native.dies(oi, oa, a, _WANT), native.dies(ni, na, b, _WANT)
+        m = min(len(od.off), len(nd.off))
+        rows = np.nonzero(np.isin(od.tag[:m], (DW_TAG_subprogram, DW_TAG_inlined_subroutine,
+                                               DW_TAG_lexical_block)))[0]
+        olds = _die_ranges(od, rows, [a] * len(rows), [obase] * len(rows), olists)
+        news = _die_ranges(nd, rows, [b] * len(rows), [nbase] * len(rows), nlists)
+        wants = _translate(pieces, olds)
+        for r, so, nr, want in zip(rows.tolist(), olds, news, wants):
             if not so:
                 continue
-            want = _merge(r for lo, hi in so for r in pieces.ranges(lo, hi))
-            have = _merge(enc.die_ranges(ni, b, nat2, nbase, *nlists) or [])
+            otag, ooff = int(od.tag[r]), int(od.off[r])
+            have = _merge(nr or [])
             if otag != DW_TAG_subprogram:
                 scopes += 1
                 if want != have:
@@ -285,7 +326,7 @@ def _check_units(old, new, pieces, problems, report, units_sample, seed):
                     (so[0][0], f"subprogram at DIE {ooff:#x}: ranges {_fmt(have)} in NEW, "
                      f"its code is at {_fmt(want)}"))
             for r in want:
-                if not any(lo <= r[0] and r[1] <= hi for lo, hi in have_cu):
+                if not _inside(r, have_cu):     # have_cu is sorted and disjoint
                     problems["debuginfo.unit-range"].append(
                         (r[0], f"unit {i}: does not cover its subprogram's new range "
                          f"[{r[0]:#x}, {r[1]:#x})"))
@@ -309,11 +350,83 @@ class _Sub:
         self.line, self.column = rows.line[idx], rows.column[idx]
 
 
-def _base(b, un, attrs):
-    x = attrs.get(enc.DW_AT_low_pc)
-    if x is not None and x[0] == enc.DW_FORM_addr:
-        return enc.u(b, x[1], un.asz)
+_WANT = (enc.DW_AT_low_pc, enc.DW_AT_high_pc, enc.DW_AT_ranges)
+_LO, _HI, _RG = range(3)
+
+
+def _base(d, row):
+    """A unit's base address: its unit DIE's low pc (address form), else 0."""
+    if d.pos[row, _LO] >= 0 and d.form[row, _LO] == enc.DW_FORM_addr:
+        return int(d.val[row, _LO])
     return 0
+
+
+def _die_ranges(d, rows, units, bases, lists):
+    """Code ranges of DIE rows ``rows`` of ``d`` (encoding.die_ranges, in bulk;
+    row k read as DWARF of ``units[k]`` with base address ``bases[k]``): per row
+    [(lo, hi)] from DW_AT_ranges or low/high pc, or None."""
+    out = [None] * len(rows)
+    if not len(rows):
+        return out
+    form, val, pos = d.form[rows], d.val[rows], d.pos[rows]
+    has_r = pos[:, _RG] >= 0
+    fr = form[:, _RG]
+    v5 = np.array([u.version >= 5 for u in units], bool)
+    asz = np.array([u.asz for u in units], np.int64)
+    base = np.array(bases, np.uint64)
+    rsel = has_r & ((fr == enc.DW_FORM_sec_offset) | (fr == enc.DW_FORM_data4) |
+                    (fr == enc.DW_FORM_data8))
+    for is5 in (True, False):
+        sec = lists[0] if is5 else lists[1]
+        if sec is None:
+            continue
+        for width in np.unique(asz[rsel & (v5 == is5)]).tolist():
+            sel = np.nonzero(rsel & (v5 == is5) & (asz == width))[0]
+            count, lo, hi = native.read_lists(sec, is5, width, val[sel, _RG].astype(np.int64),
+                                              base[sel])
+            if (count < 0).any():
+                bad = int(val[sel[np.nonzero(count < 0)[0][0]], _RG])
+                raise ValueError(f"{'.debug_rnglists' if is5 else '.debug_ranges'}: cannot "
+                                 f"read the range list at {bad:#x}")
+            lo, hi = lo.tolist(), hi.tolist()
+            k = 0
+            for j, c in zip(sel.tolist(), count.tolist()):
+                out[j] = list(zip(lo[k:k + c], hi[k:k + c]))
+                k += c
+    lsel = np.nonzero(~has_r & (pos[:, _LO] >= 0) & (pos[:, _HI] >= 0) &
+                      (form[:, _LO] == enc.DW_FORM_addr))[0]
+    if len(lsel):
+        lo = val[lsel, _LO]
+        hi = np.where(form[lsel, _HI] == enc.DW_FORM_addr, val[lsel, _HI], lo + val[lsel, _HI])
+        for j, a, b in zip(lsel.tolist(), lo.tolist(), hi.tolist()):
+            out[j] = [(a, b)]
+    return out
+
+
+def _translate(pieces, range_lists):
+    """_merge(translated ranges) of each list of old ranges (None stays None),
+    through the C core (pieces plus identity segments between them)."""
+    seg = pieces.segments()
+    if seg is None:
+        return [None if rs is None else
+                _merge(x for lo, hi in rs for x in pieces.ranges(lo, hi)) for rs in range_lists]
+    flat = [r for rs in range_lists if rs for r in rs]
+    count, _, nlo, nhi = native.seg_ranges(seg, np.array([r[0] for r in flat], np.uint64),
+                                           np.array([r[1] for r in flat], np.uint64), merge=True)
+    first = np.concatenate([[0], np.cumsum(count)]).tolist()
+    nlo, nhi = nlo.tolist(), nhi.tolist()
+    out, k = [], 0
+    for rs in range_lists:
+        if rs is None:
+            out.append(None)
+            continue
+        if len(rs) == 1:                        # merged by the core already
+            out.append(list(zip(nlo[first[k]:first[k + 1]], nhi[first[k]:first[k + 1]])))
+        else:
+            out.append(_merge(list(zip(nlo[first[k]:first[k + len(rs)]],
+                                       nhi[first[k]:first[k + len(rs)]]))))
+        k += len(rs)
+    return out
 
 
 def _fmt(rs):
