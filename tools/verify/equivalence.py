@@ -85,8 +85,11 @@ class _Map:
             out = np.where(lab, (a.astype(np.int64) + ldelta).astype(np.uint64), out)
         if len(self.fixed):
             # the end of a code section is the start of the next one (.text's end is
-            # _fini in .fini when no padding is between): relayout leaves it in place
-            out = np.where(np.isin(a, self.fixed), a, out)
+            # _fini in .fini when no padding is between): relayout leaves it in place;
+            # unless a function piece starts there (.text's first function right after
+            # .plt.sec): that one moves with its piece
+            at_start = inside & (a == self.old_start[ic])
+            out = np.where(np.isin(a, self.fixed) & ~at_start, a, out)
         return out
 
     def point(self, addrs):
