@@ -3,15 +3,11 @@ with the system C compiler at first use into one shared object, cached per
 source version, like the what-if replay core."""
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 
 import numpy as np
 
-from ..errors import ExternalToolError
+from .. import native
 
 _SRCS = [os.path.join(os.path.dirname(os.path.abspath(__file__)), n) for n in ("lines.c", "info.c")]
 _lib = None
@@ -21,31 +17,7 @@ def library():
     global _lib
     if _lib is not None:
         return _lib
-    src = b""
-    for path in _SRCS:
-        with open(path, "rb") as f:
-            src += f.read()
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if not cc:
-        raise ExternalToolError("rewriting DWARF needs a C compiler (install gcc)")
-    from ..targets import cache_dir
-    d = os.path.join(cache_dir(), "dwarf")
-    so = os.path.join(d, f"dwarf-{hashlib.sha256(src + cc.encode()).hexdigest()[:16]}.so")
-    if not os.path.exists(so):
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix="dwarf-", suffix=".so", dir=d)
-        os.close(fd)
-        try:
-            p = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp] + _SRCS,
-                               capture_output=True, text=True)
-            if p.returncode != 0:
-                err = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
-                raise ExternalToolError(f"cannot build the DWARF core with {cc}: {err}")
-            os.replace(tmp, so)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    lib = ctypes.CDLL(so)
+    lib = native.build("dwarf", _SRCS, "dwarf", "rewriting DWARF (the DWARF core)")
     P, I64 = ctypes.c_void_p, ctypes.c_int64
     lib.lp_relines.argtypes = [P, I64, P, P, P, P, P, I64, ctypes.c_int, P, I64, P, P, I64, P]
     lib.lp_relines.restype = I64

@@ -14,24 +14,15 @@ hash), and called through ctypes.
 """
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 
 import numpy as np
 
-from ..errors import ExternalToolError
+from .. import native
 
 NO_LINE = np.uint64(0xFFFFFFFFFFFFFFFF)
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "replay.c")
 _lib = None
-
-
-def _build_dir():
-    from ..targets import cache_dir
-    return os.path.join(cache_dir(), "evaluate")
 
 
 def library():
@@ -39,29 +30,7 @@ def library():
     global _lib
     if _lib is not None:
         return _lib
-    with open(_SRC, "rb") as f:
-        src = f.read()
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if not cc:
-        raise ExternalToolError("what-if replay needs a C compiler (install gcc)")
-    tag = hashlib.sha256(src + cc.encode()).hexdigest()[:16]
-    d = _build_dir()
-    so = os.path.join(d, f"replay-{tag}.so")
-    if not os.path.exists(so):
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix="replay-", suffix=".so", dir=d)
-        os.close(fd)
-        try:
-            p = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, _SRC],
-                               capture_output=True, text=True)
-            if p.returncode != 0:
-                err = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
-                raise ExternalToolError(f"cannot build the replay core with {cc}: {err}")
-            os.replace(tmp, so)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    lib = ctypes.CDLL(so)
+    lib = native.build("replay", [_SRC], "evaluate", "what-if replay (the replay core)")
     P = ctypes.c_void_p
     lib.lp_replay.argtypes = [P, ctypes.c_int64, P, P, P, ctypes.c_uint64, ctypes.c_uint32, P, P,
                               ctypes.c_int, P, P, P]

@@ -4,16 +4,15 @@ line core is). Without a C compiler ``library()`` returns None and callers
 keep the Python loop: the results are the same, only slower."""
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 
 import numpy as np
 
 import capstone
 from capstone import _cs
+
+from .. import native
+from ..errors import ExternalToolError
 
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode.c")
 _lib = False            # False: not tried yet; None: no compiler or no build
@@ -28,28 +27,12 @@ def library():
     if _lib is not False:
         return _lib
     _lib = None
-    with open(_SRC, "rb") as f:
-        src = f.read()
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if not cc:
+    if not native.compiler():
         return None
-    from ..targets import cache_dir
-    d = os.path.join(cache_dir(), "decode")
-    so = os.path.join(d, f"decode-{hashlib.sha256(src + cc.encode()).hexdigest()[:16]}.so")
-    if not os.path.exists(so):
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix="decode-", suffix=".so", dir=d)
-        os.close(fd)
-        try:
-            p = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, _SRC],
-                               capture_output=True, text=True)
-            if p.returncode != 0:
-                return None
-            os.replace(tmp, so)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    lib = ctypes.CDLL(so)
+    try:
+        lib = native.build("decode", [_SRC], "decode", "the disassembly core")
+    except ExternalToolError:
+        return None
     P, I64 = ctypes.c_void_p, ctypes.c_int64
     lib.lp_decode.argtypes = [P, P, ctypes.c_size_t, P, P, P, P, I64, P, P, P, P, P, I64, I64,
                               I64, I64, I64, I64]

@@ -1,0 +1,56 @@
+"""Build a small C core with the system compiler at first use, cached per source.
+
+linepack's native cores (the what-if replay, the DWARF core, the disassembly
+loop) are plain C files shipped with the package. Each is compiled once into a
+shared object under the cache (``<cache>/<kind>/<name>-<hash>.so``, the hash
+over the sources and the compiler's path) and loaded with ctypes; a new source
+version builds a new object. The build goes to a temp file renamed into place,
+so concurrent first uses never load a half-written object.
+"""
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+
+from .errors import ExternalToolError
+
+
+def compiler():
+    """The C compiler to use ($CC, else gcc, else cc), or None."""
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
+def build(name, sources, kind, what):
+    """The loaded shared object of ``sources`` (paths), built once.
+
+    ``name``: the object's file name stem; ``kind``: its cache folder;
+    ``what``: for messages ("the DWARF core"). Raises ExternalToolError (one
+    line) when there is no compiler or the build fails."""
+    src = b""
+    for path in sources:
+        with open(path, "rb") as f:
+            src += f.read()
+    cc = compiler()
+    if not cc:
+        raise ExternalToolError(f"{what} needs a C compiler (install gcc)")
+    from .targets import cache_dir
+    d = os.path.join(cache_dir(), kind)
+    so = os.path.join(d, f"{name}-{hashlib.sha256(src + cc.encode()).hexdigest()[:16]}.so")
+    if not os.path.exists(so):
+        os.makedirs(d, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f"{name}-", suffix=".so", dir=d)
+        os.close(fd)
+        try:
+            p = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, *sources],
+                               capture_output=True, text=True)
+            if p.returncode != 0:
+                err = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+                raise ExternalToolError(f"cannot build {what} with {cc}: {err}")
+            os.replace(tmp, so)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return ctypes.CDLL(so)
