@@ -2,6 +2,10 @@
 
 import struct
 
+from ..leb128 import read_sleb, read_uleb
+from ..leb128 import sleb as _sleb_enc
+from ..leb128 import uleb as _uleb_enc
+
 DW_AT_low_pc, DW_AT_high_pc, DW_AT_ranges, DW_AT_identifier_case = 0x11, 0x12, 0x55, 0x42
 DW_AT_entry_pc = 0x52
 DW_FORM_addr, DW_FORM_data4, DW_FORM_data8, DW_FORM_sec_offset = 0x01, 0x06, 0x07, 0x17
@@ -9,40 +13,8 @@ DW_FORM_implicit_const, DW_FORM_indirect = 0x21, 0x16
 DW_UT_compile, DW_UT_partial = 1, 3
 
 
-def uleb(b, p):
-    v = sh = 0
-    while True:
-        x = b[p]
-        p += 1
-        v |= (x & 0x7F) << sh
-        sh += 7
-        if x < 0x80:
-            return v, p
-
-
-def sleb(b, p):
-    v = sh = 0
-    while True:
-        x = b[p]
-        p += 1
-        v |= (x & 0x7F) << sh
-        sh += 7
-        if x < 0x80:
-            if x & 0x40:
-                v -= 1 << sh
-            return v, p
-
-
-def enc_uleb(v):
-    out = bytearray()
-    while True:
-        x = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(x | 0x80)
-        else:
-            out.append(x)
-            return bytes(out)
+uleb, sleb = read_uleb, read_sleb     # (data, pos) -> (value, pos); IndexError when truncated
+enc_uleb = _uleb_enc
 
 
 def u(b, p, n):
@@ -164,15 +136,7 @@ def encode_abbrevs(table):
     return bytes(out + b"\0")
 
 
-def _enc_sleb(v):
-    out = bytearray()
-    while True:
-        x = v & 0x7F
-        v >>= 7
-        done = (v == 0 and not x & 0x40) or (v == -1 and x & 0x40)
-        out.append(x if done else x | 0x80)
-        if done:
-            return bytes(out)
+_enc_sleb = _sleb_enc
 
 
 class Unit:

@@ -18,56 +18,18 @@ Opcodes outside DWARF 4's CFA set and GNU_args_size (e.g. DW_CFA_set_loc,
 GNU_window_save) raise CfiError: the caller then does not split the function.
 """
 
+import functools
 import struct
+
+from ..leb128 import read_sleb, read_uleb, sleb, uleb  # noqa: F401 (encoders: used by lsda too)
 
 
 class CfiError(ValueError):
     """A CFI program this module does not evaluate (the function is not split)."""
 
 
-def _uleb(data, pos):
-    v = shift = 0
-    while True:
-        if pos >= len(data):
-            raise CfiError("truncated LEB128 in a CFI program")
-        b = data[pos]
-        pos += 1
-        v |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return v, pos
-
-
-def _sleb(data, pos):
-    start = pos
-    v, pos = _uleb(data, pos)
-    bits = 7 * (pos - start)
-    if v & (1 << (bits - 1)):
-        v -= 1 << bits
-    return v, pos
-
-
-def uleb(v):
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def sleb(v):
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if (v == 0 and not b & 0x40) or (v == -1 and b & 0x40):
-            out.append(b)
-            return bytes(out)
-        out.append(b | 0x80)
+_uleb = functools.partial(read_uleb, exc=CfiError, what="LEB128 in a CFI program")
+_sleb = functools.partial(read_sleb, exc=CfiError, what="LEB128 in a CFI program")
 
 
 class CieInfo:

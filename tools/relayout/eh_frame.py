@@ -25,11 +25,13 @@ those relocations being complete (the linker edits ``.eh_frame``: CIE merging,
 dropped FDEs).
 """
 
+import functools
 import struct
 
 import numpy as np
 
 from ..errors import BadInput
+from ..leb128 import read_sleb, read_uleb
 
 DW_EH_PE_absptr = 0x00
 DW_EH_PE_omit = 0xFF
@@ -49,25 +51,8 @@ class EhFrameError(BadInput):
     """An .eh_frame this module cannot keep true (exit 2)."""
 
 
-def _uleb(data, pos):
-    v = shift = 0
-    while True:
-        if pos >= len(data):
-            raise EhFrameError("truncated LEB128 in .eh_frame")
-        b = data[pos]
-        pos += 1
-        v |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return v, pos
-
-
-def _sleb(data, pos):
-    v, p = _uleb(data, pos)
-    bits = 7 * (p - pos)
-    if v & (1 << (bits - 1)):
-        v -= 1 << bits
-    return v, p
+_uleb = functools.partial(read_uleb, exc=EhFrameError, what="LEB128 in .eh_frame")
+_sleb = functools.partial(read_sleb, exc=EhFrameError, what="LEB128 in .eh_frame")
 
 
 def _check_enc(enc, what, where, allow_indirect=False):

@@ -24,8 +24,9 @@ follows), in the room the rebuilt ``.eh_frame`` frees.
 
 import struct
 
+from ..leb128 import uleb_fixed
 from .cfi import uleb
-from .eh_frame import DW_EH_PE_omit, DW_EH_PE_pcrel, _FORMATS, _uleb
+from .eh_frame import DW_EH_PE_omit, DW_EH_PE_pcrel, _FORMATS, _sleb, _uleb
 
 DW_EH_PE_uleb128 = 0x01
 DW_EH_PE_indirect = 0x80
@@ -33,15 +34,6 @@ DW_EH_PE_indirect = 0x80
 
 class LsdaError(ValueError):
     """An LSDA this module does not rewrite (the function is not split)."""
-
-
-def _sleb(data, pos):
-    start = pos
-    v, pos = _uleb(data, pos)
-    bits = 7 * (pos - start)
-    if v & (1 << (bits - 1)):
-        v -= 1 << bits
-    return v, pos
 
 
 def _ptr(data, pos, enc, base_addr):
@@ -142,18 +134,6 @@ def call_sites_for_part(lsda, pieces):
     return [tuple(c) for c in merged]
 
 
-def _uleb_fixed(v, width):
-    """``v`` as a uleb128 of exactly ``width`` bytes (non-minimal forms are valid)."""
-    out = bytearray()
-    for i in range(width):
-        b = v & 0x7F
-        v >>= 7
-        out.append(b | (0x80 if i < width - 1 else 0))
-    if v:
-        raise LsdaError("value does not fit its uleb128 field")
-    return bytes(out)
-
-
 def encode(lsda, region_start, calls, lp_map, lpstart, at, pcrel_lpstart=False):
     """Bytes of a part's LSDA placed at address ``at``. ``calls`` from
     call_sites_for_part; ``lp_map``: old landing pad -> new address.
@@ -173,7 +153,7 @@ def encode(lsda, region_start, calls, lp_map, lpstart, at, pcrel_lpstart=False):
     if lsda.types:
         head += b"\0" * 4                                       # ttype offset, fixed width
     head.append(DW_EH_PE_uleb128)
-    head += _uleb_fixed(len(cs), 4)
+    head += uleb_fixed(len(cs), 4, LsdaError)
     body = head + cs + lsda.actions
     if not lsda.types:
         return bytes(body)
@@ -182,7 +162,7 @@ def encode(lsda, region_start, calls, lp_map, lpstart, at, pcrel_lpstart=False):
     table_at = len(body)
     body += b"\0" * (size * len(lsda.types))
     base = len(body)                                            # TType base
-    body[tt_field:tt_field + 4] = _uleb_fixed(base - (tt_field + 4), 4)
+    body[tt_field:tt_field + 4] = uleb_fixed(base - (tt_field + 4), 4, LsdaError)
     fmt = _FORMATS[ttype_enc & 0x0F][0]
     for k, v in enumerate(lsda.types, 1):
         field = base - k * size
