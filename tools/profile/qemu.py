@@ -417,7 +417,7 @@ def run_workload(kernel, workload="vfs-mix", loops=None, icount=True, plugin=Non
     return check_workload_result(boot, res)
 
 
-def dump_at_hold(kernel, workload, dump, loops=None, timeout=300, env=None):
+def dump_at_hold(kernel, workload, dump, loops=None, timeout=300, env=None, settle=1.0):
     """Boot ``kernel`` with ``workload`` as /init and ``hold=1``: after its result
     line the guest parks (a child asleep in read(2) on a pipe, init in wait4(2);
     workloads/linepack.h) and prints ``linepack-hold``; then QEMU writes the
@@ -457,7 +457,10 @@ def dump_at_hold(kernel, workload, dump, loops=None, timeout=300, env=None):
                             stderr=subprocess.PIPE, start_new_session=True)
     raw = b""
     try:
-        while b"linepack-hold" not in raw:
+        # the whole marker line, then a settle time: the host sees the marker's bytes
+        # while init is still in write(2) on the serial port; it sleeps in wait4(2)
+        # only after the write returns (found under load: init's stack was the tty's)
+        while not re.search(rb"linepack-hold[^\n]*\n", raw):
             left = timeout - (time.monotonic() - t0)
             if left <= 0:
                 raise ExternalToolError(f"QEMU: no 'linepack-hold' within {timeout} s"
@@ -469,6 +472,7 @@ def dump_at_hold(kernel, workload, dump, loops=None, timeout=300, env=None):
                     raise ExternalToolError(f"QEMU exited before the hold point"
                                             f"{_last_words(_clean(raw))}")
                 raw += chunk
+        time.sleep(settle)
         qmp = socket.socket(socket.AF_UNIX)
         qmp.settimeout(timeout)
         qmp.connect(sock)
