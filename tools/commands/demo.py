@@ -36,9 +36,10 @@ class Demo:
         p.add_argument("--kernel", metavar="VMLINUX", help="kernel to optimise (default: Debian's "
                        "6.1 cloud vmlinux, fetched and cached)")
         p.add_argument("--abi", type=int, help="pin the Debian kernel ABI (e.g. 56)")
-        p.add_argument("--strategy", default="pack",
-                       help="layout strategy, or several comma-separated (e.g. pack,blocks: "
-                       "each is rewritten, verified, booted and shown side by side; default pack)")
+        p.add_argument("--strategy", default="pack,blocks",
+                       help="layout strategy, or several comma-separated: each is rewritten, "
+                       "verified, booted and shown side by side (default pack,blocks: whole "
+                       "functions beside block level)")
         p.add_argument("--loops", type=int, default=2000, help="VFS-mix iterations (default 2000)")
         p.add_argument("--cache", action="append", metavar="MODEL",
                        help="L1i model(s) for the table (repeat; default: intel-32k-8w and "
