@@ -39,7 +39,7 @@ DYN = np.dtype([("tag", "<i8"), ("val", "<u8")])
 UNWIND = (".eh_frame", ".eh_frame_hdr", ".gcc_except_table")
 
 
-def _dynamic(image):
+def dynamic_entries(image):
     sec = next((s for s in image.sections if s.type == SHT_DYNAMIC and s.size), None)
     if sec is None:
         return None, None
@@ -54,7 +54,7 @@ def is_pie(image):
         return False
     if image.section(".interp") is not None:
         return True
-    _, dyn = _dynamic(image)
+    _, dyn = dynamic_entries(image)
     if dyn is None:
         return False
     flags = dyn["val"][dyn["tag"] == DT_FLAGS_1]
@@ -266,7 +266,7 @@ def update_dynamic(rw, image, log=None):
             rw.problem("dynamic-reloc-in-padding", relr[own][~ok], ".relr.dyn: field in padding")
         slots += write_slots(relr[own][ok], new[ok])
         changed += int((new[ok] != old[own][ok]).sum())
-    dsec, dyn = _dynamic(image)
+    dsec, dyn = dynamic_entries(image)
     dyn_changed = 0
     if dsec is not None:
         dyn = dyn.copy()

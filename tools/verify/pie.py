@@ -17,7 +17,7 @@
 import numpy as np
 
 from ..image.elf import RELA
-from ..relayout.pie import (DT_FINI, DT_INIT, R_X86_64_IRELATIVE, R_X86_64_RELATIVE, _dynamic,
+from ..relayout.pie import (DT_FINI, DT_INIT, R_X86_64_IRELATIVE, R_X86_64_RELATIVE, dynamic_entries,
                             dynamic_rela_sections, is_pie, pic_table_entries, read_fields,
                             relr_addresses)
 
@@ -88,7 +88,7 @@ def check_pie(old, new, amap, octx, findings, counter, report, add):
     add(findings, "error", "equiv.pic-table", bad_pic, lambda b: b, counter)
     report.extra["equivalence_pic_table_entries_checked"] = len(pic)
 
-    (dso, do), (dsn, dn) = _dynamic(old), _dynamic(new)
+    (dso, do), (dsn, dn) = dynamic_entries(old), dynamic_entries(new)
     bad_dyn = []
     if do is not None and dn is not None and len(do) == len(dn):
         m = np.isin(do["tag"], (DT_INIT, DT_FINI))
