@@ -4,12 +4,13 @@ elsewhere; the end-to-end run is in README's measurement.)"""
 
 import json
 
+import numpy as np
 import pytest
 
 from helpers import run_linepack
 from linepack.errors import BadInput
 from linepack.evaluate.matrix import (change, format_matrix, heatmap_png, matrix_json,
-                                      merge_hotness)
+                                      merge_hotness, null_units, verdict)
 
 
 def test_merge_hotness_gives_each_workload_the_same_weight():
@@ -75,3 +76,97 @@ def test_matrix_argument_errors(tmp_path, args, words):
     p = run_linepack("evaluate", "--kernel", k, *args)
     assert p.returncode == 2, p.stderr
     assert words in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_merge_blocks_scales_and_sums_shared_blocks():
+    from linepack.evaluate.matrix import merge_blocks, merge_factors
+    a = (np.array([0x1000, 0x2000], np.uint64), np.array([16, 32], np.uint64),
+         np.array([2.0, 1.0]))
+    b = (np.array([0x2000, 0x3000], np.uint64), np.array([32, 8], np.uint64),
+         np.array([10.0, 30.0]))
+    f = merge_factors([{"x": 3.0}, {"y": 40.0}])        # totals 3 and 40, mean 21.5
+    assert f == pytest.approx([0.5 * 21.5 / 3, 0.5 * 21.5 / 40])
+    addr, size, cnt = merge_blocks([a, b], f)
+    got = {(int(x), int(s)): c for x, s, c in zip(addr, size, cnt)}
+    assert set(got) == {(0x1000, 16), (0x2000, 32), (0x3000, 8)}
+    assert got[(0x2000, 32)] == pytest.approx(1.0 * f[0] + 10.0 * f[1])
+    assert got[(0x3000, 8)] == pytest.approx(30.0 * f[1])
+
+
+class _Units:
+    def __init__(self):
+        self.start = np.array([0, 100, 300, 5000, 10000], np.uint64)
+        self.size = np.array([100, 200, 40, 5000, 300], np.int64)
+        self.end = self.start + self.size.astype(np.uint64)
+        self.pinned = np.array([True, False, False, False, False])
+
+    def find(self, addrs):
+        from linepack.image.intervals import containing
+        return containing(self.start, self.end, addrs)
+
+
+def test_null_units_never_pick_code_that_ran_pinned_tiny_or_huge_units():
+    u = _Units()
+    # unit 0 pinned, 2 too small (< 64 B), 3 too big (> 4 KiB); 4 ran (an address inside it)
+    assert null_units(u, np.array([10050], np.uint64), 5, seed=1) == [1]
+    assert null_units(u, np.array([150], np.uint64), 5, seed=1) == [4]
+    assert null_units(u, np.array([150, 10001], np.uint64), 5, seed=1) == []
+    assert null_units(u, np.array([], np.uint64), 1, seed=7) == null_units(
+        u, np.array([], np.uint64), 1, seed=7)                 # seeded: reproducible
+
+
+def test_floor_and_verdict_in_the_table_and_json():
+    m = _m()
+    m["floor"] = {("epoll", "intel-32k-8w"): [-0.05, 0.08, 0.02],
+                  ("pipe", "intel-32k-8w"): [0.0, 0.004]}
+    worse, beyond = verdict(m, "intel-32k-8w")
+    # pack[epoll] on pipe is +1.00% exactly: not worse than the 1% bar
+    assert worse == [] and beyond == []
+    m["cells"][("pack[merged]", "epoll", "intel-32k-8w")]["misses"] = 1050    # +5%: inside floor
+    m["cells"][("pack[epoll]", "pipe", "intel-32k-8w")]["misses"] = 420       # +5%: beyond +0.4%
+    worse, beyond = verdict(m, "intel-32k-8w")
+    assert [(a, b) for a, b, _ in worse] == [("pack[epoll]", "pipe"), ("pack[merged]", "epoll")]
+    assert [(a, b) for a, b, _ in beyond] == [("pack[epoll]", "pipe")]
+    text = format_matrix(m)
+    floor = next(ln for ln in text.splitlines() if ln.startswith("floor"))
+    assert floor.split()[-2:] == ["-5.0%..+8.0%", "+0.0%..+0.4%"]
+    assert "cells worse than stock by more than 1%: 2 of 4; beyond the workload's " \
+           "perturbation floor: 1" in text
+    assert "  pack[epoll] on pipe: +5.00%" in text.splitlines()
+    j = matrix_json(m)
+    assert {f["workload"]: f["changes"] for f in j["floor"]}["pipe"] == [0.0, 0.004]
+
+
+@pytest.mark.qemu
+@pytest.mark.realkernel
+def test_matrix_pack_and_blocks_on_debian_kernel(debian_vmlinux, tmp_path):
+    """Two booted, traced workloads; pack and block-level rows, merged ones, the
+    perturbation floor, JSON and heat map (20 loops: seconds per boot)."""
+    pytest.importorskip("matplotlib")
+    j, png = tmp_path / "m.json", tmp_path / "m.png"
+    p = run_linepack("evaluate", "--kernel", debian_vmlinux, "--train", "epoll,pipe",
+                     "--test", "epoll,pipe", "--strategy", "pack,blocks", "--loops", 20,
+                     "--json", j, "--plot", png)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(j.read_text())
+    assert doc["layouts"] == ["stock", "pack[epoll]", "pack[pipe]", "pack[merged]",
+                              "blocks[epoll]", "blocks[pipe]", "blocks[merged]"]
+    cells = {(c["layout"], c["workload"]): c for c in doc["cells"]}
+    assert len(cells) == 14
+    for w in ("epoll", "pipe"):
+        stock = cells[("stock", w)]
+        assert stock["misses"] > 0
+        # every layout replays the same recorded run: same instructions, other addresses
+        assert {cells[(lay, w)]["instructions"] for lay in doc["layouts"]} == \
+            {stock["instructions"]}
+    # pipe's loop is a little larger than the cache; a block-level layout that saw it
+    # (hot parts of its functions together) makes it fit: far fewer misses (-44% at 20
+    # loops, where the first iterations' misses weigh; -99% at 5,000)
+    for lay in ("blocks[pipe]", "blocks[merged]", "pack[pipe]", "pack[merged]"):
+        assert cells[(lay, "pipe")]["misses"] < 0.8 * cells[("stock", "pipe")]["misses"], lay
+    floor = {f["workload"]: f["changes"] for f in doc["floor"]}
+    assert set(floor) == {"epoll", "pipe"} and all(len(v) == 5 for v in floor.values())
+    assert any(c != 0 for v in floor.values() for c in v)   # the null layouts move code
+    assert "floor (null layouts)" in p.stdout
+    assert "cells worse than stock by more than 1%:" in p.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

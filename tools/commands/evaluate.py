@@ -4,7 +4,7 @@
     linepack evaluate --kernel BASE --layout stock --layout align-all:64 --layout pack
                       [--profile P] [--whatif]                        layouts of one image
     linepack evaluate --kernel BASE --sweep align-all:1,2,4,...,512 [--booted]
-    linepack evaluate --kernel BASE --train W1,W2,... --test W1,W2,... [--strategy pack] [--weights ...]
+    linepack evaluate --kernel BASE --train W1,W2,... --test W1,W2,... [--strategy pack,blocks] [--weights ...]
                                                      generalization matrix (what-if replay)
     linepack evaluate --program ORIG --program [LABEL=]OTHER ... [-- ARGS...]
                                                      userspace programs under qemu-x86_64
@@ -188,8 +188,9 @@ class Evaluate:
                        help="generalization matrix: a layout per training workload, one from "
                             "their merged profile (and leave-one-out ones), replayed on --test")
         p.add_argument("--test", metavar="W1,W2,...", help="with --train: the workloads to test on")
-        p.add_argument("--strategy", default="pack", help="with --train: the layout strategy "
-                                                          "(default pack)")
+        p.add_argument("--strategy", default="pack", metavar="S1,S2,...",
+                       help="with --train: the layout strategies, comma-separated (default pack; "
+                            "pack,blocks for function- and block-level rows)")
         p.add_argument("--weights", metavar="W1,W2,...",
                        help="with --train: weights of the training workloads in the merged profile")
         p.add_argument("--repeat", type=int, default=1, help="boots per image (default 1)")
@@ -382,7 +383,9 @@ def _run_matrix(args):
             raise BadInput(f"--weights {args.weights!r}: expected comma-separated numbers") from None
     if args.loops is not None and args.loops < 1:
         raise BadInput("--loops must be at least 1")
-    strategy = normalize_spec(args.strategy)
+    strategy = [normalize_spec(x) for x in args.strategy.split(",") if x.strip()]
+    if not strategy:
+        raise BadInput("--strategy: expected one or more strategy names, comma-separated")
     caches = [cache_config(c) for c in (args.cache or ["intel-32k-8w"])]
     loops = {w: args.loops for w in train + test} if args.loops else None
     m = generalization_matrix(base, train, test, strategy=strategy, caches=caches, loops=loops,

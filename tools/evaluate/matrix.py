@@ -8,13 +8,21 @@
    function counts, as evaluate derives them), and a merged one: each training
    profile normalised to the same per-iteration total (the mean of theirs)
    before the weighted sum, as ``linepack profile --merge`` does;
-3. a layout (``--strategy``, default pack) per training profile, one from the
-   merged profile, and, when at least three workloads train, "leave-one-out"
-   layouts merged from all training workloads but one;
+3. a layout per strategy (``--strategy``, default pack; ``pack,blocks`` for
+   both) and training profile, one from the merged profile, and, when at least
+   three workloads train, "leave-one-out" layouts merged from all training
+   workloads but one. Each profile carries its run's executed blocks (per
+   iteration, merged with the same normalisation), which ``pack`` uses to place
+   small functions and block-level strategies need;
 4. the what-if replay of every test workload's recorded run under every layout
    (and under stock): simulated misses per (layout, test workload) cell, as the
    change against stock. The what-if replay follows the booted measurement
-   within ~1% on rewritten kernels (README, the evaluate table).
+   within ~1% on rewritten kernels (README, the evaluate table);
+5. the perturbation floor of each test workload: its replay under "null"
+   layouts that move one function no workload of the matrix ran to the front of
+   its region (shifting the code before it by the function's size, and nothing
+   else). A workload whose loop nearly fits the cache changes by several percent
+   under such a move (README); a cell inside the floor is not a layout effect.
 """
 
 import numpy as np
@@ -22,31 +30,72 @@ import numpy as np
 from ..errors import BadInput
 
 
-def merge_hotness(hots, weights=None):
-    """One {function: per-iteration count} from several, each normalised to the same total."""
+NULL_LAYOUTS = 5           # perturbation-floor layouts per matrix
+
+
+def merge_factors(hots, weights=None):
+    """Scale of each profile in a merge: weight share x (mean total / its total)."""
     weights = [1.0] * len(hots) if weights is None else [float(w) for w in weights]
     totals = [float(sum(h.values())) for h in hots]
     if any(t <= 0 for t in totals):
         raise BadInput("a training workload ran no kernel code inside its loop")
     mean = float(np.mean(totals))
     wsum = float(sum(weights))
+    return [w / wsum * mean / t for w, t in zip(weights, totals)]
+
+
+def merge_hotness(hots, weights=None):
+    """One {function: per-iteration count} from several, each normalised to the same total."""
     out = {}
-    for h, w, t in zip(hots, weights, totals):
-        f = w / wsum * mean / t
+    for h, f in zip(hots, merge_factors(hots, weights)):
         for k, v in h.items():
             out[k] = out.get(k, 0.0) + v * f
     return out
 
 
+def merge_blocks(blocks, factors):
+    """One (address, size, count) block list from several, counts scaled by ``factors``
+    (merge_factors of the same profiles); a block in several runs sums its counts."""
+    addr = np.concatenate([np.asarray(b[0], np.uint64) for b in blocks])
+    size = np.concatenate([np.asarray(b[1], np.uint64) for b in blocks])
+    cnt = np.concatenate([np.asarray(b[2], np.float64) * f for b, f in zip(blocks, factors)])
+    key = np.stack([addr, size], axis=1)
+    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    total = np.bincount(inv.reshape(-1), weights=cnt, minlength=len(uniq))
+    return uniq[:, 0].copy(), uniq[:, 1].copy(), total
+
+
+def null_units(units, ran_addresses, count, seed):
+    """``count`` movable units (64 B .. 4 KiB) holding none of ``ran_addresses``
+    (every block any workload of the matrix ran), chosen by a seeded draw."""
+    ran = np.zeros(len(units.size), dtype=bool)
+    ui = units.find(np.asarray(ran_addresses, dtype=np.uint64))
+    ran[ui[ui >= 0]] = True
+    ok = (~np.asarray(units.pinned, bool)) & ~ran & (units.size >= 64) & (units.size <= 4096)
+    cand = np.nonzero(ok)[0]
+    if not len(cand):
+        return []
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(cand), size=min(int(count), len(cand)), replace=False)
+    return sorted(int(cand[i]) for i in pick)
+
+
 def generalization_matrix(base, train, test, strategy="pack", caches=("intel-32k-8w",),
-                          loops=None, weights=None, log=None, parallel=None, scheduler=None):
-    """{"layouts": [...], "test": [...], "cells": {(layout, workload, cache): row}, ...}."""
+                          loops=None, weights=None, log=None, parallel=None, scheduler=None,
+                          null_layouts=NULL_LAYOUTS):
+    """{"layouts": [...], "test": [...], "cells": {(layout, workload, cache): row},
+    "floor": {(workload, cache): [change under each null layout]}, ...}.
+
+    ``strategy``: one layout strategy or a list of them (each gets its rows)."""
     from . import whatif as wi
-    from .layouts import Layouts, hotness_from_trace
+    from .layouts import Layouts, blocks_from_trace, hotness_from_trace
     log = log or (lambda m: None)
+    strategies = [strategy] if isinstance(strategy, str) else list(dict.fromkeys(strategy))
     train, test = list(dict.fromkeys(train)), list(dict.fromkeys(test))
     if not train or not test:
         raise BadInput("--train and --test each need at least one workload")
+    if not strategies:
+        raise BadInput("--strategy needs at least one layout strategy")
     if weights is not None and len(weights) != len(train):
         raise BadInput(f"{len(weights)} weights for {len(train)} training workloads")
     loops = loops or {}
@@ -57,32 +106,67 @@ def generalization_matrix(base, train, test, strategy="pack", caches=("intel-32k
     traces = wi.record_traces(base, names, loops, caches, log=log, parallel=parallel,
                               scheduler=scheduler)
     hot = {w: hotness_from_trace(traces[w], base) for w in train}
+    blk = {w: blocks_from_trace(traces[w]) for w in train}
     wmap = dict(zip(train, weights)) if weights is not None else {w: 1.0 for w in train}
-    profiles = {f"{strategy}[{w}]": hot[w] for w in train}
+
+    def merged(ws):
+        f = merge_factors([hot[w] for w in ws], [wmap[w] for w in ws])
+        return (merge_hotness([hot[w] for w in ws], [wmap[w] for w in ws]),
+                merge_blocks([blk[w] for w in ws], f))
+
+    profiles = {w: (hot[w], blk[w]) for w in train}
     if len(train) > 1:
-        profiles[f"{strategy}[merged]"] = merge_hotness([hot[w] for w in train],
-                                                        [wmap[w] for w in train])
+        profiles["merged"] = merged(train)
     if len(train) > 2:
         for w in train:
-            rest = [x for x in train if x != w]
-            profiles[f"{strategy}[all-{w}]"] = merge_hotness([hot[x] for x in rest],
-                                                             [wmap[x] for x in rest])
-    cells = {}
-    layouts = ["stock"] + list(profiles)
+            profiles[f"all-{w}"] = merged([x for x in train if x != w])
     L = Layouts(base, log=log)              # one instance: the disassembly is shared
     amaps = {"stock": None}
-    for label, h in profiles.items():
-        log(f"planning {label}")
-        L.hotness = h
-        pm = L.plan(strategy)
-        amaps[label] = pm.amap if pm else None
+    layouts = ["stock"]
+    for strat in strategies:
+        for name, (h, b) in profiles.items():
+            label = f"{strat}[{name}]"
+            log(f"planning {label}")
+            L.hotness, L.blocks = h, b
+            pm = L.plan(strat)
+            amaps[label] = pm.amap if pm else None
+            layouts.append(label)
+    cells = {}
     for label in layouts:
         for w in test:
             for r in wi.whatif(traces[w], amaps[label], caches, label):
                 cells[(label, w, r["cache"])] = r
-    return {"layouts": layouts, "test": test, "train": train, "strategy": strategy,
+    floor = perturbation_floor(L, traces, test, caches, null_layouts, log)
+    return {"layouts": layouts, "test": test, "train": train, "strategy": ",".join(strategies),
             "caches": [c if isinstance(c, str) else c["name"] for c in caches], "cells": cells,
-            "loops": {w: traces[w].meta.get("loops") for w in traces}}
+            "floor": floor, "loops": {w: traces[w].meta.get("loops") for w in traces}}
+
+
+def perturbation_floor(L, traces, test, caches, count, log):
+    """{(workload, cache): [change vs stock under each null layout]} (see the module doc)."""
+    from ..relayout import strategies
+    from ..relayout.plan import make_plan
+    from . import whatif as wi
+    from .layouts import PlanMap
+    if not count:
+        return {}
+    units, functions = L._build_units()
+    ran = np.concatenate([bt.blocks["vaddr"].astype(np.uint64) for bt in traces.values()])
+    seed = int(L.build_id[:8], 16) if all(c in "0123456789abcdef" for c in L.build_id[:8]) else 0
+    picks = null_units(units, ran, count, seed)
+    log(f"perturbation floor: {len(picks)} null layouts (one never-run function moved each)")
+    base = {(r["label"], r["cache"]): r["misses"] for w in test
+            for r in wi.whatif(traces[w], None, caches, w)}
+    out = {}
+    for u in picks:
+        heat = np.zeros(len(units.size), dtype=np.float64)
+        heat[u] = 1.0
+        pm = PlanMap.from_plan(make_plan(units, strategies.get("pack"), heat, functions=functions))
+        for w in test:
+            for r in wi.whatif(traces[w], pm.amap, caches, w):
+                b = base[(w, r["cache"])]
+                out.setdefault((w, r["cache"]), []).append((r["misses"] - b) / b if b else 0.0)
+    return out
 
 
 def change(m, layout, workload, cache):
@@ -92,12 +176,38 @@ def change(m, layout, workload, cache):
     return (got - base) / base if base else 0.0
 
 
+BAR = 0.01                # the issue's bar: no cell worse than stock by more than 1%
+
+
+def floor_range(m, workload, cache):
+    """(lowest, highest) change under the null layouts, or None without a floor."""
+    f = (m.get("floor") or {}).get((workload, cache))
+    return (min(f), max(f)) if f else None
+
+
+def verdict(m, cache, bar=BAR):
+    """Cells worse than stock by more than ``bar``; and those also beyond the
+    workload's perturbation floor (worse than its worst null layout)."""
+    worse, beyond = [], []
+    for lay in m["layouts"]:
+        if lay == "stock":
+            continue
+        for w in m["test"]:
+            c = change(m, lay, w, cache)
+            if c > bar:
+                worse.append((lay, w, c))
+                fr = floor_range(m, w, cache)
+                if fr is None or c > max(fr[1], bar):
+                    beyond.append((lay, w, c))
+    return worse, beyond
+
+
 def format_matrix(m):
     out = []
     for cache in m["caches"]:
         out.append(f"simulated kernel-mode misses vs stock, {cache} (what-if replay; rows: layout "
                    f"trained on, columns: test workload)")
-        w0 = max(len(x) for x in m["layouts"])
+        w0 = max(len(x) for x in m["layouts"] + ["floor (null layouts)"])
         cols = [f"{w:>14}" for w in m["test"]]
         out.append(f"{'layout':<{w0}} " + " ".join(cols))
         for lay in m["layouts"]:
@@ -108,6 +218,19 @@ def format_matrix(m):
                 else:
                     cells.append(f"{change(m, lay, w, cache):>+14.2%}")
             out.append(f"{lay:<{w0}} " + " ".join(cells))
+        if m.get("floor"):
+            cells = []
+            for w in m["test"]:
+                fr = floor_range(m, w, cache)
+                cells.append(f"{'' if fr is None else f'{fr[0]:+.1%}..{fr[1]:+.1%}':>14}")
+            out.append(f"{'floor (null layouts)':<{w0}} " + " ".join(cells))
+        worse, beyond = verdict(m, cache)
+        n = (len(m["layouts"]) - 1) * len(m["test"])
+        out.append(f"cells worse than stock by more than {BAR:.0%}: {len(worse)} of {n}"
+                   + (f"; beyond the workload's perturbation floor: {len(beyond)}"
+                      if m.get("floor") else ""))
+        for lay, w, c in beyond:
+            out.append(f"  {lay} on {w}: {c:+.2%}")
         out.append("")
     return "\n".join(out).rstrip("\n")
 
@@ -115,6 +238,8 @@ def format_matrix(m):
 def matrix_json(m):
     return {"train": m["train"], "test": m["test"], "strategy": m["strategy"],
             "caches": m["caches"], "layouts": m["layouts"], "loops": m["loops"],
+            "floor": [{"workload": w, "cache": c, "changes": v}
+                      for (w, c), v in sorted((m.get("floor") or {}).items())],
             "cells": [{"layout": lay, "workload": w, "cache": c, "misses": r["misses"],
                        "fetches": r["fetches"], "instructions": r["instructions"],
                        "change_vs_stock": change(m, lay, w, c)}
@@ -136,7 +261,11 @@ def heatmap_png(m, path, cache=None):
     lim = max(1.0, float(np.abs(data).max())) if data.size else 1.0
     fig, ax = plt.subplots(figsize=(1.3 * len(m["test"]) + 3, 0.55 * len(rows) + 1.8))
     im = ax.imshow(data, cmap="RdYlGn_r", vmin=-lim, vmax=lim, aspect="auto")
-    ax.set_xticks(range(len(m["test"])), m["test"], rotation=30, ha="right")
+    ticks = []
+    for w in m["test"]:
+        fr = floor_range(m, w, cache)
+        ticks.append(w if fr is None else f"{w}\nfloor {100 * fr[0]:+.0f}..{100 * fr[1]:+.0f}%")
+    ax.set_xticks(range(len(m["test"])), ticks, rotation=30, ha="right")
     ax.set_yticks(range(len(rows)), rows)
     for i in range(len(rows)):
         for j in range(len(m["test"])):
@@ -149,5 +278,6 @@ def heatmap_png(m, path, cache=None):
     plt.close(fig)
 
 
-__all__ = ["generalization_matrix", "merge_hotness", "format_matrix", "matrix_json", "heatmap_png",
-           "change"]
+__all__ = ["generalization_matrix", "merge_hotness", "merge_blocks", "merge_factors",
+           "null_units", "perturbation_floor", "verdict", "floor_range", "format_matrix",
+           "matrix_json", "heatmap_png", "change"]
