@@ -170,3 +170,23 @@ def test_matrix_pack_and_blocks_on_debian_kernel(debian_vmlinux, tmp_path):
     assert "floor (null layouts)" in p.stdout
     assert "cells worse than stock by more than 1%:" in p.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_renders_a_matrix_file_again(tmp_path):
+    pytest.importorskip("matplotlib")
+    m = _m()
+    m["floor"] = {("epoll", "intel-32k-8w"): [-0.05, 0.08], ("pipe", "intel-32k-8w"): [0.01, 0.02]}
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "m.json").write_text(json.dumps(matrix_json(m)))
+    png = tmp_path / "h.png"
+    p = run_linepack("evaluate", "--report", d, "--plot", png)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "== m.json\n" + format_matrix(m)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = matrix_json(m)
+    del doc["cells"][0]["misses"]
+    (d / "m.json").write_text(json.dumps(doc))
+    p = run_linepack("evaluate", "--report", d)
+    assert p.returncode == 2 and "not a generalization matrix file" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

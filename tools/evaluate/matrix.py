@@ -246,6 +246,28 @@ def matrix_json(m):
                       for (lay, w, c), r in sorted(m["cells"].items())]}
 
 
+def matrix_from_json(doc, path="matrix"):
+    """The matrix ``matrix_json`` wrote, back (for ``evaluate --report``)."""
+    try:
+        cells = {(c["layout"], c["workload"], c["cache"]):
+                 {"misses": int(c["misses"]), "fetches": int(c["fetches"]),
+                  "instructions": int(c["instructions"])} for c in doc["cells"]}
+        floor = {(f["workload"], f["cache"]): [float(x) for x in f["changes"]]
+                 for f in doc.get("floor", [])}
+        m = {"layouts": list(doc["layouts"]), "test": list(doc["test"]),
+             "train": list(doc["train"]), "strategy": doc.get("strategy", "?"),
+             "caches": list(doc["caches"]), "cells": cells, "floor": floor,
+             "loops": doc.get("loops", {})}
+        for lay in m["layouts"]:
+            for w in m["test"]:
+                for c in m["caches"]:
+                    cells[(lay, w, c)]          # every cell present
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadInput(f"--report: {path}: not a generalization matrix file "
+                       f"({type(e).__name__}: {e})") from None
+    return m
+
+
 def heatmap_png(m, path, cache=None):
     """A heat map of the change vs stock (rows: trained layouts, columns: test workloads)."""
     from ..io import atomic_output
@@ -280,4 +302,4 @@ def heatmap_png(m, path, cache=None):
 
 __all__ = ["generalization_matrix", "merge_hotness", "merge_blocks", "merge_factors",
            "null_units", "perturbation_floor", "verdict", "floor_range", "format_matrix",
-           "matrix_json", "heatmap_png", "change"]
+           "matrix_json", "matrix_from_json", "heatmap_png", "change"]

@@ -4,7 +4,9 @@ Every evaluate run can write its table as data (``--json FILE``, ``--csv FILE``:
 one row per layout or program, workload and cache model). This renders such
 files again, without booting or replaying anything: each ``*.json`` in DIR (and
 each ``*.csv`` without a JSON file of the same name) becomes the table evaluate
-printed; ``--plot PNG`` draws the bar chart of all their rows.
+printed; ``--plot PNG`` draws the bar chart of all their rows. A generalization
+matrix file (``evaluate --train ... --test ... --json FILE``) is printed as the
+matrix, and ``--plot PNG`` then draws its heat map instead.
 """
 
 import csv
@@ -45,10 +47,19 @@ def _csv_rows(path):
 
 def load_results(directory):
     """[(file name, rows)] of the evaluate result files in ``directory``, by name."""
+    return _load(directory)[0]
+
+
+def load_matrices(directory):
+    """[(file name, matrix)] of the generalization matrix files in ``directory``."""
+    return _load(directory)[1]
+
+
+def _load(directory):
     if not os.path.isdir(directory):
         raise BadInput(f"--report {directory}: not a directory")
     names = sorted(os.listdir(directory))
-    out = []
+    out, matrices = [], []
     for n in names:
         path = os.path.join(directory, n)
         stem, ext = os.path.splitext(n)
@@ -58,6 +69,10 @@ def load_results(directory):
                     doc = json.load(f)
             except (OSError, ValueError) as e:
                 raise BadInput(f"--report: {path}: not readable JSON ({e})") from None
+            if isinstance(doc, dict) and isinstance(doc.get("cells"), list) and "layouts" in doc:
+                from .matrix import matrix_from_json
+                matrices.append((n, matrix_from_json(doc, path)))
+                continue
             rows = doc.get("results") if isinstance(doc, dict) else None
             if not isinstance(rows, list):
                 raise BadInput(f"--report: {path}: not an evaluate result file (no \"results\")")
@@ -74,17 +89,21 @@ def load_results(directory):
         if bad or not rows:
             raise BadInput(f"--report: {path}: rows without layout/program, cache and misses")
         out.append((n, rows))
-    if not out:
+    if not out and not matrices:
         raise BadInput(f"--report {directory}: no evaluate result files (*.json, *.csv)")
-    return out
+    return out, matrices
 
 
 def render(directory):
     """The tables of every result file, as evaluate printed them."""
     from ..commands.evaluate import format_rows
     from .user import format_rows as format_program_rows
+    from .matrix import format_matrix
     parts = []
-    for name, rows in load_results(directory):
+    results, matrices = _load(directory)
+    for name, m in matrices:
+        parts.append(f"== {name}\n{format_matrix(m)}")
+    for name, rows in results:
         try:
             table = format_program_rows(rows) if "program" in rows[0] else format_rows(rows)
         except (KeyError, TypeError, ValueError) as e:
@@ -99,8 +118,13 @@ def plot(directory, path):
     """A bar chart of the misses of every row of every file (one bar group per
     layout, or per layout and workload when there are several)."""
     from . import plots
+    results, matrices = _load(directory)
+    if matrices and not results:
+        from .matrix import heatmap_png
+        heatmap_png(matrices[0][1], path)
+        return
     rows = []
-    for name, rs in load_results(directory):
+    for name, rs in results:
         many = len({r.get("workload") for r in rs}) > 1
         for r in rs:
             label = r.get("layout") or r.get("program")
@@ -110,4 +134,4 @@ def plot(directory, path):
     plots.bar_chart(rows, path, title=f"L1i misses, {os.path.basename(os.path.abspath(directory))}")
 
 
-__all__ = ["load_results", "render", "plot"]
+__all__ = ["load_results", "load_matrices", "render", "plot"]
