@@ -353,3 +353,43 @@ def test_jcc_inversion(prog_g, tmp_path, invert):
     verify_against(report, str(out), str(exe))
     blockish = [f for f in report.findings if f.check.startswith("equiv.")]
     assert blockish == [], [(f.check, f.message) for f in blockish]
+
+
+def test_jmp_ending_an_alternative_site_keeps_its_fall_through(prog):
+    """static_cpu_has() compiles to "jmp 6f" (into .altinstr_aux) as a whole
+    alternative site; when the CPU has the feature the kernel patches it into
+    NOPs and execution falls into the code after the site. So a jmp that ends a
+    patch site also falls through: its block keeps its successor next, or gets a
+    jmp to it (a layout that moved the successor away oopsed at boot)."""
+    exe, _ = prog
+    im = ElfImage(str(exe))
+    neg = _sym(im, "neg_block")
+    site = neg - 5                       # the {disp32} jmp .Lhot3 right before .Lneg
+    keys = dict(key_code=[_sym(im, "key5"), _sym(im, "key2")],
+                key_target=[_sym(im, "hot3"), neg])
+    for patched in (False, True):
+        sites = TableSites(leaders=[site, neg] if patched else [], atomic_lo=[site] if patched
+                           else [], atomic_hi=[neg] if patched else [], **keys)
+        im, fn, units, dis, cfg = _cfg(exe, sites)
+        b = int(np.searchsorted(cfg.start, np.uint64(neg))) - 1     # the block ending at the jmp
+        assert int(cfg.end[b]) == neg
+        assert cfg.term[b] == (TERM_FALL if patched else TERM_JMP)
+        assert bool(cfg.falls_through()[b]) == patched
+        assert bool(cfg.patched_jmp[b]) == patched
+        counts = block_counts(cfg, *_hot_ranges(im))
+        heat = np.zeros(len(units))
+        u = int(units.find([_sym(im, "f")])[0])
+        heat[u] = 100.0
+        splits, reason = B.choose_splits(cfg, units, heat, counts, 1.0, fn, True)
+        (sf,) = [s for s in splits if s.unit == u]
+        hot = sf.parts[0]
+        k = next(i for i, p in enumerate(hot) if p.block == b)
+        after = [p for p in hot[k + 1:] if p.block == b]
+        inserted = [p for p in after if p.kind == bm.KIND_JMP_INSERTED]
+        if patched:
+            # .Lneg went cold: the site is copied as is and a jmp to .Lneg follows it
+            assert sf.block_part[b + 1] == 1
+            assert len(inserted) == 1 and inserted[0].target_block == b + 1 and inserted[0].long
+            assert all(p.kind != bm.KIND_BRANCH for p in hot if p.block == b)
+        else:
+            assert not inserted

@@ -166,7 +166,8 @@ class Evaluate:
                        help="function alignment sweep (what-if unless --booted)")
         p.add_argument("--whatif", action="store_true",
                        help="replay a block trace recorded once on the base instead of booting")
-        p.add_argument("--booted", action="store_true", help="--sweep: boot every point")
+        p.add_argument("--booted", action="store_true", help="--sweep: boot every point; "
+                       "--train/--test: also rewrite and boot every layout on every test workload")
         p.add_argument("--profile", help="profile for hot64/pack/blocks (default: derived from the "
                        "recorded workload run on the base image)")
         p.add_argument("--workload", default="vfs-mix", metavar="W[,W...]",
@@ -390,14 +391,14 @@ def _run_matrix(args):
     loops = {w: args.loops for w in train + test} if args.loops else None
     m = generalization_matrix(base, train, test, strategy=strategy, caches=caches, loops=loops,
                               weights=weights, log=_log, parallel=args.jobs,
-                              scheduler=args.scheduler)
+                              scheduler=args.scheduler, booted=args.booted)
     print(format_matrix(m))
     if args.json:
         write_atomic(args.json, json.dumps(matrix_json(m), indent=1, sort_keys=True) + "\n")
     if args.plot:
         heatmap_png(m, args.plot)
         _log(f"wrote {args.plot}")
-    return 0
+    return EXIT_FINDINGS if m.get("problems") else 0
 
 
 def _run_programs(args):

@@ -18,7 +18,11 @@
    (and under stock): simulated misses per (layout, test workload) cell, as the
    change against stock. The what-if replay follows the booted measurement
    within ~1% on rewritten kernels (README, the evaluate table);
-5. the perturbation floor of each test workload: its replay under "null"
+5. with ``booted`` (``--booted``), every layout is also rewritten and booted on
+   every test workload under the plugin (what-if stays beside it): the matrix
+   of booted misses, each workload's result line checked against stock's and
+   its kernel instructions against stock's (as evaluate does for layouts);
+6. the perturbation floor of each test workload: its replay under "null"
    layouts that move one function no workload of the matrix ran to the front of
    its region (shifting the code before it by the function's size, and nothing
    else). A workload whose loop nearly fits the cache changes by several percent
@@ -82,7 +86,7 @@ def null_units(units, ran_addresses, count, seed):
 
 def generalization_matrix(base, train, test, strategy="pack", caches=("intel-32k-8w",),
                           loops=None, weights=None, log=None, parallel=None, scheduler=None,
-                          null_layouts=NULL_LAYOUTS):
+                          null_layouts=NULL_LAYOUTS, booted=False):
     """{"layouts": [...], "test": [...], "cells": {(layout, workload, cache): row},
     "floor": {(workload, cache): [change under each null layout]}, ...}.
 
@@ -123,6 +127,7 @@ def generalization_matrix(base, train, test, strategy="pack", caches=("intel-32k
     L = Layouts(base, log=log)              # one instance: the disassembly is shared
     amaps = {"stock": None}
     layouts = ["stock"]
+    made = {}                               # label -> (strategy, hotness, blocks)
     for strat in strategies:
         for name, (h, b) in profiles.items():
             label = f"{strat}[{name}]"
@@ -131,15 +136,68 @@ def generalization_matrix(base, train, test, strategy="pack", caches=("intel-32k
             pm = L.plan(strat)
             amaps[label] = pm.amap if pm else None
             layouts.append(label)
+            made[label] = (strat, h, b)
     cells = {}
     for label in layouts:
         for w in test:
             for r in wi.whatif(traces[w], amaps[label], caches, label):
                 cells[(label, w, r["cache"])] = r
     floor = perturbation_floor(L, traces, test, caches, null_layouts, log)
-    return {"layouts": layouts, "test": test, "train": train, "strategy": ",".join(strategies),
-            "caches": [c if isinstance(c, str) else c["name"] for c in caches], "cells": cells,
-            "floor": floor, "loops": {w: traces[w].meta.get("loops") for w in traces}}
+    m = {"layouts": layouts, "test": test, "train": train, "strategy": ",".join(strategies),
+         "caches": [c if isinstance(c, str) else c["name"] for c in caches], "cells": cells,
+         "floor": floor, "loops": {w: traces[w].meta.get("loops") for w in traces}}
+    if booted:
+        m["booted"], m["problems"] = boot_cells(L, base, made, test, loops, caches, log,
+                                                parallel, scheduler)
+    return m
+
+
+BOOT_BATCH = 8             # images rewritten, then booted, at a time (the layout cache keeps 12)
+
+
+def boot_cells(L, base, made, test, loops, caches, log, parallel=None, scheduler=None):
+    """Rewrite every layout and boot it on every test workload: ({(layout, workload,
+    cache): {"misses", "fetches", "instructions", "result_line"}}, [problems])."""
+    from ..commands.evaluate import BLOCK_LEVEL_TOLERANCE
+    from .booted import INSTRUCTION_TOLERANCE, measure_many
+    from .layouts import BLOCK_LEVEL
+    labels = ["stock"] + list(made)
+    cells = {}
+    for i in range(0, len(labels), BOOT_BATCH):
+        images = []
+        for label in labels[i:i + BOOT_BATCH]:
+            if label == "stock":
+                images.append((base, label))
+                continue
+            strat, h, b = made[label]
+            L.hotness, L.blocks = h, b
+            images.append((L.image_path(strat), label))
+        for w in test:
+            ms = measure_many(images, [w], loops[w], caches, log=log, parallel=parallel,
+                              scheduler=scheduler)
+            for (path, label, _), by_cache in ms.items():
+                for cache, meas in by_cache.items():
+                    cells[(label, w, cache)] = {
+                        "misses": int(meas.median("misses")), "fetches": int(meas.median("fetches")),
+                        "instructions": int(meas.median("instructions")),
+                        "result_line": meas.runs[0]["result_line"]}
+    problems = []
+    cache = next(iter(cells))[2]
+    for w in test:
+        b = cells[("stock", w, cache)]
+        for label in labels[1:]:
+            r = cells[(label, w, cache)]
+            tol = BLOCK_LEVEL_TOLERANCE if made[label][0].split(":")[0] in BLOCK_LEVEL \
+                else INSTRUCTION_TOLERANCE
+            d = (r["instructions"] - b["instructions"]) / b["instructions"] \
+                if b["instructions"] else 0.0
+            if abs(d) > tol:
+                problems.append(f"{label} on {w}: {r['instructions']:,} kernel instructions vs "
+                                f"{b['instructions']:,} on stock ({d:+.3%}): not the same work")
+            if r["result_line"] != b["result_line"]:
+                problems.append(f"{label} on {w}: workload result differs from stock's: "
+                                f"{r['result_line']!r}")
+    return cells, problems
 
 
 def perturbation_floor(L, traces, test, caches, count, log):
@@ -169,10 +227,11 @@ def perturbation_floor(L, traces, test, caches, count, log):
     return out
 
 
-def change(m, layout, workload, cache):
-    """Misses of (layout, workload) relative to stock: -0.10 = 10% fewer."""
-    base = m["cells"][("stock", workload, cache)]["misses"]
-    got = m["cells"][(layout, workload, cache)]["misses"]
+def change(m, layout, workload, cache, source="cells"):
+    """Misses of (layout, workload) relative to stock: -0.10 = 10% fewer.
+    ``source``: "cells" (what-if replay) or "booted"."""
+    base = m[source][("stock", workload, cache)]["misses"]
+    got = m[source][(layout, workload, cache)]["misses"]
     return (got - base) / base if base else 0.0
 
 
@@ -185,7 +244,7 @@ def floor_range(m, workload, cache):
     return (min(f), max(f)) if f else None
 
 
-def verdict(m, cache, bar=BAR):
+def verdict(m, cache, bar=BAR, source="cells"):
     """Cells worse than stock by more than ``bar``; and those also beyond the
     workload's perturbation floor (worse than its worst null layout)."""
     worse, beyond = [], []
@@ -193,7 +252,7 @@ def verdict(m, cache, bar=BAR):
         if lay == "stock":
             continue
         for w in m["test"]:
-            c = change(m, lay, w, cache)
+            c = change(m, lay, w, cache, source)
             if c > bar:
                 worse.append((lay, w, c))
                 fr = floor_range(m, w, cache)
@@ -204,35 +263,51 @@ def verdict(m, cache, bar=BAR):
 
 def format_matrix(m):
     out = []
+    sources = [("cells", "simulated kernel-mode misses vs stock, {cache} (what-if replay; rows: "
+                         "layout trained on, columns: test workload)")]
+    if m.get("booted"):
+        sources.append(("booted", "kernel-mode misses vs stock, {cache}, BOOTED (every layout "
+                                  "rewritten and booted on every test workload)"))
     for cache in m["caches"]:
-        out.append(f"simulated kernel-mode misses vs stock, {cache} (what-if replay; rows: layout "
-                   f"trained on, columns: test workload)")
-        w0 = max(len(x) for x in m["layouts"] + ["floor (null layouts)"])
-        cols = [f"{w:>14}" for w in m["test"]]
-        out.append(f"{'layout':<{w0}} " + " ".join(cols))
-        for lay in m["layouts"]:
-            cells = []
-            for w in m["test"]:
-                if lay == "stock":
-                    cells.append(f"{m['cells'][(lay, w, cache)]['misses']:>14,}")
-                else:
-                    cells.append(f"{change(m, lay, w, cache):>+14.2%}")
-            out.append(f"{lay:<{w0}} " + " ".join(cells))
-        if m.get("floor"):
-            cells = []
-            for w in m["test"]:
-                fr = floor_range(m, w, cache)
-                cells.append(f"{'' if fr is None else f'{fr[0]:+.1%}..{fr[1]:+.1%}':>14}")
-            out.append(f"{'floor (null layouts)':<{w0}} " + " ".join(cells))
-        worse, beyond = verdict(m, cache)
-        n = (len(m["layouts"]) - 1) * len(m["test"])
-        out.append(f"cells worse than stock by more than {BAR:.0%}: {len(worse)} of {n}"
-                   + (f"; beyond the workload's perturbation floor: {len(beyond)}"
-                      if m.get("floor") else ""))
-        for lay, w, c in beyond:
-            out.append(f"  {lay} on {w}: {c:+.2%}")
-        out.append("")
+        for source, title in sources:
+            out += _format_one(m, cache, source, title.format(cache=cache))
+            if source == "booted":
+                gap = max((abs(change(m, lay, w, cache, "booted") - change(m, lay, w, cache))
+                           for lay in m["layouts"][1:] for w in m["test"]), default=0.0)
+                out.append(f"booted vs what-if: largest difference {100 * gap:.2f} points")
+            out.append("")
+    for p in m.get("problems") or ():
+        out.append(f"problem: {p}")
     return "\n".join(out).rstrip("\n")
+
+
+def _format_one(m, cache, source, title):
+    out = [title]
+    w0 = max(len(x) for x in m["layouts"] + ["floor (null layouts)"])
+    cols = [f"{w:>14}" for w in m["test"]]
+    out.append(f"{'layout':<{w0}} " + " ".join(cols))
+    for lay in m["layouts"]:
+        cells = []
+        for w in m["test"]:
+            if lay == "stock":
+                cells.append(f"{m[source][(lay, w, cache)]['misses']:>14,}")
+            else:
+                cells.append(f"{change(m, lay, w, cache, source):>+14.2%}")
+        out.append(f"{lay:<{w0}} " + " ".join(cells))
+    if m.get("floor"):
+        cells = []
+        for w in m["test"]:
+            fr = floor_range(m, w, cache)
+            cells.append(f"{'' if fr is None else f'{fr[0]:+.1%}..{fr[1]:+.1%}':>14}")
+        out.append(f"{'floor (null layouts)':<{w0}} " + " ".join(cells))
+    worse, beyond = verdict(m, cache, source=source)
+    n = (len(m["layouts"]) - 1) * len(m["test"])
+    out.append(f"cells worse than stock by more than {BAR:.0%}: {len(worse)} of {n}"
+               + (f"; beyond the workload's perturbation floor: {len(beyond)}"
+                  if m.get("floor") else ""))
+    for lay, w, c in beyond:
+        out.append(f"  {lay} on {w}: {c:+.2%}")
+    return out
 
 
 def matrix_json(m):
@@ -240,6 +315,10 @@ def matrix_json(m):
             "caches": m["caches"], "layouts": m["layouts"], "loops": m["loops"],
             "floor": [{"workload": w, "cache": c, "changes": v}
                       for (w, c), v in sorted((m.get("floor") or {}).items())],
+            "booted_cells": [dict(r, layout=lay, workload=w, cache=c,
+                                  change_vs_stock=change(m, lay, w, c, "booted"))
+                             for (lay, w, c), r in sorted((m.get("booted") or {}).items())],
+            "problems": list(m.get("problems") or ()),
             "cells": [{"layout": lay, "workload": w, "cache": c, "misses": r["misses"],
                        "fetches": r["fetches"], "instructions": r["instructions"],
                        "change_vs_stock": change(m, lay, w, c)}
@@ -254,14 +333,21 @@ def matrix_from_json(doc, path="matrix"):
                   "instructions": int(c["instructions"])} for c in doc["cells"]}
         floor = {(f["workload"], f["cache"]): [float(x) for x in f["changes"]]
                  for f in doc.get("floor", [])}
+        booted = {(c["layout"], c["workload"], c["cache"]):
+                  {"misses": int(c["misses"]), "fetches": int(c["fetches"]),
+                   "instructions": int(c["instructions"]), "result_line": c.get("result_line")}
+                  for c in doc.get("booted_cells", [])}
         m = {"layouts": list(doc["layouts"]), "test": list(doc["test"]),
              "train": list(doc["train"]), "strategy": doc.get("strategy", "?"),
              "caches": list(doc["caches"]), "cells": cells, "floor": floor,
-             "loops": doc.get("loops", {})}
+             "loops": doc.get("loops", {}), "booted": booted,
+             "problems": list(doc.get("problems", []))}
         for lay in m["layouts"]:
             for w in m["test"]:
                 for c in m["caches"]:
                     cells[(lay, w, c)]          # every cell present
+                    if booted:
+                        booted[(lay, w, c)]
     except (KeyError, TypeError, ValueError) as e:
         raise BadInput(f"--report: {path}: not a generalization matrix file "
                        f"({type(e).__name__}: {e})") from None
@@ -279,7 +365,9 @@ def heatmap_png(m, path, cache=None):
         raise BadInput("--plot needs matplotlib (pip install matplotlib)") from None
     cache = cache or m["caches"][0]
     rows = [lay for lay in m["layouts"] if lay != "stock"]
-    data = np.array([[100.0 * change(m, lay, w, cache) for w in m["test"]] for lay in rows])
+    source = "booted" if m.get("booted") else "cells"
+    data = np.array([[100.0 * change(m, lay, w, cache, source) for w in m["test"]]
+                     for lay in rows])
     lim = max(1.0, float(np.abs(data).max())) if data.size else 1.0
     fig, ax = plt.subplots(figsize=(1.3 * len(m["test"]) + 3, 0.55 * len(rows) + 1.8))
     im = ax.imshow(data, cmap="RdYlGn_r", vmin=-lim, vmax=lim, aspect="auto")
@@ -292,7 +380,8 @@ def heatmap_png(m, path, cache=None):
     for i in range(len(rows)):
         for j in range(len(m["test"])):
             ax.text(j, i, f"{data[i, j]:+.1f}%", ha="center", va="center", fontsize=8)
-    ax.set_title(f"L1i misses vs stock, {cache} (what-if)")
+    ax.set_title(f"L1i misses vs stock, {cache} "
+                 f"({'booted' if source == 'booted' else 'what-if'})")
     fig.colorbar(im, ax=ax, label="% change (negative = fewer misses)")
     fig.tight_layout()
     with atomic_output(path) as f:

@@ -11,7 +11,8 @@ No leader is kept strictly inside an atomic range (an alternative or paravirt
 patch site: the kernel rewrites its bytes as one piece).
 
 Each block records how it ends (``term``): TERM_FALL (falls into the next
-block), TERM_JMP, TERM_JCC, TERM_KEY (a static-key site: jump to its target or
+block; also a jmp that ends an alternative site, which boot-time patching may
+turn into NOPs), TERM_JMP, TERM_JCC, TERM_KEY (a static-key site: jump to its target or
 fall through, as the key flips), TERM_STOP (ret, ud2, hlt, indirect jmp, a
 noreturn call); ``target`` is the direct target (0 when none) and
 ``insn_first``/``insn_last`` index the Disassembly.
@@ -289,6 +290,15 @@ class CFG:
         term[lk == 2] = TERM_JCC
         term[is_key[last]] = TERM_KEY
         term[stop[last]] = TERM_STOP
+        if len(sites.atomic_hi):
+            # A jmp that ends a patch site (static_cpu_has: "jmp 6f" into .altinstr_aux)
+            # becomes NOPs at boot when the feature is present: the code after the site
+            # is then its fall-through, so the block must keep (or jmp to) its successor.
+            site_end = (lk == 1) & atomic[last] & np.isin(iend[last], sites.atomic_hi)
+            term[site_end] = TERM_FALL
+            self.patched_jmp = site_end
+        else:
+            self.patched_jmp = np.zeros(len(li), bool)
         # a jmp/jcc inside an atomic site is copied as is (blocks.py does not re-encode it)
         self.term = term
         self.target = np.where(is_key[last], key_tgt[last],

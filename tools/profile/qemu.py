@@ -66,11 +66,20 @@ def kernel_defaults():
     }
 
 
+_OOPS_START = ("BUG: ", "Oops: ", "general protection fault", "kernel BUG at")
+
+
 def panic_line(serial):
-    """The 'Kernel panic - not syncing: ...' line of a serial log (timestamp removed), or None."""
-    for line in serial.splitlines():
+    """The 'Kernel panic - not syncing: ...' line of a serial log (timestamp removed), or
+    None; after an oops (oops=panic) with the oops' first line and its RIP, which say
+    what went wrong where ("Fatal exception" alone does not)."""
+    lines = [_TS.sub("", ln.strip()) for ln in serial.splitlines()]
+    for i, line in enumerate(lines):
         if "Kernel panic" in line:
-            return _TS.sub("", line.strip())
+            oops = next((ln for ln in lines[:i] if ln.startswith(_OOPS_START)), None)
+            rip = next((ln for ln in lines[:i] if ln.startswith("RIP: ")), None)
+            why = "; ".join(x for x in (oops, rip) if x)
+            return f"{line} ({why})" if why else line
     return None
 
 

@@ -272,7 +272,8 @@ def _same_meaning(old_ins, new_ins, translate):
 
 
 def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None, orc_new=None,
-                 tables=(), no_fallthrough=frozenset(), noreturn=frozenset(), data_moves=None):
+                 tables=(), no_fallthrough=frozenset(), noreturn=frozenset(), data_moves=None,
+                 patch_sites=None):
     """Check a block map; returns (findings, stats).
 
     ``rows``: block map rows; ``functions``: SplitFunction per function that has
@@ -284,6 +285,8 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     targets (original addresses) that never return. ``data_moves``: (sorted
     original addresses of relocated fields whose data symbol moved, each one's
     move): an instruction holding one may differ by exactly that move.
+    ``patch_sites``: {end: start} of the alternative sites in OLD: a jmp that ends
+    one becomes NOPs when the kernel patches it, so it also falls through.
     """
     findings = []
     stats = {"split_functions": len(functions), "pieces": 0, "instructions": 0,
@@ -468,6 +471,9 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
             falls = ins.mnemonic not in _NO_FALLTHROUGH and a not in no_fallthrough and \
                 not (target is not None and ins.group(capstone.CS_GRP_CALL) and
                      target in noreturn)
+            if not falls and ins.mnemonic == "jmp" and patch_sites and \
+                    patch_sites.get(succ, succ + 1) <= a:
+                falls = True        # a jmp ending a patch site: NOPs once patched
             if not falls or succ >= f.old_end:
                 continue
             stats["edges"] += 1

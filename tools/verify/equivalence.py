@@ -1152,7 +1152,16 @@ def _block_results(octx, nctx, rows, split, oi, ni, amap, data_moves=None):
     noreturn = set()
     for nm in NORETURN:
         noreturn |= octx.symbol_addresses().get(nm, set())
+    patch_sites = {}
+    from ..kernel.alternatives import Alternatives
+    alt = Alternatives()
+    if alt.locate(octx) is not None:
+        ae = alt.parse(octx)
+        ends = (ae["instr"] + ae["instrlen"].astype(np.uint64)).tolist()
+        for e, a in zip(ends, ae["instr"].tolist()):
+            patch_sites[e] = min(a, patch_sites.get(e, a))
     orc_old, orc_new = _orc_lookup(octx), _orc_lookup(nctx)
     return check_blocks(rows, funcs, old.read, new.read, amap.base.map, orc_old, orc_new,
                         tables=tables, no_fallthrough=frozenset(no_fall),
-                        noreturn=frozenset(noreturn), data_moves=data_moves)
+                        noreturn=frozenset(noreturn), data_moves=data_moves,
+                        patch_sites=patch_sites)
