@@ -309,6 +309,9 @@ def test_instruction_capstone_does_not_know_is_checked_not_lost():
 # after the padding; the block map says either where the target went (what
 # relayout/blocks.py layout_rows writes for a removed jmp) or where the jmp was.
 PADDING = {"int3": hx("cc"), "nop4": hx("0f1f4000")}
+# what the finding says lies between the block's end and the jmp's target
+PADDING_SAID = {"int3": "NEW has 1 byte of int3 padding (cc) in between",
+                "nop4": "NEW has a 4-byte nop (0f 1f 40 00) in between"}
 
 
 def case_b_padded(pad, row_at):
@@ -338,11 +341,14 @@ def test_padding_where_a_jmp_was_removed(pad, row_at):
         assert found[0].address == 0x210b
         assert found[0].message.startswith("g: fall-through from 'xor eax, eax' at 0x110a to "
                                            "0x110c is broken: NEW continues at 0x210b")
-        assert f"at {0x210b + k:#x}" in found[0].message
+        assert f"the successor is a removed jmp whose target is at {0x210b + k:#x}" in \
+            found[0].message
     else:
         assert found[0].address == 0x210b
         assert found[0].message.startswith(f"g: removed jmp at 0x110c went to 0x110e (now "
-                                           f"{0x210b + k:#x}), but its place leads to 0x210b")
+                                           f"{0x210b + k:#x}), but its place leads to 0x210b: "
+                                           "the target must be the next instruction")
+    assert found[0].message.endswith(PADDING_SAID[pad])
 
 
 # End to end: h's jmp over its cold block is removed by the split (the hot target
@@ -509,8 +515,10 @@ def test_verify_against_names_padding_where_a_jmp_was_removed(prog_h, tmp_path, 
     if row_at == "target":
         assert msg.startswith(f"h: fall-through from 'add eax, 1' at {jmp_old - 3:#x} to "
                               f"{jmp_old:#x} is broken: NEW continues at {pad_at:#x}")
-        assert f"at {target_new:#x}" in msg
+        assert f"the successor is a removed jmp whose target is at {target_new:#x}" in msg
     else:
         assert msg.startswith(f"h: removed jmp at {jmp_old:#x} went to {target_old:#x} (now "
-                              f"{target_new:#x}), but its place leads to {pad_at:#x}")
+                              f"{target_new:#x}), but its place leads to {pad_at:#x}: the "
+                              "target must be the next instruction")
+    assert msg.endswith(PADDING_SAID[pad])
     assert f"error: [equiv.edge] {msg}" in p.stdout
