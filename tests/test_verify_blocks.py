@@ -4,10 +4,22 @@ Each case is an original function, a block-level rewrite of it written byte by
 byte here (hot part at the function's new address, cold part elsewhere), and the
 block map that describes it. The correct rewrite must pass; each injected
 breakage must be reported under its name.
+
+Padding where a removed jmp was (its target not the next instruction) is also
+injected end to end: a fixture built with gcc at test time, split by the real
+``relayout --strategy blocks`` with a fault in the layout step, checked by the
+``linepack verify --against`` command.
 """
+
+import json
+import shutil
+import signal
+import subprocess
 
 import numpy as np
 import pytest
+
+from helpers import run_linepack
 
 from linepack.image import blockmap as bm
 from linepack.verify.blocks import SplitFunction, check_blocks
@@ -289,3 +301,224 @@ def test_instruction_capstone_does_not_know_is_checked_not_lost():
     new.patch(0x2000, hx("909090"))                 # serialize lost in NEW
     findings, _ = run(rows, funcs, old, new)
     assert "equiv.block-instruction" in checks(findings)
+
+
+# -- padding where a removed jmp was ------------------------------------------------------
+# Case B's jmp 110e is removed because its target (ret) comes next. A rewriter that drops
+# the jmp but leaves padding in its place (int3, or a multi-byte nop) puts the target
+# after the padding; the block map says either where the target went (what
+# relayout/blocks.py layout_rows writes for a removed jmp) or where the jmp was.
+PADDING = {"int3": hx("cc"), "nop4": hx("0f1f4000")}
+# what the finding says lies between the block's end and the jmp's target
+PADDING_SAID = {"int3": "NEW has 1 byte of int3 padding (cc) in between",
+                "nop4": "NEW has a 4-byte nop (0f 1f 40 00) in between"}
+
+
+def case_b_padded(pad, row_at):
+    k = len(pad)
+    new = {0x2100: hx("85ff 7405 e9f70f0000 31c0") + pad + hx("c3"), 0x3100: NEW_B[0x3100]}
+    g = SplitFunction("g", 0x1100, 0x110f, [(HOT, 0x2100, 0x210c + k), (COLD, 0x3100, 0x3106)])
+    removed_at = 0x210b + k if row_at == "target" else 0x210b
+    rows = rows_of((0x1100, 2, 0x2100, 2, C, HOT), (0x1102, 2, 0x2102, 2, B, HOT),
+                   (0x1104, 0, 0x2104, 5, I, HOT), (0x1104, 6, 0x3100, 6, C, COLD),
+                   (0x110a, 2, 0x2109, 2, C, HOT), (0x110c, 2, removed_at, 0, R, HOT),
+                   (0x110e, 1, 0x210b + k, 1, C, HOT))
+    orc_old = (np.array([0x1100], np.uint64), np.array([7]))
+    orc_new = (np.array([0x2100, 0x3100], np.uint64), np.array([7, 7]))
+    return rows, [g], Memory(OLD_B), Memory(new), orc_old, orc_new
+
+
+@pytest.mark.parametrize("row_at", ["target", "jmp"])
+@pytest.mark.parametrize("pad", sorted(PADDING))
+def test_padding_where_a_jmp_was_removed(pad, row_at):
+    rows, funcs, old, new, oo, on = case_b_padded(PADDING[pad], row_at)
+    found, stats = run(rows, funcs, old, new, oo, on)
+    assert stats["jmps_removed"] == 1
+    assert checks(found) == ["equiv.edge"] and len(found) == 1, [f.message for f in found]
+    k = len(PADDING[pad])
+    if row_at == "target":
+        # the xor before the jmp no longer falls into what the jmp led to
+        assert found[0].address == 0x210b
+        assert found[0].message.startswith("g: fall-through from 'xor eax, eax' at 0x110a to "
+                                           "0x110c is broken: NEW continues at 0x210b")
+        assert f"the successor is a removed jmp whose target is at {0x210b + k:#x}" in \
+            found[0].message
+    else:
+        assert found[0].address == 0x210b
+        assert found[0].message.startswith(f"g: removed jmp at 0x110c went to 0x110e (now "
+                                           f"{0x210b + k:#x}), but its place leads to 0x210b: "
+                                           "the target must be the next instruction")
+    assert found[0].message.endswith(PADDING_SAID[pad])
+
+
+# End to end: h's jmp over its cold block is removed by the split (the hot target
+# block follows it); the fault makes the layout step leave padding in its place.
+ASM_H = r"""
+    .section .text.hot,"ax",@progbits
+    .fill 4096, 1, 0xcc
+    .p2align 4
+    .globl h
+    .type h, @function
+h:
+    mov %edi, %eax
+    test %edi, %edi
+    js .Lh_cold
+    add $1, %eax
+    {disp32} jmp .Lh_hot
+.Lh_cold:
+    neg %eax
+    .rept 40
+    add $3, %eax
+    .endr
+    ret
+.Lh_hot:
+    add $5, %eax
+    ret
+    .size h, .-h
+    .globl h_cold, h_hot
+    .set h_cold, .Lh_cold
+    .set h_hot, .Lh_hot
+    .section .note.GNU-stack,"",@progbits
+"""
+MAIN_H = r"""
+#include <stdio.h>
+int h(int);
+int main(void) {
+    long s = 0;
+    for (int i = 0; i < 2000; i += 7) s += h(i);
+    printf("s=%ld\n", s);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def prog_h(tmp_path_factory):
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    d = tmp_path_factory.mktemp("verify-pad")
+    (d / "h.s").write_text(ASM_H)
+    (d / "main.c").write_text(MAIN_H)
+    exe = d / "prog"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
+                    str(d / "main.c"), str(d / "h.s")], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    return exe, out
+
+
+def _split_h(exe, out):
+    """relayout --strategy blocks of h with its entry and target blocks hot."""
+    from linepack.image.elf import ElfImage
+    from linepack.image.functions import FunctionTable
+    from linepack.relayout.driver import relayout
+    im = ElfImage(str(exe))
+    h, cold, hot = (im.symbol_address(n) for n in ("h", "h_cold", "h_hot"))
+    fn = FunctionTable(im)
+    end = int(fn.end[fn.index_of("h")])
+    im.close()
+    ranges = (np.array([h, hot], np.uint64), np.array([cold - h, end - hot], np.uint64),
+              np.array([100.0, 100.0]))
+    summary, _, _ = relayout(str(exe), str(out), "blocks", hotness={"h": 100.0, "main": 100.0},
+                             blocks=ranges)
+    assert not summary["problems"]
+    assert summary["split"]["functions_split"] == 1 and summary["split"]["jmp_removed"] == 1
+    return summary
+
+
+def _leave_padding(monkeypatch, pad, row_at):
+    """The fault: the layout step drops a removed jmp's bytes but leaves ``pad`` in
+    their place, the jmp's target after it. Everything else (branch displacements,
+    symbols, sizes, the rest of the block map) is computed for that layout by the
+    real code, so only the removed jmp's edge is wrong."""
+    from linepack.image import blockmap as bm
+    from linepack.relayout import blocks as B
+    real_relax, real_rows = B._relax, B.layout_rows
+    padded = []                                 # (split function, part, offset of the pad)
+
+    def relax(sf):
+        real_relax(sf)
+        for part in (0, 1):
+            off, first = 0, {}
+            for p in sf.parts[part]:
+                p.off = off
+                first.setdefault(p.block, off)
+                if p.kind == B.REMOVED:
+                    padded.append((sf, part, off))
+                    off += len(pad)
+                else:
+                    off += p.size
+            sf.sizes[part], sf.first[part] = off, first
+
+    def layout_rows(splits, plan, parent, part, image):
+        rows, part_bytes, cold = real_rows(splits, plan, parent, part, image)
+        index = {(int(parent[k]), int(part[k])): k for k in range(len(parent))}
+        for sf, p_, off in padded:
+            k = index[(sf.unit, p_)]
+            buf = bytearray(part_bytes[k])
+            buf[off:off + len(pad)] = pad
+            part_bytes[k] = bytes(buf)
+        if row_at == "jmp":                     # the row names the jmp's place, not its target
+            rows["new"][rows["kind"] == bm.KIND_JMP_REMOVED] -= np.uint64(len(pad))
+        return rows, part_bytes, cold
+
+    monkeypatch.setattr(B, "_relax", relax)
+    monkeypatch.setattr(B, "layout_rows", layout_rows)
+    return padded
+
+
+def test_blocks_output_with_a_removed_jmp_verifies(prog_h, tmp_path):
+    exe, expected = prog_h
+    out = tmp_path / "split"
+    _split_h(exe, out)
+    assert subprocess.run([str(out)], capture_output=True, text=True).stdout == expected
+    p = run_linepack("verify", out, "--against", exe, "--json", tmp_path / "r.json", timeout=120)
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert p.returncode == 0 and rep["findings"] == [], p.stdout + p.stderr
+    assert rep["equivalence_blocks"]["jmps_removed"] == 1
+
+
+@pytest.mark.parametrize("row_at", ["target", "jmp"])
+@pytest.mark.parametrize("pad", sorted(PADDING))
+def test_verify_against_names_padding_where_a_jmp_was_removed(prog_h, tmp_path, monkeypatch,
+                                                              pad, row_at):
+    from linepack.image import blockmap as bm
+    from linepack.image.elf import ElfImage
+    exe, expected = prog_h
+    bad = tmp_path / "split.bad"
+    padded = _leave_padding(monkeypatch, PADDING[pad], row_at)
+    _split_h(exe, bad)
+    assert len(padded) == 1
+    monkeypatch.undo()
+    # the fault is real: int3 traps; a nop runs the same (only the proof can tell)
+    run = subprocess.run([str(bad)], capture_output=True, text=True, timeout=20)
+    if pad == "int3":
+        assert run.returncode == -signal.SIGTRAP
+    else:
+        assert run.returncode == 0 and run.stdout == expected
+
+    old_im, new_im = ElfImage(str(exe)), ElfImage(str(bad))
+    jmp_old = old_im.symbol_address("h_cold") - 5          # the {disp32} jmp before .Lh_cold
+    target_old, target_new = old_im.symbol_address("h_hot"), new_im.symbol_address("h_hot")
+    rows = bm.read_blockmap(new_im)
+    old_im.close()
+    new_im.close()
+    (removed,) = rows[rows["kind"] == bm.KIND_JMP_REMOVED]
+    assert int(removed["old"]) == jmp_old
+    pad_at = target_new - len(PADDING[pad])                # where the jmp was
+
+    p = run_linepack("verify", bad, "--against", exe, "--json", tmp_path / "r.json", timeout=120)
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert [(f["check"], f["address"]) for f in rep["findings"]] == \
+        [("equiv.edge", f"{pad_at:#x}")], rep["findings"]
+    msg = rep["findings"][0]["message"]
+    if row_at == "target":
+        assert msg.startswith(f"h: fall-through from 'add eax, 1' at {jmp_old - 3:#x} to "
+                              f"{jmp_old:#x} is broken: NEW continues at {pad_at:#x}")
+        assert f"the successor is a removed jmp whose target is at {target_new:#x}" in msg
+    else:
+        assert msg.startswith(f"h: removed jmp at {jmp_old:#x} went to {target_old:#x} (now "
+                              f"{target_new:#x}), but its place leads to {pad_at:#x}: the "
+                              "target must be the next instruction")
+    assert msg.endswith(PADDING_SAID[pad])
+    assert f"error: [equiv.edge] {msg}" in p.stdout

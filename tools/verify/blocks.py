@@ -458,9 +458,11 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                     add("equiv.edge", int(amap.new[p]), f"{f.name}: removed '{ins.mnemonic} "
                         f"{ins.op_str}' at {a:#x} is not an unconditional direct jmp")
                 elif amap.map1(target) != int(amap.new[p]):
-                    add("equiv.edge", int(amap.new[p]), f"{f.name}: removed jmp at {a:#x} went to "
-                        f"{target:#x} (now {amap.map1(target):#x}), but its place leads to "
-                        f"{int(amap.new[p]):#x}")
+                    place, now = int(amap.new[p]), amap.map1(target)
+                    add("equiv.edge", place, f"{f.name}: removed jmp at {a:#x} went to "
+                        f"{target:#x} (now {now:#x}), but its place leads to {place:#x}: the "
+                        "target must be the next instruction"
+                        + _between(lite, new_read, place, now))
                 continue
             else:
                 continue
@@ -483,9 +485,12 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
             ins_row = insert_at.get(n_end)
             if ins_row is not None and int(ins_row["old"]) == succ:
                 continue                        # checked with the inserted jmps below
+            sp = int(amap.piece([succ])[0])
+            removed = sp >= 0 and int(amap.kind[sp]) == bm.KIND_JMP_REMOVED
             add("equiv.edge", n_end, f"{f.name}: fall-through from '{ins.mnemonic} {ins.op_str}' at "
-                f"{a:#x} to {succ:#x} is broken: NEW continues at {n_end:#x}, the successor is at "
-                f"{want:#x}")
+                f"{a:#x} to {succ:#x} is broken: NEW continues at {n_end:#x}, the successor "
+                + ("is a removed jmp whose target is" if removed else "is") + f" at {want:#x}"
+                + _between(lite, new_read, n_end, want))
 
     # inserted jmps: each a jmp to the translated fall-through target
     for r in rows[rows["kind"] == bm.KIND_JMP_INSERTED]:
@@ -530,6 +535,28 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 add("equiv.orc-block", n, f"ORC at {n:#x} differs from the original's at {o:#x}")
         stats["orc_checked"] = int(len(pa))
     return findings, stats
+
+
+def _between(lite, new_read, lo, hi):
+    """For an edge finding: what NEW holds in the few bytes [lo, hi) between where
+    execution continues and where it should (padding left where a jmp was
+    removed, typically), or "" when hi is not just ahead of lo."""
+    n = hi - lo
+    if not 0 < n <= 16:
+        return ""
+    raw = bytes(new_read(lo, n))
+    names, end = [], lo
+    for a, size, mnemonic, _ in lite.disasm_lite(raw, lo):
+        names.append(mnemonic)
+        end = a + size
+    byte_s = f"{n} byte{'s' if n > 1 else ''}"
+    if end == hi and names == ["nop"]:
+        what = f"a {n}-byte nop"
+    elif end == hi and names and set(names) <= {"int3", "nop"}:
+        what = f"{byte_s} of {'int3' if set(names) == {'int3'} else 'int3/nop'} padding"
+    else:
+        what = f"{byte_s} of code or data"
+    return f"; NEW has {what} ({raw.hex(' ')}) in between"
 
 
 def _jcc_cond(ins):
