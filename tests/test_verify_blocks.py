@@ -522,3 +522,30 @@ def test_verify_against_names_padding_where_a_jmp_was_removed(prog_h, tmp_path, 
                               "target must be the next instruction")
     assert msg.endswith(PADDING_SAID[pad])
     assert f"error: [equiv.edge] {msg}" in p.stdout
+
+
+# -- a jmp that is a whole alternative site (static_cpu_has: "jmp 6f" into .altinstr_aux,
+#    patched into NOPs when the CPU has the feature): it also falls through ---------------
+#   1200 jmp 8000 (aux; moved whole to 9000); 1205 xor eax,eax; 1207 ret
+OLD_P = {0x1200: hx("e9fb6d0000 31c0 c3")}
+
+
+@pytest.mark.parametrize("with_jmp", [False, True])
+def test_jmp_ending_a_patch_site_keeps_its_fall_through(with_jmp):
+    hot = hx("e9fb6d0000") + (hx("e9f60f0000") if with_jmp else b"")   # + jmp 3200
+    new = Memory({0x2200: hot, 0x3200: hx("31c0 c3")})
+    f = SplitFunction("p", 0x1200, 0x1208, [(HOT, 0x2200, 0x2200 + len(hot)),
+                                            (COLD, 0x3200, 0x3203)])
+    specs = [(0x1200, 5, 0x2200, 5, C, HOT), (0x1205, 3, 0x3200, 3, C, COLD)]
+    if with_jmp:
+        specs.insert(1, (0x1205, 0, 0x2205, 5, I, HOT))
+    rows = rows_of(*specs)
+    # without the alternatives table the jmp is an ordinary one: nothing to fall into
+    found, _ = run(rows, [f], Memory(OLD_P), new)
+    assert found == []
+    found, stats = run(rows, [f], Memory(OLD_P), new, patch_sites={0x1205: 0x1200})
+    if with_jmp:
+        assert found == [] and stats["jmps_inserted"] == 1
+    else:
+        assert checks(found) == ["equiv.edge"] and found[0].address == 0x2205
+        assert "fall-through from 'jmp" in found[0].message
