@@ -59,6 +59,15 @@ def test_cfg_of_the_real_kernel(split_kernel, vmlinux):
     ctx._disasm = rw.dis
     sites = TableSites.from_kernel(ctx)
     assert len(sites.atomic_lo) > 8000 and len(sites.key_code) > 5000
+    # static_cpu_has() sites: a jmp that is a whole alternative site falls through (the
+    # kernel may patch it into NOPs); the split functions among them keep that edge
+    # (verify --against checks it on the output)
+    from linepack.image.cfg import TERM_FALL
+    pj = cfg.patched_jmp
+    assert pj.sum() > 100 and (cfg.term[pj] == TERM_FALL).all()
+    assert cfg.falls_through()[pj].all()
+    assert summary["split"]["patch_site_jmps"] == int(pj.sum())
+    assert summary["split"]["patch_site_jmps_split"] > 0
     # an alternative/paravirt site is never split: no block starts strictly inside one
     j = np.searchsorted(sites.atomic_lo, cfg.start, side="left").astype(np.int64) - 1
     jc = np.maximum(j, 0)

@@ -125,7 +125,8 @@ def _cache_cfgs(caches):
 
 
 def trace_cache_path(kernel, workload, loops):
-    """Where record_trace caches the trace of (kernel build, workload binary, loops)."""
+    """Where record_trace caches the trace of (kernel build, workload binary, loops, plugin,
+    boot set-up)."""
     from ..image.elf import ElfImage
     from ..profile import plugin_build
     from ..targets import cache_dir
@@ -134,8 +135,11 @@ def trace_cache_path(kernel, workload, loops):
     so = plugin_build.build_plugin(log=lambda m: None)
     with open(so, "rb") as f:
         ptag = hashlib.sha256(f.read()).hexdigest()[:10]
+    # the boot set-up (configs/kernel.toml: command line, memory, QEMU options) shapes the run
+    from ..profile.qemu import kernel_defaults
+    ktag = hashlib.sha256(json.dumps(kernel_defaults(), sort_keys=True).encode()).hexdigest()[:8]
     return os.path.join(cache_dir(), "evaluate", "traces", "w1-" +
-                        f"{bid[:20]}-{wbin}-{loops}-{ptag}.npz")
+                        f"{bid[:20]}-{wbin}-{loops}-{ptag}-{ktag}.npz")
 
 
 WARM_START_SYMBOL = "free_initmem"

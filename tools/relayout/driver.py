@@ -393,15 +393,25 @@ def _split_hot_ranges(orig_units, split, strat, blocks):
     return out
 
 
+def _patched_in(cfg, splits):
+    """Patch-site jmps (CFG.patched_jmp) inside the split functions."""
+    c = np.concatenate([[0], np.cumsum(cfg.patched_jmp)])
+    return int(sum(c[z] - c[a] for a, z in (cfg.blocks_of(s.func) for s in splits)))
+
+
 def _split_summary(rw, split, heat):
     from ..image import blockmap as bm
     rows = rw.block_split["rows"]
     out = {"split": bm.summary(rows)}
+
     sp = split["splits"]
     out["split"].update({
         "functions_split": len(sp),
         "hot_functions_by_reason": split["reasons"],
         "blocks": int(len(split["cfg"])),
+        # jmps that end an alternative site (may become NOPs at boot): they fall through
+        "patch_site_jmps": int(split["cfg"].patched_jmp.sum()),
+        "patch_site_jmps_split": _patched_in(split["cfg"], sp),
         "hot_part_bytes": int(sum(s.sizes[0] for s in sp)),
         "cold_part_bytes": int(sum(s.sizes[1] for s in sp)),
         "split_growth_bytes": int(sum(s.sizes[0] + s.sizes[1] for s in sp) -
