@@ -117,15 +117,10 @@ def cross_check_rows(rows):
     return problems
 
 
-# A layout whose hot blocks are reordered runs fewer (or more) jmps: jmps to the
-# block placed next disappear, broken fall-throughs gain one. Measured on VFS-mix
-# (2000 loops): blocks-ext-tsp -0.54% kernel instructions vs stock, 263 fewer per
-# loop than blocks-original (an estimate from the profile: ~265 jmps fewer per loop).
-BLOCK_LEVEL_TOLERANCE = 2e-2
 
 
 def _cross_check_workload(rows):
-    from ..evaluate.booted import INSTRUCTION_TOLERANCE
+    from ..evaluate.booted import BLOCK_LEVEL_TOLERANCE, INSTRUCTION_TOLERANCE
     from ..evaluate.layouts import BLOCK_LEVEL
     problems = []
     for cache in dict.fromkeys(r["cache"] for r in rows):

@@ -24,6 +24,11 @@ from ..image.elf import ElfImage
 # (blake2s, rcu_do_batch, kmem_cache_free). MPKI (misses per 1000 kernel
 # instructions) in the table normalises for it.
 INSTRUCTION_TOLERANCE = 5e-3
+# A layout whose hot blocks are reordered runs fewer (or more) jmps: jmps to the
+# block placed next disappear, broken fall-throughs gain one. Measured on VFS-mix
+# (2000 loops): blocks-ext-tsp -0.54% kernel instructions vs stock, 263 fewer per
+# loop than blocks-original (an estimate from the profile: ~265 jmps fewer per loop).
+BLOCK_LEVEL_TOLERANCE = 2e-2
 
 
 def executed_lines(trace, line=64):

@@ -158,8 +158,7 @@ BOOT_BATCH = 8             # images rewritten, then booted, at a time (the layou
 def boot_cells(L, base, made, test, loops, caches, log, parallel=None, scheduler=None):
     """Rewrite every layout and boot it on every test workload: ({(layout, workload,
     cache): {"misses", "fetches", "instructions", "result_line"}}, [problems])."""
-    from ..commands.evaluate import BLOCK_LEVEL_TOLERANCE
-    from .booted import INSTRUCTION_TOLERANCE, measure_many
+    from .booted import BLOCK_LEVEL_TOLERANCE, INSTRUCTION_TOLERANCE, measure_many
     from .layouts import BLOCK_LEVEL
     labels = ["stock"] + list(made)
     cells = {}
