@@ -198,6 +198,11 @@ def test_report_renders_a_matrix_file_again(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "== m.json\n" + format_matrix(m)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # --plot onto a result file it reads: refused, the file unchanged
+    before = (d / "m.json").read_bytes()
+    p = run_linepack("evaluate", "--report", d, "--plot", d / "m.json")
+    assert p.returncode == 2 and "never overwrites its input" in p.stderr
+    assert (d / "m.json").read_bytes() == before
     doc = matrix_json(m)
     del doc["cells"][0]["misses"]
     (d / "m.json").write_text(json.dumps(doc))

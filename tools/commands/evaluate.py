@@ -204,6 +204,10 @@ class Evaluate:
     def run(args):
         # Every output checked before any boot; all written together at the end or none.
         inputs = [spec.rpartition("=")[2] for spec in (args.kernel or []) + (args.program or [])]
+        if args.report and os.path.isdir(args.report):
+            # --report reads every result file there: --plot may not be one of them
+            inputs += [os.path.join(args.report, n) for n in sorted(os.listdir(args.report))
+                       if n.endswith((".json", ".csv"))]
         with OutputSet(inputs=inputs + [args.profile],
                        outputs={"--json": args.json, "--csv": args.csv, "--plot": args.plot,
                                 "--heatmap": args.heatmap}):
