@@ -409,8 +409,9 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 # the same bytes mean the same unless an operand is relative to the
                 # instruction's address (RIP operand, direct branch) or refers to a
                 # moved data symbol: no decode needed
-                rip = ("rip" in ins.op_str and _rip_relative(_full(cs, ins))) \
-                    if isinstance(ins, _Light) else _rip_relative(ins)
+                if isinstance(ins, _Light) and "rip" in ins.op_str:
+                    ins = _full(cs, ins)            # decoded once, kept for below
+                rip = not isinstance(ins, _Light) and _rip_relative(ins)
                 if not data_moved and target is None and not rip and \
                         bytes(new_read(n, ins.size)) == bytes(ins.bytes):
                     new_ins = ins
