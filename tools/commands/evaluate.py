@@ -117,11 +117,8 @@ def cross_check_rows(rows):
     return problems
 
 
-
-
 def _cross_check_workload(rows):
-    from ..evaluate.booted import BLOCK_LEVEL_TOLERANCE, INSTRUCTION_TOLERANCE
-    from ..evaluate.layouts import BLOCK_LEVEL
+    from ..evaluate.booted import instruction_tolerance
     problems = []
     for cache in dict.fromkeys(r["cache"] for r in rows):
         rs = [r for r in rows if r["cache"] == cache and r["mode"] == "booted"]
@@ -130,8 +127,7 @@ def _cross_check_workload(rows):
         b = rs[0]
         for r in rs[1:]:
             bi, mi = b["instructions"], r["instructions"]
-            tol = BLOCK_LEVEL_TOLERANCE if str(r["layout"]).split(":")[0] in BLOCK_LEVEL \
-                else INSTRUCTION_TOLERANCE
+            tol = instruction_tolerance(r["layout"])
             if bi and abs(mi - bi) / bi > tol:
                 problems.append(f"{r['layout']}: {mi:,} kernel instructions vs {bi:,} for "
                                 f"{b['layout']} ({(mi - bi) / bi:+.3%}): not exactly the same work")
@@ -337,9 +333,11 @@ def _run_report(args):
                              ("--heatmap", args.heatmap)) if on]
     if other:
         raise BadInput(f"{other[0]} does not go with --report (it runs nothing)")
-    print(report.render(args.report))
+    loaded = report.load(args.report)          # every file read once
+    print(report.render(loaded))
     if args.plot:
-        report.plot(args.report, args.plot)
+        title = f"L1i misses, {os.path.basename(os.path.abspath(args.report))}"
+        report.plot(loaded, args.plot, title)
         _log(f"wrote {args.plot}")
     return 0
 

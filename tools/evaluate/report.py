@@ -45,17 +45,9 @@ def _csv_rows(path):
     return rows
 
 
-def load_results(directory):
-    """[(file name, rows)] of the evaluate result files in ``directory``, by name."""
-    return _load(directory)[0]
-
-
-def load_matrices(directory):
-    """[(file name, matrix)] of the generalization matrix files in ``directory``."""
-    return _load(directory)[1]
-
-
-def _load(directory):
+def load(directory):
+    """(results, matrices) of the evaluate files in ``directory``, by name: results are
+    [(file name, rows)], matrices [(file name, generalization matrix)]."""
     if not os.path.isdir(directory):
         raise BadInput(f"--report {directory}: not a directory")
     names = sorted(os.listdir(directory))
@@ -94,13 +86,13 @@ def _load(directory):
     return out, matrices
 
 
-def render(directory):
-    """The tables of every result file, as evaluate printed them."""
+def render(loaded):
+    """The tables of every result file (``load``'s answer), as evaluate printed them."""
     from ..commands.evaluate import format_rows
     from .user import format_rows as format_program_rows
     from .matrix import format_matrix
     parts = []
-    results, matrices = _load(directory)
+    results, matrices = loaded
     for name, m in matrices:
         parts.append(f"== {name}\n{format_matrix(m)}")
     for name, rows in results:
@@ -114,11 +106,11 @@ def render(directory):
     return "\n\n".join(parts)
 
 
-def plot(directory, path):
-    """A bar chart of the misses of every row of every file (one bar group per
-    layout, or per layout and workload when there are several)."""
+def plot(loaded, path, title):
+    """A bar chart of the misses of every row of every file (``load``'s answer; one
+    bar group per layout, or per layout and workload when there are several)."""
     from . import plots
-    results, matrices = _load(directory)
+    results, matrices = loaded
     if matrices and not results:
         from .matrix import heatmap_png
         heatmap_png(matrices[0][1], path)
@@ -131,7 +123,7 @@ def plot(directory, path):
             if many:
                 label += f" ({r.get('workload')})"
             rows.append(dict(r, layout=label))
-    plots.bar_chart(rows, path, title=f"L1i misses, {os.path.basename(os.path.abspath(directory))}")
+    plots.bar_chart(rows, path, title=title)
 
 
-__all__ = ["load_results", "load_matrices", "render", "plot"]
+__all__ = ["load", "render", "plot"]
