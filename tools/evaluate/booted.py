@@ -31,6 +31,14 @@ INSTRUCTION_TOLERANCE = 5e-3
 BLOCK_LEVEL_TOLERANCE = 2e-2
 
 
+def instruction_tolerance(strategy):
+    """How far a layout of ``strategy`` (a spec such as 'blocks:0.5') may move the
+    kernel instruction count of the same work."""
+    from .layouts import BLOCK_LEVEL
+    return BLOCK_LEVEL_TOLERANCE if str(strategy).split(":")[0] in BLOCK_LEVEL \
+        else INSTRUCTION_TOLERANCE
+
+
 def executed_lines(trace, line=64):
     """Distinct cache lines covered by the executed translation blocks."""
     run = trace.tb_execs > 0

@@ -142,7 +142,7 @@ def generalization_matrix(base, train, test, strategy="pack", caches=("intel-32k
         for w in test:
             for r in wi.whatif(traces[w], amaps[label], caches, label):
                 cells[(label, w, r["cache"])] = r
-    floor = perturbation_floor(L, traces, test, caches, null_layouts, log)
+    floor = perturbation_floor(L, traces, test, caches, null_layouts, log, cells)
     m = {"layouts": layouts, "test": test, "train": train, "strategy": ",".join(strategies),
          "caches": [c if isinstance(c, str) else c["name"] for c in caches], "cells": cells,
          "floor": floor, "loops": {w: traces[w].meta.get("loops") for w in traces}}
@@ -158,8 +158,7 @@ BOOT_BATCH = 8             # images rewritten, then booted, at a time (the layou
 def boot_cells(L, base, made, test, loops, caches, log, parallel=None, scheduler=None):
     """Rewrite every layout and boot it on every test workload: ({(layout, workload,
     cache): {"misses", "fetches", "instructions", "result_line"}}, [problems])."""
-    from .booted import BLOCK_LEVEL_TOLERANCE, INSTRUCTION_TOLERANCE, measure_many
-    from .layouts import BLOCK_LEVEL
+    from .booted import instruction_tolerance, measure_many
     labels = ["stock"] + list(made)
     cells = {}
     for i in range(0, len(labels), BOOT_BATCH):
@@ -186,8 +185,7 @@ def boot_cells(L, base, made, test, loops, caches, log, parallel=None, scheduler
         b = cells[("stock", w, cache)]
         for label in labels[1:]:
             r = cells[(label, w, cache)]
-            tol = BLOCK_LEVEL_TOLERANCE if made[label][0].split(":")[0] in BLOCK_LEVEL \
-                else INSTRUCTION_TOLERANCE
+            tol = instruction_tolerance(made[label][0])
             d = (r["instructions"] - b["instructions"]) / b["instructions"] \
                 if b["instructions"] else 0.0
             if abs(d) > tol:
@@ -199,8 +197,9 @@ def boot_cells(L, base, made, test, loops, caches, log, parallel=None, scheduler
     return cells, problems
 
 
-def perturbation_floor(L, traces, test, caches, count, log):
-    """{(workload, cache): [change vs stock under each null layout]} (see the module doc)."""
+def perturbation_floor(L, traces, test, caches, count, log, stock):
+    """{(workload, cache): [change vs stock under each null layout]} (see the module doc);
+    ``stock``: the matrix's cells, whose stock replays are the baseline."""
     from ..relayout import strategies
     from ..relayout.plan import make_plan
     from . import whatif as wi
@@ -209,11 +208,8 @@ def perturbation_floor(L, traces, test, caches, count, log):
         return {}
     units, functions = L._build_units()
     ran = np.concatenate([bt.blocks["vaddr"].astype(np.uint64) for bt in traces.values()])
-    seed = int(L.build_id[:8], 16) if all(c in "0123456789abcdef" for c in L.build_id[:8]) else 0
-    picks = null_units(units, ran, count, seed)
+    picks = null_units(units, ran, count, seed=int(L.build_id[:8], 16))   # build-id: hex
     log(f"perturbation floor: {len(picks)} null layouts (one never-run function moved each)")
-    base = {(r["label"], r["cache"]): r["misses"] for w in test
-            for r in wi.whatif(traces[w], None, caches, w)}
     out = {}
     for u in picks:
         heat = np.zeros(len(units.size), dtype=np.float64)
@@ -221,7 +217,7 @@ def perturbation_floor(L, traces, test, caches, count, log):
         pm = PlanMap.from_plan(make_plan(units, strategies.get("pack"), heat, functions=functions))
         for w in test:
             for r in wi.whatif(traces[w], pm.amap, caches, w):
-                b = base[(w, r["cache"])]
+                b = stock[("stock", w, r["cache"])]["misses"]
                 out.setdefault((w, r["cache"]), []).append((r["misses"] - b) / b if b else 0.0)
     return out
 
