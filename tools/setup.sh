@@ -38,6 +38,13 @@ if ! "$PY" -c 'import drgn' 2>/dev/null; then
     | grep -v "Running pip as the 'root' user" >&2 || true
 fi
 "$PY" -c 'import drgn' 2>/dev/null || { echo "setup: drgn could not be installed (pip install drgn)" >&2; exit 1; }
+# mkdocs (PyPI): the docs build tests/test_docs.py runs with warnings as errors
+if ! "$PY" -c 'import mkdocs' 2>/dev/null; then
+  log "pip install mkdocs (docs build test)"
+  "$PY" -m pip install -q --disable-pip-version-check "mkdocs>=1.6" 2>&1 \
+    | grep -v "Running pip as the 'root' user" >&2 || true
+fi
+"$PY" -c 'import mkdocs' 2>/dev/null || { echo "setup: mkdocs could not be installed (pip install mkdocs)" >&2; exit 1; }
 
 if [ -f tools/profile/plugin/Makefile ]; then
   log "building the QEMU TCG plugin"
