@@ -122,7 +122,8 @@ def test_mkdocs_build_is_clean(tmp_path):
     except ImportError:
         pytest.fail("mkdocs is not installed (tools/setup.sh installs it: pip install mkdocs)")
     site = tmp_path / "site"
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+    # no --quiet: it raises mkdocs' log level above WARNING, and --strict then counts nothing
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
                         "-f", os.path.join(ROOT, "mkdocs.yml"), "-d", str(site)],
                        capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
