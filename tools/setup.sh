@@ -38,13 +38,15 @@ if ! "$PY" -c 'import drgn' 2>/dev/null; then
     | grep -v "Running pip as the 'root' user" >&2 || true
 fi
 "$PY" -c 'import drgn' 2>/dev/null || { echo "setup: drgn could not be installed (pip install drgn)" >&2; exit 1; }
-# mkdocs (PyPI): the docs build tests/test_docs.py runs with warnings as errors
-if ! "$PY" -c 'import mkdocs' 2>/dev/null; then
+# mkdocs >= 1.6 (PyPI; mkdocs.yml validates anchors): the docs build tests/test_docs.py runs
+# with warnings as errors
+mkdocs_ok() { "$PY" -c 'import sys, mkdocs; sys.exit(tuple(map(int, mkdocs.__version__.split(".")[:2])) < (1, 6))' 2>/dev/null; }
+if ! mkdocs_ok; then
   log "pip install mkdocs (docs build test)"
   "$PY" -m pip install -q --disable-pip-version-check "mkdocs>=1.6" 2>&1 \
     | grep -v "Running pip as the 'root' user" >&2 || true
 fi
-"$PY" -c 'import mkdocs' 2>/dev/null || { echo "setup: mkdocs could not be installed (pip install mkdocs)" >&2; exit 1; }
+mkdocs_ok || { echo "setup: mkdocs >= 1.6 could not be installed (pip install 'mkdocs>=1.6')" >&2; exit 1; }
 
 if [ -f tools/profile/plugin/Makefile ]; then
   log "building the QEMU TCG plugin"
