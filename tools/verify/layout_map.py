@@ -20,6 +20,8 @@ def read_layout_map(path):
                                    "(function, old, new, size)") from None
     except OSError as e:
         raise BadInput(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise BadInput(f"{path}: not a layout map (function, old, new, size): not text") from None
     return rows
 
 
