@@ -281,7 +281,7 @@ def test_evaluate_allows_fewer_jmps_for_block_layouts_only():
     """A reorder runs fewer jmps (-0.54% kernel instructions measured on VFS-mix):
     evaluate's same-work check accepts that for block-level layouts, not for
     function-level ones, and a different workload result is flagged either way."""
-    from linepack.commands.evaluate import cross_check_rows
+    from linepack.evaluate.table import cross_check_rows
 
     def row(layout, insns, result="r"):
         return {"layout": layout, "cache": "intel-32k-8w", "mode": "booted", "workload": "w",

@@ -125,7 +125,7 @@ def test_block_trace_roundtrip(tmp_path):
 
 
 def test_parse_sweep_ten_points():
-    from linepack.commands.evaluate import parse_sweep
+    from linepack.evaluate.modes import parse_sweep
     assert parse_sweep("align-all:1,2,4,...,512") == ("align-all",
                                                       [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
     assert parse_sweep("align-all:16,64")[1] == [16, 64]

@@ -68,7 +68,8 @@ def test_heatmap_png(tmp_path):
     (("--train", "epoll"), "go together"),
     (("--train", "epoll", "--test", "nope"), "unknown workload 'nope'"),
     (("--train", "epoll", "--test", "pipe", "--weights", "1,x"), "comma-separated"),
-    (("--train", "epoll", "--test", "pipe", "--layout", "pack"), "do not go with"),
+    (("--train", "epoll", "--test", "pipe", "--layout", "pack"),
+     "--layout does not go with --train/--test"),
 ])
 def test_matrix_argument_errors(tmp_path, args, words):
     k = tmp_path / "vmlinux"

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import FIXTURES
 from linepack.cli import main
-from linepack.commands.evaluate import format_rows
+from linepack.evaluate.table import format_rows
 from linepack.evaluate.booted import code_growth
 from linepack.image.elf import ElfImage
 from linepack.image.functions import text_size

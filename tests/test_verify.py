@@ -178,3 +178,18 @@ def test_input_never_modified(tmp_path):
 def test_usage_error_exit_2():
     p = run_linepack("verify")
     assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("content,expect", [
+    (b"f\t1000\t2000\t10\njunk line\n", ":2: not a layout map line"),
+    (b"\x7fELF\x02\x01\x01\x00" + bytes(range(128, 256)), "not a layout map (function, old, "
+     "new, size): not text"),
+])
+def test_bad_layout_map_one_line_exit_2(tmp_path, content, expect):
+    exe = _build(tmp_path, "lm")
+    bad = tmp_path / "map.tsv"
+    bad.write_bytes(content)
+    p = run_linepack("verify", exe, "--against", exe, "--layout-map", bad)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert expect in lines[0], lines[0]

@@ -44,7 +44,7 @@ class Verify:
         if args.layout_map:
             if not args.against:
                 raise LinepackError("--layout-map needs --against OLD")
-            from ..verify.equivalence import read_layout_map
+            from ..verify.layout_map import read_layout_map
             layout_map = read_layout_map(args.layout_map)     # bad file: fail before the work
         if args.against:
             ElfImage(args.against)                # not an ELF, truncated, ...: fail now

@@ -88,7 +88,7 @@ def load(directory):
 
 def render(loaded):
     """The tables of every result file (``load``'s answer), as evaluate printed them."""
-    from ..commands.evaluate import format_rows
+    from .table import format_rows
     from .user import format_rows as format_program_rows
     from .matrix import format_matrix
     parts = []

@@ -107,13 +107,13 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
         if heatmap and spec in (specs[0], specs[-1]):
             tables[spec] = wi.translate(bt.blocks, pm.amap if pm else None, 64)[0]
     if booted:
-        from ..commands.evaluate import _measurement_rows
+        from .table import measurement_rows
         ms = measure_many([(img, spec) for spec, img, _ in booted], workloads, loops, caches,
                           repeat=repeat, log=log, parallel=parallel, scheduler=scheduler,
                           reuse=reuse)
         for spec, img, growth in booted:
             for w in workloads:
-                for r in _measurement_rows(ms[(img, spec, w)], spec, _pct(growth, tsize)):
+                for r in measurement_rows(ms[(img, spec, w)], spec, _pct(growth, tsize)):
                     r["text_growth_bytes"] = growth
                     r["workload"] = w
                     rows.append(r)

@@ -33,6 +33,7 @@ from ..dwarf import native
 from ..image.elf import SHT_NOBITS, ElfImage
 from ..dwarf.native import LineRows
 from ..kernel.base import Finding
+from .findings import add_findings
 
 DW_TAG_subprogram, DW_TAG_inlined_subroutine, DW_TAG_lexical_block = 0x2E, 0x1D, 0x0B
 
@@ -203,9 +204,8 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
         for k in ("debuginfo_units_checked", "debuginfo_subprograms_checked",
                   "debuginfo_scopes_checked", "debuginfo_split_units_checked"):
             report.extra.setdefault(k, 0)
-    from .equivalence import _add
     for check, items in problems.items():
-        _add(findings, "error", check, items, lambda it: it, counter)
+        add_findings(findings, "error", check, items, lambda it: it, counter)
     log(f"debug info: {checked_rows} line rows, {report.extra['debuginfo_units_checked']} units, "
         f"{report.extra['debuginfo_subprograms_checked']} subprograms, "
         f"{report.extra['debuginfo_scopes_checked']} inlined subroutines and lexical blocks "

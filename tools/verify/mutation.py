@@ -490,8 +490,9 @@ class CodeMutator:
     instruction comparison of ``verify --against`` on just that instruction."""
 
     def __init__(self, octx, nctx, rng):
-        from .equivalence import (_compared_instructions, _labels, _Map, _piece_ends,
-                                  _region_points, match_functions)
+        from .addrmap import (FunctionMap as _Map, code_labels as _labels, match_functions,
+                              piece_ends as _piece_ends, region_points as _region_points)
+        from .code import compared_instructions as _compared_instructions
         import capstone
         self.octx, self.nctx, self.rng = octx, nctx, rng
         old, new = octx.image, nctx.image
@@ -563,7 +564,7 @@ class CodeMutator:
     def check(self, o, new_bytes):
         """Put new_bytes in NEW's decoded row (re-decoded, as verify would see
         them), compare that one instruction, undo. Returns naming findings."""
-        from .equivalence import compare_instructions
+        from .code import compare_instructions
         nd = self.nctx.disasm
         n = int(self.new_row[o])
         dec = self.dec.decode(new_bytes, int(nd.addr[n]))

@@ -1,0 +1,175 @@
+"""verify --against, steps 1 and 2: every instruction of OLD sits at its mapped
+address in NEW with the same length, and every byte that differs belongs to an
+address field (branch/call displacement, RIP-relative displacement, absolute
+immediate) whose target, translated through the map, is what NEW encodes."""
+
+import numpy as np
+
+import capstone
+
+from .. import timings
+from ..image.disasm import Disassembly
+from .findings import add_findings as _add
+
+
+def check_code(ctx, out):
+    """Steps 1 and 2 (compare_instructions) on the instructions of OLD outside
+    split functions."""
+    octx, of, oi = ctx.octx, ctx.of, ctx.oi
+    ctx.use_old_decode()
+    timings.phase("against: decode OLD")
+    od = octx.disasm
+    same_size = np.ones(len(of), dtype=bool)
+    same_size[oi[ctx.size_diff]] = False
+    matched_func = np.zeros(len(of), dtype=bool)
+    matched_func[oi] = True
+    use = compared_instructions(octx, od, matched_func, same_size)
+    fidx = od.func.astype(np.int64)
+    use &= ~((fidx >= 0) & ctx.split[np.maximum(fidx, 0)])     # split functions: block-level checks
+    timings.phase("against: instructions")
+    out.extra.update(compare_instructions(octx, ctx.nctx, ctx.amap, use, ctx.kernel, out.findings,
+                                          out.counter, ctx.data_moves))
+
+
+def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_moves=None):
+    """Steps 1 and 2 for the instructions of OLD selected by ``use``: each sits
+    at its mapped address in NEW with the same length, and every byte that
+    differs is a translated address field (or a field relocated against a moved
+    data symbol, ``data_moves`` from data.data_moves, that moved with it). Cost
+    follows ``use``, so the mutation test runs it on one instruction at a time."""
+    mv_addr, mv_delta = data_moves if data_moves is not None else (np.zeros(0, np.uint64), None)
+
+    def moved_by(field_addr, old_value, new_value, size):
+        """The field carries a relocation against a moved data symbol and moved with it."""
+        k = int(np.searchsorted(mv_addr, field_addr))
+        if k >= len(mv_addr) or int(mv_addr[k]) != field_addr:
+            return False
+        mask = (1 << (8 * size)) - 1 if size < 8 else (1 << 64) - 1
+        return (new_value - old_value - int(mv_delta[k])) & mask == 0
+    od, nd = octx.disasm, nctx.disasm
+    o_addr = od.addr[use]
+    o_size = od.size[use]
+    n_addr = amap.map(o_addr)
+    ni_idx = np.searchsorted(nd.addr, n_addr)
+    nic = np.minimum(ni_idx, len(nd.addr) - 1)
+    found = (ni_idx < len(nd.addr)) & (nd.addr[nic] == n_addr) & (nd.size[nic] == o_size)
+    bad = np.nonzero(~found)[0]
+    _add(findings, "error", "equiv.instruction", bad.tolist(),
+         lambda k: (int(n_addr[k]), f"instruction of {octx.symbol_at(int(o_addr[k]))} has no "
+                    f"same-length counterpart at {int(n_addr[k]):#x}"), counter)
+
+    # 2. differing bytes must be translated address fields
+    o_idx_all = np.nonzero(use)[0][found]          # old disasm index
+    n_idx_all = nic[found]
+    o_raw, n_raw = od.raw[o_idx_all], nd.raw[n_idx_all]
+    sizes = od.size[o_idx_all].astype(np.int64)
+    col = np.arange(16)[None, :]
+    differs = ((o_raw != n_raw) & (col < sizes[:, None])).any(axis=1)
+    k_diff = np.nonzero(differs)[0]
+    # branches: compare decoded targets, all at once (most changed instructions are
+    # calls and jumps to moved functions)
+    ob_i, ob_t, _ = od.branch_targets()
+    jo, jn = o_idx_all[k_diff], n_idx_all[k_diff]
+    po = np.minimum(np.searchsorted(ob_i, jo), max(len(ob_i) - 1, 0))
+    is_br = (ob_i[po] == jo) if len(ob_i) else np.zeros(len(jo), bool)
+    # NEW's targets only for the changed rows (NEW's rows may be patched in place
+    # by the mutation test, so nothing is cached for them)
+    sub_i, sub_t, _ = Disassembly(nd.addr[jn], nd.size[jn], nd.func[jn], nd.raw[jn], []).branch_targets()
+    new_br = np.zeros(len(jn), bool)
+    new_br[sub_i] = True
+    t_old = ob_t[po] if len(ob_i) else np.zeros(len(jo), np.uint64)
+    t_new = np.zeros(len(jn), np.uint64)
+    t_new[sub_i] = sub_t
+    br_ok = is_br & new_br & (amap.map(t_old) == t_new)
+    branch_fixed = int(br_ok.sum())
+    wrong_target = [(int(od.addr[o]), int(nd.addr[n]), int(t), int(tn) if nb else None)
+                    for o, n, t, tn, nb in zip(jo[is_br & ~br_ok].tolist(), jn[is_br & ~br_ok].tolist(),
+                                               t_old[is_br & ~br_ok].tolist(),
+                                               t_new[is_br & ~br_ok].tolist(),
+                                               new_br[is_br & ~br_ok].tolist())]
+    # every other changed instruction: each changed byte must lie in an address
+    # field (displacement or immediate) whose value translates; the field layout
+    # comes from Capstone, once per distinct instruction header (fields.py)
+    from .fields import FieldLayouts, field_values
+    rows = k_diff[~is_br]
+    r_raw_o, r_raw_n = o_raw[rows], n_raw[rows]
+    r_size = sizes[rows]
+    r_oa = od.addr[o_idx_all[rows]]
+    r_na = nd.addr[n_idx_all[rows]]
+    decoded, d_off, d_sz, i_off, i_sz, rip = FieldLayouts().layouts(r_raw_o, r_size, r_oa)
+    diff = (r_raw_o != r_raw_n) & (col < r_size[:, None])
+    in_disp = (col >= d_off[:, None]) & (col < (d_off + d_sz)[:, None])
+    in_imm = (col >= i_off[:, None]) & (col < (i_off + i_sz)[:, None])
+    has_disp = (d_sz > 0) & (diff & in_disp).any(axis=1)
+    has_imm = (i_sz > 0) & (diff & in_imm).any(axis=1)
+    covered = (has_disp[:, None] & in_disp) | (has_imm[:, None] & in_imm)
+    all_covered = decoded & ~(diff & ~covered).any(axis=1)
+    # the fields to translate, in the order the instructions come (disp before imm)
+    dv_o, dv_n = field_values(r_raw_o, d_off, d_sz), field_values(r_raw_n, d_off, d_sz)
+    end_o = r_oa + r_size.astype(np.uint64)
+    end_n = r_na + r_size.astype(np.uint64)
+    dv_o = np.where(rip, end_o + dv_o, dv_o)
+    dv_n = np.where(rip, end_n + dv_n, dv_n)
+    iv_o, iv_n = field_values(r_raw_o, i_off, i_sz), field_values(r_raw_n, i_off, i_sz)
+    use_d, use_i = decoded & has_disp, decoded & has_imm
+    f_row = np.concatenate([np.nonzero(use_d)[0], np.nonzero(use_i)[0]])
+    f_old = np.concatenate([dv_o[use_d], iv_o[use_i]])
+    f_new = np.concatenate([dv_n[use_d], iv_n[use_i]])
+    f_at = np.concatenate([r_oa[use_d] + d_off[use_d].astype(np.uint64),
+                           r_oa[use_i] + i_off[use_i].astype(np.uint64)])
+    f_sz = np.concatenate([d_sz[use_d], i_sz[use_i]])
+    fields_ok = np.ones(len(rows), bool)
+    if len(f_row):
+        good = amap.translates(f_old, f_new, kernel)
+        # a field relocated against a moved data symbol moved with it (rare: checked one by one)
+        for i in np.nonzero(~good)[0].tolist():
+            good[i] = moved_by(int(f_at[i]), int(f_old[i]), int(f_new[i]), int(f_sz[i]))
+        np.logical_and.at(fields_ok, f_row, good)
+    passed = all_covered & fields_ok
+    field_fixed = int(passed.sum())
+    unexplained = []
+    if not passed.all():
+        cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        for k in np.nonzero(~passed)[0].tolist():
+            oa, size = int(r_oa[k]), int(r_size[k])
+            ins = next(cs.disasm(bytes(r_raw_o[k][:size]), oa, 1), None)
+            unexplained.append((oa, "undecodable" if ins is None or not decoded[k] else
+                                f"{ins.mnemonic} {ins.op_str}"))
+    _add(findings, "error", "equiv.branch-target", wrong_target,
+         lambda w: (w[1], f"branch at {octx.symbol_at(w[0])} went to {octx.symbol_at(w[2])}, "
+                    f"now goes to {w[3]:#x}" if w[3] is not None else
+                    f"branch at {octx.symbol_at(w[0])} is no longer a branch"), counter)
+    _add(findings, "error", "equiv.instruction-bytes", unexplained,
+         lambda u: (u[0], f"{octx.symbol_at(u[0])}: '{u[1]}' changed in a way that is not a "
+                    "translated address"), counter)
+    return {"equivalence_instructions": int(found.sum()),
+            "equivalence_translated_branches": branch_fixed,
+            "equivalence_translated_fields": field_fixed}
+
+
+def fill_instructions(octx, od):
+    """True for int3/nop fill outside functions (the coverage's padding)."""
+    from ..image.coverage import R_PADDING
+    inside = od.func.astype(np.int64) >= 0
+    extra = octx.coverage.extra
+    if not len(extra.addr):
+        return ~inside
+    k = np.minimum(np.searchsorted(extra.addr, od.addr), len(extra.addr) - 1)
+    return ~inside & (octx.coverage.reason[k] == R_PADDING)
+
+
+def compared_instructions(octx, od, matched_func, same_size):
+    """Which instructions of OLD are compared: those of matched functions that
+    kept their size, and every instruction outside functions (``func`` -1:
+    entry code, thunks, asm labels, .altinstr_replacement ...) except int3/nop
+    padding (relayout drops and inserts fill), which must sit at its mapped
+    address (it moves with the code symbol or function before it, or stays)
+    with the same length and translated bytes."""
+    from ..image.coverage import R_PADDING
+    f = od.func.astype(np.int64)
+    inside = f >= 0
+    fc = np.where(inside, f, 0)
+    extra = octx.coverage.extra
+    k = np.minimum(np.searchsorted(extra.addr, od.addr), max(len(extra.addr) - 1, 0))
+    padding = ~inside & (octx.coverage.reason[k] == R_PADDING) if len(extra.addr) else ~inside
+    return np.where(inside, matched_func[fc] & same_size[fc], ~padding)

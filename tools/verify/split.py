@@ -1,0 +1,94 @@
+"""verify --against at block level: the functions a ``.linepack.blockmap`` splits
+are checked block by block (tools/verify/blocks.py), in a child process beside
+the other checks."""
+
+import numpy as np
+
+from ..image import blockmap as bm
+from ..kernel import TABLES
+from ..kernel.alternatives import Alternatives
+from ..kernel.bug_table import BugTable
+from .blocks import SplitFunction, check_blocks
+from .symbols import cold_parts
+from .tables import ADDRESS_COLUMNS, orc_lookup
+
+NORETURN = ("__stack_chk_fail", "panic", "do_exit", "do_group_exit", "make_task_dead",
+            "rewind_stack_and_make_dead", "kthread_exit", "__module_put_and_kthread_exit",
+            "machine_real_restart", "usercopy_abort", "BUG_func", "fortify_panic",
+            "__ubsan_handle_builtin_unreachable", "cpu_startup_entry", "do_task_dead",
+            "stop_this_cpu", "play_dead", "hlt_play_dead", "sev_es_terminate", "snp_abort",
+            "nmi_panic_self_stop", "panic_smp_self_stop", "ex_handler_msr_mce",
+            "cpu_bringup_and_idle", "start_kernel", "arch_call_rest_init", "__invalid_creds",
+            "__x64_sys_exit", "__x64_sys_exit_group", "x86_64_start_kernel",
+            "x86_64_start_reservations", "xen_start_kernel", "abort", "exit", "_exit",
+            "__assert_fail", "longjmp", "__longjmp_chk", "__cxa_throw", "_Unwind_Resume")
+BUGFLAG_WARNING = 1
+
+
+def add_block_findings(ctx, out, result):
+    """The block-level findings (block_results' answer) and stats, into ``out``."""
+    found, stats = result
+    by_check = {}
+    for f in found:
+        by_check.setdefault(f.check, []).append(f)
+    for check, items in sorted(by_check.items()):
+        out.add(check, items, lambda f: (f.address, f.message))
+    out.extra["equivalence_blocks"] = stats
+
+
+def block_results(ctx):
+    """Block-level equivalence of the split functions (tools/verify/blocks.py):
+    (findings, stats), added to the report by add_block_findings."""
+    octx, nctx, rows, split, oi, ni, amap = (ctx.octx, ctx.nctx, ctx.rows, ctx.split, ctx.oi,
+                                             ctx.ni, ctx.amap)
+    old, new = octx.image, nctx.image
+    of, nf = octx.functions, nctx.functions
+    j_of = dict(zip(oi.tolist(), ni.tolist()))
+    cold = cold_parts(new)
+    pieces = rows[rows["old_len"] > 0]
+    p_func = of.find(pieces["old"].astype(np.uint64))
+    funcs = []
+    for i in np.nonzero(split)[0].tolist():
+        parts = []
+        j = j_of.get(i)
+        if j is not None:
+            parts.append((bm.PART_HOT, int(nf.start[j]), int(nf.end[j])))
+        mine = pieces[(p_func == i) & (pieces["part"] == bm.PART_COLD)]
+        cands = cold.get(of.name[i] + ".cold", [])
+        if len(mine) and cands:
+            # static functions share names: the .cold symbol that holds this one's pieces
+            first = int(mine["new"].min())
+            parts.append((bm.PART_COLD,) + next(((a, b) for a, b in cands if a <= first < b),
+                                                cands[0]))
+        funcs.append(SplitFunction(of.name[i], int(of.start[i]), int(of.end[i]), parts))
+    tables = []
+    for cls in TABLES:
+        if cls.name in ("orc_unwind", "kallsyms"):
+            continue
+        t_old, t_new = cls(), cls()
+        if t_old.locate(octx) is None or t_new.locate(nctx) is None:
+            continue
+        eo, en = t_old.parse(octx), t_new.parse(nctx)
+        for col in eo.dtype.names:
+            if col in ADDRESS_COLUMNS and col in en.dtype.names:
+                tables.append((f"{cls.name}.{col}", eo[col], en[col]))
+    no_fall = set()
+    bt = BugTable()
+    if bt.locate(octx) is not None:
+        be = bt.parse(octx)
+        no_fall = set(be["addr"][(be["flags"] & BUGFLAG_WARNING) == 0].tolist())
+    noreturn = set()
+    for nm in NORETURN:
+        noreturn |= octx.symbol_addresses().get(nm, set())
+    patch_sites = {}
+    alt = Alternatives()
+    if alt.locate(octx) is not None:
+        ae = alt.parse(octx)
+        ends = (ae["instr"] + ae["instrlen"].astype(np.uint64)).tolist()
+        for e, a in zip(ends, ae["instr"].tolist()):
+            patch_sites[e] = min(a, patch_sites.get(e, a))
+    orc_old, orc_new = orc_lookup(octx), orc_lookup(nctx)
+    return check_blocks(rows, funcs, old.read, new.read, amap.base.map, orc_old, orc_new,
+                        tables=tables, no_fallthrough=frozenset(no_fall),
+                        noreturn=frozenset(noreturn), data_moves=ctx.data_moves,
+                        patch_sites=patch_sites)
