@@ -140,11 +140,12 @@ R_64, R_PC32, R_PC64 = 1, 2, 24
 
 class SwitchTables:
     """Switch-table entries of an image, found from the code that reads them:
-    PIC (field, base, case) and absolute (field, case), each sorted by field."""
+    PIC and absolute (field, base, case), each sorted by field."""
 
-    def __init__(self, pic=((), (), ()), absolute=((), ())):
+    def __init__(self, pic=((), (), ()), absolute=((), (), ())):
         self.pic_field, self.pic_base, self.pic_case = (np.asarray(a, np.uint64) for a in pic)
-        self.abs_field, self.abs_case = (np.asarray(a, np.uint64) for a in absolute)
+        self.abs_field, self.abs_base, self.abs_case = (np.asarray(a, np.uint64)
+                                                        for a in absolute)
 
 
 def _data_reloc_fields(image, rtype):
@@ -231,11 +232,12 @@ def switch_tables(image, dis, functions):
             out[width][1].append(b)
             out[width][2].append(c)
             a += width
-    (pf, pb, pc), (af, _, ac) = out[4], out[8]
+    (pf, pb, pc), (af, ab, ac) = out[4], out[8]
     po, ao = np.argsort(np.array(pf, np.uint64)), np.argsort(np.array(af, np.uint64))
     return SwitchTables((np.array(pf, np.uint64)[po], np.array(pb, np.uint64)[po],
                          np.array(pc, np.uint64)[po]),
-                        (np.array(af, np.uint64)[ao], np.array(ac, np.uint64)[ao]))
+                        (np.array(af, np.uint64)[ao], np.array(ab, np.uint64)[ao],
+                         np.array(ac, np.uint64)[ao]))
 
 
 def old_switch_tables(octx):
