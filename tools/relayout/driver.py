@@ -216,7 +216,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         rw.stats["pcrel_data.self_relative"] = pic.self_relative
         rw.stats["pcrel_data.pinned_units"] = pic.pinned_units
         if pic.unexplained:
-            rw.stats["pcrel_data.unexplained_examples"] = pic.examples(image)
+            rw.stats["pcrel_data.unexplained_examples"] = pic.examples(image, functions)
     log("rewriting code, relocations and symbols")
     rw.run()
     timings.phase("kernel tables, eh_frame, symbols")

@@ -100,12 +100,17 @@ class PicTables:
     def is_loose(self, addrs):
         return np.isin(np.asarray(addrs, np.uint64), self.loose)
 
-    def examples(self, image, n=5):
-        """A few loose fields, for the summary: [{field, section, value targets}]."""
+    def examples(self, image, functions, n=5):
+        """A few loose fields, for the summary: field, section, value and the
+        function the value designates read relative to the field."""
         out = []
         for a in self.loose[:n].tolist():
             sec = image.section_at(a)
-            out.append({"field": f"{a:#x}", "section": sec.name if sec else "?"})
+            v = int.from_bytes(bytes(image.read(a, 4)), "little", signed=True)
+            f = int(functions.find(np.array([a + v], np.uint64))[0])
+            out.append({"field": f"{a:#x}", "section": sec.name if sec else "?",
+                        "value": v, "relative_to_itself": functions.name[f] if f >= 0 else
+                        f"{a + v:#x}"})
         return out
 
 
@@ -202,10 +207,10 @@ def pic_table_entries(image, dis, functions=None):
                 okb = (kj >= 0) & (B >= np.uint64(tgt.addr))
                 cand_B.append(np.where(okb, B, 0).astype(np.uint64))
                 cand_C.append(np.where(okb, (B.astype(np.int64) + v).astype(np.uint64), 0))
-            reads_code = _in(code, S_A) | _in(code, T_self)
-            for C in cand_C:
-                reads_code |= _in(code, C) & (C != 0)
-            sel = np.nonzero(have & reads_code)[0]
+            # a field is about code when its relocation or its value, read relative to
+            # itself, lands there (a table entry's S + A is its case shifted by the
+            # entry's offset in the table: in code too)
+            sel = np.nonzero(have & (_in(code, S_A) | _in(code, T_self)))[0]
             if not len(sel):
                 continue
             done = np.zeros(len(sel), bool)
