@@ -695,10 +695,11 @@ def _check_data_relocs(old, new, amap, octx, findings, counter, skip=None):
             rel_off = (offs - np.uint64(tgt.addr)).astype(np.int64)
             idx = rel_off[:, None] + np.arange(width)[None, :]
             dt = "<u8" if width == 8 else ("<i4" if signed else "<u4")
-            v_new = new.data[n_sec.offset + idx].copy().view(dt).ravel().astype(np.int64) \
-                .view(np.uint64) if width == 4 else new.data[n_sec.offset + idx].copy().view(dt).ravel()
-            v_old = old.data[tgt.offset + idx].copy().view(dt).ravel().astype(np.int64) \
-                .view(np.uint64) if width == 4 else old.data[tgt.offset + idx].copy().view(dt).ravel()
+
+            def values(image, base):
+                v = image.data[base + idx].copy().view(dt).ravel()
+                return v.astype(np.int64).view(np.uint64) if width == 4 else v
+            v_new, v_old = values(new, n_sec.offset), values(old, tgt.offset)
             if width == 4:
                 # only the fields that name code (a 4-byte field is often a number)
                 code = np.zeros(len(v_old), bool)

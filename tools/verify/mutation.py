@@ -681,7 +681,8 @@ def switch_table_mutations(octx, nctx, rng, per_kind=8):
             if width == 4:
                 # S + A: the entry taken as relative to itself, its target mapped
                 t = f + v_old
-                kinds.append(("translated as S + A", int(amap.map(np.array([t], np.uint64))[0]) - f))
+                kinds.append(("translated as S + A",
+                              int(amap.map(np.array([t], np.uint64))[0]) - f))
             for kind, value in kinds:
                 if value == want:
                     continue
