@@ -98,7 +98,7 @@ def load_profile_full(path, image=None, per_loop=True):
 
 # Rewriter problems (``rw.problems`` kinds) that mean the output would not run
 # as the original: relayout stops and writes nothing. Every other kind is a
-# note (the output runs the same; docs/relayout.md lists them all).
+# note (the output runs the same; docs/userspace.md lists them all).
 BROKEN_OUTPUT = frozenset((
     "target-in-padding", "reloc-field-in-padding", "pc32-overflow", "branch-into-padding",
     "rip-into-padding", "dynamic-reloc-in-padding", "dynsym-in-padding", "table-parse",
