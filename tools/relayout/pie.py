@@ -106,7 +106,10 @@ class PicTables:
         out = []
         for a in self.loose[:n].tolist():
             sec = image.section_at(a)
-            v = int.from_bytes(bytes(image.read(a, 4)), "little", signed=True)
+            sec_rel = image.relocations.get(sec.name) if sec else None
+            size = 8 if sec_rel is not None and (sec_rel.type[sec_rel.offset == a] ==
+                                                 R_X86_64_PC64).any() else 4
+            v = int.from_bytes(bytes(image.read(a, size)), "little", signed=True)
             f = int(functions.find(np.array([a + v], np.uint64))[0])
             out.append({"field": f"{a:#x}", "section": sec.name if sec else "?",
                         "value": v, "relative_to_itself": functions.name[f] if f >= 0 else
@@ -209,8 +212,12 @@ def pic_table_entries(image, dis, functions=None):
                 cand_C.append(np.where(okb, (B.astype(np.int64) + v).astype(np.uint64), 0))
             # a field is about code when its relocation or its value, read relative to
             # itself, lands there (a table entry's S + A is its case shifted by the
-            # entry's offset in the table: in code too)
-            sel = np.nonzero(have & (_in(code, S_A) | _in(code, T_self)))[0]
+            # entry's offset in the table: in code too, unless the table's last cases
+            # end the code), or when a reading relative to a base is an instruction
+            about = _in(code, S_A) | _in(code, T_self)
+            for C in cand_C:
+                about |= dis.is_boundary(C) & (C != 0)
+            sel = np.nonzero(have & about)[0]
             if not len(sel):
                 continue
             done = np.zeros(len(sel), bool)
