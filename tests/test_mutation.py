@@ -13,10 +13,20 @@ A mutation verify misses is allowed only when it falls in a class that
 ``UNDETECTABLE`` documents (a value well-formed by every rule the image can
 show, decided from what was written, not from the outcome). The seeded RNG
 makes the run reproducible; the catch table is printed (pytest -s).
+
+Userspace switch tables (issue 22): tests/fixtures/c/switch_tables.c built with
+gcc's -O2 three ways (-fPIE code linked -no-pie: PIC tables in an ET_EXEC;
+-fno-pie code: absolute tables; a PIE), relaid out with ``pack``; every entry
+of every table is written wrong in the output (off by one, the original value
+left stale, another case of the table, and for a PIC table the entry
+translated as S + A, what relayout wrote for an ET_EXEC before the fix) and
+verify's --against table check must name each at the entry's address.
 """
 
 import json
 import os
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -28,8 +38,14 @@ from linepack.verify.mutation import UNDETECTABLE, code_mutations, table_mutatio
 import helpers
 
 VMLINUX = helpers.debian_vmlinux_path()
-pytestmark = [pytest.mark.realkernel,
-              pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux")]
+
+
+def kernel(test):
+    """The vmlinux tests' marks (the switch-table tests at the end build their own programs)."""
+    test = pytest.mark.realkernel(test)
+    return pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux")(test)
+
+
 SEED = 10
 TABLE_SAMPLES = 10         # entries per (table, field, region)
 CODE_SAMPLES = 30          # instructions per (region, moved/unmoved)
@@ -79,6 +95,7 @@ def _print_table(rows):
     print(f"{'all':22s} {'':9s} {'':8s} {n:9d} {c:6d} {u:12d} {100.0 * c / max(n - u, 1):5.1f}%")
 
 
+@kernel
 def test_every_mutation_is_named(rows):
     _print_table(rows)
     assert len(rows) >= 2000
@@ -88,6 +105,7 @@ def test_every_mutation_is_named(rows):
     assert {r[7] for r in rows if not r[5] and r[7] is not None} <= set(UNDETECTABLE)
 
 
+@kernel
 def test_every_table_field_and_region_is_exercised(rows, old_ctx):
     tables = {r[0] for r in rows if r[0] != "code"}
     assert tables >= {"__jump_table", ".static_call_sites", ".altinstructions", ".parainstructions",
@@ -107,6 +125,7 @@ def test_every_table_field_and_region_is_exercised(rows, old_ctx):
                                             ("init", "unmoved")}
 
 
+@kernel
 def test_findings_name_table_and_address(rows):
     for r in rows:
         if not r[5]:
@@ -120,7 +139,42 @@ def test_findings_name_table_and_address(rows):
             assert f.check.startswith(prefix.get(r[0], (r[0] + ".",))), (r[0], f)
 
 
+@kernel
 def test_mutation_run_is_reproducible(old_ctx):
     a = table_mutations(old_ctx, np.random.default_rng(SEED), per_class=1, tables=["__ex_table"])
     b = table_mutations(old_ctx, np.random.default_rng(SEED), per_class=1, tables=["__ex_table"])
     assert [(r[1], r[2], r[4], r[5]) for r in a] == [(r[1], r[2], r[4], r[5]) for r in b]
+
+
+SWITCH_BUILDS = {"fpie-exec": ["-fPIE", "-no-pie"], "nopie-exec": ["-fno-pie", "-no-pie"],
+                 "pie": ["-fPIE", "-pie"]}
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+@pytest.mark.parametrize("build", list(SWITCH_BUILDS))
+def test_wrong_switch_table_entries_are_named(build, tmp_path):
+    from linepack.relayout.driver import relayout
+    from linepack.verify.mutation import switch_table_mutations
+    fix = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "c")
+    exe = str(tmp_path / build)
+    subprocess.run(["gcc", "-O2", *SWITCH_BUILDS[build], "-Wl,--emit-relocs", "-o", exe,
+                    os.path.join(fix, "switch_tables.c"), os.path.join(fix, "room.s")],
+                   check=True)
+    out = exe + ".pack"
+    # hottest last: pack puts them first, so every function with a table moves
+    summary, _, _ = relayout(exe, out, "pack", hotness={"main": 1.0, "weigh": 2.0,
+                                                         "classify": 3.0, "run": 4.0})
+    assert summary["units_moved"] >= 3 and not summary["problems"]
+    octx, nctx = ImageContext(ElfImage(exe)), ImageContext(ElfImage(out))
+    rows = switch_table_mutations(octx, nctx, np.random.default_rng(SEED), per_kind=100)
+    assert len({r[4] for r in rows}) == 33                 # every entry of the 3 tables
+    kinds = {r[1] for r in rows}
+    want = {"off by one", "stale (original value)", "another case of the table"}
+    if build != "nopie-exec":
+        want.add("translated as S + A")
+    assert kinds == want, kinds
+    missed = [(r[1], hex(r[4])) for r in rows if not r[5]]
+    assert not missed, missed
+    check = "equiv.switch-table" if build == "nopie-exec" else "equiv.pic-table"
+    assert all(len(r[6]) == 1 and r[6][0].check == check for r in rows)
+    print(f"\n{build}: {len(rows)} wrong switch-table entries, {sum(r[5] for r in rows)} named")

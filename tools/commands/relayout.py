@@ -134,6 +134,14 @@ class Relayout:
             f" ({s.get('dwarf_line_sequences_out', 0)} line sequences, "
             f"{s.get('dwarf_units_relisted', 0) + s.get('dwarf_units_converted_to_ranges', 0)} "
             f"unit range lists rebuilt)" if s['dwarf'] == 'rewritten' else ""))
+        if "pie.pic_table_entries" in s:
+            print(f"  PC-relative data:  {s['pie.pic_table_entries']} switch-table entries, "
+                  f"{s.get('pcrel_data.self_relative', 0)} self-relative fields into code, "
+                  f"{s['pie.pcrel_data_unexplained']} not explained (left as they are; "
+                  f"{s.get('pcrel_data.pinned_units', 0)} functions they may designate pinned)")
+            for e in s.get("pcrel_data.unexplained_examples", []):
+                print(f"    not explained: {e['field']} in {e['section']} (value {e['value']}, "
+                      f"relative to itself: {e['relative_to_itself']})")
         for p in s["problems"][:10]:
             print(f"  problem: {p['kind']} at {p['address']}: {p['message']}")
         print(f"  wall time:         {wall_seconds():.1f} s (the whole command)")

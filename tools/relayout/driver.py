@@ -96,6 +96,15 @@ def load_profile_full(path, image=None, per_loop=True):
     return LoadedProfile(hot, build_id, calls, executed_blocks(prof, profile_blocks(prof)), prof)
 
 
+# Rewriter problems (``rw.problems`` kinds) that mean the output would not run
+# as the original: relayout stops and writes nothing. Every other kind is a
+# note (the output runs the same; docs/userspace.md lists them all).
+BROKEN_OUTPUT = frozenset((
+    "target-in-padding", "reloc-field-in-padding", "pc32-overflow", "branch-into-padding",
+    "rip-into-padding", "dynamic-reloc-in-padding", "dynsym-in-padding", "table-parse",
+    "table-not-updated"))
+
+
 # A profile of the same build names (almost) only functions the image has; more
 # unknown names than this share means another build or a garbled profile.
 MISSING_SHARE = 0.05
@@ -152,14 +161,25 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         log(f"profile: {missing} named functions are not in the image (ignored)")
     timings.phase("disassemble, units")
     units, functions, dis = function_units(image, log)
-    heat = make_heat(units, functions, hotness)
     pic = None
-    if pie:
+    from ..kernel.base import ImageContext
+    if not ImageContext.of(image).is_kernel:
+        # PC-relative data fields into code (PIE or not: gcc's default -fPIE code
+        # linked -no-pie has PIC switch tables too)
         from .pie import pic_table_entries
-        pic = pic_table_entries(image, dis)
-        log(f"PIE: {len(pic)} PIC switch-table entries"
-            + (f", {pic.unexplained} other PC-relative data fields into code"
-               if pic.unexplained else ""))
+        from .units import pin_units
+        pic = pic_table_entries(image, dis, functions)
+        pinned = units.find(pic.loose_targets)
+        pinned = np.unique(pinned[pinned >= 0])
+        pic.pinned_units = len(pinned)
+        if len(pinned):
+            units = pin_units(units, pinned)
+        log(f"{len(pic)} PIC switch-table entries, {pic.self_relative} self-relative "
+            "data fields into code" + (
+                f"; {pic.unexplained} PC-relative data fields into code not explained: "
+                f"left as they are, {len(pinned)} functions they may designate pinned"
+                if pic.unexplained else ""))
+    heat = make_heat(units, functions, hotness)
     split = None
     if getattr(strat, "block_level", False):
         timings.phase("CFG, block counts, split")
@@ -189,9 +209,14 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     rw.pic_tables = pic
     if pic is not None:
         rw.stats["pie.pic_table_entries"] = len(pic)
-        # PC-relative data fields into code that are no switch-table entry: taken as
-        # relative to themselves (right for ``.long sym - .``)
+        # PC-relative data fields into code that are no switch-table entry and no
+        # self-relative pointer to a function: kept as they are, their possible
+        # targets' functions pinned
         rw.stats["pie.pcrel_data_unexplained"] = pic.unexplained
+        rw.stats["pcrel_data.self_relative"] = pic.self_relative
+        rw.stats["pcrel_data.pinned_units"] = pic.pinned_units
+        if pic.unexplained:
+            rw.stats["pcrel_data.unexplained_examples"] = pic.examples(image, functions)
     log("rewriting code, relocations and symbols")
     rw.run()
     timings.phase("kernel tables, eh_frame, symbols")
@@ -256,6 +281,15 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
             raise BadInput(f"{image_path}: cannot rewrite its DWARF ({e}); "
                            "--strip-debug drops it instead") from None
         rw.patched.update(dw_patched)
+    broken = [p for p in rw.problems if p[0] in BROKEN_OUTPUT]
+    if broken:
+        from .rewriter import RewriteError
+        k, a, m = broken[0]
+        n = sum(rw.stats.get(f"problem.{kind}", sum(q[0] == kind for q in broken))
+                for kind in {q[0] for q in broken})
+        raise RewriteError(f"{image_path}: the output would be broken ({n} error "
+                           f"problem{'s' if n > 1 else ''}; first: {k} at {a:#x}: {m}); "
+                           "nothing written")
     log(f"writing {out_path}")
     timings.phase("write image")
     write_image(image, out_path, rw.patched, drop=drop, entry=rw.new_entry(),

@@ -15,7 +15,8 @@ and go through the same rewrite. Two things are PIE-only:
   pack-relative-relocs) the field itself is the addend: ld's own slots are
   mapped the same way. DT_INIT/DT_FINI that point into rewritten code are
   mapped too.
-- PIC switch tables. gcc's ``-fpie`` tables hold ``.long .Lcase - .Ltable``:
+- PIC switch tables (not PIE-only: gcc's default ``-fPIE`` code linked
+  ``-no-pie`` has them too). gcc's ``-fpie`` tables hold ``.long .Lcase - .Ltable``:
   an R_X86_64_PC32 relocation in .rodata whose field is relative to the
   table's base, not to the field itself (S + A is the case's address shifted
   by the entry's offset in the table). The base is the .rodata address the
@@ -67,14 +68,21 @@ def dynamic_rela_sections(image):
 
 
 class PicTables:
-    """PIC switch-table entries: field address, table base and case address
-    (sorted by field address)."""
+    """PC-relative data fields into code: PIC switch-table entries (field
+    address, table base and case address, sorted by field address) and the
+    fields no reading explains (``loose``: kept as they are, the functions
+    their possible targets fall in pinned)."""
 
-    def __init__(self, field=(), base=(), case=(), unexplained=0):
+    def __init__(self, field=(), base=(), case=(), unexplained=0, loose=(), loose_targets=(),
+                 self_relative=0):
         self.field = np.asarray(field, np.uint64)
         self.base = np.asarray(base, np.uint64)
         self.case = np.asarray(case, np.uint64)
-        self.unexplained = unexplained          # PC-relative data fields into code left over
+        self.loose = np.unique(np.asarray(loose, np.uint64))
+        # every address a loose field may designate: its functions must stay
+        self.loose_targets = np.unique(np.asarray(loose_targets, np.uint64))
+        self.unexplained = max(int(unexplained), len(self.loose))
+        self.self_relative = self_relative      # ``.long func - .``: relative to the field
 
     def __len__(self):
         return len(self.field)
@@ -89,6 +97,25 @@ class PicTables:
         hit = (j < len(self.field)) & (self.field[jc] == addrs)
         return np.where(hit, self.base[jc], addrs), hit
 
+    def is_loose(self, addrs):
+        return np.isin(np.asarray(addrs, np.uint64), self.loose)
+
+    def examples(self, image, functions, n=5):
+        """A few loose fields, for the summary: field, section, value and the
+        function the value designates read relative to the field."""
+        out = []
+        for a in self.loose[:n].tolist():
+            sec = image.section_at(a)
+            sec_rel = image.relocations.get(sec.name) if sec else None
+            size = 8 if sec_rel is not None and (sec_rel.type[sec_rel.offset == a] ==
+                                                 R_X86_64_PC64).any() else 4
+            v = int.from_bytes(bytes(image.read(a, size)), "little", signed=True)
+            f = int(functions.find(np.array([a + v], np.uint64))[0])
+            out.append({"field": f"{a:#x}", "section": sec.name if sec else "?",
+                        "value": v, "relative_to_itself": functions.name[f] if f >= 0 else
+                        f"{a + v:#x}"})
+        return out
+
 
 def _code_ranges(image):
     secs = sorted((s for s in image.sections if s.is_code and s.is_alloc and s.size),
@@ -102,57 +129,138 @@ def _in(ranges, a):
     return containing(ranges[0], ranges[1], a) >= 0
 
 
-def pic_table_entries(image, dis):
-    """PicTables of ``image``; ``dis``: a Disassembly of its functions (instruction
-    starts tell real cases from PC-relative fields that are not table entries)."""
-    if image.type != 3:
+# how many table bases at or before an entry are tried (nearest first)
+BASE_CANDIDATES = 4
+R_X86_64_PC64 = 24
+
+
+def _family(functions):
+    """Per function, an id shared by the parts of one source function (``foo``,
+    ``foo.cold``, ``foo.part.0``: gcc puts a switch's cases in any of them)."""
+    stems = [n.split(".", 1)[0] for n in functions.name]
+    ids = {}
+    return np.array([ids.setdefault(s, len(ids)) for s in stems], np.int64)
+
+
+def pic_table_entries(image, dis, functions=None):
+    """PicTables of an executable, PIE or not (gcc's default ``-fPIE`` code
+    linked ``-no-pie`` has the same tables as a PIE); ``dis``: a Disassembly of
+    its functions.
+
+    Every PC-relative relocated field of an allocated data section (unwind
+    sections aside) whose reading lands in code is one of:
+    - a switch-table entry: relative to a table base that a function loads with
+      ``lea .Ltable(%rip)`` (one of the BASE_CANDIDATES nearest at or before
+      the field), its case base + value an instruction start of that function
+      or of another part of it (``foo.cold``);
+    - self-relative (``.long func - .``): field + value is a function's start;
+    - loose: nothing explains it. Loose fields are left as they are and every
+      address they may designate (relative to themselves, to the candidate
+      bases, the relocation's S + A) goes in ``loose_targets``: the caller pins
+      the functions there.
+    """
+    if image.type not in (2, 3):
         return PicTables()
+    if functions is None:
+        from ..image.shared import function_table
+        functions = function_table(image)
     code = _code_ranges(image)
     sym_value = image.symtab["value"].astype(np.int64)
-    # table bases: data addresses code reaches PC-relatively (lea .Ltable(%rip))
-    bases = []
+    family = _family(functions)
+    # table bases: data addresses code reaches PC-relatively (lea .Ltable(%rip)),
+    # each with the family of the function that loads it
+    bases, users = [], []
     for r in image.relocations.values():
         if not len(r) or not r.target.is_code or not r.target.is_alloc:
             continue
         m = np.isin(r.type, (R_X86_64_PC32, R_X86_64_PLT32))
         t = (sym_value[r.sym[m].astype(np.int64)] + r.addend[m] + 4).astype(np.uint64)
-        bases.append(t[~_in(code, t)])
-    bases = np.unique(np.concatenate(bases)) if bases else np.zeros(0, np.uint64)
-    fields, base_of, cases, unexplained = [], [], [], 0
+        fi = functions.find(r.offset[m].astype(np.uint64))
+        keep = ~_in(code, t) & (fi >= 0)
+        bases.append(t[keep])
+        users.append(family[fi[keep]])
+    if bases:
+        key = np.unique(np.stack([np.concatenate(bases).astype(np.int64).view(np.uint64),
+                                  np.concatenate(users).astype(np.uint64)], 1), axis=0)
+        bases, users = key[:, 0], key[:, 1].astype(np.int64)
+    else:
+        bases, users = np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    ubases = np.unique(bases)
+    fields, base_of, cases, loose, loose_t, selfrel = [], [], [], [], [], 0
+    fstarts = np.unique(functions.start.astype(np.uint64))
     for name, r in image.relocations.items():
         tgt = r.target
         if not len(r) or tgt.is_code or not tgt.is_alloc or name in UNWIND or tgt.type == 8:
             continue
-        m = np.nonzero(r.type == R_X86_64_PC32)[0]
-        if not len(m):
-            continue
-        P = r.offset[m].astype(np.uint64)
-        S_A = (sym_value[r.sym[m].astype(np.int64)] + r.addend[m]).astype(np.uint64)
-        into_code = _in(code, S_A)
-        P, S_A = P[into_code], S_A[into_code]
-        if not len(P):
-            continue
-        raw = np.array(image.section_bytes(tgt))
-        off = (P - np.uint64(tgt.addr)).astype(np.int64)
-        v = np.zeros(len(P), np.int64)
-        for k in range(4):
-            v |= raw[off + k].astype(np.int64) << (8 * k)
-        v = np.where(v >= 2**31, v - 2**32, v)
-        k = np.searchsorted(bases, P, side="right").astype(np.int64) - 1
-        B = bases[np.maximum(k, 0)] if len(bases) else np.zeros(len(P), np.uint64)
-        C = (B.astype(np.int64) + v).astype(np.uint64)
-        i = dis.containing(C) if len(C) else np.zeros(0, np.int64)
-        ok = (k >= 0) & (B >= np.uint64(tgt.addr)) & (i >= 0)
-        ok &= dis.addr[np.maximum(i, 0)] == C
-        fields.append(P[ok])
-        base_of.append(B[ok])
-        cases.append(C[ok])
-        unexplained += int((~ok).sum())
-    if not fields:
-        return PicTables(unexplained=unexplained)
-    f, b, c = np.concatenate(fields), np.concatenate(base_of), np.concatenate(cases)
+        for rtype, size in ((R_X86_64_PC32, 4), (R_X86_64_PC64, 8)):
+            m = np.nonzero(r.type == rtype)[0]
+            if not len(m):
+                continue
+            P = r.offset[m].astype(np.uint64)
+            S_A = (sym_value[r.sym[m].astype(np.int64)] + r.addend[m]).astype(np.uint64)
+            v, have = read_fields(image, P, size)
+            v = v.astype(np.int64) if size == 4 else v.view(np.int64)
+            T_self = (P.astype(np.int64) + v).astype(np.uint64)
+            k = np.searchsorted(ubases, P, side="right").astype(np.int64) - 1
+            # readings relative to the nearest bases in this section
+            cand_B, cand_C = [], []
+            for j in range(BASE_CANDIDATES):
+                kj = k - j
+                B = ubases[np.maximum(kj, 0)] if len(ubases) else np.zeros(len(P), np.uint64)
+                okb = (kj >= 0) & (B >= np.uint64(tgt.addr))
+                cand_B.append(np.where(okb, B, 0).astype(np.uint64))
+                cand_C.append(np.where(okb, (B.astype(np.int64) + v).astype(np.uint64), 0))
+            # a field is about code when its relocation or its value, read relative to
+            # itself, lands there (a table entry's S + A is its case shifted by the
+            # entry's offset in the table: in code too, unless the table's last cases
+            # end the code), or when a reading relative to a base is an instruction
+            about = _in(code, S_A) | _in(code, T_self)
+            for C in cand_C:
+                about |= dis.is_boundary(C) & (C != 0)
+            sel = np.nonzero(have & about)[0]
+            if not len(sel):
+                continue
+            done = np.zeros(len(sel), bool)
+            if size == 4:
+                for B, C in zip(cand_B, cand_C):
+                    B, C = B[sel], C[sel]
+                    i = dis.containing(C)
+                    ok = ~done & (B != 0) & (i >= 0)
+                    ok &= dis.addr[np.maximum(i, 0)] == C
+                    fc = functions.find(C)
+                    pair = np.stack([B, family[np.maximum(fc, 0)].astype(np.uint64)], 1)
+                    ok &= (fc >= 0) & _rows_in(pair, bases, users)
+                    fields.append(P[sel][ok])
+                    base_of.append(B[ok])
+                    cases.append(C[ok])
+                    done |= ok
+            is_self = ~done & np.isin(T_self[sel], fstarts)
+            selfrel += int(is_self.sum())
+            lo = sel[~done & ~is_self]
+            if len(lo):
+                loose.append(P[lo])
+                loose_t += [S_A[lo], T_self[lo]] + [C[lo] for C in cand_C]
+    if loose_t:
+        t = np.concatenate(loose_t)
+        loose_t = [t[_in(code, t)]]
+    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.uint64)
+    f, b, c = cat(fields), cat(base_of), cat(cases)
     o = np.argsort(f, kind="stable")
-    return PicTables(f[o], b[o], c[o], unexplained)
+    return PicTables(f[o], b[o], c[o], loose=cat(loose), loose_targets=cat(loose_t),
+                     self_relative=selfrel)
+
+
+def _rows_in(pairs, bases, users):
+    """True where (base, family) is one of the (bases, users) pairs (sorted)."""
+    if not len(bases):
+        return np.zeros(len(pairs), bool)
+    key = bases.astype(np.uint64)
+    i = np.searchsorted(key, pairs[:, 0], side="left")
+    j = np.searchsorted(key, pairs[:, 0], side="right")
+    out = np.zeros(len(pairs), bool)
+    for n in np.nonzero(j > i)[0].tolist():
+        out[n] = pairs[n, 1] in users[i[n]:j[n]]
+    return out
 
 
 def read_fields(image, addrs, size=8, patched=None):

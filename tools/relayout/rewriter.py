@@ -78,7 +78,7 @@ class Rewriter:
         self.sym_value = syms["value"].astype(np.uint64)
         self.sym_type = (syms["info"] & 0xF).astype(np.int64)
         self.sym_new = None
-        self.pic_tables = None       # PIE: PIC switch-table entries (relayout/pie.py)
+        self.pic_tables = None       # PIC switch-table entries, loose fields (relayout/pie.py)
 
     # -- helpers -------------------------------------------------------------
     def address_map(self):
@@ -306,6 +306,12 @@ class Rewriter:
                 if t in GOT_TYPES:
                     direct |= ~self.amap.in_extent(T)
                 Tn, ok = self._target_rule(T, S[m], S_new[m], direct)
+                loose = None
+                if pc and not tgt.is_code and self.pic_tables is not None:
+                    # a PC-relative data field nothing explains: left as it is (the
+                    # functions it may designate are pinned: relayout/pie.py)
+                    loose = self.pic_tables.is_loose(P[m])
+                    Tn, ok = np.where(loose, T, Tn), ok | loose
                 if not ok.all():
                     self.problem("target-in-padding", T[~ok], f"{name}: target in dropped padding")
                 # the rule is per element: map again only where the relocation's own
@@ -316,6 +322,8 @@ class Rewriter:
                     Tn_rel = Tn.copy()
                     Tn_rel[differ], _ = self._target_rule(T_rel[differ], S[m][differ],
                                                           S_new[m][differ], direct[differ])
+                if loose is not None and loose.any():
+                    Tn_rel = np.where(loose, T_rel, Tn_rel)
                 dP = P_new[m].astype(np.int64) - P[m].astype(np.int64)
                 if pc:
                     end_new = (end.astype(np.int64) + dP)

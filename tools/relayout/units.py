@@ -318,3 +318,47 @@ def glue(units, dis, log=None):
     out = UnitTable(starts, sizes, regs, units.regions, names, pinned, align, phase,
                     members=members)
     return out
+
+
+def pin_units(units, which):
+    """A UnitTable like ``units`` whose units ``which`` (indices) stay where they
+    are. The planner keeps pinned units only as the prefix of a region, so each
+    becomes a pinned region of its own and its region is cut around it: the
+    code before and after it is laid out on each side (userspace: a function a
+    loose PC-relative data field may designate, relayout/pie.py)."""
+    which = set(int(u) for u in np.asarray(which, np.int64).tolist() if u >= 0)
+    if not which:
+        return units
+    regs, new_region = [], np.empty(len(units), np.int64)
+    for ri, reg in enumerate(units.regions):
+        idx = np.nonzero(units.region == ri)[0]
+        idx = idx[np.argsort(units.start[idx], kind="stable")]
+        cut = [int(u) for u in idx.tolist() if u in which]
+        if not cut or reg.pinned:
+            new_region[idx] = len(regs)
+            regs.append(reg)
+            continue
+        pos, part = reg.start, None
+        for u in idx.tolist():
+            if u in which:
+                lo, hi = int(units.start[u]), int(units.end[u])
+                regs.append(Region(f"{reg.name}@{lo:#x}(pinned: {units.name[u]})", lo, hi,
+                                   reg.section, pinned=True))
+                new_region[u] = len(regs) - 1
+                pos, part = hi, None
+                continue
+            if part is None:
+                regs.append(Region(reg.name if pos == reg.start else f"{reg.name}@{pos:#x}",
+                                   pos, reg.end, reg.section))
+                part = len(regs) - 1
+            new_region[u] = part
+        # each movable part ends where the next pinned unit starts
+        for k in range(len(regs) - 1):
+            a, b = regs[k], regs[k + 1]
+            if not a.pinned and a.section == b.section and a.end > b.start >= a.start:
+                regs[k] = Region(a.name, a.start, b.start, a.section)
+    pinned = units.pinned.copy()
+    pinned[list(which)] = True
+    out = UnitTable(units.start, units.size, new_region, regs, units.name, pinned, units.align,
+                    units.phase, funcs=units.funcs, members=units.members)
+    return out

@@ -10,13 +10,15 @@ whose indirect jumps go through such tables can be split, provided that:
 
 - every code address a data relocation names is a block leader (the CFG
   learns the tables' targets from them: ``TableSites.leaders``);
-- the image has no PC-relative relocation in its data besides the unwind
-  sections: position-independent switch tables hold differences
-  (``.long .Lcase - .Ltable``) whose relocation's S + A is not the case's
-  address, so they cannot be followed by their relocation alone; in a PIE
-  relayout/pie.py finds each entry's table base and case, and only entries it
-  cannot explain keep functions with indirect jumps whole (the CFG's
-  "indirect jump" reason).
+- position-independent switch tables hold differences (``.long .Lcase -
+  .Ltable``) whose relocation's S + A is not the case's address, so they
+  cannot be followed by their relocation alone: in any executable (PIE or
+  gcc's default -fPIE code linked -no-pie) relayout/pie.py finds each entry's
+  table base and case; a PC-relative data field it cannot explain is left as
+  it is and the functions it may designate are pinned (never moved or split).
+  Without that analysis (``pic`` None) any PC-relative data relocation into
+  code keeps functions with indirect jumps whole (the CFG's "indirect jump"
+  reason).
 """
 
 import numpy as np
@@ -28,9 +30,10 @@ UNWIND = (".eh_frame", ".eh_frame_hdr", ".gcc_except_table")
 def user_table_sites(image, pic=None):
     """(TableSites for the CFG, indirect jumps allowed?, note for the log).
 
-    ``pic``: a PIE's PIC switch-table entries (relayout/pie.py): their cases are
-    leaders too, and only PC-relative data fields they do not explain keep
-    functions with indirect jumps whole."""
+    ``pic``: the PC-relative data fields into code (relayout/pie.py, PIE or
+    not): the switch-table entries' cases are leaders too; with it, no field
+    keeps functions with indirect jumps whole (a loose field is left as it is
+    and the functions it may designate are pinned: moved and split never)."""
     from ..image.cfg import TableSites
     sym_value = image.symtab["value"].astype(np.uint64)
     code = [s for s in image.sections if s.is_code and s.is_alloc]
@@ -51,7 +54,7 @@ def user_table_sites(image, pic=None):
         leaders.append(t[absolute & in_code(t)])
     if pic is not None:
         leaders.append(pic.case)
-        pcrel = pic.unexplained
+        pcrel = 0
     leaders = np.unique(np.concatenate(leaders)) if leaders else np.zeros(0, np.uint64)
     ok = pcrel == 0
     note = (f"{len(leaders)} code addresses named by data relocations (jump tables) are "

@@ -60,40 +60,59 @@ def check_data_symbols(ctx, out):
 
 
 def check_data_pointers(ctx, out):
-    """Every absolute pointer field (R_X86_64_64) in NEW's data sections holds the
-    translated value of the same field in OLD."""
+    """Every absolute pointer field in the data sections (R_X86_64_64; in an
+    executable also R_X86_64_32 / 32S) that OLD's relocations name holds, in
+    NEW, the translated value of the same field in OLD. Switch-table entries
+    are left to the code-fields check (pie.py), which knows their tables."""
+    from .addrmap import code_ranges
     old, new, amap, octx = ctx.old, ctx.new, ctx.amap, ctx.octx
+    skip = None
+    if not octx.is_kernel:
+        from .pie import old_switch_tables
+        skip = old_switch_tables(octx).abs_field
     stale = []
     checked = 0
     t_lo, t_hi = sorted_table_ranges(octx)
-    for name, rel in new.relocations.items():
+    types = ((1, 8, False),) if octx.is_kernel else ((1, 8, False), (10, 4, False), (11, 4, True))
+    for name, rel in old.relocations.items():
         tgt = rel.target
         if not tgt.is_alloc or tgt.is_code or tgt.type == 8:
             continue
-        sel = rel.type == 1
-        if not sel.any():
+        n_sec = new.section(tgt.name)
+        if n_sec is None or n_sec.addr != tgt.addr:
             continue
-        offs = rel.offset[sel]
-        inside = (offs >= np.uint64(tgt.addr)) & (offs + np.uint64(8) <= np.uint64(tgt.end))
-        offs = offs[inside]
-        if len(t_lo):
-            k = np.searchsorted(t_lo, offs, side="right").astype(np.int64) - 1
-            kc = np.maximum(k, 0)
-            offs = offs[~((k >= 0) & (offs < t_hi[kc]))]
-        o_sec = old.section(tgt.name)
-        if o_sec is None or o_sec.addr != tgt.addr:
-            continue
-        base_n = tgt.offset
-        base_o = o_sec.offset
-        rel_off = (offs - np.uint64(tgt.addr)).astype(np.int64)
-        idx = rel_off[:, None] + np.arange(8)[None, :]
-        v_new = new.data[base_n + idx].copy().view("<u8").ravel()
-        v_old = old.data[base_o + idx].copy().view("<u8").ravel()
-        want = amap.map(v_old)
-        bad = np.nonzero(~amap.translates(v_old, v_new, octx.is_kernel))[0]
-        checked += len(offs)
-        for b in bad.tolist():
-            stale.append((int(offs[b]), int(v_old[b]), int(v_new[b]), int(want[b]), tgt.name))
+        for rtype, width, signed in types:
+            sel = rel.type == rtype
+            if not sel.any():
+                continue
+            offs = rel.offset[sel]
+            inside = (offs >= np.uint64(tgt.addr)) & (offs + np.uint64(width) <= np.uint64(tgt.end))
+            offs = offs[inside]
+            if len(t_lo):
+                k = np.searchsorted(t_lo, offs, side="right").astype(np.int64) - 1
+                kc = np.maximum(k, 0)
+                offs = offs[~((k >= 0) & (offs < t_hi[kc]))]
+            if skip is not None and len(skip):
+                offs = offs[~np.isin(offs, skip)]
+            rel_off = (offs - np.uint64(tgt.addr)).astype(np.int64)
+            idx = rel_off[:, None] + np.arange(width)[None, :]
+            dt = "<u8" if width == 8 else ("<i4" if signed else "<u4")
+
+            def values(image, base):
+                v = image.data[base + idx].copy().view(dt).ravel()
+                return v.astype(np.int64).view(np.uint64) if width == 4 else v
+            v_new, v_old = values(new, n_sec.offset), values(old, tgt.offset)
+            if width == 4:
+                # only the fields that name code (a 4-byte field is often a number)
+                code = np.zeros(len(v_old), bool)
+                for lo, hi in code_ranges(old):
+                    code |= (v_old >= np.uint64(lo)) & (v_old < np.uint64(hi))
+                offs, v_old, v_new = offs[code], v_old[code], v_new[code]
+            want = amap.map(v_old)
+            bad = np.nonzero(~amap.translates(v_old, v_new, octx.is_kernel))[0]
+            checked += len(offs)
+            for b in bad.tolist():
+                stale.append((int(offs[b]), int(v_old[b]), int(v_new[b]), int(want[b]), tgt.name))
     out.add("equiv.data-pointer", stale,
             lambda s: (s[0], f"pointer at {s[0]:#x} in {s[4]} holds {s[2]:#x}; the original "
                        f"pointed at {octx.symbol_at(s[1])}, now at {s[3]:#x}"))

@@ -39,7 +39,7 @@ from .context import AgainstContext
 from .debuginfo import check_debuginfo
 from .findings import Sink, add_findings
 from .forked import Forked
-from .pie import check_pie
+from .pie import check_code_fields, check_pie
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,12 @@ def _check_functions(ctx, out):
                        f"{int(of.size[oi[k]])} -> {int(nf.size[ni[k]])}"))
 
 
+def _check_code_fields(ctx, out):
+    """Switch tables and PC-relative data fields into code, in any executable (pie.py)."""
+    check_code_fields(ctx.old, ctx.new, ctx.amap, ctx.octx, out.findings, out.counter, out,
+                      add_findings)
+
+
 def _check_pie(ctx, out):
     """A PIE's dynamic relocations, PIC switch tables and .dynamic (pie.py)."""
     check_pie(ctx.old, ctx.new, ctx.amap, ctx.octx, out.findings, out.counter, out, add_findings)
@@ -106,6 +112,7 @@ CHECKS = [
     Check("kernel-tables", tables.check_tables, phase="against: tables, symbols"),
     Check("eh-frame", unwind.check_eh_frame),
     Check("symbols", symbols.check_symbols),
+    Check("code-fields", _check_code_fields),
     Check("pie", _check_pie),
     Check("debuginfo", _check_debuginfo, phase="against: debug info", after_forked=True),
     Check("layout-map", layout_map.check_layout_map, phase="against: rest",

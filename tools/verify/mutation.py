@@ -617,3 +617,84 @@ def code_mutations(octx, nctx, rng, per_class=20):
                                  int(octx.disasm.addr[o]), bool(found), found, None))
     m.dec.close()
     return rows
+
+
+# -- switch-table entries of a rewritten executable under verify --against -----------
+
+def against_map(octx, nctx):
+    """The old -> new map ``verify --against`` rebuilds from the two images
+    (block-aware when NEW carries a block map)."""
+    from ..image import blockmap as bm
+    from .addrmap import (BlockAwareMap as _BlockAwareMap, code_labels as _labels,
+                          code_ranges as _code_ranges, FunctionMap as _Map,
+                          match_functions, piece_ends as _piece_ends,
+                          region_points as _region_points)
+    old, new = octx.image, nctx.image
+    of, nf = octx.functions, nctx.functions
+    oi, ni, _missing = match_functions(octx, nctx)
+    amap = _Map(of.start[oi], _piece_ends(old, of)[oi], nf.start[ni], *_labels(old, new, of),
+                points=_region_points(old, new))
+    if not octx.is_kernel:
+        amap.fixed = np.array(sorted(e for _, e in _code_ranges(old)), np.uint64)
+    rows = bm.read_blockmap(new)
+    if rows is not None and len(rows):
+        amap = _BlockAwareMap(amap, rows)
+    return amap
+
+
+class _Extra:
+    def __init__(self):
+        self.extra = {}
+
+
+def switch_table_mutations(octx, nctx, rng, per_kind=8):
+    """Wrong switch-table entries written into NEW (a relayout of the executable
+    OLD), one at a time, each checked by verify's code-field check
+    (tools/verify/pie.py: the tables found from OLD's code). Kinds: off by one,
+    another case of the same table, the original value left in place (stale),
+    and what translating the entry as S + A gives (a PIC entry read relative to
+    itself: what relayout wrote for ET_EXEC before issue 22); a kind that would
+    write the right value is not generated. Rows: ('switch-table', kind, 'pic'
+    / 'absolute', '', field address, named, findings, None)."""
+    from .findings import add_findings as _add
+    from .pie import check_code_fields, old_switch_tables
+    amap = against_map(octx, nctx)
+    st = old_switch_tables(octx)
+    pnew = PatchedImage(nctx.image)
+    old = octx.image
+    rows = []
+    for what, fields, cases, bases, width in (
+            ("pic", st.pic_field, st.pic_case, st.pic_base, 4),
+            ("absolute", st.abs_field, st.abs_case, st.abs_base, 8)):
+        if not len(fields):
+            continue
+        new_case = amap.map(cases)
+        right = (new_case.astype(np.int64) - bases.astype(np.int64)) if width == 4 else \
+            new_case.astype(np.int64)
+        for k in sorted(int(x) for x in rng.choice(len(fields), size=min(per_kind, len(fields)),
+                                                  replace=False)):
+            f = int(fields[k])
+            v_old = int.from_bytes(bytes(old.read(f, width)), "little", signed=width == 4)
+            want = int(right[k])
+            same_table = np.nonzero(bases == bases[k])[0]
+            other = [int(right[j]) for j in same_table.tolist() if int(right[j]) != want]
+            kinds = [("off by one", want + 1), ("stale (original value)", v_old)]
+            if other:
+                kinds.append(("another case of the table", other[int(rng.integers(len(other)))]))
+            if width == 4:
+                # S + A: the entry taken as relative to itself, its target mapped
+                t = f + v_old
+                kinds.append(("translated as S + A",
+                              int(amap.map(np.array([t], np.uint64))[0]) - f))
+            for kind, value in kinds:
+                if value == want:
+                    continue
+                token = pnew.patch(f, int(value).to_bytes(width, "little", signed=value < 0))
+                try:
+                    findings, counter = [], {}
+                    check_code_fields(old, pnew, amap, octx, findings, counter, _Extra(), _add)
+                finally:
+                    pnew.undo(token)
+                found = [x for x in findings if x.severity == "error" and x.address == f]
+                rows.append(("switch-table", kind, what, "", f, bool(found), found, None))
+    return rows

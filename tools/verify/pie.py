@@ -1,12 +1,25 @@
-"""verify --against for a PIE: what ld.so reads at load time follows the layout.
+"""verify --against for userspace executables: every data field that designates
+code, and (for a PIE) what ld.so reads at load time, follows the layout.
+
+Any executable, PIE or not (:func:`check_code_fields`); the switch tables are
+found here from OLD's code, not from relayout's outputs or its table finder:
+
+- ``equiv.pic-table``: every entry of a PIC switch table (``.long .Lcase -
+  .Ltable``: gcc's ``-fPIE`` code, PIE or ``-no-pie``) holds, in NEW, its
+  case's new address minus the table's base;
+- ``equiv.switch-table``: every entry of an absolute switch table (``.quad
+  .Lcase``: ``-fno-pie`` code, ``jmp *.Ltable(,%reg,8)``) holds its case's new
+  address;
+- ``equiv.pcrel-data``: every other PC-relative relocated data field whose
+  target (field + value) is code holds the translated target, relative to itself.
+
+A PIE (:func:`check_pie`):
 
 - ``equiv.dynamic-reloc``: every R_X86_64_RELATIVE / IRELATIVE addend of NEW's
   .rela.dyn/.rela.plt is the translated addend of OLD's (same entries, same
   order, same places), and a field that held its addend in OLD holds the new
   addend in NEW (the GOT slots ld filled in, the pointers a link relocation
   covers); every field .relr.dyn relocates holds the translated value;
-- ``equiv.pic-table``: every PIC switch-table entry (relayout/pie.py) of OLD
-  holds, in NEW, its case's new address minus the table's base;
 - ``equiv.dynamic``: DT_INIT / DT_FINI translate;
 - ``equiv.pie-absolute-pointer``: no more absolute code or data addresses in
   the unwind information than the original had (ld.so relocates none of
@@ -18,8 +31,7 @@ import numpy as np
 
 from ..image.elf import RELA
 from ..relayout.pie import (DT_FINI, DT_INIT, R_X86_64_IRELATIVE, R_X86_64_RELATIVE, dynamic_entries,
-                            dynamic_rela_sections, is_pie, pic_table_entries, read_fields,
-                            relr_addresses)
+                            dynamic_rela_sections, is_pie, read_fields, relr_addresses)
 
 
 def _read(image, addrs, size):
@@ -75,19 +87,6 @@ def check_pie(old, new, amap, octx, findings, counter, report, add):
     add(findings, "error", "equiv.dynamic-reloc", bad_rel, lambda b: b, counter)
     report.extra["equivalence_dynamic_relocs_checked"] = checked
 
-    pic = pic_table_entries(old, octx.disasm)
-    bad_pic = []
-    if len(pic):
-        vn, have = _read(new, pic.field, 4)
-        want = amap.map(pic.case).astype(np.int64) - pic.base.astype(np.int64)
-        wrong = ~have | (vn != want)
-        for f, c, v, w in zip(pic.field[wrong].tolist(), pic.case[wrong].tolist(),
-                              vn[wrong].tolist(), want[wrong].tolist()):
-            bad_pic.append((f, f"switch-table entry at {f:#x} holds {v:#x}; its case "
-                            f"{octx.symbol_at(c)} is now at base + {w:#x}"))
-    add(findings, "error", "equiv.pic-table", bad_pic, lambda b: b, counter)
-    report.extra["equivalence_pic_table_entries_checked"] = len(pic)
-
     (dso, do), (dsn, dn) = dynamic_entries(old), dynamic_entries(new)
     bad_dyn = []
     if do is not None and dn is not None and len(do) == len(dn):
@@ -131,3 +130,176 @@ def absolute_unwind_pointers(image):
         if enc != DW_EH_PE_omit and not enc & 0x70:
             out.append((int(a) + 1, "LSDA LPStart"))
     return out
+
+
+# -- switch tables and PC-relative data fields, any executable --------------------
+
+UNWIND = (".eh_frame", ".eh_frame_hdr", ".gcc_except_table")
+R_64, R_PC32, R_PC64 = 1, 2, 24
+
+
+class SwitchTables:
+    """Switch-table entries of an image, found from the code that reads them:
+    PIC and absolute (field, base, case), each sorted by field."""
+
+    def __init__(self, pic=((), (), ()), absolute=((), (), ())):
+        self.pic_field, self.pic_base, self.pic_case = (np.asarray(a, np.uint64) for a in pic)
+        self.abs_field, self.abs_base, self.abs_case = (np.asarray(a, np.uint64)
+                                                        for a in absolute)
+
+
+def _data_reloc_fields(image, rtype):
+    """Sorted addresses of OLD's relocated fields of one type in allocated,
+    file-backed data sections (unwind sections aside)."""
+    out = []
+    for name, r in image.relocations.items():
+        t = r.target
+        if len(r) and t.is_alloc and not t.is_code and t.type != 8 and name not in UNWIND \
+                and not r.section.is_alloc:
+            out.append(r.offset[r.type == rtype].astype(np.uint64))
+    return np.unique(np.concatenate(out)) if out else np.zeros(0, np.uint64)
+
+
+def switch_tables(image, dis, functions):
+    """SwitchTables of ``image`` (``dis``: its decoded code).
+
+    A table base is what a function with an indirect jump loads: ``lea
+    .Ltable(%rip), %reg`` (REX.W 8d /r, RIP-relative: PIC tables) or the
+    displacement of ``jmp *.Ltable(,%reg,8)`` (absolute tables). Its entries
+    are the relocated fields from the base on (R_X86_64_PC32, 4 bytes, for a
+    PIC table; R_X86_64_64, 8 bytes, for an absolute one), one after the other,
+    up to the next base, as long as each designates an instruction start of
+    the same source function (``foo`` or a part of it, ``foo.cold``)."""
+    from ..image.cfg import classify
+    from ..image.disasm import skip_prefixes
+    if not len(dis) or not len(functions):
+        return SwitchTables()
+    stems = {}
+    fam = np.array([stems.setdefault(n.split(".", 1)[0], len(stems)) for n in functions.name],
+                   np.int64)
+    fi = functions.find(dis.addr)
+    kind = classify(dis)
+    jumpers = np.unique(fam[fi[(kind == 7) & (fi >= 0)]])
+    raw, size = dis.raw, dis.size.astype(np.int64)
+    owner = np.where(fi >= 0, fam[np.maximum(fi, 0)], -1)
+    useful = np.isin(owner, jumpers)
+    code = [(s.addr, s.end) for s in image.sections if s.is_code and s.is_alloc and s.size]
+
+    def in_code(a):
+        return any(lo <= a < hi for lo, hi in code)
+
+    def disp32(rows, at):
+        return raw[rows[:, None], at[:, None] + np.arange(4)[None, :]].copy().view("<i4")[:, 0] \
+            .astype(np.int64)
+    # PIC: lea disp32(%rip), %r64
+    lea = np.nonzero(useful & (size == 7) & ((raw[:, 0] & 0xF8) == 0x48) & (raw[:, 1] == 0x8D) &
+                     ((raw[:, 2] & 0xC7) == 0x05))[0]
+    pic_b = (dis.addr[lea].astype(np.int64) + 7 + disp32(lea, np.full(len(lea), 3))).astype(
+        np.uint64)
+    # absolute: [prefixes] [REX] ff /4, mod 00 rm 100, SIB base 101: jmp *disp32(,%reg,s)
+    skip, op, _ = skip_prefixes(raw, (0x2E, 0x3E))
+    rex = (op >= 0x40) & (op <= 0x4F)
+    at = skip + rex.astype(np.int64)
+    rows = np.arange(len(raw))
+    b0 = raw[rows, np.minimum(at, raw.shape[1] - 1)]
+    modrm = raw[rows, np.minimum(at + 1, raw.shape[1] - 1)]
+    sib = raw[rows, np.minimum(at + 2, raw.shape[1] - 1)]
+    jt = np.nonzero(useful & (kind == 7) & (b0 == 0xFF) & (modrm == 0x24) & ((sib & 7) == 5))[0]
+    abs_b = disp32(jt, at[jt] + 3).astype(np.uint64)       # sign-extended (R_X86_64_32S)
+    pcrel = set(_data_reloc_fields(image, R_PC32).tolist())
+    absolute = set(_data_reloc_fields(image, R_64).tolist())
+    bases = sorted({(int(b), int(owner[i]), 4) for b, i in zip(pic_b.tolist(), lea.tolist())
+                    if not in_code(b)} |
+                   {(int(b), int(owner[i]), 8) for b, i in zip(abs_b.tolist(), jt.tolist())
+                    if not in_code(b)})
+    starts = sorted({b for b, _, _ in bases})
+    out = {4: ([], [], []), 8: ([], [], [])}
+    for b, family, width in bases:
+        k = starts.index(b)
+        stop = starts[k + 1] if k + 1 < len(starts) else 1 << 64
+        have = pcrel if width == 4 else absolute
+        a = b
+        while a < stop and a in have:
+            try:
+                v = int.from_bytes(bytes(image.read(a, width)), "little", signed=width == 4)
+            except ValueError:
+                break
+            c = (b + v) & (2**64 - 1) if width == 4 else v
+            f = int(functions.find(np.array([c], np.uint64))[0])
+            if f < 0 or fam[f] != family or not dis.is_boundary(np.array([c], np.uint64))[0]:
+                break
+            out[width][0].append(a)
+            out[width][1].append(b)
+            out[width][2].append(c)
+            a += width
+    (pf, pb, pc), (af, ab, ac) = out[4], out[8]
+    po, ao = np.argsort(np.array(pf, np.uint64)), np.argsort(np.array(af, np.uint64))
+    return SwitchTables((np.array(pf, np.uint64)[po], np.array(pb, np.uint64)[po],
+                         np.array(pc, np.uint64)[po]),
+                        (np.array(af, np.uint64)[ao], np.array(ab, np.uint64)[ao],
+                         np.array(ac, np.uint64)[ao]))
+
+
+def old_switch_tables(octx):
+    """switch_tables of an ImageContext's image, computed once."""
+    got = getattr(octx, "_linepack_switch_tables", None)
+    if got is None:
+        got = octx._linepack_switch_tables = switch_tables(octx.image, octx.disasm,
+                                                           octx.functions)
+    return got
+
+
+def check_code_fields(old, new, amap, octx, findings, counter, report, add):
+    """equiv.pic-table, equiv.switch-table, equiv.pcrel-data (module docstring)."""
+    if octx.is_kernel:
+        return                  # the kernel's PC-relative fields are its tables' (checked there)
+    st = old_switch_tables(octx)
+    bad = []
+    if len(st.pic_field):
+        vn, have = _read(new, st.pic_field, 4)
+        want = amap.map(st.pic_case).astype(np.int64) - st.pic_base.astype(np.int64)
+        wrong = ~have | (vn != want)
+        for f, c, v, w in zip(st.pic_field[wrong].tolist(), st.pic_case[wrong].tolist(),
+                              vn[wrong].tolist(), want[wrong].tolist()):
+            bad.append((f, f"switch-table entry at {f:#x} holds {v:#x}; its case "
+                        f"{octx.symbol_at(c)} is now at base + {w:#x}"))
+    add(findings, "error", "equiv.pic-table", bad, lambda b: b, counter)
+    report.extra["equivalence_pic_table_entries_checked"] = len(st.pic_field)
+    bad = []
+    if len(st.abs_field):
+        vn, have = _read(new, st.abs_field, 8)
+        wrong = ~have | ~amap.translates(st.abs_case, vn)
+        want = amap.map(st.abs_case)
+        for f, c, v, w in zip(st.abs_field[wrong].tolist(), st.abs_case[wrong].tolist(),
+                              vn[wrong].tolist(), want[wrong].tolist()):
+            bad.append((f, f"switch-table entry at {f:#x} holds {v:#x}; its case "
+                        f"{octx.symbol_at(c)} is now at {w:#x}"))
+    add(findings, "error", "equiv.switch-table", bad, lambda b: b, counter)
+    report.extra["equivalence_switch_table_entries_checked"] = len(st.abs_field)
+    # every other PC-relative field into code: relative to itself
+    code = [(s.addr, s.end) for s in old.sections if s.is_code and s.is_alloc and s.size]
+    bad, checked = [], 0
+    for rtype, width in ((R_PC32, 4), (R_PC64, 8)):
+        P = _data_reloc_fields(old, rtype)
+        P = P[~np.isin(P, st.pic_field)]
+        if not len(P):
+            continue
+        vo, ho = _read(old, P, width)
+        vn, hn = _read(new, P, width)
+        vo = vo.astype(np.int64) if width == 4 else vo.view(np.int64)
+        vn = vn.astype(np.int64) if width == 4 else vn.view(np.int64)
+        T = (P.astype(np.int64) + vo).astype(np.uint64)
+        into = np.zeros(len(P), bool)
+        for lo, hi in code:
+            into |= (T >= np.uint64(lo)) & (T < np.uint64(hi))
+        sel = np.nonzero(ho & into)[0]
+        checked += len(sel)
+        Tn = (P[sel].astype(np.int64) + vn[sel]).astype(np.uint64)
+        wrong = ~hn[sel] | ~amap.translates(T[sel], Tn)
+        want = amap.map(T[sel])
+        for f, t, v, w in zip(P[sel][wrong].tolist(), T[sel][wrong].tolist(),
+                              Tn[wrong].tolist(), want[wrong].tolist()):
+            bad.append((f, f"PC-relative field at {f:#x} designates {v:#x}; the original "
+                        f"designated {octx.symbol_at(t)}, now at {w:#x}"))
+    add(findings, "error", "equiv.pcrel-data", bad, lambda b: b, counter)
+    report.extra["equivalence_pcrel_data_fields_checked"] = checked
