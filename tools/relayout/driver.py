@@ -132,7 +132,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     timings.phase("load image, functions")
     from ..image.shared import elf_image, function_units
     image = elf_image(image_path)          # shared: evaluate relays out one base many times
-    from .pie import is_pie
+    from .user.pie import is_pie
     pie = is_pie(image)
     if image.type == ET_DYN and not pie:
         raise BadInput(f"{image_path}: a shared library (ET_DYN without an interpreter); "
@@ -155,7 +155,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     heat = make_heat(units, functions, hotness)
     pic = None
     if pie:
-        from .pie import pic_table_entries
+        from .user.pie import pic_table_entries
         pic = pic_table_entries(image, dis)
         log(f"PIE: {len(pic)} PIC switch-table entries"
             + (f", {pic.unexplained} other PC-relative data fields into code"
@@ -195,7 +195,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     log("rewriting code, relocations and symbols")
     rw.run()
     timings.phase("kernel tables, eh_frame, symbols")
-    from .kernel_tables import update_kernel_tables
+    from .kernel.kernel_tables import update_kernel_tables
     # a block-level layout rebuilds kallsyms with its .cold parts (after the symbols)
     update_kernel_tables(rw, log, skip=("kallsyms",) if split else ())
     if split and split.get("eh_split") is not None:
@@ -204,20 +204,20 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         log(f"rebuilt .eh_frame: {st['eh_frame.cold_fdes']} cold-part FDEs added, "
             f".eh_frame_hdr table re-sorted ({st['eh_frame_hdr.entries']} entries)")
     else:
-        from .eh_frame import update_eh_frame
+        from .user.eh_frame import update_eh_frame
         update_eh_frame(rw, log)
-    from .dynsym import update_dynsym
+    from .user.dynsym import update_dynsym
     update_dynsym(rw, image, log)
     if pie:
-        from .pie import update_dynamic
+        from .user.pie import update_dynamic
         update_dynamic(rw, image, log)
     extra_sections, alloc_sections, phdr_updates = [], [], None
     if split:
         from .block_symbols import cold_symbols
         cold_symbols(rw, image, log)
-        from .eh_frame_split import fix_section_symbols
+        from .user.eh_frame_split import fix_section_symbols
         fix_section_symbols(rw, image)
-        from .kallsyms_cold import NoRoom, add_cold_kallsyms
+        from .kernel.kallsyms_cold import NoRoom, add_cold_kallsyms
         try:
             grown = add_cold_kallsyms(rw, image, log)
         except NoRoom as e:
@@ -311,7 +311,7 @@ def _split_functions(image, units, dis, functions, heat, blocks, strat, log, pic
     if ctx.is_kernel:
         sites = TableSites.from_kernel(ctx)
     else:
-        from .user_blocks import user_table_sites
+        from .user.user_blocks import user_table_sites
         sites, indirect_ok, note = user_table_sites(image, pic)
         log(note)
     noret = [a for a in (image.symbol_address(n) for n in NORETURN) if a is not None]
@@ -348,11 +348,11 @@ def _split_functions(image, units, dis, functions, heat, blocks, strat, log, pic
 
 def _user_unwind_reasons(image, units, cfg, heat, strat, log):
     """Userspace: mark the functions whose unwind information cannot be split
-    (relayout/eh_frame_split.py); returns the EhSplit, or None when the image's
+    (relayout/user/eh_frame_split.py); returns the EhSplit, or None when the image's
     unwind sections cannot be rebuilt (then no function with an FDE is split)."""
     from ..image.cfg import R_EH_FRAME
-    from .eh_frame import EhFrameError, parse_eh_frame
-    from .eh_frame_split import EhSplit
+    from .user.eh_frame import EhFrameError, parse_eh_frame
+    from .user.eh_frame_split import EhSplit
     import struct
     try:
         eh_split = EhSplit(image)

@@ -78,7 +78,7 @@ class Rewriter:
         self.sym_value = syms["value"].astype(np.uint64)
         self.sym_type = (syms["info"] & 0xF).astype(np.int64)
         self.sym_new = None
-        self.pic_tables = None       # PIE: PIC switch-table entries (relayout/pie.py)
+        self.pic_tables = None       # PIE: PIC switch-table entries (relayout/user/pie.py)
 
     # -- helpers -------------------------------------------------------------
     def address_map(self):

@@ -285,7 +285,7 @@ def _labels(old, new, functions):
     return v_old, v_new, end
 
 
-# Data symbols a rewrite may move (tools/relayout/kallsyms_cold.py: kallsyms'
+# Data symbols a rewrite may move (tools/relayout/kernel/kallsyms_cold.py: kallsyms'
 # arrays grown by the `.cold` entries of a block-level layout, and the end of the
 # read-only data behind them). Every other data symbol stays.
 MOVABLE_DATA = ("kallsyms_offsets", "kallsyms_names", "kallsyms_markers",
@@ -876,11 +876,11 @@ def _check_eh_frame(old, new, amap, octx, findings, counter, block_rows=None, re
     Block-level layouts: the new FDEs are the translated ones plus one per cold
     part, starting at the part's first piece; and the unwind state at every
     piece of a split function (and at every original CFI row inside a copied
-    piece) is the original's (relayout/eh_frame_split.py: check_split_cfi)."""
+    piece) is the original's (relayout/user/eh_frame_split.py: check_split_cfi)."""
     so, sn = old.section(".eh_frame"), new.section(".eh_frame")
     if so is None or sn is None or not so.size:
         return
-    from ..relayout.eh_frame import parse_eh_frame
+    from ..relayout.user.eh_frame import parse_eh_frame
     try:
         eo = parse_eh_frame(old.section_bytes(so), so.addr)
         en = parse_eh_frame(new.section_bytes(sn), sn.addr)
@@ -894,10 +894,10 @@ def _check_eh_frame(old, new, amap, octx, findings, counter, block_rows=None, re
         for f, a in zip(cold["func"].tolist(), cold["new"].tolist()):
             starts[f] = min(a, starts.get(f, a))
         want = np.sort(np.concatenate([want, np.array(sorted(starts.values()), np.uint64)]))
-        from ..relayout.eh_frame_split import check_split_cfi
+        from ..relayout.user.eh_frame_split import check_split_cfi
         bad_cfi, seen = check_split_cfi(old, new, block_rows)
         _add(findings, "error", "equiv.eh_frame-part", bad_cfi, lambda b: b, counter)
-        from ..relayout.eh_frame_split import check_split_lsda
+        from ..relayout.user.eh_frame_split import check_split_lsda
         bad_lsda, seen_lsda = check_split_lsda(old, new, block_rows)
         _add(findings, "error", "equiv.lsda-part", bad_lsda, lambda b: b, counter)
         if report is not None:

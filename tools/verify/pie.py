@@ -5,7 +5,7 @@
   order, same places), and a field that held its addend in OLD holds the new
   addend in NEW (the GOT slots ld filled in, the pointers a link relocation
   covers); every field .relr.dyn relocates holds the translated value;
-- ``equiv.pic-table``: every PIC switch-table entry (relayout/pie.py) of OLD
+- ``equiv.pic-table``: every PIC switch-table entry (relayout/user/pie.py) of OLD
   holds, in NEW, its case's new address minus the table's base;
 - ``equiv.dynamic``: DT_INIT / DT_FINI translate;
 - ``equiv.pie-absolute-pointer``: no more absolute code or data addresses in
@@ -17,7 +17,7 @@
 import numpy as np
 
 from ..image.elf import RELA
-from ..relayout.pie import (DT_FINI, DT_INIT, R_X86_64_IRELATIVE, R_X86_64_RELATIVE, dynamic_entries,
+from ..relayout.user.pie import (DT_FINI, DT_INIT, R_X86_64_IRELATIVE, R_X86_64_RELATIVE, dynamic_entries,
                             dynamic_rela_sections, is_pie, pic_table_entries, read_fields,
                             relr_addresses)
 
@@ -111,7 +111,7 @@ def check_pie(old, new, amap, octx, findings, counter, report, add):
 def absolute_unwind_pointers(image):
     """[(address, what)] of absolute-encoded pointers in ``image``'s .eh_frame
     and the LSDAs its FDEs name (none in what gcc writes for a PIE)."""
-    from ..relayout.eh_frame import DW_EH_PE_omit, parse_eh_frame
+    from ..relayout.user.eh_frame import DW_EH_PE_omit, parse_eh_frame
     sec = image.section(".eh_frame")
     if sec is None or not sec.size:
         return []

@@ -27,7 +27,7 @@ and go through the same rewrite. Two things are PIE-only:
 
 import numpy as np
 
-from ..image.elf import RELA, SHT_RELA
+from ...image.elf import RELA, SHT_RELA
 
 R_X86_64_PC32, R_X86_64_PLT32, R_X86_64_64 = 2, 4, 1
 R_X86_64_RELATIVE, R_X86_64_IRELATIVE = 8, 37
@@ -98,7 +98,7 @@ def _code_ranges(image):
 
 
 def _in(ranges, a):
-    from ..image.intervals import containing
+    from ...image.intervals import containing
     return containing(ranges[0], ranges[1], a) >= 0
 
 

@@ -14,7 +14,7 @@ whose indirect jumps go through such tables can be split, provided that:
   sections: position-independent switch tables hold differences
   (``.long .Lcase - .Ltable``) whose relocation's S + A is not the case's
   address, so they cannot be followed by their relocation alone; in a PIE
-  relayout/pie.py finds each entry's table base and case, and only entries it
+  relayout/user/pie.py finds each entry's table base and case, and only entries it
   cannot explain keep functions with indirect jumps whole (the CFG's
   "indirect jump" reason).
 """
@@ -28,10 +28,10 @@ UNWIND = (".eh_frame", ".eh_frame_hdr", ".gcc_except_table")
 def user_table_sites(image, pic=None):
     """(TableSites for the CFG, indirect jumps allowed?, note for the log).
 
-    ``pic``: a PIE's PIC switch-table entries (relayout/pie.py): their cases are
+    ``pic``: a PIE's PIC switch-table entries (relayout/user/pie.py): their cases are
     leaders too, and only PC-relative data fields they do not explain keep
     functions with indirect jumps whole."""
-    from ..image.cfg import TableSites
+    from ...image.cfg import TableSites
     sym_value = image.symtab["value"].astype(np.uint64)
     code = [s for s in image.sections if s.is_code and s.is_alloc]
 
