@@ -66,6 +66,7 @@ class LayoutPlan:
         self.region_new_start = list(region_new_start)
         self.strategy = strategy
         self.heat = heat
+        self.kept_regions = []        # regions that kept their original layout (make_plan)
 
     @property
     def moved(self):
@@ -419,3 +420,32 @@ def _edges(view, units, calls, functions):
         if ka is not None and kb is not None:
             out.append((ka, kb, float(w)))
     return out
+
+
+def text_growth(plan):
+    """How far the end of laid-out code moved, summed over sections' movable runs."""
+    u = plan.units
+    g = 0
+    for lo, hi in zip(*_extent_runs(plan)):
+        m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi)) & ~u.pinned
+        if m.any():
+            g += int(plan.new_end[m].max()) - int(u.end[m].max())
+    return g
+
+
+def _extent_runs(plan):
+    from ..image.addrmap import plan_extents
+    ext, _ = plan_extents(plan)
+    return [a for a, _ in ext], [b for _, b in ext]
+
+
+def padding(plan):
+    """Bytes between laid-out units (alignment and gaps), summed over movable runs."""
+    u = plan.units
+    tot = 0
+    for lo, hi in zip(*_extent_runs(plan)):
+        m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi)) & ~u.pinned
+        if m.any():
+            span = int(plan.new_end[m].max()) - int(plan.new_start[m].min())
+            tot += span - int(u.size[m].sum())
+    return tot

@@ -79,6 +79,9 @@ class Rewriter:
         self.sym_type = (syms["info"] & 0xF).astype(np.int64)
         self.sym_new = None
         self.pic_tables = None       # PIE: PIC switch-table entries (relayout/user/pie.py)
+        self.block_split = None      # block level: the split (relayout/passes.py)
+        self.header_updates = None   # {section index: {header field: value}} for write_image
+        self.section_moves = None    # {section index: (new address, new size)} for write_image
 
     # -- helpers -------------------------------------------------------------
     def address_map(self):
