@@ -198,12 +198,17 @@ class Rewriter:
                                    "or pinned code)")
             new[lo - sec.addr:hi - sec.addr] = 0xCC
             for i in idx.tolist():
-                a = int(u.start[i]) - sec.addr
                 b = int(p.new_start[i]) - sec.addr
-                n = int(u.size[i])
-                new[b:b + n] = old[a:a + n]
+                data = self.unit_bytes(i, old, sec)
+                new[b:b + len(data)] = data
             moved += int(p.moved[idx].sum())
         self.stats["units_moved"] = moved
+
+    def unit_bytes(self, i, old, sec):
+        """The bytes unit ``i`` takes to its new place: its original ones (``old``:
+        its section's contents)."""
+        a = int(self.units.start[i]) - sec.addr
+        return old[a:a + int(self.units.size[i])]
 
     def new_symbols(self):
         """New value of every symbol (unchanged outside the rewritten extents)."""
