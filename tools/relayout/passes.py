@@ -115,9 +115,9 @@ def _split_hot_ranges(orig_units, split, strat, blocks):
     """pack's per-unit hot byte ranges for the planning table: a split function's
     hot part is hot throughout; a unit moved whole keeps its blocks' ranges."""
     from .plan import unit_hot_ranges
-    if not getattr(strat, "use_blocks", False):
+    if not strat.use_blocks:
         return None
-    orig = unit_hot_ranges(orig_units, blocks, getattr(strat, "block_min", 0.0))
+    orig = unit_hot_ranges(orig_units, blocks, strat.block_min)
     _, _, parent, part = split["planning"]
     sizes = {sf.unit: sf.sizes[0] for sf in split["splits"]}
     out = {}
@@ -225,8 +225,7 @@ def split(run):
     counts = block_counts(cfg, *run.blocks)
     splits, reason = choose_splits(cfg, units, heat, counts, strat.block_min_count,
                                    run.functions, run.target.short_static_keys(), strat.cold_min,
-                                   getattr(strat, "invert_jcc", False),
-                                   getattr(strat, "block_order", "original"),
+                                   strat.invert_jcc, strat.block_order,
                                    getattr(run.blocks, "edges", None), log)
     if eh_split is not None:
         n = len(splits)
@@ -493,7 +492,7 @@ BLOCK_PASSES = [("load", load), ("disassemble", disassemble), ("split", split), 
 
 
 def passes_for(strategy):
-    return BLOCK_PASSES if getattr(strategy, "block_level", False) else FUNCTION_PASSES
+    return BLOCK_PASSES if strategy.block_level else FUNCTION_PASSES
 
 
 def check_paths(image_path, out_path):
