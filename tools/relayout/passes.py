@@ -79,7 +79,7 @@ class _Counting:
                 if k not in self.before or self.before[k] != v}
 
 
-# -- the passes ------------------------------------------------------------------
+# -- checks and planning helpers -----------------------------------------------
 
 NO_RELOCS = ("{path}: no link relocations in its code; relink with -Wl,--emit-relocs "
              "(a kernel >= 6.5 strips them from vmlinux after writing vmlinux.relocs: run "
@@ -155,6 +155,8 @@ def _no_fit_message(err, strat, units, heat, calls, functions, log):
             else "no alignment fits")
     return f"align-all {align} does not fit: {msg.removeprefix('layout does not fit: ')}; {hint}"
 
+
+# -- the passes ------------------------------------------------------------------
 
 def load(run):
     """Open the image, refuse what relayout cannot handle, check the profile."""
@@ -296,8 +298,7 @@ def plan(run):
 
 def _start_rewrite(run, rw):
     run.rewriter = rw
-    rw.pic_tables = run.target.pic if run.target.kind == "userspace" else None
-    pic = rw.pic_tables
+    rw.pic_tables = pic = run.target.pic
     if pic is not None:
         rw.stats["pie.pic_table_entries"] = len(pic)
         rw.stats["pie.pcrel_data_unexplained"] = pic.unexplained

@@ -20,6 +20,7 @@ from ..kernel.base import ImageContext
 class Target:
     """The interface; see the two implementations."""
     kind = ""
+    pic = None                 # PIC switch-table entries the relocation pass follows
 
     def __init__(self, image):
         self.image = image
@@ -93,7 +94,6 @@ class UserTarget(Target):
         super().__init__(image)
         from .user.pie import is_pie
         self.pie = is_pie(image)
-        self.pic = None            # a PIE's PIC switch-table entries
 
     def prepare(self, run):
         if not self.pie:
