@@ -422,30 +422,26 @@ def _edges(view, units, calls, functions):
     return out
 
 
+def _movable_runs(plan):
+    """A mask of the units of each movable run of the laid-out extents (pinned
+    code splits a section into runs)."""
+    from ..image.addrmap import plan_extents
+    u = plan.units
+    ext, _ = plan_extents(plan)
+    for lo, hi in ext:
+        m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi)) & ~u.pinned
+        if m.any():
+            yield m
+
+
 def text_growth(plan):
     """How far the end of laid-out code moved, summed over sections' movable runs."""
     u = plan.units
-    g = 0
-    for lo, hi in zip(*_extent_runs(plan)):
-        m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi)) & ~u.pinned
-        if m.any():
-            g += int(plan.new_end[m].max()) - int(u.end[m].max())
-    return g
-
-
-def _extent_runs(plan):
-    from ..image.addrmap import plan_extents
-    ext, _ = plan_extents(plan)
-    return [a for a, _ in ext], [b for _, b in ext]
+    return sum(int(plan.new_end[m].max()) - int(u.end[m].max()) for m in _movable_runs(plan))
 
 
 def padding(plan):
     """Bytes between laid-out units (alignment and gaps), summed over movable runs."""
     u = plan.units
-    tot = 0
-    for lo, hi in zip(*_extent_runs(plan)):
-        m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi)) & ~u.pinned
-        if m.any():
-            span = int(plan.new_end[m].max()) - int(plan.new_start[m].min())
-            tot += span - int(u.size[m].sum())
-    return tot
+    return sum(int(plan.new_end[m].max()) - int(plan.new_start[m].min()) - int(u.size[m].sum())
+               for m in _movable_runs(plan))
