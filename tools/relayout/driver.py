@@ -13,6 +13,7 @@ from .passes import (MISSING_SHARE, NO_RELOCS, RelayoutRun, check_paths,  # noqa
 from .plan import text_growth as _growth
 from .units import build_units
 
+
 def _read_profile(path):
     """(JSON document, None) for the simple form, (None, Profile) for the model."""
     if not os.path.exists(path):
