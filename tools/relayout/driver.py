@@ -8,10 +8,13 @@ from ..errors import BadInput
 from ..image.elf import ElfImage
 from ..image.functions import FunctionTable
 from . import strategies
-from .passes import (MISSING_SHARE, NO_RELOCS, RelayoutRun, check_paths,  # noqa: F401
-                     check_profile, passes_for, run_passes)
+from .passes import (MISSING_SHARE, NO_RELOCS, RelayoutRun, check_paths, check_profile,
+                     passes_for, run_passes)
 from .plan import text_growth as _growth
 from .units import build_units
+
+__all__ = ["LoadedProfile", "MISSING_SHARE", "NO_RELOCS", "check_profile", "load_profile",
+           "load_profile_full", "plan_between", "relayout", "text_growth_between"]
 
 
 def _read_profile(path):
