@@ -60,7 +60,7 @@ def test_relaid_program_is_equivalent_and_runs(pair, tmp_path):
 def test_untranslated_fde_is_named(pair, tmp_path):
     exe, new = pair
     from linepack.image.elf import ElfImage
-    from linepack.relayout.eh_frame import parse_eh_frame
+    from linepack.relayout.user.eh_frame import parse_eh_frame
     im = ElfImage(str(new))
     sec = im.section(".eh_frame")
     eh = parse_eh_frame(im.section_bytes(sec), sec.addr)

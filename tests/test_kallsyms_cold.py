@@ -1,4 +1,4 @@
-"""kallsyms growth for block-level layouts (tools/relayout/kallsyms_cold.py and the
+"""kallsyms growth for block-level layouts (tools/relayout/kernel/kallsyms_cold.py and the
 encoding in tools/kernel/kallsyms.py), without a relayout:
 
 - names encoded with Debian 6.1's own token table decode back to the same text and
@@ -71,7 +71,7 @@ def test_add_symbols_appends_records(kallsyms):
 
 
 def test_placement_reuses_old_storage():
-    from linepack.relayout.kallsyms_cold import _place
+    from linepack.relayout.kernel.kallsyms_cold import _place
     # Debian 6.1 cloud: offsets | relative_base num_syms | names markers seqs | tokens
     n_old, n_new = 87347, 87777
     old_at = {"kallsyms_offsets": 0x1000, "kallsyms_names": 0x1000 + 4 * n_old + 20}

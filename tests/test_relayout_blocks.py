@@ -237,6 +237,8 @@ def test_split_program_runs_same(prog, tmp_path):
                                  blocks=_hot_ranges(im), system_map=str(smap))
     assert not summary["problems"]
     assert summary["split"]["functions_split"] == 1
+    from linepack.relayout.passes import BLOCK_PASSES
+    assert [n for n, _ in summary.stats] == [n for n, _ in BLOCK_PASSES]
     res = subprocess.run([str(out)], capture_output=True, text=True, timeout=20)
     assert res.returncode == 0 and res.stdout == expected
     new = ElfImage(str(out))

@@ -33,12 +33,12 @@ import numpy as np
 import pytest
 
 from linepack.image.elf import ElfImage
-from linepack.relayout.cfi import evaluate, parse_cie_info, write_program
+from linepack.relayout.user.cfi import evaluate, parse_cie_info, write_program
 from linepack.relayout.driver import load_profile_full, relayout
-from linepack.relayout.eh_frame import check_eh_frame
-from linepack.relayout.eh_frame_split import (EhSplit, _records, check_split_cfi,
-                                              check_split_lsda)
-from linepack.relayout.eh_frame import parse_eh_frame
+from linepack.relayout.user.eh_frame import check_eh_frame
+from linepack.relayout.user.eh_frame_split import (EhSplit, _records, check_split_cfi,
+                                                   check_split_lsda)
+from linepack.relayout.user.eh_frame import parse_eh_frame
 
 pytestmark = pytest.mark.skipif(
     shutil.which("gcc") is None or shutil.which("g++") is None or

@@ -18,7 +18,7 @@ import pytest
 from linepack.image.elf import ElfImage
 from linepack.image.functions import FunctionTable
 from linepack.relayout.driver import relayout
-from linepack.relayout.eh_frame import (EhFrameError, EhFrameHdr, check_eh_frame,
+from linepack.relayout.user.eh_frame import (EhFrameError, EhFrameHdr, check_eh_frame,
                                         parse_eh_frame)
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -99,7 +99,7 @@ def test_exceptions_and_backtraces_survive(prog, tmp_path, strategy, order):
 
 def test_stale_hdr_is_detected(prog, tmp_path, monkeypatch):
     """Without the update the binary terminates: the test above is meaningful."""
-    import linepack.relayout.eh_frame as eh
+    import linepack.relayout.user.eh_frame as eh
     exe, _ = prog
     monkeypatch.setattr(eh, "update_eh_frame", lambda rw, log=None: {})
     out = tmp_path / "stale"

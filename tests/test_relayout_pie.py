@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from linepack.image.elf import RELA, ElfImage
-from linepack.relayout.pie import is_pie, pic_table_entries
+from linepack.relayout.user.pie import is_pie, pic_table_entries
 
 pytestmark = pytest.mark.skipif(
     shutil.which("gcc") is None or shutil.which("g++") is None or
@@ -152,7 +152,7 @@ def test_got_slots_and_ifunc(tmp_path, relr):
     relocations packed in .relr.dyn (-z pack-relative-relocs, the field is the
     addend); a GOT slot left at its old value there is named by verify."""
     from linepack.profile.user import record_user
-    from linepack.relayout.pie import relr_addresses
+    from linepack.relayout.user.pie import relr_addresses
     d = str(tmp_path)
     exe, _ = _build_c(d, "pie_got", ["-fpic", "-Wl,--no-relax"] +
                       (["-Wl,-z,pack-relative-relocs"] if relr else []))
@@ -268,7 +268,7 @@ def test_verify_names_an_absolute_lpstart(cxx_pie, tmp_path):
     """Part LSDAs written with an absolute LPStart (right for a non-PIE, the
     link address in a PIE: the exception lands on an unmapped page): verify
     names each one."""
-    import linepack.relayout.eh_frame_split as es
+    import linepack.relayout.user.eh_frame_split as es
     from linepack.relayout.driver import load_profile_full, relayout
     exe, prof = cxx_pie
     orig = es.lsda_encode

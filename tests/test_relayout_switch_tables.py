@@ -106,7 +106,7 @@ def test_relayout_and_verify_find_the_same_tables(built, name):
     via_anchor."""
     from linepack.image.shared import function_units
     from linepack.kernel.base import ImageContext
-    from linepack.relayout.pie import pic_table_entries
+    from linepack.relayout.user.pie import pic_table_entries
     from linepack.verify.pie import switch_tables
     exe = built[name][0]
     im = ElfImage(exe)
@@ -197,18 +197,18 @@ def test_every_wrong_switch_table_entry_is_named(built, name, strategy):
 def _prefix_relayout(exe, prof, out):
     """relayout as before issue 22 for an ET_EXEC: no PC-relative field analysis
     (PIC entries translated as S + A), and problems only noted."""
-    import linepack.relayout.driver as driver
-    import linepack.relayout.pie as pie
+    import linepack.relayout.passes as passes
+    import linepack.relayout.user.pie as pie
     from linepack.relayout.driver import load_profile_full, relayout
-    saved = pie.pic_table_entries, driver.BROKEN_OUTPUT
+    saved = pie.pic_table_entries, passes.BROKEN_OUTPUT
     try:
         pie.pic_table_entries = lambda *a, **k: pie.PicTables()
-        driver.BROKEN_OUTPUT = frozenset()
+        passes.BROKEN_OUTPUT = frozenset()
         lp = load_profile_full(prof, exe)
         summary, _, _ = relayout(exe, out, "pack", hotness=lp.hotness, calls=lp.calls,
                                  blocks=lp.blocks, profile_build_id=lp.build_id)
     finally:
-        pie.pic_table_entries, driver.BROKEN_OUTPUT = saved
+        pie.pic_table_entries, passes.BROKEN_OUTPUT = saved
     return summary
 
 
@@ -229,12 +229,11 @@ def test_prefix_translation_is_a_finding(built, tmp_path):
 _INJECT = """
 import sys
 import linepack.relayout.rewriter as r
-orig = r.Rewriter.run
-def run(self):
+orig = r.Rewriter.fix_rip_relative      # the references pass's last step
+def fix_rip_relative(self):
     orig(self)
     self.problem(sys.argv[1], [0x401000], "injected by the test")
-    return self
-r.Rewriter.run = run
+r.Rewriter.fix_rip_relative = fix_rip_relative
 from linepack.cli import main
 sys.exit(main(sys.argv[2:]))
 """

@@ -104,6 +104,10 @@ def test_reversed_order(prog, tmp_path):
     assert a < b
     assert summary["branches.rel32_fixed"] > 0      # assembler-resolved calls were fixed
     assert summary["rip_relative.fixed"] >= 1       # the lea tail2(%rip) in where()
+    # whole functions: the function-level pass list on the userspace target
+    from linepack.relayout.passes import FUNCTION_PASSES
+    assert [n for n, _ in summary.stats] == [n for n, _ in FUNCTION_PASSES]
+    assert rw.block_split is None and summary.stats[0][1].kind == "userspace"
 
 
 def test_stock_is_byte_identical_and_reproducible(prog, tmp_path):

@@ -202,3 +202,48 @@ def test_align_all_512_refused_with_missing_bytes_and_hint(tmp_path):
                      r"the largest alignment that fits is align-all (64|128|256)$", lines[0]), lines
     assert out.read_text() == "left alone"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]      # no temp files left
+
+
+def _census(image_path):
+    """(sites, 2-byte sites) of the image's __jump_table, from its bytes."""
+    from linepack.kernel.base import ImageContext
+    from linepack.kernel.jump_table import JumpTable, classify
+    ctx = ImageContext(ElfImage(image_path))
+    e = JumpTable().parse(ctx)
+    kind, _ = classify(ctx, e["code"])
+    return len(e), int(((kind == 0) | (kind == 2)).sum())
+
+
+def test_blocks_summary_states_static_keys_once(tmp_path):
+    """Block level: one "static keys:" line says what the input had and what
+    relayout chose (issue 20: two lines, "0 5-byte could be 2-byte" and "10 made
+    short, 44 made long", read as if they disagreed). Profile: the first 16 bytes
+    of every 50th function run, the rest of each is cold (no QEMU needed)."""
+    from linepack.profile.model import Profile
+    ft = FunctionTable(ElfImage(VMLINUX))
+    idx = [i for i in range(100, 40000, 50) if int(ft.size[i]) >= 64]
+    n = len(idx)
+    prof = Profile.from_blocks(VMLINUX, ft.start[idx], np.full(n, 16), np.full(n, 4),
+                               np.full(n, 1000))
+    prof.save(tmp_path / "entry.lpprof")
+    out, js = tmp_path / "vmlinux.blocks", tmp_path / "summary.json"
+    r = subprocess.run([sys.executable, "-m", "linepack", "relayout", VMLINUX, "-o", str(out),
+                        "--strategy", "blocks", "--profile", str(tmp_path / "entry.lpprof"),
+                        "--json", str(js), "--strip-debug", "-q"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads(js.read_text())
+    assert s["split"]["functions_split"] > 50
+    lines = [ln for ln in r.stdout.splitlines() if "static keys" in ln]
+    assert len(lines) == 1, lines
+    sites, two_before = _census(VMLINUX)
+    n_after, two_after = _census(str(out))
+    short, long_ = s["static_keys.made_short"], s["static_keys.made_long"]
+    assert sites == n_after == s["static_keys.sites_rechecked"]
+    assert two_after == s["static_keys.two_byte"] == two_before + short - long_
+    assert short + long_ > 0                  # the split re-encoded some: a statement to make
+    assert lines[0] == (
+        f"  static keys:       {sites} sites: {two_before} 2-byte + {sites - two_before} 5-byte "
+        f"before; relayout made {short} short, {long_} long, kept "
+        f"{s['static_keys.unchanged']}; after: {two_after} 2-byte (all reach their target), "
+        f"{sites - two_after} 5-byte ({s['static_keys.five_byte_in_rel8_reach']} of them "
+        "within rel8 reach)")

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from linepack.image.elf import ElfImage
-from linepack.relayout.eh_frame import check_eh_frame
+from linepack.relayout.user.eh_frame import check_eh_frame
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 pytestmark = pytest.mark.skipif(

@@ -79,70 +79,8 @@ class Relayout:
                                          allow_missing=args.allow_missing)
             if args.json:
                 write_atomic(args.json, json.dumps(summary, indent=1, sort_keys=True) + "\n")
-        s = summary
-        print(f"relayout {args.image} -> {args.output} ({s['strategy']})")
-        print(f"  functions moved:   {s['functions_moved']} ({s['units_moved']} units of "
-              f"{s['units']})")
-        print(f"  hot text:          {s['hot_text_bytes']} bytes in {s['hot_units']} units")
-        print(f"  padding:           {s['padding_bytes']:,} bytes; .text growth "
-              f"{s['text_growth_bytes']:+,} bytes ({s['text_growth_pct']:+.2f}% of .text)")
-        print(f"  hot 64 B lines:    {s['hot_lines_before']} -> {s['hot_lines_after']} "
-              f"({s['hot_functions']} hot functions, whole functions)")
-        if "block_lines_before" in s:
-            b0, b1 = s["block_lines_before"], s["block_lines_after"]
-            print(f"  executed lines:    {b0} -> {b1} ({(b1 - b0) / b0 if b0 else 0:+.1%}; 64 B lines "
-                  f"holding blocks run at least once per iteration, {s['blocks']} blocks)")
-        print(f"  references fixed:  {s.get('relocations.fields_changed', 0)} relocated fields, "
-              f"{s.get('branches.rel32_fixed', 0)} rel32 + {s.get('branches.rel8_fixed', 0)} rel8 "
-              f"branches, {s.get('rip_relative.fixed', 0)} RIP-relative")
-        tables = [k.split('.', 1)[1] for k in s if k.startswith("table.")]
-        if tables:
-            print(f"  kernel tables:     {', '.join(tables)}")
-        if "static_keys.sites_rechecked" in s:
-            print(f"  static keys:       {s['static_keys.sites_rechecked']} sites re-checked "
-                  f"({s['static_keys.two_byte']} 2-byte still in rel8 reach, "
-                  f"{s['static_keys.five_byte_in_rel8_reach']} 5-byte could be 2-byte)")
-        if "split" in s:
-            sp = s["split"]
-            print(f"  block split:       {sp['functions_split']} functions split "
-                  f"({sp['hot_part_bytes']} hot + {sp['cold_part_bytes']} cold bytes, "
-                  f"{sp['split_growth_bytes']:+d}); {sp['copied']} blocks copied, "
-                  f"{sp['branch']} branches re-encoded, {sp['jmp_inserted']} jmps inserted, "
-                  f"{sp['jmp_removed']} removed")
-            if "ext_tsp_score" in sp:
-                e = sp["ext_tsp_score"]
-                print(f"  hot block order:   ext-TSP, {e['functions_reordered']} functions "
-                      f"reordered; objective {e['original']:,.1f} -> {e['ordered']:,.1f} "
-                      "(original order -> chosen)")
-            for why, n in sorted(sp["hot_functions_by_reason"].items(), key=lambda x: -x[1]):
-                print(f"    hot functions {'split' if why == 'split' else 'whole: ' + why}: {n}")
-        if "static_keys.made_short" in s:
-            print(f"  static keys:       {s['static_keys.made_short']} made short, "
-                  f"{s['static_keys.made_long']} made long, {s['static_keys.unchanged']} unchanged")
-        if "orc_unwind.entries_after" in s:
-            print(f"  ORC:               {s['orc_unwind.block_entries_wanted']} block entries wanted, "
-                  f"{s['orc_unwind.entries_after']} of {s['orc_unwind.entries_before']} slots used "
-                  "after compaction")
-        if "orc_unwind.padding_runs_covered" in s:
-            print(f"  ORC padding:       {s['orc_unwind.padding_runs']} padding runs, "
-                  f"{s['orc_unwind.padding_runs_covered']} already covered, "
-                  f"{s['orc_unwind.padding_entries_added']} entries added "
-                  f"({s['orc_unwind.dropped_shadowed']} shadowed + "
-                  f"{s['orc_unwind.dropped_unmapped']} dead entries reused), "
-                  f"{s['orc_unwind.padding_runs_without_entry']} without room")
-        print(f"  DWARF:             {s['dwarf']}" + (
-            f" ({s.get('dwarf_line_sequences_out', 0)} line sequences, "
-            f"{s.get('dwarf_units_relisted', 0) + s.get('dwarf_units_converted_to_ranges', 0)} "
-            f"unit range lists rebuilt)" if s['dwarf'] == 'rewritten' else ""))
-        if "pie.pic_table_entries" in s:
-            print(f"  PC-relative data:  {s['pie.pic_table_entries']} switch-table entries, "
-                  f"{s.get('pcrel_data.self_relative', 0)} self-relative fields into code, "
-                  f"{s['pie.pcrel_data_unexplained']} not explained (left as they are; "
-                  f"{s.get('pcrel_data.pinned_units', 0)} functions they may designate pinned)")
-            for e in s.get("pcrel_data.unexplained_examples", []):
-                print(f"    not explained: {e['field']} in {e['section']} (value {e['value']}, "
-                      f"relative to itself: {e['relative_to_itself']})")
-        for p in s["problems"][:10]:
-            print(f"  problem: {p['kind']} at {p['address']}: {p['message']}")
+        print(f"relayout {args.image} -> {args.output} ({summary['strategy']})")
+        for line in summary.lines():       # each pass's stats print themselves
+            print(line)
         print(f"  wall time:         {wall_seconds():.1f} s (the whole command)")
         return 0

@@ -59,7 +59,7 @@ def check_programs(specs):
             raise BadInput(f"--program {path}: {msg}") from None
         except Exception as e:                  # noqa: BLE001 - unreadable input: one line
             raise BadInput(f"--program {path}: not a readable ELF executable ({e})") from None
-        from ..relayout.pie import is_pie
+        from ..relayout.user.pie import is_pie
         if image.type == 3 and not is_pie(image):
             raise BadInput(f"--program {path}: a shared library, not a program")
         if image.type != ET_EXEC and not is_pie(image):

@@ -177,7 +177,7 @@ class CFG:
     def __init__(self, dis, fstart, fend, sites=None, noreturn_addrs=(), reloc_insn=None,
                  indirect_ok=False):
         # indirect_ok: indirect jumps do not stop a split (userspace jump tables whose
-        # every entry is relocated and a leader: relayout/user_blocks.py)
+        # every entry is relocated and a leader: relayout/user/user_blocks.py)
         self.indirect_ok = indirect_ok
         self.dis = dis
         fstart = np.asarray(fstart, dtype=np.uint64)

@@ -261,7 +261,7 @@ def qemu_user():
 
 def _pie(path):
     from ..image.elf import ElfImage
-    from ..relayout.pie import is_pie
+    from ..relayout.user.pie import is_pie
     return is_pie(ElfImage(path))
 
 

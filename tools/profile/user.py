@@ -47,7 +47,7 @@ def check_program(path):
     if not os.path.exists(path):
         raise BadInput(f"{path}: no such program")
     image = ElfImage(path)
-    from ..relayout.pie import is_pie
+    from ..relayout.user.pie import is_pie
     if image.type == ET_DYN and not is_pie(image):
         raise BadInput(f"{path}: a shared library, not a program (ET_DYN without an "
                        "interpreter): profile a program that loads it")

@@ -39,30 +39,12 @@ class BlockRewriter(Rewriter):
         amap.block_rows = rows
         return amap
 
-    def move_code(self):
-        u, p = self.units, self.plan
-        moved = 0
-        for lo, hi in zip(self.amap.ext_lo.tolist(), self.amap.ext_hi.tolist()):
-            sec = self.image.section_at(lo)
-            old = self.image.section_bytes(sec)
-            new = self.buf(sec)
-            inside = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi))
-            idx = np.nonzero(inside)[0]
-            if len(idx) and int(p.new_end[idx].max()) > hi:
-                raise RewriteError(f"layout runs past {hi:#x} (end of section {sec.name} "
-                                   "or pinned code)")
-            new[lo - sec.addr:hi - sec.addr] = 0xCC
-            for i in idx.tolist():
-                b = int(p.new_start[i]) - sec.addr
-                if self.split_mask[i]:
-                    data = np.frombuffer(self.part_bytes[i], np.uint8)
-                    new[b:b + len(data)] = data
-                    continue
-                a = int(u.start[i]) - sec.addr
-                n = int(u.size[i])
-                new[b:b + n] = old[a:a + n]
-            moved += int(p.moved[idx].sum())
-        self.stats["units_moved"] = moved
+    def unit_bytes(self, i, old, sec):
+        """A split function's part comes from its emitted bytes (re-encoded
+        branches already carry their final displacement); other units move whole."""
+        if self.split_mask[i]:
+            return np.frombuffer(self.part_bytes[i], np.uint8)
+        return super().unit_bytes(i, old, sec)
 
     def fix_branches(self):
         """Assembler-resolved branches, except the ones the split re-encoded

@@ -66,6 +66,7 @@ class LayoutPlan:
         self.region_new_start = list(region_new_start)
         self.strategy = strategy
         self.heat = heat
+        self.kept_regions = []        # regions that kept their original layout (make_plan)
 
     @property
     def moved(self):
@@ -419,3 +420,28 @@ def _edges(view, units, calls, functions):
         if ka is not None and kb is not None:
             out.append((ka, kb, float(w)))
     return out
+
+
+def _movable_runs(plan):
+    """A mask of the units of each movable run of the laid-out extents (pinned
+    code splits a section into runs)."""
+    from ..image.addrmap import plan_extents
+    u = plan.units
+    ext, _ = plan_extents(plan)
+    for lo, hi in ext:
+        m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi)) & ~u.pinned
+        if m.any():
+            yield m
+
+
+def text_growth(plan):
+    """How far the end of laid-out code moved, summed over sections' movable runs."""
+    u = plan.units
+    return sum(int(plan.new_end[m].max()) - int(u.end[m].max()) for m in _movable_runs(plan))
+
+
+def padding(plan):
+    """Bytes between laid-out units (alignment and gaps), summed over movable runs."""
+    u = plan.units
+    return sum(int(plan.new_end[m].max()) - int(plan.new_start[m].min()) - int(u.size[m].sum())
+               for m in _movable_runs(plan))

@@ -78,7 +78,10 @@ class Rewriter:
         self.sym_value = syms["value"].astype(np.uint64)
         self.sym_type = (syms["info"] & 0xF).astype(np.int64)
         self.sym_new = None
-        self.pic_tables = None       # PIC switch-table entries, loose fields (relayout/pie.py)
+        self.pic_tables = None       # PIC switch-table entries, loose fields (relayout/user/pie.py)
+        self.block_split = None      # block level: the split (relayout/passes.py)
+        self.header_updates = None   # {section index: {header field: value}} for write_image
+        self.section_moves = None    # {section index: (new address, new size)} for write_image
 
     # -- helpers -------------------------------------------------------------
     def address_map(self):
@@ -195,12 +198,17 @@ class Rewriter:
                                    "or pinned code)")
             new[lo - sec.addr:hi - sec.addr] = 0xCC
             for i in idx.tolist():
-                a = int(u.start[i]) - sec.addr
                 b = int(p.new_start[i]) - sec.addr
-                n = int(u.size[i])
-                new[b:b + n] = old[a:a + n]
+                data = self.unit_bytes(i, old, sec)
+                new[b:b + len(data)] = data
             moved += int(p.moved[idx].sum())
         self.stats["units_moved"] = moved
+
+    def unit_bytes(self, i, old, sec):
+        """The bytes unit ``i`` takes to its new place: its original ones (``old``:
+        its section's contents)."""
+        a = int(self.units.start[i]) - sec.addr
+        return old[a:a + int(self.units.size[i])]
 
     def new_symbols(self):
         """New value of every symbol (unchanged outside the rewritten extents)."""
@@ -309,7 +317,7 @@ class Rewriter:
                 loose = None
                 if pc and not tgt.is_code and self.pic_tables is not None:
                     # a PC-relative data field nothing explains: left as it is (the
-                    # functions it may designate are pinned: relayout/pie.py)
+                    # functions it may designate are pinned: relayout/user/pie.py)
                     loose = self.pic_tables.is_loose(P[m])
                     Tn, ok = np.where(loose, T, Tn), ok | loose
                 if not ok.all():

@@ -325,7 +325,7 @@ def pin_units(units, which):
     are. The planner keeps pinned units only as the prefix of a region, so each
     becomes a pinned region of its own and its region is cut around it: the
     code before and after it is laid out on each side (userspace: a function a
-    loose PC-relative data field may designate, relayout/pie.py)."""
+    loose PC-relative data field may designate, relayout/user/pie.py)."""
     which = set(int(u) for u in np.asarray(which, np.int64).tolist() if u >= 0)
     if not which:
         return units

@@ -7,7 +7,7 @@ import numpy as np
 from ..image.elf import STT_SECTION
 from .tables import sorted_table_ranges
 
-# Data symbols a rewrite may move (tools/relayout/kallsyms_cold.py: kallsyms'
+# Data symbols a rewrite may move (tools/relayout/kernel/kallsyms_cold.py: kallsyms'
 # arrays grown by the `.cold` entries of a block-level layout, and the end of the
 # read-only data behind them). Every other data symbol stays.
 MOVABLE_DATA = ("kallsyms_offsets", "kallsyms_names", "kallsyms_markers",

@@ -30,7 +30,7 @@ A PIE (:func:`check_pie`):
 import numpy as np
 
 from ..image.elf import RELA
-from ..relayout.pie import (DT_FINI, DT_INIT, R_X86_64_IRELATIVE, R_X86_64_RELATIVE, dynamic_entries,
+from ..relayout.user.pie import (DT_FINI, DT_INIT, R_X86_64_IRELATIVE, R_X86_64_RELATIVE, dynamic_entries,
                             dynamic_rela_sections, is_pie, read_fields, relr_addresses)
 
 
@@ -110,7 +110,7 @@ def check_pie(old, new, amap, octx, findings, counter, report, add):
 def absolute_unwind_pointers(image):
     """[(address, what)] of absolute-encoded pointers in ``image``'s .eh_frame
     and the LSDAs its FDEs name (none in what gcc writes for a PIE)."""
-    from ..relayout.eh_frame import DW_EH_PE_omit, parse_eh_frame
+    from ..relayout.user.eh_frame import DW_EH_PE_omit, parse_eh_frame
     sec = image.section(".eh_frame")
     if sec is None or not sec.size:
         return []

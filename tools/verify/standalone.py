@@ -54,7 +54,7 @@ def _eh_frame_checks(image, report, findings):
     sec = image.section(".eh_frame")
     if sec is None or not sec.size:
         return
-    from ..relayout.eh_frame import check_eh_frame, parse_eh_frame
+    from ..relayout.user.eh_frame import check_eh_frame, parse_eh_frame
     try:
         count = len(parse_eh_frame(image.section_bytes(sec), sec.addr))
         problems = check_eh_frame(image)

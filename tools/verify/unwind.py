@@ -6,8 +6,8 @@ import numpy as np
 
 from ..errors import LinepackError
 from ..image import blockmap as bm
-from ..relayout.eh_frame import parse_eh_frame
-from ..relayout.eh_frame_split import check_split_cfi, check_split_lsda
+from ..relayout.user.eh_frame import parse_eh_frame
+from ..relayout.user.eh_frame_split import check_split_cfi, check_split_lsda
 
 
 def check_eh_frame(ctx, out):
@@ -16,7 +16,7 @@ def check_eh_frame(ctx, out):
     Block-level layouts: the new FDEs are the translated ones plus one per cold
     part, starting at the part's first piece; and the unwind state at every
     piece of a split function (and at every original CFI row inside a copied
-    piece) is the original's (relayout/eh_frame_split.py: check_split_cfi)."""
+    piece) is the original's (relayout/user/eh_frame_split.py: check_split_cfi)."""
     old, new, amap = ctx.old, ctx.new, ctx.amap
     block_rows = ctx.rows if ctx.split.any() else None
     so, sn = old.section(".eh_frame"), new.section(".eh_frame")

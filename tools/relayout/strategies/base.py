@@ -8,6 +8,12 @@ from ..plan import LINE, place
 class Strategy:
     name = "?"
     positional = None
+    # what relayout's passes read (relayout/passes.py); pack and blocks set their own
+    block_level = False        # split hot functions (the block-level pass list)
+    use_blocks = False         # place small units by their executed blocks
+    block_min = 0.0            # ... that run at least this often per iteration
+    invert_jcc = False         # block level: invert a jcc so the hot path falls through
+    block_order = "original"   # block level: order of the hot blocks
 
     def __init__(self, min_count=1):
         self.min_count = float(min_count)

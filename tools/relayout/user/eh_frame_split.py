@@ -5,7 +5,7 @@ two FDEs, as gcc writes for its own ``.cold`` parts:
 
 - the hot part keeps the function's FDE: ``pc_begin`` at the symbol,
   ``pc_range`` the hot part's size, a CFI program rebuilt from the original
-  rows (tools/relayout/cfi.py): each piece of the part starts with the state the
+  rows (tools/relayout/user/cfi.py): each piece of the part starts with the state the
   original program gave at the piece's original address (an inserted jmp: the
   state at the end of the block it closes), and the original rows inside a
   copied piece follow it;
@@ -26,7 +26,7 @@ records and header entries fit the two sections' bytes; the others are moved
 whole with the reason R_EH_ROOM.
 
 A function with an LSDA (``.gcc_except_table`` call-site ranges are per FDE,
-relative to its start) gets one new LSDA per part (tools/relayout/lsda.py),
+relative to its start) gets one new LSDA per part (tools/relayout/user/lsda.py),
 stored after the ``.eh_frame_hdr`` search table; both FDEs point at theirs.
 An LSDA lsda.py does not rewrite (exception specifications) keeps its function
 whole (R_EH_LSDA), as does an FDE that does not cover exactly its function's
@@ -37,7 +37,7 @@ import struct
 
 import numpy as np
 
-from ..image.elf import RELA
+from ...image.elf import RELA
 from .cfi import (CfiError, evaluate, parse_cie_info, rows_for_pieces, state_at, used_length,
                   write_program)
 from .lsda import Lsda, LsdaError, call_sites_for_part, size_bound
@@ -193,7 +193,7 @@ class EhSplit:
 
     def reason(self, start, end):
         """None if the function [start, end) can be split, else a reason code."""
-        from ..image.cfg import R_EH_FRAME, R_EH_LSDA
+        from ...image.cfg import R_EH_FRAME, R_EH_LSDA
         fd = self.by_begin.get(start, [])
         lo = int(np.searchsorted(self._begins, start, side="right"))
         inside = lo < len(self._begins) and int(self._begins[lo]) < end
@@ -220,7 +220,7 @@ class EhSplit:
 
     def programs(self, sf, base):
         """(hot program, cold program) of split function ``sf`` (unit at ``base``)."""
-        from .blocks import COPY, INSERTED, REMOVED
+        from ..blocks import COPY, INSERTED, REMOVED
         r = self.by_begin[base][0]
         info = self.cie_info[r.cie]
         rows = self.rows[base]
@@ -237,7 +237,7 @@ class EhSplit:
 
     def cost(self, sf, base):
         """Bytes the split of ``sf`` adds to the two sections."""
-        from .blocks import COPY
+        from ..blocks import COPY
         if base not in self.by_begin:
             return 0, None
         r = self.by_begin[base][0]
@@ -254,7 +254,7 @@ class EhSplit:
 
     def accept(self, splits, starts, heat, reason):
         """Keep the splits that fit, hottest first; mark the others R_EH_ROOM."""
-        from ..image.cfg import R_EH_ROOM
+        from ...image.cfg import R_EH_ROOM
         free = self.free            # each header entry adds 8: .eh_frame's start stays 8-aligned
         kept = []
         order = sorted(range(len(splits)), key=lambda k: (-float(heat[splits[k].unit]), k))
@@ -272,7 +272,7 @@ class EhSplit:
     def rebuild(self, rw, splits, starts):
         """New bytes and geometry of both sections in ``rw`` (a BlockRewriter
         after run()); returns stats."""
-        from .blocks import COPY
+        from ..blocks import COPY
         amap = rw.amap
         by_unit = {int(starts[sf.unit]): sf for sf in splits if getattr(sf, "cfi", None)}
         recs = []                 # (old record or None, kind, fields)
@@ -410,7 +410,7 @@ class EhSplit:
         # a split function's LSDA pointer now names its hot part's LSDA, stored
         # in .eh_frame_hdr: relocated against that section's symbol
         if lsda_fields:
-            from ..image.elf import SHT_SYMTAB, SYM
+            from ...image.elf import SHT_SYMTAB, SYM
             symsec = next(x for x in self.image.sections if x.type == SHT_SYMTAB)
             syms = np.array(self.image.section_bytes(symsec)).view(SYM)
             hit = np.nonzero(((syms["info"] & 0xF) == 3) & (syms["shndx"] == self.hsec.index))[0]
@@ -431,7 +431,7 @@ def fix_section_symbols(rw, image):
     moves = getattr(rw, "section_moves", None)
     if not moves:
         return
-    from ..image.elf import SHT_SYMTAB, SYM
+    from ...image.elf import SHT_SYMTAB, SYM
     symsec = next(s for s in image.sections if s.type == SHT_SYMTAB)
     buf = rw.patched.get(symsec.index)
     rows = (np.array(buf) if buf is not None else np.array(image.section_bytes(symsec))).view(SYM).copy()
@@ -446,7 +446,7 @@ def check_split_cfi(old_image, new_image, rows):
     split function (and at every original CFI row inside a copied piece), the
     state the new image's FDE gives equals the one the original's gives.
     Returns a list of (address, message)."""
-    from ..image import blockmap as bm
+    from ...image import blockmap as bm
     problems = []
     try:
         old = EhSplit(old_image)
@@ -529,7 +529,7 @@ def check_split_lsda(old_image, new_image, rows):
     FDE covering the new address, its LSDA, the call site holding it) gives the
     original's answer: no call site / the same landing pad (translated) and
     the same action chain with the same catch types. Returns (problems, checked)."""
-    from ..image import blockmap as bm
+    from ...image import blockmap as bm
     try:
         old = EhSplit(old_image)
         new = _FdeIndex(new_image)

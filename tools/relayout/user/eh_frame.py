@@ -30,8 +30,8 @@ import struct
 
 import numpy as np
 
-from ..errors import BadInput
-from ..leb128 import read_sleb, read_uleb
+from ...errors import BadInput
+from ...leb128 import read_sleb, read_uleb
 
 DW_EH_PE_absptr = 0x00
 DW_EH_PE_omit = 0xFF

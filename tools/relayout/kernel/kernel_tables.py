@@ -8,7 +8,7 @@ or none at all (kallsyms).
 
 import numpy as np
 
-from ..kernel.base import ImageContext
+from ...kernel.base import ImageContext
 
 # Tables with an update/write pair, in the order they are applied.
 RELAYOUT_TABLES = ("__ex_table", "orc_unwind", "__mcount_loc", "kallsyms")
@@ -36,7 +36,7 @@ def update_kernel_tables(rw, log, ctx=None, skip=(), only=None):
     image = rw.image
     if image.symbol_address("_stext") is None or rw.plan.is_identity():
         return {}
-    from ..kernel import TABLES
+    from ...kernel import TABLES
 
     ctx = ctx or ImageContext.of(image, log=log)
     ctx._disasm = rw.dis if ctx._disasm is None else ctx._disasm

@@ -11,7 +11,7 @@ none). The section keeps its size; ``.gnu.hash``/``.hash`` hash names only.
 
 import numpy as np
 
-from ..image.elf import STT_FUNC, STT_SECTION, SYM
+from ...image.elf import STT_FUNC, STT_SECTION, SYM
 
 SHT_DYNSYM = 11
 

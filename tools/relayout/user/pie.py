@@ -28,7 +28,7 @@ and go through the same rewrite. Two things are PIE-only:
 
 import numpy as np
 
-from ..image.elf import RELA, SHT_RELA
+from ...image.elf import RELA, SHT_RELA
 
 R_X86_64_PC32, R_X86_64_PLT32, R_X86_64_64 = 2, 4, 1
 R_X86_64_RELATIVE, R_X86_64_IRELATIVE = 8, 37
@@ -125,7 +125,7 @@ def _code_ranges(image):
 
 
 def _in(ranges, a):
-    from ..image.intervals import containing
+    from ...image.intervals import containing
     return containing(ranges[0], ranges[1], a) >= 0
 
 
@@ -162,7 +162,7 @@ def pic_table_entries(image, dis, functions=None):
     if image.type not in (2, 3):
         return PicTables()
     if functions is None:
-        from ..image.shared import function_table
+        from ...image.shared import function_table
         functions = function_table(image)
     code = _code_ranges(image)
     sym_value = image.symtab["value"].astype(np.int64)

@@ -21,7 +21,7 @@ GNU_window_save) raise CfiError: the caller then does not split the function.
 import functools
 import struct
 
-from ..leb128 import read_sleb, read_uleb, sleb, uleb  # noqa: F401 (encoders: used by lsda too)
+from ...leb128 import read_sleb, read_uleb, sleb, uleb  # noqa: F401 (encoders: used by lsda too)
 
 
 class CfiError(ValueError):

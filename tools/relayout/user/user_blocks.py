@@ -13,7 +13,7 @@ whose indirect jumps go through such tables can be split, provided that:
 - position-independent switch tables hold differences (``.long .Lcase -
   .Ltable``) whose relocation's S + A is not the case's address, so they
   cannot be followed by their relocation alone: in any executable (PIE or
-  gcc's default -fPIE code linked -no-pie) relayout/pie.py finds each entry's
+  gcc's default -fPIE code linked -no-pie) relayout/user/pie.py finds each entry's
   table base and case; a PC-relative data field it cannot explain is left as
   it is and the functions it may designate are pinned (never moved or split).
   Without that analysis (``pic`` None) any PC-relative data relocation into
@@ -30,11 +30,11 @@ UNWIND = (".eh_frame", ".eh_frame_hdr", ".gcc_except_table")
 def user_table_sites(image, pic=None):
     """(TableSites for the CFG, indirect jumps allowed?, note for the log).
 
-    ``pic``: the PC-relative data fields into code (relayout/pie.py, PIE or
+    ``pic``: the PC-relative data fields into code (relayout/user/pie.py, PIE or
     not): the switch-table entries' cases are leaders too; with it, no field
     keeps functions with indirect jumps whole (a loose field is left as it is
     and the functions it may designate are pinned: moved and split never)."""
-    from ..image.cfg import TableSites
+    from ...image.cfg import TableSites
     sym_value = image.symtab["value"].astype(np.uint64)
     code = [s for s in image.sections if s.is_code and s.is_alloc]
 

@@ -24,7 +24,7 @@ follows), in the room the rebuilt ``.eh_frame`` frees.
 
 import struct
 
-from ..leb128 import uleb_fixed
+from ...leb128 import uleb_fixed
 from .cfi import uleb
 from .eh_frame import DW_EH_PE_omit, DW_EH_PE_pcrel, _FORMATS, _sleb, _uleb
 

@@ -1,0 +1,527 @@
+"""relayout as an ordered list of passes over one context.
+
+Each pass is a function ``pass_(run) -> stats`` (relayout/stats.py) that reads
+and fills the ``RelayoutRun``; ``FUNCTION_PASSES`` lays out whole functions,
+``BLOCK_PASSES`` splits hot functions into hot and cold parts first. What a
+kernel and an executable do differently is asked of ``run.target``
+(relayout/target.py), never of the image.
+
+    function level: load, disassemble, plan, code, references, static keys,
+                    metadata, symbols, DWARF, write, summary, maps
+    block level:    load, disassemble, split, plan, parts, code, references,
+                    static keys, metadata, symbols, DWARF, write, summary, maps
+"""
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from .. import timings
+from ..errors import BadInput
+from ..image.elf import ET_DYN, ET_EXEC
+from ..image.functions import text_size
+from . import stats as S
+from . import strategies
+from .plan import LayoutError, make_plan
+
+
+@dataclass
+class RelayoutRun:
+    """Everything the passes share: the inputs, then what each pass builds."""
+    image_path: str
+    out_path: str
+    strategy: Any
+    hotness: dict
+    calls: Any = ()
+    profile_build_id: Optional[str] = None
+    blocks: Any = None
+    log: Callable = lambda m: None
+    debug: str = "rewrite"
+    layout_map: Optional[str] = None
+    system_map: Optional[str] = None
+    allow_missing: bool = False
+    # built by the passes
+    image: Any = None
+    target: Any = None               # KernelTarget or UserTarget
+    functions: Any = None
+    units: Any = None                # planning units (block level: hot and cold parts)
+    orig_units: Any = None           # the image's units (before a split)
+    dis: Any = None
+    heat: Any = None
+    split: Optional[dict] = None     # block level: cfg, splits, reasons, planning, ...
+    split_stats: Optional[S.SplitStats] = None
+    plan: Any = None
+    rewriter: Any = None
+    extra_sections: list = field(default_factory=list)
+    alloc_sections: list = field(default_factory=list)
+    phdr_updates: Any = None
+    drop: list = field(default_factory=list)
+    stats: list = field(default_factory=list)   # [(pass name, stats)]
+
+
+def run_passes(run, passes):
+    for name, pass_ in passes:
+        run.stats.append((name, pass_(run)))
+    return S.RelayoutSummary(run.stats)
+
+
+class _Counting:
+    """The counters the lower layers add to (or change in) ``rw.stats`` while a
+    pass runs: they become that pass's share of the summary JSON."""
+
+    def __init__(self, rw):
+        self.rw, self.before = rw, dict(rw.stats)
+
+    def counters(self):
+        return {k: v for k, v in self.rw.stats.items()
+                if k not in self.before or self.before[k] != v}
+
+
+# -- checks and planning helpers -----------------------------------------------
+
+NO_RELOCS = ("{path}: no link relocations in its code; relink with -Wl,--emit-relocs "
+             "(a kernel >= 6.5 strips them from vmlinux after writing vmlinux.relocs: run "
+             "linepack inside the kernel build with its kbuild hook, `linepack kbuild` or "
+             "make ARCH_POSTLINK=$(linepack kbuild --print-hook); or use Debian 6.1's "
+             "linux-image-6.1.0-*-cloud-amd64-dbg vmlinux)")
+
+
+# A profile of the same build names (almost) only functions the image has; more
+# unknown names than this share means another build or a garbled profile.
+MISSING_SHARE = 0.05
+
+
+def check_profile(image, functions, hotness, build_id, allow_missing=False):
+    """BadInput for a profile of another build: a build-id mismatch, or more than
+    MISSING_SHARE of its named functions unknown (unless ``allow_missing``)."""
+    if build_id and image.build_id and build_id.lower() != image.build_id.lower():
+        raise BadInput(f"profile is for another build (build-id {build_id[:16]}..., "
+                       f"image has {image.build_id[:16]}...)")
+    names = [k for k in hotness if isinstance(k, str) and not k.startswith("0x")]
+    if not names:
+        return 0
+    missing = [n for n in names if functions.index_of(n) is None]
+    if missing and len(missing) > MISSING_SHARE * len(names) and not allow_missing:
+        examples = ", ".join(sorted(missing)[:3])
+        raise BadInput(f"profile names {len(missing)} of {len(names)} functions that are not in "
+                       f"{image.path} (e.g. {examples}): another build? (--allow-missing to "
+                       "use it anyway)")
+    return len(missing)
+
+
+def _split_hot_ranges(orig_units, split, strat, blocks):
+    """pack's per-unit hot byte ranges for the planning table: a split function's
+    hot part is hot throughout; a unit moved whole keeps its blocks' ranges."""
+    from .plan import unit_hot_ranges
+    if not strat.use_blocks:
+        return None
+    orig = unit_hot_ranges(orig_units, blocks, strat.block_min)
+    _, _, parent, part = split["planning"]
+    sizes = {sf.unit: sf.sizes[0] for sf in split["splits"]}
+    out = {}
+    for k, (u, p) in enumerate(zip(parent.tolist(), part.tolist())):
+        if p:
+            continue
+        if u in sizes:
+            out[k] = [(0, sizes[u])]
+        elif u in orig:
+            out[k] = orig[u]
+    return out
+
+
+def _no_fit_message(err, strat, units, heat, calls, functions, log):
+    """The planner's "does not fit" line; for ``align-all N`` also the largest
+    alignment that does fit (found by planning smaller ones)."""
+    msg = str(err)
+    align = getattr(strat, "align", None)
+    if not isinstance(align, int) or not strat.name.startswith("align-all"):
+        return msg
+    msg = msg.replace("; use a strategy with less padding", "")
+    fits = None
+    a = align // 2
+    while a >= 1:
+        log(f"align-all {align} does not fit; trying align-all {a}")
+        try:
+            make_plan(units, strategies.get(f"align-all {a}"), heat, calls=calls,
+                      functions=functions)
+        except LayoutError:
+            a //= 2
+            continue
+        fits = a
+        break
+    hint = (f"the largest alignment that fits is align-all {fits}" if fits
+            else "no alignment fits")
+    return f"align-all {align} does not fit: {msg.removeprefix('layout does not fit: ')}; {hint}"
+
+
+# -- the passes ------------------------------------------------------------------
+
+def load(run):
+    """Open the image, refuse what relayout cannot handle, check the profile."""
+    from ..image.shared import elf_image, function_table
+    from .target import target_for
+    from .user.pie import is_pie
+    timings.phase("load image, functions")
+    path = run.image_path
+    image = run.image = elf_image(path)      # shared: evaluate relays out one base many times
+    pie = is_pie(image)
+    if image.type == ET_DYN and not pie:
+        raise BadInput(f"{path}: a shared library (ET_DYN without an interpreter); "
+                       "relayout handles executables (PIE or not) and vmlinux")
+    if image.type != ET_EXEC and not pie:
+        raise BadInput(f"{path}: not an executable (ELF type {image.type}); "
+                       "relayout handles linked executables and vmlinux")
+    if not image.has_link_relocations():
+        raise BadInput(NO_RELOCS.format(path=path))
+    functions = run.functions = function_table(image)
+    if not len(functions):
+        raise BadInput(f"{path}: no function symbols")
+    missing = check_profile(image, functions, run.hotness, run.profile_build_id,
+                            run.allow_missing)
+    if missing:
+        run.log(f"profile: {missing} named functions are not in the image (ignored)")
+    run.target = target_for(image)
+    return S.LoadStats(kind=run.target.kind, functions=int(len(functions)),
+                       profile_names_missing=missing)
+
+
+def disassemble(run):
+    """Units (functions glued where code falls or rel8-branches between them), their
+    disassembly and heat; the target's own data (a PIE's PIC switch tables)."""
+    from ..image.shared import function_units
+    from .plan import make_heat
+    timings.phase("disassemble, units")
+    run.units, run.functions, run.dis = function_units(run.image, run.log)
+    run.orig_units = run.units
+    extra = run.target.prepare(run)         # may pin units: before the heat
+    run.heat = make_heat(run.units, run.functions, run.hotness)
+    return S.DisassemblyStats(units=int(len(run.units)), hot_units=int((run.heat > 0).sum()),
+                              **extra)
+
+
+def split(run):
+    """Block level: the CFG of every unit, block counts from the profile, which hot
+    functions split into a hot and a cold part, and the planning units (relayout/blocks.py)."""
+    from ..image.cfg import CFG, NORETURN, block_counts
+    from .blocks import choose_splits, planning_units, reason_summary
+    timings.phase("CFG, block counts, split")
+    image, units, dis, heat, strat, log = (run.image, run.units, run.dis, run.heat,
+                                           run.strategy, run.log)
+    if run.blocks is None:
+        raise BadInput(f"strategy {strat.name} needs a profile with executed blocks "
+                       "(QEMU, perf LBR or BOLT fdata), not function counts only")
+    ctx = run.target.ctx                   # the image's one context, shared with the rewriter
+    if ctx._disasm is None:
+        ctx._disasm = dis
+    sites, indirect_ok = run.target.table_sites(run)
+    noret = [a for a in (image.symbol_address(n) for n in NORETURN) if a is not None]
+    reloc_insn = np.zeros(len(dis), bool)
+    for r in image.relocations.values():
+        if r.target.is_code and len(r):
+            i = dis.containing(r.offset.astype(np.uint64))
+            reloc_insn[i[i >= 0]] = True
+    cfg = CFG(dis, units.start, units.end, sites, noret, reloc_insn, indirect_ok=indirect_ok)
+    eh_split = run.target.unwind_split(run, cfg, heat, strat)
+    counts = block_counts(cfg, *run.blocks)
+    splits, reason = choose_splits(cfg, units, heat, counts, strat.block_min_count,
+                                   run.functions, run.target.short_static_keys(), strat.cold_min,
+                                   strat.invert_jcc, strat.block_order,
+                                   getattr(run.blocks, "edges", None), log)
+    if eh_split is not None:
+        n = len(splits)
+        splits = eh_split.accept(splits, units.start, heat, reason)
+        if len(splits) < n:
+            log(f".eh_frame: room for {len(splits)} of {n} cold-part FDEs; "
+                f"{n - len(splits)} functions moved whole")
+    log(f"CFG: {len(cfg)} blocks in {len(units)} units; {len(splits)} hot functions split, "
+        f"{int(((heat >= strat.min_count) & (reason != 0)).sum())} hot ones moved whole")
+    run.split = {"cfg": cfg, "splits": splits, "reason": reason, "block_count": counts,
+                 "eh_split": eh_split, "reasons": reason_summary(reason, heat, strat.min_count),
+                 "planning": planning_units(units, heat, splits)}
+    run.units, run.heat, _, _ = run.split["planning"]
+    run.split_stats = st = _split_stats(run.split, run.orig_units)
+    return st
+
+
+def _split_stats(split, orig_units):
+    from ..image import blockmap as bm
+    sp, cfg = split["splits"], split["cfg"]
+    kinds = {}
+    for s in sp:
+        for part in s.parts:
+            for p in part:
+                if p.kind == bm.KIND_BRANCH:
+                    key = "long" if p.long else "short"
+                    kinds[key] = kinds.get(key, 0) + 1
+    scored = [s.order_score for s in sp if s.order_score is not None]
+    ext_tsp = None
+    if scored:      # ext-TSP objective of the hot parts, original order -> chosen order
+        ext_tsp = {"original": round(sum(b for b, _ in scored), 3),
+                   "ordered": round(sum(a for _, a in scored), 3),
+                   "functions_reordered": sum(a > b for b, a in scored)}
+    # patch-site jmps (CFG.patched_jmp) inside the split functions
+    c = np.concatenate([[0], np.cumsum(cfg.patched_jmp)])
+    return S.SplitStats(
+        functions_split=len(sp), hot_functions_by_reason=split["reasons"], blocks=int(len(cfg)),
+        patch_site_jmps=int(cfg.patched_jmp.sum()),
+        patch_site_jmps_split=int(sum(c[z] - c[a] for a, z in (cfg.blocks_of(s.func)
+                                                               for s in sp))),
+        hot_part_bytes=int(sum(s.sizes[0] for s in sp)),
+        cold_part_bytes=int(sum(s.sizes[1] for s in sp)),
+        split_growth_bytes=int(sum(s.sizes[0] + s.sizes[1] for s in sp) -
+                               sum(int(orig_units.size[s.unit]) for s in sp)),
+        branches_reencoded=kinds,
+        jcc_inverted=sum(p.inverted for s in sp for part in s.parts for p in part),
+        ext_tsp_score=ext_tsp)
+
+
+def plan(run):
+    """Place every unit per the strategy."""
+    strat, units, heat = run.strategy, run.units, run.heat
+    run.log(f"planning layout '{strat.name}' for {len(units)} units "
+            f"({int((heat > 0).sum())} hot) in {len(units.regions)} regions")
+    timings.phase("plan")
+    block_level = run.split is not None
+    try:
+        run.plan = make_plan(units, strat, heat, calls=run.calls, functions=run.functions,
+                             blocks=None if block_level else run.blocks,
+                             hot_ranges=_split_hot_ranges(run.orig_units, run.split, strat,
+                                                          run.blocks) if block_level else None,
+                             log=run.log)
+    except LayoutError as e:
+        raise LayoutError(_no_fit_message(e, strat, units, heat, run.calls, run.functions,
+                                          run.log)) from None
+    return S.PlanStats(**run.plan.summary())
+
+
+def _start_rewrite(run, rw):
+    run.rewriter = rw
+    rw.pic_tables = pic = run.target.pic
+    if pic is not None:
+        rw.stats["pie.pic_table_entries"] = len(pic)
+        rw.stats["pie.pcrel_data_unexplained"] = pic.unexplained
+        rw.stats["pcrel_data.self_relative"] = pic.self_relative
+        rw.stats["pcrel_data.pinned_units"] = pic.pinned_units
+
+
+def rewriter(run):
+    """Function level: the rewriter over the plan's address map."""
+    from .rewriter import Rewriter
+    timings.phase("rewrite: parts, code, relocations")
+    _start_rewrite(run, Rewriter(run.image, run.units, run.plan, run.dis, log=run.log))
+    return S.PassStats()
+
+
+def parts(run):
+    """Block level: emit the hot and cold parts at their planned addresses (block
+    map rows, part bytes) and the rewriter over the block map."""
+    from ..image import blockmap as bm
+    from .block_rewriter import BlockRewriter
+    from .blocks import layout_rows
+    timings.phase("rewrite: parts, code, relocations")
+    split = run.split
+    _, _, parent, part = split["planning"]
+    rows, part_bytes, cold_syms = layout_rows(split["splits"], run.plan, parent, part, run.image)
+    split_mask = np.isin(parent, [sf.unit for sf in split["splits"]])
+    rw = BlockRewriter(run.image, run.units, run.plan, run.dis, rows, part_bytes, split_mask,
+                       log=run.log)
+    rw.block_split = dict(split, rows=rows, cold_syms=cold_syms, orig_units=run.orig_units)
+    _start_rewrite(run, rw)
+    st = run.split_stats
+    st.block_map = bm.summary(rows)
+    branch = rows["kind"] == bm.KIND_BRANCH
+    st.branch_bytes_saved = int((rows["old_len"][branch].astype(np.int64) -
+                                 rows["new_len"][branch].astype(np.int64)).sum())
+    return S.PassStats()
+
+
+def code(run):
+    """Copy every unit (or emitted part) to its new place; int3 in between."""
+    rw = run.rewriter
+    run.log("rewriting code, relocations and symbols")
+    count = _Counting(rw)
+    rw.other_dis = rw._other_code_disasm()
+    rw.move_code()
+    return S.CodeStats(count.counters())
+
+
+def references(run):
+    """Symbols' new values, relocated fields, assembler-resolved branches,
+    RIP-relative operands."""
+    rw = run.rewriter
+    count = _Counting(rw)
+    rw.new_symbols()
+    rw.fix_relocations()
+    rw.fix_branches()
+    rw.fix_rip_relative()
+    return S.ReferenceStats(count.counters())
+
+
+def static_keys(run):
+    """Every ``__jump_table`` site still reaches its target (function level: sizes
+    kept; block level: the split's re-encoded forms)."""
+    rw = run.rewriter
+    count = _Counting(rw)
+    rw.check_static_keys()
+    return S.StaticKeyStats(count.counters())
+
+
+def metadata(run):
+    """The target's tables or metadata (relayout/target.py)."""
+    timings.phase("kernel tables, eh_frame, symbols")
+    count = _Counting(run.rewriter)
+    tables = run.target.update_metadata(run, block_level=run.split is not None)
+    return S.TargetStats(count.counters(), tables=tables)
+
+
+def symbols(run):
+    """Function level: the symbol table with the rewriter's new values."""
+    rw = run.rewriter
+    count = _Counting(rw)
+    idx, symtab = rw.symtab_bytes()
+    rw.patched[idx] = symtab
+    return S.SymbolStats(count.counters())
+
+
+def block_symbols(run):
+    """Block level: ``name.cold`` symbols, what the target adds for them (kallsyms
+    entries; moved unwind sections' symbols), the block map section."""
+    from ..image import blockmap as bm
+    from .block_symbols import cold_symbols
+    rw = run.rewriter
+    count = _Counting(rw)
+    cold_symbols(rw, run.image, run.log)
+    alloc, run.phdr_updates = run.target.block_symbols(run)
+    run.alloc_sections += alloc
+    run.extra_sections.append((bm.SECTION_NAME, bm.to_bytes(rw.block_split["rows"])))
+    return S.SymbolStats(count.counters())
+
+
+def dwarf(run):
+    """Rewrite the DWARF for the new layout, or drop it (asked, or no
+    ``.rela.debug_*`` to find its addresses)."""
+    image, log = run.image, run.log
+    is_debug = [s.index for s in image.sections if not s.is_alloc and
+                (s.name.startswith(".debug_") or s.name.startswith(".rela.debug_"))]
+    if not is_debug:
+        return S.DwarfStats("none in the input")
+    if run.debug == "strip":
+        run.drop = is_debug
+        log(f"dropping DWARF ({len(is_debug)} .debug_* sections), as asked")
+        return S.DwarfStats("dropped")
+    if not _has_debug_relocations(image):
+        # the addresses to patch are found through .rela.debug_* (a relayout output
+        # has none: its DWARF was already rewritten once)
+        run.drop = is_debug
+        log("dropping DWARF: no .rela.debug_* relocations to find its addresses "
+            "(an image relaid out before?)")
+        return S.DwarfStats("dropped")
+    timings.phase("DWARF rewrite")
+    from ..dwarf.rewrite import rewrite_dwarf
+    log("rewriting DWARF for the new layout")
+    try:
+        patched, run.drop, counters = rewrite_dwarf(image, run.rewriter.amap, log)
+    except (ValueError, IndexError, KeyError) as e:
+        raise BadInput(f"{run.image_path}: cannot rewrite its DWARF ({e}); "
+                       "--strip-debug drops it instead") from None
+    run.rewriter.patched.update(patched)
+    return S.DwarfStats("rewritten", dict(counters))
+
+
+def _has_debug_relocations(image):
+    rel = image.relocations.get(".debug_info")
+    return rel is not None and len(rel) > 0
+
+
+# Rewriter problems (``rw.problems`` kinds) that mean the output would not run
+# as the original: relayout stops and writes nothing. Every other kind is a
+# note (the output runs the same; docs/userspace.md lists them all).
+BROKEN_OUTPUT = frozenset((
+    "target-in-padding", "reloc-field-in-padding", "pc32-overflow", "branch-into-padding",
+    "rip-into-padding", "dynamic-reloc-in-padding", "dynsym-in-padding", "table-parse",
+    "table-not-updated"))
+
+
+def _refuse_broken(run):
+    rw = run.rewriter
+    broken = [p for p in rw.problems if p[0] in BROKEN_OUTPUT]
+    if broken:
+        from .rewriter import RewriteError
+        k, a, m = broken[0]
+        n = sum(rw.stats.get(f"problem.{kind}", sum(q[0] == kind for q in broken))
+                for kind in {q[0] for q in broken})
+        raise RewriteError(f"{run.image_path}: the output would be broken ({n} error "
+                           f"problem{'s' if n > 1 else ''}; first: {k} at {a:#x}: {m}); "
+                           "nothing written")
+
+
+def write(run):
+    """The new image (atomically: tools/io.py through write_image), unless a
+    problem means it would be broken (BROKEN_OUTPUT)."""
+    from ..image.writer import write_image
+    _refuse_broken(run)
+    rw = run.rewriter
+    run.log(f"writing {run.out_path}")
+    timings.phase("write image")
+    write_image(run.image, run.out_path, rw.patched, drop=run.drop, entry=rw.new_entry(),
+                extra_sections=run.extra_sections, header_updates=rw.header_updates,
+                section_moves=rw.section_moves, alloc_sections=run.alloc_sections,
+                phdr_updates=run.phdr_updates)
+    return S.WriteStats(path=run.out_path,
+                        sections_added=len(run.extra_sections) + len(run.alloc_sections))
+
+
+def summary(run):
+    """The layout's figures: hot lines and executed lines before and after,
+    padding, .text growth; the problems met on the way."""
+    from .plan import block_line_metric, block_line_metric_amap, line_metric, padding, text_growth
+    timings.phase("summary, maps")
+    plan_, rw = run.plan, run.rewriter
+    lines = line_metric(plan_, run.functions, run.hotness)
+    blocks = {}
+    if run.split is not None:
+        cfg = run.split["cfg"]
+        blocks = block_line_metric_amap(rw.amap, cfg.start, cfg.end, run.split["block_count"])
+    elif run.blocks is not None:
+        # lines holding code that runs at least once per iteration: what the cache sees
+        blocks = block_line_metric(plan_, run.blocks, min_count=1.0)
+    growth = int(text_growth(plan_))
+    tsize = text_size(run.image)
+    return S.MetricsStats(
+        **lines, **blocks, kept_regions=list(plan_.kept_regions),
+        padding_bytes=int(padding(plan_)), text_growth_bytes=growth,
+        text_growth_pct=round(100.0 * growth / tsize, 4) if tsize else 0.0,
+        problems=list(rw.problems))
+
+
+def maps(run):
+    """``--layout-map`` and ``--system-map``."""
+    from .maps import write_layout_map, write_system_map
+    if run.layout_map:
+        write_layout_map(run.layout_map, run.plan, run.functions)
+    if run.system_map:
+        write_system_map(run.system_map, run.image, run.rewriter)
+    return S.PassStats()
+
+
+FUNCTION_PASSES = [("load", load), ("disassemble", disassemble), ("plan", plan),
+                   ("rewriter", rewriter), ("code", code), ("references", references),
+                   ("static keys", static_keys), ("metadata", metadata), ("symbols", symbols),
+                   ("DWARF", dwarf), ("write", write), ("summary", summary), ("maps", maps)]
+
+BLOCK_PASSES = [("load", load), ("disassemble", disassemble), ("split", split), ("plan", plan),
+                ("parts", parts), ("code", code), ("references", references),
+                ("static keys", static_keys), ("metadata", metadata),
+                ("symbols", block_symbols), ("DWARF", dwarf), ("write", write),
+                ("summary", summary), ("maps", maps)]
+
+
+def passes_for(strategy):
+    return BLOCK_PASSES if strategy.block_level else FUNCTION_PASSES
+
+
+def check_paths(image_path, out_path):
+    if os.path.exists(out_path) and os.path.samefile(image_path, out_path):
+        raise BadInput(f"{out_path}: output is the input; linepack never modifies its input")
