@@ -633,8 +633,8 @@ class DwarfRewrite:
         copy) gets DW_AT_ranges, and every DIE using it a list. Only units holding
         a function with a cut inside are walked (none for whole-function moves)."""
         cuts = self._cuts()
-        from ..image.shared import function_table
-        ft = function_table(self.image)            # the driver's table of this image
+        from ..image.context import ImageContext
+        ft = ImageContext.of(self.image).functions   # the driver's table of this image
         fs, fe = ft.start.astype(np.uint64), (ft.start + ft.size).astype(np.uint64)
         k = np.searchsorted(cuts, fs, side="right")
         hit = (k < len(cuts)) & (cuts[np.minimum(k, len(cuts) - 1)] < fe) if len(cuts) else \

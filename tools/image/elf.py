@@ -124,6 +124,9 @@ class ElfImage:
 
     def __init__(self, path):
         self.path = os.fspath(path)
+        # what is derived from this image (functions, disassembly, ...): its one
+        # ImageContext (image/context.py), built by ImageContext.of on first use
+        self.context = None
         try:
             st = os.stat(self.path)
         except FileNotFoundError:

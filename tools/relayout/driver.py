@@ -6,15 +6,16 @@ import os
 import numpy as np
 
 from ..errors import BadInput
+from ..image.context import ImageContext
 from ..image.elf import ET_DYN, ET_EXEC, ElfImage
-from ..image.functions import FunctionTable, text_size
+from ..image.functions import text_size
 from ..image.writer import write_image
 from .. import timings
 from ..io import write_atomic
 from . import strategies
 from .plan import LayoutError, block_line_metric, line_metric, make_heat, make_plan
 from .rewriter import Rewriter
-from .units import build_units
+from .units import build_units, units_of
 
 NO_RELOCS = ("{path}: no link relocations in its code; relink with -Wl,--emit-relocs "
              "(a kernel >= 6.5 strips them from vmlinux after writing vmlinux.relocs: run "
@@ -88,10 +89,10 @@ def load_profile_full(path, image=None, per_loop=True):
         return LoadedProfile(hot, build_id, calls)
     from .plan import profile_blocks, profile_calls
     if image is not None:
-        from ..image.shared import elf_image, function_table
+        from ..image.shared import elf_image
         # the shared object: relayout() opens the same path next (parsed once)
         im = image if isinstance(image, ElfImage) else elf_image(image)
-        calls = profile_calls(prof, function_table(im), per_loop=per_loop)
+        calls = profile_calls(prof, ImageContext.of(im).functions, per_loop=per_loop)
     from .block_order import executed_blocks
     return LoadedProfile(hot, build_id, calls, executed_blocks(prof, profile_blocks(prof)), prof)
 
@@ -130,7 +131,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
         raise BadInput(f"{out_path}: output is the input; linepack never modifies its input")
     strat = strategies.get(strategy) if not hasattr(strategy, "layout") else strategy
     timings.phase("load image, functions")
-    from ..image.shared import elf_image, function_units
+    from ..image.shared import elf_image
     image = elf_image(image_path)          # shared: evaluate relays out one base many times
     from .pie import is_pie
     pie = is_pie(image)
@@ -142,8 +143,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
                        "relayout handles linked executables and vmlinux")
     if not image.has_link_relocations():
         raise BadInput(NO_RELOCS.format(path=image_path))
-    from ..image.shared import function_table
-    functions = function_table(image)
+    functions = ImageContext.of(image).functions
     if not len(functions):
         raise BadInput(f"{image_path}: no function symbols")
     hotness = hotness or {}
@@ -151,7 +151,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     if missing:
         log(f"profile: {missing} named functions are not in the image (ignored)")
     timings.phase("disassemble, units")
-    units, functions, dis = function_units(image, log)
+    units, functions, dis = units_of(image, log)
     heat = make_heat(units, functions, hotness)
     pic = None
     if pie:
@@ -298,7 +298,6 @@ def _split_functions(image, units, dis, functions, heat, blocks, strat, log, pic
     """CFG of every unit, block hotness from the profile, the split decision and
     the planning unit table (see relayout/blocks.py)."""
     from ..image.cfg import CFG, NORETURN, TableSites, block_counts
-    from ..kernel.base import ImageContext
     from ..kernel.jump_table import SHORT_SITES_SINCE
     from .blocks import choose_splits, planning_units, reason_summary
     if blocks is None:
@@ -473,7 +472,7 @@ def plan_between(base_path, new_path):
     unit of the base starts where its first function starts in the new image."""
     from .plan import LayoutPlan
     base, new = ElfImage(base_path), ElfImage(new_path)
-    fa, fb = FunctionTable(base), FunctionTable(new)
+    fa, fb = ImageContext.of(base).functions, ImageContext.of(new).functions
     units, _ = build_units(base, fa)
     b_by_sym = dict(zip(fb.sym_index.tolist(), fb.start.tolist()))
     a_sym = fa.sym_index.tolist()

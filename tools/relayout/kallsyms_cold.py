@@ -26,7 +26,7 @@ that no new array reuses is zeroed: nothing may read it any more.
 import numpy as np
 
 from ..image.elf import RELA, SHT_RELA, SHT_SYMTAB, SYM, SHF_ALLOC, SHT_NOBITS
-from ..kernel.base import ImageContext
+from ..image.context import ImageContext
 from ..kernel.kallsyms import Kallsyms
 from .kernel_tables import PatchedImage
 

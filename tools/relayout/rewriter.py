@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import LinepackError
 from ..image.addrmap import AddressMap
+from ..image.context import ImageContext
 from ..image.disasm import disassemble
 from ..image.elf import (RELA, SHT_SYMTAB, STT_SECTION, SYM, R_X86_64_NONE, R_X86_64_64,
                          R_X86_64_PC32, R_X86_64_PLT32, R_X86_64_32, R_X86_64_32S,
@@ -104,7 +105,7 @@ class Rewriter:
         if not secs:
             return None
         # the same for every layout of an image: decoded once per image object
-        done = self.image.__dict__.setdefault("_linepack_other_code", {})
+        done = ImageContext.of(self.image).derived("other_code", dict)
         key = tuple(s.index for s in secs)
         if key not in done:
             done[key] = disassemble(self.image, _Table([s.addr for s in secs],
@@ -147,7 +148,6 @@ class Rewriter:
         rel8 reach are counted (re-encoding them changes function sizes: the
         block-level rewriter's job). Kernels before 5.14 never get a 2-byte site.
         """
-        from ..kernel.base import ImageContext
         from ..kernel.jump_table import SHORT_SITES_SINCE, JumpTable, classify, rel8_reach
         if self.image.symbol_address("__start___jump_table") is None:
             return

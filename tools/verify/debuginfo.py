@@ -220,8 +220,8 @@ def _check_line_rows(old, new, amap, pieces, rng, rows_sample, problems):
         ro, rn = LineRows(np.frombuffer(lo_, np.uint8)), LineRows(np.frombuffer(ln_, np.uint8))
         # rows of function code (a row may start in the padding after a function:
         # no instruction is there, and the rewrite drops it)
-        from ..image.shared import function_table
-        ft = function_table(old)                   # built once per image object
+        from ..image.context import ImageContext
+        ft = ImageContext.of(old).functions        # built once per image object
         fs = np.asarray(ft.start, np.uint64)
         order = np.argsort(fs, kind="stable")
         fs, fe = fs[order], (fs + np.asarray(ft.size, np.uint64))[order]
