@@ -46,10 +46,13 @@ class cached:
         self.build, self.slot = build, "_" + build.__name__
         self.__doc__ = build.__doc__
 
+    def __set_name__(self, owner, name):
+        setattr(owner, self.slot, None)        # ctx._<name> reads None until computed
+
     def __get__(self, ctx, owner=None):
         if ctx is None:
             return self
-        got = ctx.__dict__.get(self.slot)
+        got = getattr(ctx, self.slot)
         if got is None:
             got = self.build(ctx)
             setattr(ctx, self.slot, got)
