@@ -21,11 +21,11 @@ import sys
 from ..cli import verb
 from ..errors import EXIT_FINDINGS, BadInput
 from ..io import OutputSet, write_atomic
+from ..progress import stderr_log
 from ..profile.qemu import check_kernel_path
 
 
-def _log(m):
-    print(f"evaluate: {m}", file=sys.stderr, flush=True)
+_log = stderr_log("evaluate")
 
 
 def parse_sweep(spec):
