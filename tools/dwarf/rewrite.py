@@ -37,8 +37,8 @@ import numpy as np
 from . import encoding as enc
 from . import native
 from .native import relines
+from ..image.relocs import R_X86_64_32, R_X86_64_64
 
-R_X86_64_64, R_X86_64_32 = 1, 10
 LIST_SECTIONS = (".debug_rnglists", ".debug_loclists", ".debug_ranges", ".debug_loc")
 PATCHED_IN_PLACE = (".debug_info", ".debug_rnglists", ".debug_loclists", ".debug_ranges",
                     ".debug_loc", ".debug_frame")

@@ -17,6 +17,7 @@ import numpy as np
 # the context every table works on lives with the image model; named here too for
 # the table modules and their callers
 from ..image.context import ImageContext, kernel_version_of  # noqa: F401
+from ..image.relocs import link_field_mismatches
 
 
 class Finding:
@@ -77,10 +78,6 @@ def _rela_rows(ctx, sec):
         if s.type == SHT_RELA and s.info == sec.index and s.size:
             return ctx.image.section_bytes(s).view(RELA)
     return None
-
-
-# relocation type -> (field width, PC-relative)
-_RELOC_FIELD = {1: (8, False), 2: (4, True), 4: (4, True), 10: (4, False), 11: (4, False)}
 
 
 class KernelTable:
@@ -184,18 +181,10 @@ class KernelTable:
         # only this section's RELA rows (image.relocations would decode every
         # relocation section, DWARF's included)
         rows = rows[(rows["offset"] >= np.uint64(lo)) & (rows["offset"] < np.uint64(hi))]
-        sy = ctx.image.symtab
-        bad = []
-        for off, info, addend in zip(rows["offset"].tolist(), rows["info"].tolist(), rows["addend"].tolist()):
-            sym, rtype = info >> 32, info & 0xFFFFFFFF
-            field = _RELOC_FIELD.get(rtype)
-            if field is None or sym == 0:
-                continue
-            width, pcrel = field
-            val = int.from_bytes(bytes(ctx.image.read(off, width)), "little")
-            want = int(sy["value"][sym]) + addend - (off if pcrel else 0)
-            if val != want & ((1 << (8 * width)) - 1):
-                bad.append(off)
+        info = rows["info"].astype(np.uint64)
+        _, wrong = link_field_mismatches(ctx.image, sec, rows["offset"], info & np.uint64(0xFFFFFFFF),
+                                         info >> np.uint64(32), rows["addend"])
+        bad = rows["offset"][wrong].tolist()
         self.report(findings, "error", f"{self.name}.relocation", bad,
                     lambda a: f"{self.name}: field at {a:#x} disagrees with its link relocation")
 

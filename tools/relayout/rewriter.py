@@ -22,16 +22,11 @@ from ..errors import LinepackError
 from ..image.addrmap import AddressMap
 from ..image.context import ImageContext
 from ..image.disasm import disassemble
-from ..image.elf import (RELA, SHT_SYMTAB, STT_SECTION, SYM, R_X86_64_NONE, R_X86_64_64,
-                         R_X86_64_PC32, R_X86_64_PLT32, R_X86_64_32, R_X86_64_32S,
-                         R_X86_64_PC64, RELOC_NAMES)
+from ..image.elf import RELA, SHT_SYMTAB, STT_SECTION, SYM
+from ..image.relocs import (ABS_TYPES, GOT_TYPES, PC_TYPES, RECIPES, RELOC_NAMES, R_X86_64_NONE,
+                            R_X86_64_32, R_X86_64_32S)
 
-R_X86_64_GOTPCREL, R_X86_64_GOTPCRELX, R_X86_64_REX_GOTPCRELX = 9, 41, 42
 STT_GNU_IFUNC = 10
-GOT_TYPES = (R_X86_64_GOTPCREL, R_X86_64_GOTPCRELX, R_X86_64_REX_GOTPCRELX)
-PC_TYPES = {R_X86_64_PC32: 4, R_X86_64_PLT32: 4, R_X86_64_PC64: 8, R_X86_64_GOTPCREL: 4,
-            R_X86_64_GOTPCRELX: 4, R_X86_64_REX_GOTPCRELX: 4}
-ABS_TYPES = {R_X86_64_64: 8, R_X86_64_32S: 4, R_X86_64_32: 4}
 
 
 class RewriteError(LinepackError):
@@ -279,7 +274,7 @@ class Rewriter:
                 if not len(m):
                     continue
                 pc = t in PC_TYPES
-                field = _read_int(old_buf, off[m], size, signed=(pc or t == R_X86_64_32S))
+                field = _read_int(old_buf, off[m], size, signed=RECIPES[t].signed)
                 if pc:
                     end, _ = self.insn_end(P[m], np.full(len(m), tgt.is_code))
                     if not tgt.is_code and self.pic_tables is not None:
