@@ -37,6 +37,7 @@ import numpy as np
 from . import encoding as enc
 from . import native
 from .native import relines
+from ..image.intervals import append_range
 from ..image.relocs import R_X86_64_32, R_X86_64_64
 
 LIST_SECTIONS = (".debug_rnglists", ".debug_loclists", ".debug_ranges", ".debug_loc")
@@ -141,12 +142,7 @@ class Segments:
         while k < len(self.old) and self.old[k] < hi:
             na, nb = self._place(k, max(lo, self.old[k]), min(hi, self.end[k]))
             k += 1
-            if nb <= na:
-                continue
-            if out and out[-1][1] == na:
-                out[-1] = (out[-1][0], nb)
-            else:
-                out.append((na, nb))
+            append_range(out, na, nb)
         return out
 
     def continuous(self, k):
@@ -208,17 +204,6 @@ def _put_le(buf, pos, value, n):
     v = np.broadcast_to(np.asarray(value).astype(np.uint64), pos.shape)
     for k in range(n):
         buf[pos + k] = ((v >> np.uint64(8 * k)) & np.uint64(0xFF)).astype(np.uint8)
-
-
-def merge_ranges(rs):
-    rs = sorted(r for r in rs if r[1] > r[0])
-    out = []
-    for lo, hi in rs:
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
 
 
 class DwarfRewrite:
