@@ -126,17 +126,19 @@ class KernelTable:
         addr, count = loc
         return addr, ctx.image.view(addr, count, self.dtype)
 
-    def decode(self, ctx, rel=(), copy=(), keep=None):
+    def decode(self, ctx, rel=(), copy=(), keep=None, extra=()):
         """Entries with absolute addresses: the common parse of relative tables.
 
-        ``rel``: fields holding s32 offsets from their own address (decoded to
+        ``rel``: fields holding offsets from their own address (decoded to
         u64 addresses); ``copy``: fields taken as they are; ``keep``: optional
-        mask of records to keep (e.g. to drop zero padding). Every result has
-        an ``entry`` column: the address of the record itself.
+        mask of records to keep (e.g. to drop zero padding); ``extra``: more
+        columns ``(name, dtype)``, zero, for the caller to fill. Every result
+        has an ``entry`` column: the address of the record itself.
         """
         base, raw = self.raw(ctx)
         idx = np.arange(len(raw)) if keep is None else np.nonzero(keep(raw))[0]
-        dt = [("entry", "<u8")] + [(f, "<u8") for f in rel] + [(f, raw.dtype[f]) for f in copy]
+        dt = [("entry", "<u8")] + [(f, "<u8") for f in rel] + [(f, raw.dtype[f]) for f in copy] + \
+            list(extra)
         ent = np.zeros(len(idx), dtype=dt)
         if len(idx):
             e = np.uint64(base) + idx.astype(np.uint64) * np.uint64(self.dtype.itemsize)
