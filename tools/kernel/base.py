@@ -69,6 +69,14 @@ def rel32_targets(base, values):
     return (np.asarray(base, dtype=np.int64) + np.asarray(values, dtype=np.int64)).astype(np.uint64)
 
 
+def split_key_flags(entries):
+    """A key pointer's low two bits are the entry's flags (static keys and static
+    calls point at 4-aligned keys): move them from ``key`` to ``flags``."""
+    entries["flags"] = (entries["key"] & np.uint64(3)).astype(np.uint8)
+    entries["key"] &= ~np.uint64(3)
+    return entries
+
+
 def _rela_rows(ctx, sec):
     """The RELA records that apply to section sec (a numpy view), or None."""
     if sec is None:

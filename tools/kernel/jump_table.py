@@ -10,7 +10,7 @@ Unchanged in 6.12 (include/linux/jump_label.h, arch/x86/kernel/jump_label.c).
 
 import numpy as np
 
-from .base import Finding, KernelTable
+from .base import Finding, KernelTable, split_key_flags
 
 NOP2 = bytes.fromhex("6690")
 NOP5 = bytes.fromhex("0f1f440000")
@@ -54,11 +54,9 @@ class JumpTable(KernelTable):
     dtype = np.dtype([("code", "<i4"), ("target", "<i4"), ("key", "<i8")])
 
     def parse(self, ctx):
-        ent = self.decode(ctx, rel=("code", "target", "key"), extra=[("flags", "u1")])
-        # the key pointer's low two bits are the entry's branch and init flags
-        ent["flags"] = (ent["key"] & np.uint64(3)).astype(np.uint8)
-        ent["key"] &= ~np.uint64(3)
-        return ent
+        # flags: bit 0 = branch default, bit 1 = init
+        return split_key_flags(self.decode(ctx, rel=("code", "target", "key"),
+                                           extra=[("flags", "u1")]))
 
     def _check_keys(self, ctx, findings, entries, kind):
         """The key is an 8-aligned ``struct static_key`` in writable data, and
