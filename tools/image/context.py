@@ -65,7 +65,7 @@ class ImageContext:
     @classmethod
     def of(cls, image, log=None):
         """The one context of an image object (built on first use, then shared)."""
-        ctx = image.context
+        ctx = getattr(image, "context", None)      # ElfImage.context; a stand-in may lack it
         if ctx is None:
             ctx = image.context = cls(image, log=log)
         return ctx
