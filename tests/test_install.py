@@ -12,7 +12,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # what a source distribution holds: the package, its data folders, the build files
-SOURCE = ("tools", "configs", "workloads", "setup.py", "setup.cfg", "pyproject.toml", "README.md")
+SOURCE = ("tools", "configs", "workloads", "setup.py", "setup.cfg", "pyproject.toml", "README.md",
+          "MANIFEST.in")
 
 
 def _run(cmd, cwd, env, timeout):
