@@ -16,7 +16,6 @@ import io
 import json
 import os
 import re
-import sys
 
 from ..cli import verb
 from ..errors import EXIT_FINDINGS, BadInput

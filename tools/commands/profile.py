@@ -13,7 +13,6 @@ Progress goes to stderr; one summary line (or the --show report) to stdout.
 
 import importlib
 import os
-import sys
 
 from ..cli import verb, wall_seconds
 from ..errors import BadInput

@@ -2,7 +2,6 @@
 
 import argparse
 import json
-import sys
 
 from ..cli import verb, wall_seconds
 from ..errors import BadInput
