@@ -83,6 +83,7 @@ def test_installed_demo_runs_outside_the_checkout(installed, debian_vmlinux):
              work, env, 2400)
     assert "demo: all steps passed" in p.stdout, p.stdout[-3000:]
     table = p.stdout[p.stdout.index("== before/after"):]
+    print(table)            # in the log with -s / -rP
     ev = json.loads((out / "evaluate.json").read_text())
     rows = ev["results"]
     assert {r["layout"] for r in rows} == {"stock", "pack", "blocks"}
