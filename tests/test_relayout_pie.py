@@ -100,8 +100,8 @@ def test_pic_switch_table_is_found(c_pie):
     exe = c_pie[0]
     im = ElfImage(exe)
     assert is_pie(im)
-    from linepack.image.shared import function_units
-    _, functions, dis = function_units(im, lambda m: None)
+    from linepack.relayout.units import units_of
+    _, functions, dis = units_of(im, lambda m: None)
     pic = pic_table_entries(im, dis)
     cls = functions.index_of("classify")
     lo = int(functions.start[cls])
@@ -216,9 +216,9 @@ def test_verify_names_a_stale_relative_addend(c_pie, tmp_path):
 def test_verify_names_a_wrong_switch_table_entry(c_pie, tmp_path):
     exe, _, _, outs = c_pie
     new = outs["pack"][0]
-    from linepack.image.shared import function_units
+    from linepack.relayout.units import units_of
     im = ElfImage(exe)
-    _, _, dis = function_units(im, lambda m: None)
+    _, _, dis = units_of(im, lambda m: None)
     pic = pic_table_entries(im, dis)
     f = int(pic.field[3])
     v = int.from_bytes(ElfImage(new).read(f, 4), "little", signed=True)

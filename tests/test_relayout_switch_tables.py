@@ -104,13 +104,13 @@ def test_relayout_and_verify_find_the_same_tables(built, name):
     lea / jmp of functions with an indirect jump, entries walked from the base)
     agree entry for entry; the anchor-relative field is loose and names
     via_anchor."""
-    from linepack.image.shared import function_units
+    from linepack.relayout.units import units_of
     from linepack.kernel.base import ImageContext
     from linepack.relayout.user.pie import pic_table_entries
     from linepack.verify.pie import switch_tables
     exe = built[name][0]
     im = ElfImage(exe)
-    _, functions, dis = function_units(im, lambda m: None)
+    _, functions, dis = units_of(im, lambda m: None)
     pic = pic_table_entries(im, dis, functions)
     ctx = ImageContext(ElfImage(exe))
     st = switch_tables(ctx.image, ctx.disasm, ctx.functions)

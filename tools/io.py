@@ -35,6 +35,7 @@ temp file + rename at the end of their own ``with`` block.
 """
 
 import contextlib
+import hashlib
 import os
 import signal
 import stat
@@ -357,3 +358,20 @@ def load_toml(path):
         raise BadInput(f"{path}: cannot read: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise BadInput(f"{path}: bad TOML: {e}") from None
+
+
+_hashes = {}
+
+
+def file_hash(path):
+    """sha256 of a file's bytes, remembered per (path, size, mtime) in this process."""
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino)
+    h = _hashes.get(key)
+    if h is None:
+        d = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                d.update(chunk)
+        h = _hashes[key] = d.hexdigest()
+    return h

@@ -25,10 +25,10 @@ Cache layout (``$LINEPACK_CACHE`` or ``$XDG_CACHE_HOME/linepack`` or ``~/.cache/
 import os
 import re
 import subprocess
-import sys
 import tempfile
 
 from .errors import BadInput, ExternalToolError
+from .progress import stderr_log
 
 SERIES = "6.1.0"
 FLAVOUR = "cloud-amd64"
@@ -202,8 +202,7 @@ def debian_module(name, abi=None, log=None, *, series=DEFAULT_SERIES):
     return dest
 
 
-def _log(msg):
-    print(f"linepack: {msg}", file=sys.stderr, flush=True)
+_log = stderr_log("linepack")
 
 
 def main_fetch(abi=None, series=DEFAULT_SERIES):

@@ -1,10 +1,10 @@
 """``linepack bzimage VMLINUX -o bzImage``: the boot image the kernel's own build makes."""
 
 import os
-import sys
 import time
 
 from ..cli import verb
+from ..progress import stderr_log
 
 
 @verb("bzimage", "make the bzImage of a (rewritten) vmlinux with the kernel's own build "
@@ -33,8 +33,7 @@ class BzImage:
             raise BadInput(f"{args.source}: no such source directory")
         if args.config and not os.path.isfile(args.config):
             raise BadInput(f"{args.config}: no such config file")
-        log = (lambda m: None) if args.quiet else \
-            (lambda m: print(f"bzimage: {m}", file=sys.stderr, flush=True))
+        log = stderr_log("bzimage", args.quiet)
         t0 = time.monotonic()
         # outputs checked before the (long) build; both appear together or not at all
         with OutputSet(inputs=[args.vmlinux, args.config],

@@ -14,6 +14,7 @@ import time
 
 from ..cli import VERBS, verb
 from ..errors import ExternalToolError
+from ..progress import stderr_log
 from .. import targets
 
 
@@ -51,7 +52,7 @@ class Demo:
         work = args.workdir or os.path.join(targets.cache_dir(), "demo")
         os.makedirs(work, exist_ok=True)
         kernel = args.kernel or targets.debian_vmlinux(
-            args.abi, log=lambda m: print(f"linepack: {m}", file=sys.stderr))
+            args.abi, log=stderr_log("linepack"))
         print(f"kernel: {kernel}\noutputs: {work}")
         failed = []
         if _step("verify the original", ["verify", "-q", kernel]).returncode:

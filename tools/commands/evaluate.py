@@ -19,10 +19,10 @@ import sys
 from ..cli import verb
 from ..evaluate import modes
 from ..io import OutputSet
+from ..progress import stderr_log
 
 
-def _log(m):
-    print(f"evaluate: {m}", file=sys.stderr, flush=True)
+_log = stderr_log("evaluate")
 
 
 @verb("evaluate", "compare kernels or layouts: simulated kernel L1i misses, instructions, .text")

@@ -2,10 +2,10 @@
 hook), for kernels that strip their relocations (6.5+)."""
 
 import os
-import sys
 import time
 
 from ..cli import verb
+from ..progress import stderr_log
 
 
 @verb("kbuild", "build a kernel with linepack in its post-link step (kernels >= 6.5 strip "
@@ -59,8 +59,7 @@ class Kbuild:
         if args.source:
             kbuild.kernel_version(args.source)          # a kernel tree at all
         kbuild.check_output_dir(args.output, inputs=(args.source, args.config, args.profile))
-        log = (lambda m: None) if args.quiet else \
-            (lambda m: print(f"kbuild: {m}", file=sys.stderr, flush=True))
+        log = stderr_log("kbuild", args.quiet)
         t0 = time.monotonic()
         src = args.source or kbuild.debian_source(args.debian, log=log)
         s = kbuild.kbuild(src, args.config, args.output, profile=args.profile,

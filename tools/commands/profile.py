@@ -13,15 +13,14 @@ Progress goes to stderr; one summary line (or the --show report) to stdout.
 
 import importlib
 import os
-import sys
 
 from ..cli import verb, wall_seconds
 from ..errors import BadInput
 from ..io import OutputSet
+from ..progress import stderr_log
 
 
-def _log(msg):
-    print(f"linepack profile: {msg}", file=sys.stderr, flush=True)
+_log = stderr_log("linepack profile")
 
 
 @verb("profile", "record a profile (QEMU), import perf script / BOLT fdata, export fdata, or show one")

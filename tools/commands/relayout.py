@@ -2,22 +2,12 @@
 
 import argparse
 import json
-import sys
-import time
 
 from ..cli import verb, wall_seconds
 from ..errors import BadInput
 from .. import timings
 from ..io import OutputSet, load_toml, write_atomic
-
-
-def _log_fn(quiet):
-    t0 = time.time()
-
-    def log(msg):
-        if not quiet:
-            print(f"linepack: [{time.time() - t0:5.1f}s] {msg}", file=sys.stderr, flush=True)
-    return log
+from ..progress import stderr_log
 
 
 @verb("relayout", "re-lay out functions of an ELF image (vmlinux) per a profile and a strategy")
@@ -50,7 +40,7 @@ class Relayout:
         if args.keep_debug:
             raise BadInput("--keep-debug is gone: relayout now rewrites the DWARF for the new "
                            "layout by default (--strip-debug drops it)")
-        log = _log_fn(args.quiet)
+        log = stderr_log("linepack", args.quiet, clock=True)
         if args.min_count is not None and not args.min_count >= 0:
             raise BadInput(f"--min-count {args.min_count:g}: must be >= 0")
         cfg = load_toml(args.config) if args.config else {"strategy": "pack"}

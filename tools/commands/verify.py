@@ -4,17 +4,11 @@ Exit 0 = clean, 1 = findings (errors; warnings too with --strict), 2 = usage
 or unreadable input.
 """
 
-import sys
 
 from ..cli import verb, wall_seconds
 from ..errors import EXIT_FINDINGS, EXIT_OK, LinepackError
 from ..io import OutputSet
-
-
-def _log(quiet):
-    if quiet:
-        return lambda m: None
-    return lambda m: print(f"verify: {m}", file=sys.stderr, flush=True)
+from ..progress import stderr_log
 
 
 @verb("verify", "check an image's code and kernel tables (alone, or --against its original)")
@@ -36,7 +30,7 @@ class Verify:
         from ..image.elf import ElfImage
         from ..verify.standalone import cancel_tables, collect_tables, verify_image
 
-        log = _log(args.quiet)
+        log = stderr_log("verify", args.quiet)
         # Outputs and every input checked before the (long) verification.
         outs = OutputSet(inputs=[args.image, args.against, args.layout_map],
                          outputs={"--json": None if args.json == "-" else args.json})

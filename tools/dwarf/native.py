@@ -231,7 +231,7 @@ def seg_ranges(seg, lo, hi, merge=True):
 
 
 def merged_groups(seg, lo, hi, sizes):
-    """rewrite.merge_ranges of each group's translated ranges: groups of
+    """image.intervals.merge_ranges of each group's translated ranges: groups of
     ``sizes[g]`` consecutive old ranges (lo, hi) -> list of [(lo, hi)] per group."""
     lib = library()
     so, se, sn, sne, sc = seg

@@ -37,8 +37,9 @@ import numpy as np
 from . import encoding as enc
 from . import native
 from .native import relines
+from ..image.intervals import append_range
+from ..image.relocs import R_X86_64_32, R_X86_64_64
 
-R_X86_64_64, R_X86_64_32 = 1, 10
 LIST_SECTIONS = (".debug_rnglists", ".debug_loclists", ".debug_ranges", ".debug_loc")
 PATCHED_IN_PLACE = (".debug_info", ".debug_rnglists", ".debug_loclists", ".debug_ranges",
                     ".debug_loc", ".debug_frame")
@@ -141,12 +142,7 @@ class Segments:
         while k < len(self.old) and self.old[k] < hi:
             na, nb = self._place(k, max(lo, self.old[k]), min(hi, self.end[k]))
             k += 1
-            if nb <= na:
-                continue
-            if out and out[-1][1] == na:
-                out[-1] = (out[-1][0], nb)
-            else:
-                out.append((na, nb))
+            append_range(out, na, nb)
         return out
 
     def continuous(self, k):
@@ -208,17 +204,6 @@ def _put_le(buf, pos, value, n):
     v = np.broadcast_to(np.asarray(value).astype(np.uint64), pos.shape)
     for k in range(n):
         buf[pos + k] = ((v >> np.uint64(8 * k)) & np.uint64(0xFF)).astype(np.uint8)
-
-
-def merge_ranges(rs):
-    rs = sorted(r for r in rs if r[1] > r[0])
-    out = []
-    for lo, hi in rs:
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
 
 
 class DwarfRewrite:
@@ -633,8 +618,8 @@ class DwarfRewrite:
         copy) gets DW_AT_ranges, and every DIE using it a list. Only units holding
         a function with a cut inside are walked (none for whole-function moves)."""
         cuts = self._cuts()
-        from ..image.shared import function_table
-        ft = function_table(self.image)            # the driver's table of this image
+        from ..image.context import ImageContext
+        ft = ImageContext.of(self.image).functions   # the driver's table of this image
         fs, fe = ft.start.astype(np.uint64), (ft.start + ft.size).astype(np.uint64)
         k = np.searchsorted(cuts, fs, side="right")
         hit = (k < len(cuts)) & (cuts[np.minimum(k, len(cuts) - 1)] < fe) if len(cuts) else \

@@ -206,12 +206,12 @@ class Layouts:
 
     def _build_units(self):
         if self._units is None:
-            from ..image.shared import function_units
             from ..relayout.driver import NO_RELOCS, check_profile
+            from ..relayout.units import units_of
             im = self.image
             if not im.has_link_relocations():
                 raise BadInput(NO_RELOCS.format(path=self.base))
-            units, functions, _ = function_units(im, self.log)
+            units, functions, _ = units_of(im, self.log)
             check_profile(im, functions, self.hotness, self.profile_build_id)
             self._units = (units, functions)
         return self._units

@@ -35,12 +35,12 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
     t_rec = 0.0
     hot, build_id, calls, blocks, prof_src = {}, None, [], None, None
     if profile:     # a bad profile fails here, before any boot
+        from ..image.context import ImageContext
         from ..image.elf import ElfImage
-        from ..image.functions import FunctionTable
         from ..relayout.driver import check_profile, load_profile_full
         lp = load_profile_full(profile, base)
         im = ElfImage(base)
-        check_profile(im, FunctionTable(im), lp.hotness, lp.build_id)
+        check_profile(im, ImageContext.of(im).functions, lp.hotness, lp.build_id)
         if needs_prof:
             hot, build_id, calls, blocks = lp.hotness, lp.build_id, lp.calls, lp.blocks
             prof_src = profile

@@ -23,16 +23,6 @@ STB_LOCAL, STB_GLOBAL, STB_WEAK = 0, 1, 2
 SHN_UNDEF, SHN_ABS = 0, 0xFFF1
 NT_GNU_BUILD_ID = 3
 
-R_X86_64_NONE = 0
-R_X86_64_64 = 1
-R_X86_64_PC32 = 2
-R_X86_64_PLT32 = 4
-R_X86_64_32 = 10
-R_X86_64_32S = 11
-R_X86_64_PC64 = 24
-RELOC_NAMES = {0: "NONE", 1: "64", 2: "PC32", 4: "PLT32", 9: "GOTPCREL", 10: "32",
-               11: "32S", 24: "PC64", 41: "GOTPCRELX", 42: "REX_GOTPCRELX"}
-
 EHDR = np.dtype([
     ("ident", "u1", 16), ("type", "<u2"), ("machine", "<u2"), ("version", "<u4"),
     ("entry", "<u8"), ("phoff", "<u8"), ("shoff", "<u8"), ("flags", "<u4"),
@@ -124,6 +114,9 @@ class ElfImage:
 
     def __init__(self, path):
         self.path = os.fspath(path)
+        # what is derived from this image (functions, disassembly, ...): its one
+        # ImageContext (image/context.py), built by ImageContext.of on first use
+        self.context = None
         try:
             st = os.stat(self.path)
         except FileNotFoundError:

@@ -22,4 +22,30 @@ def containing(starts, ends, addrs):
     return np.where((i >= 0) & (a < ends[ic]), i, -1)
 
 
-__all__ = ["containing"]
+def merge_ranges(ranges):
+    """Ranges [(lo, hi)] sorted, the empty ones dropped, overlapping or touching
+    ones merged into one."""
+    rs = ranges if isinstance(ranges, list) else list(ranges)
+    if len(rs) <= 1:            # most DIEs: one range
+        return [tuple(rs[0])] if rs and rs[0][1] > rs[0][0] else []
+    out = []
+    for lo, hi in sorted(r for r in rs if r[1] > r[0]):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def append_range(out, lo, hi):
+    """Append [lo, hi) to the list ``out``, extending its last range when the two
+    touch; an empty range adds nothing."""
+    if hi <= lo:
+        return
+    if out and out[-1][1] == lo:
+        out[-1] = (out[-1][0], hi)
+    else:
+        out.append((lo, hi))
+
+
+__all__ = ["containing", "merge_ranges", "append_range"]

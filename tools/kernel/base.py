@@ -12,13 +12,12 @@ A table module (``jump_table.py``, ``orc.py``, ...) defines one subclass of
 boundaries and kernel version, computed once and shared by all tables.
 """
 
-import re
-
 import numpy as np
 
-from ..image.disasm import disassemble
-from ..image.functions import FunctionTable
-from ..image.intervals import containing
+# the context every table works on lives with the image model; named here too for
+# the table modules and their callers
+from ..image.context import ImageContext, kernel_version_of  # noqa: F401
+from ..image.relocs import link_field_mismatches
 
 
 class Finding:
@@ -38,150 +37,6 @@ class Finding:
     def __repr__(self):
         a = "" if self.address is None else f" @{self.address:#x}"
         return f"<{self.severity} {self.check}{a}: {self.message}>"
-
-
-def kernel_version_of(image):
-    """(major, minor, patch) and the banner text from linux_banner, or (None, None)."""
-    addr = image.symbol_address("linux_banner")
-    if addr is None:
-        return None, None
-    sec = image.section_at(addr)
-    if sec is None:
-        return None, None
-    try:
-        raw = bytes(image.read(addr, min(256, sec.end - addr)))
-    except ValueError:
-        return None, None
-    text = raw.split(b"\0", 1)[0].decode("ascii", "replace").strip()
-    m = re.match(r"Linux version (\d+)\.(\d+)(?:\.(\d+))?", text)
-    if not m:
-        return None, text
-    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)), text
-
-
-class ImageContext:
-    """What all table checks share, computed lazily once per image."""
-
-    @classmethod
-    def of(cls, image, log=None):
-        """The one context of an image object (built on first use, then shared)."""
-        ctx = getattr(image, "_linepack_context", None)
-        if ctx is None:
-            ctx = image._linepack_context = cls(image, log=log)
-        return ctx
-
-    def __init__(self, image, log=None):
-        self.image = image
-        self.log = log or (lambda msg: None)
-        self._functions = None
-        self._disasm = None
-        self.version, self.banner = kernel_version_of(image)
-        text = image.section(".text")
-        self.text_start = image.symbol_address("_stext", text.addr if text else 0)
-        self.text_end = image.symbol_address("_etext", text.end if text else 0)
-
-    @property
-    def is_kernel(self):
-        return self.version is not None and self.image.symbol_address("_stext") is not None
-
-    @property
-    def functions(self):
-        if self._functions is None:
-            self._functions = FunctionTable(self.image)
-        return self._functions
-
-    @property
-    def function_disasm(self):
-        """Instructions of the sized FUNC symbols only."""
-        if getattr(self, "_function_disasm", None) is None:
-            self.log(f"disassembling {len(self.functions)} functions")
-            self._function_disasm = disassemble(self.image, self.functions)
-        return self._function_disasm
-
-    @property
-    def coverage(self):
-        """The partition of every executable byte (linepack.image.coverage);
-        computed before ``disasm``, which merges its instructions."""
-        if getattr(self, "_coverage", None) is None:
-            from ..image.coverage import CodeCoverage
-            self._coverage = CodeCoverage(self.image, self.functions, self.function_disasm)
-        return self._coverage
-
-    @property
-    def disasm(self):
-        """Every decoded instruction of every executable section: functions
-        (``func`` = their index) and the code outside them (``func`` = -1)."""
-        if self._disasm is None:
-            from ..image.coverage import merge
-            self._disasm = merge(self.function_disasm, self.coverage.extra)
-            # the merged arrays hold every function instruction: keep one copy
-            self._function_disasm = None
-        return self._disasm
-
-    def in_code(self, addrs):
-        """True where an address lies in an executable allocated section."""
-        addrs = np.asarray(addrs, dtype=np.uint64)
-        ok = np.zeros(len(addrs), dtype=bool)
-        for s in self.image.sections:
-            if s.is_code and s.is_alloc and s.size:
-                ok |= (addrs >= np.uint64(s.addr)) & (addrs < np.uint64(s.end))
-        return ok
-
-    def symbol_addresses(self):
-        """{name: set of addresses} over the ELF symtab (names repeat for statics)."""
-        if getattr(self, "_sym_addrs", None) is None:
-            names, syms = self.image.symbol_table()
-            where = {}
-            for nm, v, t in zip(names, syms["value"].tolist(), (syms["info"] & 0xF).tolist()):
-                if nm and t not in (3, 4):       # not SECTION / FILE
-                    where.setdefault(nm, set()).add(v)
-            self._sym_addrs = where
-        return self._sym_addrs
-
-    def code_section_ends(self, addrs):
-        """True where an address is exactly the end of a code section (terminators)."""
-        addrs = np.asarray(addrs, dtype=np.uint64)
-        ends = [s.end for s in self.image.sections if s.is_code and s.is_alloc and s.size]
-        return np.isin(addrs, np.array(ends, dtype=np.uint64))
-
-    def in_patch_site(self, addrs):
-        """True where an address lies inside an alternative or paravirt patch site.
-
-        objtool describes the replacement code's instruction boundaries too, so
-        ORC IPs legitimately fall inside the original instruction there.
-        """
-        if getattr(self, "_patch_ranges", None) is None:
-            from .alternatives import Alternatives
-            from .paravirt import ParaInstructions
-            starts, ends = [], []
-            for cls, a, ln in ((Alternatives, "instr", "instrlen"), (ParaInstructions, "instr", "len")):
-                e = cls().parse(self)
-                starts.append(e[a])
-                ends.append(e[a] + e[ln].astype(np.uint64))
-            st, en = np.concatenate(starts), np.concatenate(ends)
-            order = np.argsort(st, kind="stable")
-            st, en = st[order], en[order]
-            self._patch_ranges = (st, np.maximum.accumulate(en) if len(en) else en)
-        st, en = self._patch_ranges
-        # ends made monotone above: "the last site starting before" answers overlaps too
-        return containing(st, en, addrs) >= 0
-
-    def code_piece(self, addrs):
-        """Index of the stretch between consecutive code symbols holding each address."""
-        if getattr(self, "_code_symbols", None) is None:
-            names, syms = self.image.symbol_table()
-            typ = syms["info"] & 0xF
-            v = syms["value"][(typ != 3) & (typ != 4)].astype(np.uint64)
-            self._code_symbols = np.unique(v[self.in_code(v)])
-        return np.searchsorted(self._code_symbols, np.asarray(addrs, np.uint64), side="right")
-
-    def symbol_at(self, addr):
-        """'func+0xoff' for messages."""
-        ft = self.functions
-        i = int(ft.find([addr])[0])
-        if i < 0:
-            return f"{int(addr):#x}"
-        return f"{ft.name[i]}+{int(addr) - int(ft.start[i]):#x}"
 
 
 def for_version(layouts, version):
@@ -214,6 +69,14 @@ def rel32_targets(base, values):
     return (np.asarray(base, dtype=np.int64) + np.asarray(values, dtype=np.int64)).astype(np.uint64)
 
 
+def split_key_flags(entries):
+    """A key pointer's low two bits are the entry's flags (static keys and static
+    calls point at 4-aligned keys): move them from ``key`` to ``flags``."""
+    entries["flags"] = (entries["key"] & np.uint64(3)).astype(np.uint8)
+    entries["key"] &= ~np.uint64(3)
+    return entries
+
+
 def _rela_rows(ctx, sec):
     """The RELA records that apply to section sec (a numpy view), or None."""
     if sec is None:
@@ -223,10 +86,6 @@ def _rela_rows(ctx, sec):
         if s.type == SHT_RELA and s.info == sec.index and s.size:
             return ctx.image.section_bytes(s).view(RELA)
     return None
-
-
-# relocation type -> (field width, PC-relative)
-_RELOC_FIELD = {1: (8, False), 2: (4, True), 4: (4, True), 10: (4, False), 11: (4, False)}
 
 
 class KernelTable:
@@ -275,17 +134,19 @@ class KernelTable:
         addr, count = loc
         return addr, ctx.image.view(addr, count, self.dtype)
 
-    def decode(self, ctx, rel=(), copy=(), keep=None):
+    def decode(self, ctx, rel=(), copy=(), keep=None, extra=()):
         """Entries with absolute addresses: the common parse of relative tables.
 
-        ``rel``: fields holding s32 offsets from their own address (decoded to
+        ``rel``: fields holding offsets from their own address (decoded to
         u64 addresses); ``copy``: fields taken as they are; ``keep``: optional
-        mask of records to keep (e.g. to drop zero padding). Every result has
-        an ``entry`` column: the address of the record itself.
+        mask of records to keep (e.g. to drop zero padding); ``extra``: more
+        columns ``(name, dtype)``, zero, for the caller to fill. Every result
+        has an ``entry`` column: the address of the record itself.
         """
         base, raw = self.raw(ctx)
         idx = np.arange(len(raw)) if keep is None else np.nonzero(keep(raw))[0]
-        dt = [("entry", "<u8")] + [(f, "<u8") for f in rel] + [(f, raw.dtype[f]) for f in copy]
+        dt = [("entry", "<u8")] + [(f, "<u8") for f in rel] + [(f, raw.dtype[f]) for f in copy] + \
+            list(extra)
         ent = np.zeros(len(idx), dtype=dt)
         if len(idx):
             e = np.uint64(base) + idx.astype(np.uint64) * np.uint64(self.dtype.itemsize)
@@ -330,18 +191,10 @@ class KernelTable:
         # only this section's RELA rows (image.relocations would decode every
         # relocation section, DWARF's included)
         rows = rows[(rows["offset"] >= np.uint64(lo)) & (rows["offset"] < np.uint64(hi))]
-        sy = ctx.image.symtab
-        bad = []
-        for off, info, addend in zip(rows["offset"].tolist(), rows["info"].tolist(), rows["addend"].tolist()):
-            sym, rtype = info >> 32, info & 0xFFFFFFFF
-            field = _RELOC_FIELD.get(rtype)
-            if field is None or sym == 0:
-                continue
-            width, pcrel = field
-            val = int.from_bytes(bytes(ctx.image.read(off, width)), "little")
-            want = int(sy["value"][sym]) + addend - (off if pcrel else 0)
-            if val != want & ((1 << (8 * width)) - 1):
-                bad.append(off)
+        info = rows["info"].astype(np.uint64)
+        _, wrong = link_field_mismatches(ctx.image, sec, rows["offset"], info & np.uint64(0xFFFFFFFF),
+                                         info >> np.uint64(32), rows["addend"])
+        bad = rows["offset"][wrong].tolist()
         self.report(findings, "error", f"{self.name}.relocation", bad,
                     lambda a: f"{self.name}: field at {a:#x} disagrees with its link relocation")
 
@@ -363,10 +216,12 @@ class KernelTable:
                                     f"of the same ({len(addrs)} in all)"))
 
     def check_code_refs(self, ctx, findings, what, addrs, allow_outside_functions=True,
-                        allow_section_end=False, allow_in_patch_sites=False, allow_padding=(),
+                        allow_section_end=False, allow_inside=None, allow_padding=(),
                         end_of_range=False):
         """Every address must be in code, at the start of a decoded instruction.
 
+        ``allow_inside(ctx, addrs)``: a mask of addresses that may also lie inside
+        an instruction (ORC: patch sites, kernel/patch_sites.py);
         ``allow_padding``: coverage categories (image/coverage.py) an address
         may also point at (ORC: objtool describes int3 fill too);
         ``end_of_range``: the addresses are exclusive ends (the end of an
@@ -378,8 +233,8 @@ class KernelTable:
         self.report(findings, "error", f"{self.name}.{what}-in-code", addrs[not_code],
                     lambda a: f"{self.name}: {what} {a:#x} is not in executable code")
         mid = ctx.disasm.inside_instruction(addrs) & ~not_code
-        if allow_in_patch_sites and mid.any():
-            mid &= ~ctx.in_patch_site(addrs)
+        if allow_inside is not None and mid.any():
+            mid &= ~allow_inside(ctx, addrs)
         self.report(findings, "error", f"{self.name}.{what}-boundary", addrs[mid],
                     lambda a: f"{self.name}: {what} {ctx.symbol_at(a)} ({a:#x}) is inside an "
                               "instruction, not at its start")

@@ -7,7 +7,7 @@ the kernel binary-searches it. Unchanged in 6.12 (arch/x86/include/asm/extable.h
 
 import numpy as np
 
-from .base import KernelTable, rel32_targets
+from .base import KernelTable
 
 
 class ExTable(KernelTable):
@@ -18,17 +18,7 @@ class ExTable(KernelTable):
     resorted_by_relayout = True
 
     def parse(self, ctx):
-        base, raw = self.raw(ctx)
-        n = len(raw)
-        ent = np.zeros(n, dtype=[("entry", "<u8"), ("insn", "<u8"), ("fixup", "<u8"), ("data", "<i4")])
-        if n == 0:
-            return ent
-        e = np.uint64(base) + np.arange(n, dtype=np.uint64) * np.uint64(12)
-        ent["entry"] = e
-        ent["insn"] = rel32_targets(e, raw["insn"])
-        ent["fixup"] = rel32_targets(e + np.uint64(4), raw["fixup"])
-        ent["data"] = raw["data"]
-        return ent
+        return self.decode(ctx, rel=("insn", "fixup"), copy=("data",))
 
     def check(self, ctx, entries):
         findings = []

@@ -10,7 +10,7 @@ Unchanged in 6.12 (include/linux/jump_label.h, arch/x86/kernel/jump_label.c).
 
 import numpy as np
 
-from .base import Finding, KernelTable, rel32_targets
+from .base import Finding, KernelTable, split_key_flags
 
 NOP2 = bytes.fromhex("6690")
 NOP5 = bytes.fromhex("0f1f440000")
@@ -54,20 +54,9 @@ class JumpTable(KernelTable):
     dtype = np.dtype([("code", "<i4"), ("target", "<i4"), ("key", "<i8")])
 
     def parse(self, ctx):
-        base, raw = self.raw(ctx)
-        n = len(raw)
-        ent = np.zeros(n, dtype=[("entry", "<u8"), ("code", "<u8"), ("target", "<u8"),
-                                 ("key", "<u8"), ("flags", "u1")])
-        if n == 0:
-            return ent
-        e = np.uint64(base) + np.arange(n, dtype=np.uint64) * np.uint64(16)
-        ent["entry"] = e
-        ent["code"] = rel32_targets(e, raw["code"])
-        ent["target"] = rel32_targets(e + np.uint64(4), raw["target"])
-        key = (e + np.uint64(8)).astype(np.int64) + raw["key"]
-        ent["flags"] = (key & 3).astype(np.uint8)
-        ent["key"] = (key & ~3).astype(np.uint64)
-        return ent
+        # flags: bit 0 = branch default, bit 1 = init
+        return split_key_flags(self.decode(ctx, rel=("code", "target", "key"),
+                                           extra=[("flags", "u1")]))
 
     def _check_keys(self, ctx, findings, entries, kind):
         """The key is an 8-aligned ``struct static_key`` in writable data, and

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..image.coverage import PADDING
 from .base import Finding, KernelTable, for_version, rel32_targets
+from .patch_sites import in_patch_site
 
 ORC_ENTRY = np.dtype([("sp_offset", "<i2"), ("bp_offset", "<i2"), ("bits", "<u2")])
 ORC_TYPES = 3          # 6.1: CALL, REGS, REGS_PARTIAL
@@ -93,7 +94,7 @@ class OrcTable(KernelTable):
         ip = entries["ip"]
         self.check_sorted(ctx, findings, ip, "IPs")
         self.check_code_refs(ctx, findings, "ip", ip, allow_section_end=True,
-                             allow_in_patch_sites=True, allow_padding=(PADDING,))
+                             allow_inside=in_patch_site, allow_padding=(PADDING,))
         layout = orc_bits(ctx)
         sp_reg, bp_reg, typ = layout.fields(entries["bits"])
         bad = (typ >= layout.types) | (sp_reg > ORC_REG_MAX) | (bp_reg > ORC_REG_MAX)

@@ -18,14 +18,7 @@ class ParaInstructions(KernelTable):
     dtype = np.dtype([("instr", "<u8"), ("type", "u1"), ("len", "u1"), ("pad", "u1", 6)])
 
     def parse(self, ctx):
-        base, raw = self.raw(ctx)
-        n = len(raw)
-        ent = np.zeros(n, dtype=[("entry", "<u8"), ("instr", "<u8"), ("type", "u1"), ("len", "u1")])
-        if n == 0:
-            return ent
-        ent["entry"] = np.uint64(base) + np.arange(n, dtype=np.uint64) * np.uint64(16)
-        ent["instr"], ent["type"], ent["len"] = raw["instr"], raw["type"], raw["len"]
-        return ent
+        return self.decode(ctx, copy=("instr", "type", "len"))
 
     def check(self, ctx, entries):
         findings = []

@@ -11,7 +11,7 @@ accepts it in 6.1 and 6.12 alike). Same layout in 6.1 and 6.12
 
 import numpy as np
 
-from .base import KernelTable
+from .base import KernelTable, split_key_flags
 
 SITE_OPCODES = (0xE8, 0xE9, 0x0F, 0xC3, 0x2E)   # call, jmp, nop5, ret, cs-prefixed nop
 TAIL, INIT = 1, 2
@@ -24,14 +24,8 @@ class StaticCallSites(KernelTable):
     dtype = np.dtype([("addr", "<i4"), ("key", "<i4")])
 
     def parse(self, ctx):
-        ent = self.decode(ctx, rel=("addr", "key"))
-        out = np.zeros(len(ent), dtype=ent.dtype.descr + [("flags", "u1")])
-        for f in ent.dtype.names:
-            out[f] = ent[f]
-        # the key's low bits are flags (1 = tail call, 2 = init)
-        out["flags"] = (ent["key"] & np.uint64(3)).astype(np.uint8)
-        out["key"] = ent["key"] & ~np.uint64(3)
-        return out
+        # flags: 1 = tail call, 2 = init
+        return split_key_flags(self.decode(ctx, rel=("addr", "key"), extra=[("flags", "u1")]))
 
     def check(self, ctx, entries):
         findings = []

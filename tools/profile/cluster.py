@@ -16,6 +16,8 @@ the results are gathered in job order, so the table is the same.
 import os
 import uuid
 
+from ..io import file_hash
+
 CHUNK = 32 << 20          # bytes per message when shipping an input
 
 
@@ -45,7 +47,6 @@ def _write_chunk(h, token, offset, data):
 
 def _finish(h, token, mode):
     """On a worker: check the shipped bytes against their hash, then publish them."""
-    from .runner import file_hash
     d = _inputs_dir()
     part = os.path.join(d, f"{h}.{token}.part")
     if file_hash(part) != h:
@@ -85,9 +86,9 @@ def ship_inputs(client, files, log=None):
             have.add(h)
 
 
-def _remote_execute(launch, hashes):
-    """On a worker: run a Launch from the worker's copies of its inputs."""
-    from .runner import execute
+def _remote_execute(execute, launch, hashes):
+    """On a worker: run a Launch from the worker's copies of its inputs
+    (``execute``: runner.execute, passed in so this module needs no runner)."""
     d = _inputs_dir()
     paths = {}
     for role, h in hashes.items():
@@ -95,7 +96,6 @@ def _remote_execute(launch, hashes):
         if not os.path.exists(p):
             # a worker that joined after the inputs were shipped: the client's own
             # path works when the disk is shared (it is checked by hash)
-            from .runner import file_hash
             orig = launch.inputs[role]
             if os.path.exists(orig) and file_hash(orig) == h:
                 p = orig
@@ -122,11 +122,11 @@ def connect(scheduler, timeout=30):
         raise ExternalToolError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
 
 
-def run_on_cluster(launches, scheduler, on_done, log=None, retries=3):
-    """Run ``launches`` on the cluster; ``on_done(index, JobResult)`` as each finishes."""
+def run_on_cluster(launches, scheduler, on_done, execute, log=None, retries=3):
+    """Run ``launches`` on the cluster; ``on_done(index, JobResult)`` as each finishes.
+    ``execute(launch, paths)`` runs one launch on a worker (runner.execute)."""
     if not launches:
         return
-    from .runner import file_hash
     client, own = connect(scheduler)        # names a missing dask/distributed in one line
     from distributed import as_completed
     try:
@@ -139,8 +139,8 @@ def run_on_cluster(launches, scheduler, on_done, log=None, retries=3):
             hashes.append(hs)
         ship_inputs(client, files, log)
         tag = uuid.uuid4().hex[:8]
-        futs = [client.submit(_remote_execute, la, hs, key=f"linepack-{tag}-{k}", pure=False,
-                              retries=retries)
+        futs = [client.submit(_remote_execute, execute, la, hs, key=f"linepack-{tag}-{k}",
+                              pure=False, retries=retries)
                 for k, (la, hs) in enumerate(zip(launches, hashes))]
         index = {f.key: k for k, f in enumerate(futs)}
         for f in as_completed(futs):

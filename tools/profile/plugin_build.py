@@ -22,12 +22,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 
 from .. import targets
 from ..errors import ExternalToolError
+from ..progress import stderr_log
 
 PLUGIN_API_VERSION = 1          # the API linepack_plugin.c is written against (QEMU 7.2)
 QEMU_PACKAGE = "qemu-system-x86"
@@ -52,8 +52,7 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 """
 
 
-def _log(msg):
-    print(f"linepack: {msg}", file=sys.stderr, flush=True)
+_log = stderr_log("linepack")
 
 
 def _run(cmd, what, cwd=None, env=None):

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import ExternalToolError
+from ..io import file_hash
 
 SYSTEM, USER = "system", "user"
 QEMU_USER = "qemu-x86_64"
@@ -101,25 +102,6 @@ class JobResult:
     command: list = field(default_factory=list)
     cached: bool = False
     load_bias: "int | None" = None     # USER, PIE: where qemu-x86_64 loaded the program
-
-
-# ---- content hashes --------------------------------------------------------------
-
-_hashes = {}
-
-
-def file_hash(path):
-    """sha256 of a file's bytes, remembered per (path, size, mtime) in this process."""
-    st = os.stat(path)
-    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino)
-    h = _hashes.get(key)
-    if h is None:
-        d = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                d.update(chunk)
-        h = _hashes[key] = d.hexdigest()
-    return h
 
 
 def job_key(launch):
@@ -391,7 +373,7 @@ def run_jobs(jobs, parallel=None, scheduler=None, log=None, progress=True):
     if scheduler is not None:
         from .cluster import run_on_cluster
         run_on_cluster([launches[k] for k in todo], scheduler,
-                       lambda i, res: finished(todo[i], res), log=log)
+                       lambda i, res: finished(todo[i], res), execute, log=log)
         return results
     n = default_jobs() if parallel is None else max(1, int(parallel))
     if n == 1 or len(todo) <= 1:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import BadInput
 from ..image.elf import ET_DYN
-from ..image.functions import FunctionTable
+from ..image.context import ImageContext
 
 KASLR_ALIGN = 2 << 20      # x86-64 kernel: CONFIG_PHYSICAL_ALIGN
 PAGE = 4096                # userspace PIE load bias granularity
@@ -62,7 +62,7 @@ def is_kernel(image, functions=None):
         return False
     if image.symbol_address("_stext") is not None and image.symbol_address("startup_64") is not None:
         return True
-    ft = functions if functions is not None else FunctionTable(image)
+    ft = functions if functions is not None else ImageContext.of(image).functions
     return bool(len(ft) and int(ft.start[0]) >= KERNEL_BASE)
 
 
@@ -71,7 +71,7 @@ class Symbolizer:
 
     def __init__(self, image, functions=None):
         self.image = image
-        self.functions = functions if functions is not None else FunctionTable(image)
+        self.functions = functions if functions is not None else ImageContext.of(image).functions
         if len(self.functions) == 0:
             raise BadInput(f"{image.path}: no functions (STT_FUNC symbols with a size) in any code section")
         self.kernel = is_kernel(image, self.functions)

@@ -41,6 +41,7 @@ import numpy as np
 
 from ..errors import BadInput
 from ..io import load_toml
+from ..resources import data_dir
 
 MAGIC = b"LPKTRACE"
 VERSION = 1
@@ -69,8 +70,7 @@ FLAG_CACHE, FLAG_EDGES, FLAG_START, FLAG_STOP, FLAG_STARTED, FLAG_STOPPED, FLAG_
 EDGE_FALLTHROUGH = 1
 MODES = ("kernel", "user", "all")
 
-_here = os.path.dirname(os.path.realpath(__file__))
-CONFIG_DIRS = [os.path.join(os.path.dirname(os.path.dirname(_here)), "configs", "cache")]
+CONFIG_DIRS = [os.path.join(data_dir("configs"), "cache")]     # not $LINEPACK_CONFIGS
 
 
 @dataclass

@@ -23,29 +23,13 @@ from dataclasses import dataclass, field
 
 from ..errors import BadInput, ExternalToolError
 from ..io import load_toml
+from ..resources import configs_dir, sources_dir
 
 CFLAGS = ["-static", "-O2", "-Wall", "-Wextra"]
 RESULT_TAG = "linepack-result"
 BEGIN_TAG = "linepack-begin"
 END_TAG = "linepack-end"
 ERROR_TAG = "linepack-error"
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-
-
-def repo_dir(env, sub):
-    return os.environ.get(env) or os.path.join(_ROOT, sub)
-
-
-def configs_dir():
-    """``configs/`` of the checkout ($LINEPACK_CONFIGS overrides)."""
-    return repo_dir("LINEPACK_CONFIGS", "configs")
-
-
-def sources_dir():
-    """``workloads/`` of the checkout ($LINEPACK_WORKLOADS overrides)."""
-    return repo_dir("LINEPACK_WORKLOADS", "workloads")
-
 
 @dataclass(frozen=True)
 class Workload:

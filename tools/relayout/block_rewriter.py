@@ -68,7 +68,7 @@ class BlockRewriter(Rewriter):
     def check_static_keys(self):
         """Census of static-key sites after the split: each site's new form
         (from the new bytes), its reach, and what changed."""
-        from ..kernel.base import ImageContext
+        from ..image.context import ImageContext
         from ..kernel.jump_table import JumpTable, classify, rel8_reach
         if self.image.symbol_address("__start___jump_table") is None:
             return

@@ -6,7 +6,7 @@ import os
 
 from ..errors import BadInput
 from ..image.elf import ElfImage
-from ..image.functions import FunctionTable
+from ..image.context import ImageContext
 from . import strategies
 from .passes import (MISSING_SHARE, NO_RELOCS, RelayoutRun, check_paths, check_profile,
                      passes_for, run_passes)
@@ -82,10 +82,10 @@ def load_profile_full(path, image=None, per_loop=True):
         return LoadedProfile(hot, build_id, calls)
     from .plan import profile_blocks, profile_calls
     if image is not None:
-        from ..image.shared import elf_image, function_table
+        from ..image.shared import elf_image
         # the shared object: relayout() opens the same path next (parsed once)
         im = image if isinstance(image, ElfImage) else elf_image(image)
-        calls = profile_calls(prof, function_table(im), per_loop=per_loop)
+        calls = profile_calls(prof, ImageContext.of(im).functions, per_loop=per_loop)
     from .block_order import executed_blocks
     return LoadedProfile(hot, build_id, calls, executed_blocks(prof, profile_blocks(prof)), prof)
 
@@ -115,7 +115,7 @@ def plan_between(base_path, new_path):
     unit of the base starts where its first function starts in the new image."""
     from .plan import LayoutPlan
     base, new = ElfImage(base_path), ElfImage(new_path)
-    fa, fb = FunctionTable(base), FunctionTable(new)
+    fa, fb = ImageContext.of(base).functions, ImageContext.of(new).functions
     units, _ = build_units(base, fa)
     b_by_sym = dict(zip(fb.sym_index.tolist(), fb.start.tolist()))
     a_sym = fa.sym_index.tolist()

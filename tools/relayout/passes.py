@@ -160,7 +160,8 @@ def _no_fit_message(err, strat, units, heat, calls, functions, log):
 
 def load(run):
     """Open the image, refuse what relayout cannot handle, check the profile."""
-    from ..image.shared import elf_image, function_table
+    from ..image.context import ImageContext
+    from ..image.shared import elf_image
     from .target import target_for
     from .user.pie import is_pie
     timings.phase("load image, functions")
@@ -175,7 +176,7 @@ def load(run):
                        "relayout handles linked executables and vmlinux")
     if not image.has_link_relocations():
         raise BadInput(NO_RELOCS.format(path=path))
-    functions = run.functions = function_table(image)
+    functions = run.functions = ImageContext.of(image).functions
     if not len(functions):
         raise BadInput(f"{path}: no function symbols")
     missing = check_profile(image, functions, run.hotness, run.profile_build_id,
@@ -190,10 +191,10 @@ def load(run):
 def disassemble(run):
     """Units (functions glued where code falls or rel8-branches between them), their
     disassembly and heat; the target's own data (a PIE's PIC switch tables)."""
-    from ..image.shared import function_units
+    from .units import units_of
     from .plan import make_heat
     timings.phase("disassemble, units")
-    run.units, run.functions, run.dis = function_units(run.image, run.log)
+    run.units, run.functions, run.dis = units_of(run.image, run.log)
     run.orig_units = run.units
     extra = run.target.prepare(run)         # may pin units: before the heat
     run.heat = make_heat(run.units, run.functions, run.hotness)

@@ -20,17 +20,13 @@ import numpy as np
 
 from ..errors import LinepackError
 from ..image.addrmap import AddressMap
+from ..image.context import ImageContext
 from ..image.disasm import disassemble
-from ..image.elf import (RELA, SHT_SYMTAB, STT_SECTION, SYM, R_X86_64_NONE, R_X86_64_64,
-                         R_X86_64_PC32, R_X86_64_PLT32, R_X86_64_32, R_X86_64_32S,
-                         R_X86_64_PC64, RELOC_NAMES)
+from ..image.elf import RELA, SHT_SYMTAB, STT_SECTION, SYM
+from ..image.relocs import (ABS_TYPES, GOT_TYPES, PC_TYPES, RECIPES, RELOC_NAMES, R_X86_64_NONE,
+                            R_X86_64_32, R_X86_64_32S)
 
-R_X86_64_GOTPCREL, R_X86_64_GOTPCRELX, R_X86_64_REX_GOTPCRELX = 9, 41, 42
 STT_GNU_IFUNC = 10
-GOT_TYPES = (R_X86_64_GOTPCREL, R_X86_64_GOTPCRELX, R_X86_64_REX_GOTPCRELX)
-PC_TYPES = {R_X86_64_PC32: 4, R_X86_64_PLT32: 4, R_X86_64_PC64: 8, R_X86_64_GOTPCREL: 4,
-            R_X86_64_GOTPCRELX: 4, R_X86_64_REX_GOTPCRELX: 4}
-ABS_TYPES = {R_X86_64_64: 8, R_X86_64_32S: 4, R_X86_64_32: 4}
 
 
 class RewriteError(LinepackError):
@@ -107,7 +103,7 @@ class Rewriter:
         if not secs:
             return None
         # the same for every layout of an image: decoded once per image object
-        done = self.image.__dict__.setdefault("_linepack_other_code", {})
+        done = ImageContext.of(self.image).derived("other_code", dict)
         key = tuple(s.index for s in secs)
         if key not in done:
             done[key] = disassemble(self.image, _Table([s.addr for s in secs],
@@ -150,7 +146,6 @@ class Rewriter:
         rel8 reach are counted (re-encoding them changes function sizes: the
         block-level rewriter's job). Kernels before 5.14 never get a 2-byte site.
         """
-        from ..kernel.base import ImageContext
         from ..kernel.jump_table import SHORT_SITES_SINCE, JumpTable, classify, rel8_reach
         if self.image.symbol_address("__start___jump_table") is None:
             return
@@ -287,7 +282,7 @@ class Rewriter:
                 if not len(m):
                     continue
                 pc = t in PC_TYPES
-                field = _read_int(old_buf, off[m], size, signed=(pc or t == R_X86_64_32S))
+                field = _read_int(old_buf, off[m], size, signed=RECIPES[t].signed)
                 if pc:
                     end, _ = self.insn_end(P[m], np.full(len(m), tgt.is_code))
                     if not tgt.is_code and self.pic_tables is not None:

@@ -14,7 +14,7 @@ follow the layout, and what a block-level layout adds to the symbols.
 
 import numpy as np
 
-from ..kernel.base import ImageContext
+from ..image.context import ImageContext
 
 
 class Target:

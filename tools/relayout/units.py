@@ -362,3 +362,19 @@ def pin_units(units, which):
     out = UnitTable(units.start, units.size, new_region, regs, units.name, pinned, units.align,
                     units.phase, funcs=units.funcs, members=units.members)
     return out
+
+
+def units_of(image, log=None):
+    """(units, functions, disassembly) of an image's code, computed once per image
+    (evaluate plans every layout from the one disassembly of its base)."""
+    from ..image.context import ImageContext
+    from ..image.disasm import disassemble
+    ctx = ImageContext.of(image)
+
+    def build():
+        functions = ctx.functions
+        if log:
+            log(f"disassembling {len(functions)} functions")
+        units, dis = build_units(image, functions, lambda u: disassemble(image, u), log=log)
+        return units, functions, dis
+    return ctx.derived("units", build)

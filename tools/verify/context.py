@@ -7,7 +7,7 @@ import numpy as np
 from .. import timings
 from ..image import blockmap as bm
 from ..image.elf import ElfImage
-from ..kernel.base import ImageContext
+from ..image.context import ImageContext
 from .addrmap import (BlockAwareMap, FunctionMap, code_labels, code_ranges, match_functions,
                       piece_ends, region_points)
 from .data import data_moves

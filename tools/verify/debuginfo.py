@@ -31,6 +31,7 @@ import numpy as np
 from ..dwarf import encoding as enc
 from ..dwarf import native
 from ..image.elf import SHT_NOBITS, ElfImage
+from ..image.intervals import append_range, merge_ranges
 from ..dwarf.native import LineRows
 from ..kernel.base import Finding
 from .findings import add_findings
@@ -127,26 +128,8 @@ class _Pieces:
             if b <= pos:
                 break
             pos = b
-            if nb <= na:
-                continue
-            if out and out[-1][1] == na:
-                out[-1] = (out[-1][0], nb)
-            else:
-                out.append((na, nb))
+            append_range(out, na, nb)
         return out
-
-
-def _merge(rs):
-    rs = rs if isinstance(rs, list) else list(rs)
-    if len(rs) <= 1:            # most DIEs: one range
-        return [rs[0]] if rs and rs[0][1] > rs[0][0] else []
-    out = []
-    for lo, hi in sorted(r for r in rs if r[1] > r[0]):
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
 
 
 def _inside(r, rs):
@@ -220,8 +203,8 @@ def _check_line_rows(old, new, amap, pieces, rng, rows_sample, problems):
         ro, rn = LineRows(np.frombuffer(lo_, np.uint8)), LineRows(np.frombuffer(ln_, np.uint8))
         # rows of function code (a row may start in the padding after a function:
         # no instruction is there, and the rewrite drops it)
-        from ..image.shared import function_table
-        ft = function_table(old)                   # built once per image object
+        from ..image.context import ImageContext
+        ft = ImageContext.of(old).functions        # built once per image object
         fs = np.asarray(ft.start, np.uint64)
         order = np.argsort(fs, kind="stable")
         fs, fe = fs[order], (fs + np.asarray(ft.size, np.uint64))[order]
@@ -284,7 +267,7 @@ def _check_units(old, new, pieces, problems, report, units_sample, seed):
         if orr is None:
             continue
         want_cu = wants[row]
-        have_cu = _merge(nrr or [])
+        have_cu = merge_ranges(nrr or [])
         units[i] = (obase, nbase, have_cu)
         for r in have_cu:
             if not _inside(r, want_cu):
@@ -311,7 +294,7 @@ def _check_units(old, new, pieces, problems, report, units_sample, seed):
             if not so:
                 continue
             otag, ooff = int(od.tag[r]), int(od.off[r])
-            have = _merge(nr or [])
+            have = merge_ranges(nr or [])
             if otag != DW_TAG_subprogram:
                 scopes += 1
                 if want != have:
@@ -404,12 +387,12 @@ def _die_ranges(d, rows, units, bases, lists):
 
 
 def _translate(pieces, range_lists):
-    """_merge(translated ranges) of each list of old ranges (None stays None),
+    """merge_ranges(translated ranges) of each list of old ranges (None stays None),
     through the C core (pieces plus identity segments between them)."""
     seg = pieces.segments()
     if seg is None:
         return [None if rs is None else
-                _merge(x for lo, hi in rs for x in pieces.ranges(lo, hi)) for rs in range_lists]
+                merge_ranges(x for lo, hi in rs for x in pieces.ranges(lo, hi)) for rs in range_lists]
     flat = [r for rs in range_lists if rs for r in rs]
     count, _, nlo, nhi = native.seg_ranges(seg, np.array([r[0] for r in flat], np.uint64),
                                            np.array([r[1] for r in flat], np.uint64), merge=True)
@@ -423,7 +406,7 @@ def _translate(pieces, range_lists):
         if len(rs) == 1:                        # merged by the core already
             out.append(list(zip(nlo[first[k]:first[k + 1]], nhi[first[k]:first[k + 1]])))
         else:
-            out.append(_merge(list(zip(nlo[first[k]:first[k + len(rs)]],
+            out.append(merge_ranges(list(zip(nlo[first[k]:first[k + len(rs)]],
                                        nhi[first[k]:first[k + len(rs)]]))))
         k += len(rs)
     return out

@@ -242,11 +242,8 @@ def switch_tables(image, dis, functions):
 
 def old_switch_tables(octx):
     """switch_tables of an ImageContext's image, computed once."""
-    got = getattr(octx, "_linepack_switch_tables", None)
-    if got is None:
-        got = octx._linepack_switch_tables = switch_tables(octx.image, octx.disasm,
-                                                           octx.functions)
-    return got
+    return octx.derived("switch_tables",
+                        lambda: switch_tables(octx.image, octx.disasm, octx.functions))
 
 
 def check_code_fields(old, new, amap, octx, findings, counter, report, add):

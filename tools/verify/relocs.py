@@ -25,9 +25,9 @@ bytes are one whole imm32/disp32/imm64. No false positive on Debian's 6.1 vmlinu
 
 import numpy as np
 
+from ..image.relocs import R_X86_64_NONE
 from ..kernel.base import Finding
 
-R_X86_64_NONE = 0
 KERNEL_MAP = 0xffffffff80000000
 
 

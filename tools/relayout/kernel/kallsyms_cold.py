@@ -26,7 +26,8 @@ that no new array reuses is zeroed: nothing may read it any more.
 import numpy as np
 
 from ...image.elf import RELA, SHT_RELA, SHT_SYMTAB, SYM, SHF_ALLOC, SHT_NOBITS
-from ...kernel.base import ImageContext
+from ...image.context import ImageContext
+from ...image.relocs import RECIPES
 from ...kernel.kallsyms import Kallsyms
 from .kernel_tables import PatchedImage
 
@@ -34,8 +35,6 @@ SECTION_NAME = ".linepack.kallsyms"
 PAGE = 4096
 ALIGN = 8
 COLD_TYPE = "t"                      # gcc's own .cold parts are local text
-# Relocation types that may reference a moved data symbol: (field size, signed range)
-_FIELDS = {1: (8, None), 24: (8, None), 2: (4, True), 4: (4, True), 11: (4, True), 10: (4, False)}
 
 
 class NoRoom(Exception):
@@ -222,9 +221,10 @@ def _move_symbols(rw, image, moved, new_shndx):
         sel = np.nonzero(np.isin(sym, list(delta_of)))[0]
         for k in sel.tolist():
             typ = int(r["info"][k] & np.uint64(0xFFFFFFFF))
-            if typ not in _FIELDS:
+            recipe = RECIPES.get(typ)
+            if recipe is None or recipe.via_got:
                 raise ValueError(f"kallsyms: relocation type {typ} against a moved symbol")
-            size, signed = _FIELDS[typ]
+            size, signed = recipe.width, recipe.signed
             addr = int(r["offset"][k])
             sec = image.section_at(addr)
             buf = rw.buf(sec)

@@ -8,7 +8,7 @@ or none at all (kallsyms).
 
 import numpy as np
 
-from ...kernel.base import ImageContext
+from ...image.context import ImageContext
 
 # Tables with an update/write pair, in the order they are applied.
 RELAYOUT_TABLES = ("__ex_table", "orc_unwind", "__mcount_loc", "kallsyms")

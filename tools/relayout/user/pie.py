@@ -29,10 +29,9 @@ and go through the same rewrite. Two things are PIE-only:
 import numpy as np
 
 from ...image.elf import RELA, SHT_RELA
+from ...image.relocs import (R_X86_64_64, R_X86_64_IRELATIVE, R_X86_64_PC32, R_X86_64_PLT32,
+                            R_X86_64_RELATIVE)
 
-R_X86_64_PC32, R_X86_64_PLT32, R_X86_64_64 = 2, 4, 1
-R_X86_64_RELATIVE, R_X86_64_IRELATIVE = 8, 37
-GOT_PC = (9, 41, 42)                   # GOTPCREL, GOTPCRELX, REX_GOTPCRELX
 SHT_DYNAMIC = 6
 DT_NULL, DT_INIT, DT_FINI, DT_FLAGS_1 = 0, 12, 13, 0x6FFFFFFB
 DF_1_PIE = 0x08000000
@@ -162,8 +161,8 @@ def pic_table_entries(image, dis, functions=None):
     if image.type not in (2, 3):
         return PicTables()
     if functions is None:
-        from ...image.shared import function_table
-        functions = function_table(image)
+        from ...image.context import ImageContext
+        functions = ImageContext.of(image).functions
     code = _code_ranges(image)
     sym_value = image.symtab["value"].astype(np.int64)
     family = _family(functions)

@@ -23,7 +23,8 @@ whose indirect jumps go through such tables can be split, provided that:
 
 import numpy as np
 
-R_X86_64_64, R_X86_64_PC32, R_X86_64_32, R_X86_64_32S, R_X86_64_PC64 = 1, 2, 10, 11, 24
+from ...image.relocs import R_X86_64_32, R_X86_64_32S, R_X86_64_64, R_X86_64_PC32, R_X86_64_PC64
+
 UNWIND = (".eh_frame", ".eh_frame_hdr", ".gcc_except_table")
 
 
