@@ -57,6 +57,7 @@ class RelayoutRun:
     extra_sections: list = field(default_factory=list)
     alloc_sections: list = field(default_factory=list)
     phdr_updates: Any = None
+    segment: Any = None              # userspace: the new segment the moved code went to
     drop: list = field(default_factory=list)
     stats: list = field(default_factory=list)   # [(pass name, stats)]
 
@@ -285,20 +286,33 @@ def plan(run):
             f"({int((heat > 0).sum())} hot) in {len(units.regions)} regions")
     timings.phase("plan")
     block_level = run.split is not None
-    try:
-        run.plan = make_plan(units, strat, heat, calls=run.calls, functions=run.functions,
-                             blocks=None if block_level else run.blocks,
-                             hot_ranges=_split_hot_ranges(run.orig_units, run.split, strat,
-                                                          run.blocks) if block_level else None,
-                             log=run.log)
-    except LayoutError as e:
-        raise LayoutError(_no_fit_message(e, strat, units, heat, run.calls, run.functions,
-                                          run.log)) from None
+    hot_ranges = _split_hot_ranges(run.orig_units, run.split, strat,
+                                   run.blocks) if block_level else None
+
+    def plan_(relocate=None):
+        return make_plan(units, strat, heat, calls=run.calls, functions=run.functions,
+                         blocks=None if block_level else run.blocks, hot_ranges=hot_ranges,
+                         log=run.log, relocate=relocate)
+    if run.segment is None:
+        try:
+            run.plan = plan_()
+        except LayoutError as e:
+            # the target may offer room elsewhere (userspace: a new segment)
+            run.segment = run.target.new_segment(run)
+            if run.segment is None:
+                raise LayoutError(_no_fit_message(e, strat, units, heat, run.calls,
+                                                  run.functions, run.log)) from None
+            run.log(f"{e}: the moved code goes to a new segment at {run.segment.vaddr:#x}")
+    if run.segment is not None:
+        run.plan = plan_(run.segment.relocate)
     return S.PlanStats(**run.plan.summary())
 
 
 def _start_rewrite(run, rw):
     run.rewriter = rw
+    if run.segment is not None:
+        seg = run.segment
+        rw.relocated = {seg.text.index: (seg.text_base, seg.text_size(run.plan))}
     rw.pic_tables = pic = run.target.pic
     if pic is not None:
         rw.stats["pie.pic_table_entries"] = len(pic)
@@ -466,12 +480,18 @@ def write(run):
     rw = run.rewriter
     run.log(f"writing {run.out_path}")
     timings.phase("write image")
+    segment = None
+    if run.segment is not None:
+        segment = run.segment.finish(rw, len(run.image.sections) + len(run.alloc_sections))
+        run.log(f"new segment at {run.segment.vaddr:#x}: {run.segment.summary['size']:,} bytes "
+                f"({run.segment.summary['text_bytes']:,} of code)")
     write_image(run.image, run.out_path, rw.patched, drop=run.drop, entry=rw.new_entry(),
                 extra_sections=run.extra_sections, header_updates=rw.header_updates,
                 section_moves=rw.section_moves, alloc_sections=run.alloc_sections,
-                phdr_updates=run.phdr_updates)
+                phdr_updates=run.phdr_updates, segment=segment)
     return S.WriteStats(path=run.out_path,
-                        sections_added=len(run.extra_sections) + len(run.alloc_sections))
+                        sections_added=len(run.extra_sections) + len(run.alloc_sections) +
+                        (segment is not None))
 
 
 def summary(run):
@@ -489,10 +509,15 @@ def summary(run):
         # lines holding code that runs at least once per iteration: what the cache sees
         blocks = block_line_metric(plan_, run.blocks, min_count=1.0)
     growth = int(text_growth(plan_))
+    seg = None
+    if run.segment is not None:
+        # the moved code's size in its new place against the code it came from
+        seg = dict(run.segment.summary)
+        growth = seg["text_bytes"] - run.segment.text.size
     tsize = text_size(run.image)
     return S.MetricsStats(
         **lines, **blocks, kept_regions=list(plan_.kept_regions),
-        padding_bytes=int(padding(plan_)), text_growth_bytes=growth,
+        padding_bytes=int(padding(plan_)), text_growth_bytes=growth, new_segment=seg,
         text_growth_pct=round(100.0 * growth / tsize, 4) if tsize else 0.0,
         problems=list(rw.problems))
 

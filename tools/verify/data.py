@@ -134,6 +134,9 @@ def check_regions(ctx, out):
             continue
         ns, ne = nf.start[ni[sel]], nf.end[ni[sel]]
         bad = (ns < np.uint64(n.start)) | (ne > np.uint64(n.end))
+        # code that stayed where it was (pinned, its section moved to a new segment
+        # without it) left nothing
+        bad &= ns != of.start[oi[sel]]
         if bad.any():
             outside.append((r.name, int(bad.sum()), int(ns[bad][0])))
     out.add("equiv.region", outside, lambda o: (o[2], f"{o[1]} function(s) left region {o[0]}"))
