@@ -233,7 +233,20 @@ def split(run):
                                    getattr(run.blocks, "edges", None), log)
     if eh_split is not None:
         n = len(splits)
-        splits = eh_split.accept(splits, units.start, heat, reason)
+        kept = eh_split.accept(splits, units.start, heat, reason)
+        if len(kept) < n and run.segment is None:
+            # no room in place: the unwind tables (and the moved code) may go to a
+            # new segment (userspace), where every split fits
+            run.segment = run.target.new_segment(run)
+            if run.segment is not None:
+                log(f".eh_frame: room for {len(kept)} of {n} cold-part FDEs in place; the "
+                    f"moved code and unwind tables go to a new segment at "
+                    f"{run.segment.vaddr:#x}")
+                for sf in splits:
+                    reason[sf.unit] = 0
+                eh_split.use_segment(run.segment)
+                kept = eh_split.accept(splits, units.start, heat, reason)
+        splits = kept
         if len(splits) < n:
             log(f".eh_frame: room for {len(splits)} of {n} cold-part FDEs; "
                 f"{n - len(splits)} functions moved whole")

@@ -97,6 +97,7 @@ class NewSegment:
         sections[text.index] = (self.text_base, put(self.text_base, code), len(code))
         eh_hdr_at = None
         for idx, (addr, data) in sorted(self.eh.items(), key=lambda kv: kv[1][0]):
+            rw.patched.pop(idx, None)     # fields the reference pass fixed at the old place
             sections[idx] = (addr, put(addr, data), len(data))
             if image.sections[idx].name == ".eh_frame_hdr":
                 eh_hdr_at = (addr, len(data))
