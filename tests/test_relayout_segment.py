@@ -1,0 +1,220 @@
+"""Room without relinking: userspace layouts in a new PT_LOAD segment.
+
+Executables built as people build them (gcc -O2 with its default PIE code,
+``-Wl,--emit-relocs`` and nothing else; linked ``-no-pie`` and ``-pie``) have
+no room after ``.text`` nor in ``.eh_frame``: ``pack`` and ``blocks`` put the
+moved code (and, for ``blocks``, the grown unwind tables) in a new segment
+(relayout/user/segment.py). Fixtures: tests/fixtures/c/switch_tables.c (PIC
+switch tables, a pinned function that stays at its old place),
+split_user.c (backtraces from cold parts) and split_throw.cc (a C++ exception
+through split functions), profiled under qemu-x86_64; and lua 5.4 (Debian's
+source, as tests/bench/bench_userspace_bolt.py builds it) running its
+benchmark workload. Each output: exit 0, the same output as the original,
+``verify --against`` clean, ``eu-elflint --gnu-ld`` and ``readelf -lSW``
+clean, and a program header table that says what the segment holds; a
+corrupted field in the new segment is a verify finding.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from linepack.image.elf import ElfImage
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("gcc") is None or shutil.which("g++") is None or
+    shutil.which("qemu-x86_64") is None or shutil.which("eu-elflint") is None,
+    reason="needs gcc, g++, qemu-x86_64 and eu-elflint")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIX = os.path.join(HERE, "fixtures", "c")
+LINK = {"exec": ["-no-pie"], "pie": ["-pie"]}
+CASES = {"switch_tables": ("gcc", "switch_tables.c", [], ["-lm", "-ldl"], [[]]),
+         "split_user": ("gcc", "split_user.c", [], [], [[], ["fail"]]),
+         "split_throw": ("g++", "split_throw.cc", ["-std=gnu++14"], [], [[]])}
+PT_LOAD, PT_PHDR, PT_GNU_EH_FRAME = 1, 6, 0x6474E550
+PT_GNU_STACK, PT_GNU_RELRO = 0x6474E551, 0x6474E552
+
+
+def _run(path, *args):
+    """Exit status and output (addresses, which a layout changes, masked)."""
+    p = subprocess.run([path, *args], capture_output=True, text=True, timeout=120)
+    return (p.returncode, re.sub(r"0x[0-9a-f]+", "X", p.stdout.replace(path, "PROG")),
+            p.stderr.replace(path, "PROG"))
+
+
+def _relayout(exe, prof, strategy, out):
+    p = subprocess.run(["linepack", "relayout", exe, "--profile", prof, "--strategy", strategy,
+                        "-o", out, "--json", out + ".json"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    with open(out + ".json") as f:
+        return json.load(f)
+
+
+def _record(exe, args, prof):
+    from linepack.profile.user import record_user
+    record_user(exe, args, output=prof)
+    return prof
+
+
+@pytest.fixture(scope="module", params=[(c, m) for c in CASES for m in LINK],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def built(request, tmp_path_factory):
+    case, mode = request.param
+    cc, src, std, libs, _ = CASES[case]
+    d = str(tmp_path_factory.mktemp(f"seg-{case}-{mode}"))
+    exe = os.path.join(d, case)
+    subprocess.run([cc, *std, "-O2", *LINK[mode], "-Wl,--emit-relocs", "-o", exe,
+                    os.path.join(FIX, src), *libs], check=True)
+    prof = _record(exe, [], exe + ".lpprof")
+    outs = {}
+    for s in ("pack", "blocks"):
+        out = f"{exe}.{s}"
+        outs[s] = (out, _relayout(exe, prof, s, out))
+    return case, exe, outs
+
+
+def _phdrs(path):
+    im = ElfImage(path)
+    return im, [{k: int(p[k]) for k in p.dtype.names} for p in im.phdrs]
+
+
+def check_segment(old, new, with_eh):
+    """The program headers and sections of an output with a new segment."""
+    io, po = _phdrs(old)
+    im, pn = _phdrs(new)
+    lo, ln = ([p for p in ps if p["type"] == PT_LOAD] for ps in (po, pn))
+    assert len(ln) == len(lo) + 1
+    seg = max(ln, key=lambda p: p["vaddr"])
+    assert seg not in lo and seg["flags"] == 5           # R+X
+    assert seg["vaddr"] % seg["align"] == seg["offset"] % seg["align"] == 0
+    # the first segment's offset-to-address difference (AT_PHDR on any kernel)
+    assert seg["vaddr"] - seg["offset"] == lo[0]["vaddr"] - lo[0]["offset"]
+    assert seg["vaddr"] >= max(p["vaddr"] + p["memsz"] for p in lo)
+    assert [p["vaddr"] for p in ln] == sorted(p["vaddr"] for p in ln)
+
+    def inside(a, n):
+        return seg["vaddr"] <= a and a + n <= seg["vaddr"] + seg["filesz"]
+    text = im.section(".text")
+    assert inside(text.addr, text.size) and text.offset - seg["offset"] == text.addr - seg["vaddr"]
+    assert im.section(".linepack.orig.text").addr == io.section(".text").addr
+    ph = next(p for p in pn if p["type"] == PT_PHDR)
+    assert inside(ph["vaddr"], ph["filesz"]) and ph["filesz"] == 56 * len(pn)
+    assert int(im.ehdr["phoff"]) == ph["offset"]
+    hdr = im.section(".eh_frame_hdr")
+    eh = next(p for p in pn if p["type"] == PT_GNU_EH_FRAME)
+    assert (eh["vaddr"], eh["memsz"]) == (hdr.addr, hdr.size)
+    assert inside(hdr.addr, hdr.size) == with_eh
+    assert inside(im.section(".eh_frame").addr, 4) == with_eh
+    for t in (PT_GNU_STACK, PT_GNU_RELRO):
+        assert [p for p in po if p["type"] == t] == [p for p in pn if p["type"] == t]
+
+
+def check_clean(old, new):
+    p = subprocess.run(["eu-elflint", "--gnu-ld", new], capture_output=True, text=True)
+    assert p.returncode == 0 and "No errors" in p.stdout, p.stdout + p.stderr
+    p = subprocess.run(["readelf", "-lSW", new], capture_output=True, text=True)
+    assert p.returncode == 0 and not p.stderr.strip(), p.stderr
+    p = subprocess.run(["linepack", "verify", new, "--against", old],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+
+
+@pytest.mark.parametrize("strategy", ["pack", "blocks"])
+def test_output_in_a_new_segment_runs_the_same(built, strategy):
+    case, exe, outs = built
+    out, summary = outs[strategy]
+    seg = summary["new_segment"]
+    assert seg["text_bytes"] > 0 and summary["units_moved"] > 0
+    if strategy == "blocks":
+        assert summary["split"]["functions_split"] >= 2
+        assert summary["eh_frame.cold_fdes"] == summary["split"]["functions_split"]
+        assert seg["eh_bytes"] > 0
+        reasons = summary["split"]["hot_functions_by_reason"]
+        assert not [k for k in reasons if "no room" in k], reasons
+    for args in CASES[case][4]:
+        assert _run(out, *args) == _run(exe, *args)
+    check_segment(exe, out, with_eh=strategy == "blocks")
+    check_clean(exe, out)
+
+
+def test_pinned_code_stays_at_its_old_place(built):
+    """switch_tables.c's via_anchor is designated by a PC-relative data field
+    nothing explains: it stays, in .linepack.orig.text, and its symbol says so."""
+    case, exe, outs = built
+    if case != "switch_tables":
+        pytest.skip("only switch_tables.c has pinned code")
+    old = ElfImage(exe)
+    for s in ("pack", "blocks"):
+        out, summary = outs[s]
+        assert summary["pcrel_data.pinned_units"] >= 1
+        im = ElfImage(out)
+        a = old.symbol_address("via_anchor")
+        assert im.symbol_address("via_anchor") == a
+        orig = im.section(".linepack.orig.text")
+        names, syms = im.symbol_table()
+        k = names.index("via_anchor")
+        assert int(syms["shndx"][k]) == orig.index
+        # the rest of the old place is int3
+        data = bytes(im.section_bytes(orig))
+        assert data.count(0xCC) > len(data) // 2
+
+
+def test_a_wrong_field_in_the_new_segment_is_a_finding(built, tmp_path):
+    """Change one relocated call displacement in the moved code: verify names it."""
+    case, exe, outs = built
+    out, _ = outs["pack"]
+    im = ElfImage(out)
+    text = im.section(".text")
+    rel = im.relocations[".text"]
+    k = int(np.nonzero(rel.type == 4)[0][0])          # R_X86_64_PLT32
+    pos = text.offset + int(rel.offset[k]) - text.addr
+    raw = bytearray(open(out, "rb").read())
+    raw[pos] ^= 0x40
+    bad = tmp_path / "bad"
+    bad.write_bytes(bytes(raw))
+    p = subprocess.run(["linepack", "verify", str(bad), "--against", exe],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "error" in p.stdout
+
+
+# -- lua 5.4, nobody tuned it for us -----------------------------------------
+
+@pytest.fixture(scope="module", params=["exec", "pie"])
+def lua(request, tmp_path_factory):
+    sys.path.insert(0, os.path.join(HERE, "bench"))
+    import bench_userspace_bolt as bench
+    d = str(tmp_path_factory.mktemp(f"lua-{request.param}"))
+    exe = bench.build_lua(d, log=lambda m: None, pie=request.param == "pie")
+    script = os.path.join(d, "work.lua")
+    with open(script, "w") as f:
+        f.write(bench.LUA_SCRIPT)
+    prof = _record(exe, [script], exe + ".lpprof")
+    return exe, script, prof
+
+
+@pytest.mark.parametrize("strategy", ["pack", "blocks"])
+def test_lua_relaid_out_without_relinking(lua, strategy):
+    exe, script, prof = lua
+    out = f"{exe}.{strategy}"
+    summary = _relayout(exe, prof, strategy, out)
+    seg = summary["new_segment"]
+    old_text = ElfImage(exe).section(".text").size
+    # the moved code is the old .text plus the layout's padding (and split growth)
+    assert 0 < seg["text_bytes"] - old_text < 0.1 * old_text
+    if strategy == "blocks":
+        assert summary["split"]["functions_split"] > 100
+        assert seg["eh_bytes"] > 0
+    want = _run(exe, script)
+    assert want[0] == 0 and want[1]
+    assert _run(out, script) == want
+    check_segment(exe, out, with_eh=strategy == "blocks")
+    check_clean(exe, out)
