@@ -522,11 +522,7 @@ def summary(run):
         # lines holding code that runs at least once per iteration: what the cache sees
         blocks = block_line_metric(plan_, run.blocks, min_count=1.0)
     growth = int(text_growth(plan_))
-    seg = None
-    if run.segment is not None:
-        # the moved code's size in its new place against the code it came from
-        seg = dict(run.segment.summary)
-        growth = seg["text_bytes"] - run.segment.text.size
+    seg = dict(run.segment.summary) if run.segment is not None else None
     tsize = text_size(run.image)
     return S.MetricsStats(
         **lines, **blocks, kept_regions=list(plan_.kept_regions),

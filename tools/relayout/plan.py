@@ -446,9 +446,16 @@ def _movable_runs(plan):
 
 
 def text_growth(plan):
-    """How far the end of laid-out code moved, summed over sections' movable runs."""
+    """How far the end of laid-out code moved, summed over sections' movable runs
+    (a run moved away whole, to a userspace executable's new segment: how much
+    longer it is there)."""
     u = plan.units
-    return sum(int(plan.new_end[m].max()) - int(u.end[m].max()) for m in _movable_runs(plan))
+    out = 0
+    for m in _movable_runs(plan):
+        lo, hi = int(u.start[m].min()), int(u.end[m].max())
+        nlo, nhi = int(plan.new_start[m].min()), int(plan.new_end[m].max())
+        out += (nhi - nlo) - (hi - lo) if nlo >= hi or nhi <= lo else nhi - hi
+    return out
 
 
 def padding(plan):
