@@ -138,7 +138,10 @@ class PlanMap:
         for lo, hi in plan_extents(plan)[0]:
             m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi)) & ~u.pinned
             if m.any():
-                growth += int(plan.new_end[m].max()) - int(u.end[m].max())
+                lo_, hi_ = int(u.start[m].min()), int(u.end[m].max())
+                nlo, nhi = int(plan.new_start[m].min()), int(plan.new_end[m].max())
+                # (a run moved away whole, to a userspace new segment: how much longer)
+                growth += (nhi - nlo) - (hi_ - lo_) if nlo >= hi_ or nhi <= lo_ else nhi - hi_
                 span = int(plan.new_end[m].max()) - int(plan.new_start[m].min())
                 padding += span - int(u.size[m].sum())
         return cls(AddressMap.from_plan(plan), growth, padding, plan.strategy,
@@ -219,7 +222,7 @@ class Layouts:
     def plan(self, spec):
         """PlanMap of a layout (None for stock), cached."""
         from ..relayout import strategies
-        from ..relayout.plan import make_heat, make_plan
+        from ..relayout.plan import LayoutError, make_heat, make_plan
         spec, key = self.key(spec)
         if spec == "stock":
             return None
@@ -232,8 +235,14 @@ class Layouts:
             return PlanMap.load(path)
         units, functions = self._build_units()
         heat = make_heat(units, functions, self.hotness)
-        plan = make_plan(units, strategies.get(spec), heat, calls=self.calls, functions=functions,
-                         blocks=self.blocks)
+        try:
+            plan = make_plan(units, strategies.get(spec), heat, calls=self.calls,
+                             functions=functions, blocks=self.blocks)
+        except LayoutError:
+            # no room in place: relayout knows where the code goes (a userspace new
+            # segment) or says why not
+            self.image_path(spec)
+            return PlanMap.load(path)
         pm = PlanMap.from_plan(plan)
         os.makedirs(self.dir, exist_ok=True)
         pm.save(path)
