@@ -133,15 +133,13 @@ class PlanMap:
     @classmethod
     def from_plan(cls, plan):
         from ..image.addrmap import AddressMap, plan_extents
+        from ..relayout.plan import run_growth
         u = plan.units
         growth = padding = 0
         for lo, hi in plan_extents(plan)[0]:
             m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi)) & ~u.pinned
             if m.any():
-                lo_, hi_ = int(u.start[m].min()), int(u.end[m].max())
-                nlo, nhi = int(plan.new_start[m].min()), int(plan.new_end[m].max())
-                # (a run moved away whole, to a userspace new segment: how much longer)
-                growth += (nhi - nlo) - (hi_ - lo_) if nlo >= hi_ or nhi <= lo_ else nhi - hi_
+                growth += run_growth(plan, m)
                 span = int(plan.new_end[m].max()) - int(plan.new_start[m].min())
                 padding += span - int(u.size[m].sum())
         return cls(AddressMap.from_plan(plan), growth, padding, plan.strategy,

@@ -127,7 +127,11 @@ def plan_between(base_path, new_path):
         b = b_by_sym.get(a_sym[fi])
         if b is not None:
             new_start[ui] = b - off
-    return LayoutPlan(units, new_start, [r.start for r in units.regions], None, None)
+    plan = LayoutPlan(units, new_start, [r.start for r in units.regions], None, None)
+    from .user.segment import ORIG_TEXT
+    if new.section(ORIG_TEXT) is not None:      # the code went to a new segment
+        plan.relocated = {base.section(".text").index}
+    return plan
 
 
 def text_growth_between(base_path, new_path):

@@ -67,6 +67,7 @@ class LayoutPlan:
         self.strategy = strategy
         self.heat = heat
         self.kept_regions = []        # regions that kept their original layout (make_plan)
+        self.relocated = set()        # sections whose movable code went to a new segment
 
     @property
     def moved(self):
@@ -165,6 +166,7 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
                     f"before pinned {regs[e.index].name})")
             continue
         plan.kept_regions = sorted(units.regions[i].name for i in keep)
+        plan.relocated = set(relocate or ())
         return plan
 
 
@@ -452,10 +454,18 @@ def text_growth(plan):
     u = plan.units
     out = 0
     for m in _movable_runs(plan):
-        lo, hi = int(u.start[m].min()), int(u.end[m].max())
-        nlo, nhi = int(plan.new_start[m].min()), int(plan.new_end[m].max())
-        out += (nhi - nlo) - (hi - lo) if nlo >= hi or nhi <= lo else nhi - hi
+        out += run_growth(plan, m)
     return out
+
+
+def run_growth(plan, m):
+    """text_growth of one movable run (mask ``m`` of the units)."""
+    u = plan.units
+    lo, hi = int(u.start[m].min()), int(u.end[m].max())
+    nlo, nhi = int(plan.new_start[m].min()), int(plan.new_end[m].max())
+    away = getattr(plan, "relocated", ()) and \
+        int(u.regions[int(u.region[np.argmax(m)])].section) in plan.relocated
+    return (nhi - nlo) - (hi - lo) if away else nhi - hi
 
 
 def padding(plan):
