@@ -218,3 +218,43 @@ def test_lua_relaid_out_without_relinking(lua, strategy):
     assert _run(out, script) == want
     check_segment(exe, out, with_eh=strategy == "blocks")
     check_clean(exe, out)
+
+
+INIT_C = r'''
+#include <stdio.h>
+static int v;
+void myinit(void) { v = 42; }
+__attribute__((noinline)) int f(int x) { return x * 3 + v; }
+int main(void) { long s = 0; for (int i = 0; i < 1000; i++) s += f(i); printf("%d %ld\n", v, s); return 0; }
+'''
+
+
+@pytest.mark.parametrize("mode", list(LINK))
+def test_dt_init_into_moved_code_follows(tmp_path, mode):
+    """-Wl,-init,myinit: DT_INIT names a function in .text; it follows the layout
+    (PIE or not: the old place is int3 now), and verify names a DT_INIT left behind."""
+    from linepack.relayout.user.pie import DT_INIT, dynamic_entries
+    src = tmp_path / "init.c"
+    src.write_text(INIT_C)
+    exe = str(tmp_path / "init")
+    subprocess.run(["gcc", "-O2", *LINK[mode], "-Wl,--emit-relocs", "-Wl,-init,myinit", "-o", exe,
+                    str(src)], check=True)
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"functions": {"f": 100, "main": 10, "myinit": 1}}))
+    out = exe + ".out"
+    summary = _relayout(exe, str(prof), "align-all 512", out)
+    assert summary["new_segment"] and summary["dynamic_entries_updated"] == 1
+    assert _run(out) == _run(exe) and _run(exe)[1].startswith("42 ")
+    check_clean(exe, out)
+    old = ElfImage(exe)
+    dsec, dyn = dynamic_entries(old)
+    k = int(np.nonzero(dyn["tag"] == DT_INIT)[0][0])
+    raw = bytearray(open(out, "rb").read())
+    nsec = ElfImage(out).section(".dynamic")
+    pos = nsec.offset + k * 16 + 8
+    raw[pos:pos + 8] = int(dyn["val"][k]).to_bytes(8, "little")      # the original's value
+    bad = tmp_path / "bad"
+    bad.write_bytes(bytes(raw))
+    p = subprocess.run(["linepack", "verify", str(bad), "--against", exe],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and "equiv.dynamic" in p.stdout + p.stderr

@@ -175,6 +175,9 @@ class UserTarget(Target):
         if self.pie:
             from .user.pie import update_dynamic
             update_dynamic(rw, self.image, log)
+        elif not rw.plan.is_identity():
+            from .user.pie import update_dynamic_entries
+            update_dynamic_entries(rw, self.image)
         return []
 
     def new_segment(self, run):
