@@ -258,3 +258,32 @@ def test_dt_init_into_moved_code_follows(tmp_path, mode):
     p = subprocess.run(["linepack", "verify", str(bad), "--against", exe],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 1 and "equiv.dynamic" in p.stdout + p.stderr
+
+
+BSS_C = r'''
+#include <stdio.h>
+static char big[64 << 20];
+__attribute__((noinline)) int f(int x) { big[x] = x; return x * 3 + big[x / 2]; }
+int main(void) { long s = 0; for (int i = 0; i < 100000; i++) s += f(i); printf("%ld\n", s); return 0; }
+'''
+
+
+@pytest.mark.parametrize("mode", list(LINK))
+def test_large_bss_keeps_the_file_small(tmp_path, mode):
+    """64 MiB of .bss: the segment goes after the file's content (not 64 MiB on),
+    after the .bss in memory."""
+    src = tmp_path / "bss.c"
+    src.write_text(BSS_C)
+    exe = str(tmp_path / "bss")
+    subprocess.run(["gcc", "-O2", *LINK[mode], "-Wl,--emit-relocs", "-o", exe, str(src)],
+                   check=True)
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"functions": {"f": 100, "main": 10}}))
+    out = exe + ".out"
+    _relayout(exe, str(prof), "align-all 512", out)
+    assert _run(out) == _run(exe)
+    assert os.path.getsize(out) < os.path.getsize(exe) + (1 << 20)
+    _, pn = _phdrs(out)
+    loads = [p for p in pn if p["type"] == PT_LOAD]
+    assert loads[-1]["vaddr"] >= loads[-2]["vaddr"] + loads[-2]["memsz"] >= 64 << 20
+    check_clean(exe, out)

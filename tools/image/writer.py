@@ -172,8 +172,8 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
     with atomic_output(out_path, mode=os.stat(image.path).st_mode & 0o777) as f:
         head = image.data[:alloc_end]
         f.write(memoryview(head))
-        if fixed_end > alloc_end:
-            f.write(b"\0" * (fixed_end - alloc_end))
+        # (up to a new segment's offset: a hole, not written; sparse where the file
+        # system allows, e.g. the size of a large .bss)
         f.seek(0)
         f.write(ehdr.tobytes())
         if seg:

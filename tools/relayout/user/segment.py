@@ -14,7 +14,8 @@ The program header table gets one more ``PT_LOAD``, so it moves into the new
 segment too (``PT_PHDR`` follows). The segment keeps the first segment's
 offset-to-address difference (its file offset is its address minus the load
 base), so that a kernel that computes ``AT_PHDR`` as load base + ``e_phoff``
-(before Linux 5.18) finds the table as well as newer ones.
+(before Linux 5.18) finds the table as well as newer ones; only a ``.bss`` of
+more than BIG_GAP makes it follow the file's content instead.
 """
 
 import numpy as np
@@ -24,6 +25,7 @@ from ...image.elf import PHDR, SYM
 PT_LOAD, PT_PHDR, PT_GNU_EH_FRAME = 1, 6, 0x6474E550
 PF_X, PF_R = 1, 4
 ORIG_TEXT = ".linepack.orig.text"
+BIG_GAP = 1 << 20
 
 
 def _up(x, a):
@@ -49,6 +51,11 @@ class NewSegment:
                 file_end = max(file_end, s.offset + s.size)
         self.offset = max(_up(file_end, self.align), _up(mem_end, self.align) - base)
         self.vaddr = self.offset + base
+        if self.offset - _up(file_end, self.align) > BIG_GAP:
+            # a large .bss: right after the file's content instead (not a file that
+            # is mostly a hole); AT_PHDR then needs Linux 5.18 or later
+            self.offset = _up(file_end, self.align)
+            self.vaddr = _up(mem_end, self.align)
         text = image.section(".text")
         self.text = text
         # the code keeps its offsets within a page (alignments up to 4 KiB hold)
