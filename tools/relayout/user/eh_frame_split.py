@@ -22,8 +22,10 @@ follows its fields to their new offsets.
 
 Room is decided before placement (a part's CFI program depends only on its
 pieces' offsets inside the part): splits are taken in heat order while the new
-records and header entries fit the two sections' bytes; the others are moved
-whole with the reason R_EH_ROOM.
+records and header entries fit the two sections' bytes. When some do not, the
+caller may give the sections a new segment (``use_segment``: both are rebuilt
+after the moved code there, any size, every split fits); only without one are
+the others moved whole with the reason R_EH_ROOM.
 
 A function with an LSDA (``.gcc_except_table`` call-site ranges are per FDE,
 relative to its start) gets one new LSDA per part (tools/relayout/user/lsda.py),
