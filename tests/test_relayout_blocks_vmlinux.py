@@ -51,7 +51,7 @@ def split_kernel(work, vmlinux):
 def test_cfg_of_the_real_kernel(split_kernel, vmlinux):
     _, summary, rw = split_kernel
     cfg = rw.block_split["cfg"]
-    assert 400_000 < len(cfg) < 1_000_000            # 596,015 on 6.1.0-56
+    assert 400_000 < len(cfg) < 1_000_000            # 596,015 on the 6.1 cloud kernel first measured
     # blocks tile each function: sorted, no overlap
     assert (cfg.start[1:] >= cfg.end[:-1]).all()
     from linepack.kernel.base import ImageContext

@@ -11,7 +11,7 @@ from helpers import run_linepack
 import helpers
 
 VMLINUX = helpers.debian_vmlinux_path()
-DEBIAN_BANNER = ("Linux version 6.1.0-56-cloud-amd64 (debian-kernel@lists.debian.org) (gcc-12 "
+DEBIAN_BANNER = ("Linux version 6.1.0-41-cloud-amd64 (debian-kernel@lists.debian.org) (gcc-12 "
                  "(Debian 12.2.0-14+deb12u1) 12.2.0, GNU ld (GNU Binutils for Debian) 2.40) #1 "
                  "SMP PREEMPT_DYNAMIC Debian 6.1.192-2 (2026-11-16)\n")
 
@@ -19,7 +19,7 @@ DEBIAN_BANNER = ("Linux version 6.1.0-56-cloud-amd64 (debian-kernel@lists.debian
 def test_parse_debian_banner():
     from linepack.ship.banner import parse_banner
     b = parse_banner(DEBIAN_BANNER)
-    assert b.release == "6.1.0-56-cloud-amd64"
+    assert b.release == "6.1.0-41-cloud-amd64"
     assert b.version == (6, 1, 192) and b.debian_version == "6.1.192-2"
     assert b.kbuild_env() == {"KBUILD_BUILD_USER": "debian-kernel",
                               "KBUILD_BUILD_HOST": "lists.debian.org",

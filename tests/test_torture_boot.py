@@ -26,9 +26,9 @@ import subprocess
 import pytest
 
 from helpers import FIXTURES, run_linepack
+import helpers
 
-ABI = 56
-VMLINUX = os.path.expanduser(f"~/.cache/linepack/kernels/6.1.0-{ABI}-cloud-amd64/vmlinux")
+VMLINUX = helpers.debian_vmlinux_path()
 MODULES = ("fs/fat/fat.ko", "fs/fat/vfat.ko", "block/kyber-iosched.ko")
 LOOPS = 4000             # long enough to run through the tracepoint flips (1000 ran ~1.3 s, ending
                          # while events-off was still being written on an idle host)
@@ -58,13 +58,12 @@ def work(tmp_path_factory):
 @pytest.fixture(scope="module")
 def initrd(work):
     """/init = the torture program, /bin/vfs-mix, three modules (fetched with apt once)."""
-    from linepack import targets
     from linepack.profile import initramfs, workloads
     init = work / "torture_init"
     subprocess.run(["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-I",
                     workloads.sources_dir(), "-o", str(init),
                     os.path.join(FIXTURES, "c", "torture_init.c")], check=True)
-    mods = [targets.debian_module(m, abi=ABI) for m in MODULES]
+    mods = [helpers.debian_module(m) for m in MODULES]
     extra = [("bin/vfs-mix", workloads.build("vfs-mix"))]
     extra += [("lib/modules/" + os.path.basename(m), m) for m in mods]
     extra.append(("lib/modules/linepack.order",

@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 from helpers import run_linepack
+import helpers
 
-ABI = 56
-VMLINUX = os.path.expanduser(f"~/.cache/linepack/kernels/6.1.0-{ABI}-cloud-amd64/vmlinux")
+VMLINUX = helpers.debian_vmlinux_path()
 PROFILE_LOOPS = 20
 pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow,
               pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux"),
