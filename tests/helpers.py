@@ -66,12 +66,6 @@ def require_tool(*names):
     pytest.fail(f"{' / '.join(names)} not installed (tools/setup.sh installs it)")
 
 
-def llvm_tool(name):
-    """An LLVM tool (llvm-symbolizer, llvm-dwarfdump): unversioned, else llvm-19's
-    (tools/setup.sh installs llvm-19, whose binaries are name-19 and /usr/lib/llvm-19/bin)."""
-    return require_tool(name, f"{name}-19", f"/usr/lib/llvm-19/bin/{name}")
-
-
 def requirements(*tools, vmlinux=False):
     """An autouse module fixture (assign it to a module-level name) that fails every test
     of the module when a tool or the cached Debian vmlinux is missing."""

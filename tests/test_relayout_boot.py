@@ -23,10 +23,8 @@ import helpers
 VMLINUX = helpers.debian_vmlinux_path()
 PROFILE_LOOPS = 50          # enough to make ~800 functions hot
 BOOT_LOOPS = 50
-pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow,
-              pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux"),
-              pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
-                                 reason="qemu-system-x86_64 not installed")]
+pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow]
+_requirements = helpers.requirements("qemu-system-x86_64", vmlinux=True)
 
 
 def _sha(path):

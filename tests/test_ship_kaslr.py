@@ -16,7 +16,6 @@ adds its one-time preparation, ~1.5-4 min: README "linepack bzimage").
 
 import os
 import re
-import shutil
 
 import numpy as np
 import pytest
@@ -29,11 +28,8 @@ PROFILE_LOOPS = 20
 BOOT_LOOPS = 20
 BOOTS = 5
 STRATEGIES = [s for s in os.environ.get("LINEPACK_SHIP_STRATEGIES", "pack,blocks").split(",") if s]
-pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow,
-              pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux"),
-              pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
-                                 reason="qemu-system-x86_64 not installed"),
-              pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")]
+pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow]
+_requirements = helpers.requirements("qemu-system-x86_64", "make", vmlinux=True)
 
 
 @pytest.fixture(scope="module")

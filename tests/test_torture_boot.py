@@ -33,11 +33,8 @@ MODULES = ("fs/fat/fat.ko", "fs/fat/vfat.ko", "block/kyber-iosched.ko")
 LOOPS = 4000             # long enough to run through the tracepoint flips (1000 ran ~1.3 s, ending
                          # while events-off was still being written on an idle host)
 PROFILE_LOOPS = 20
-pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow,
-              pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux"),
-              pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
-                                 reason="qemu-system-x86_64 not installed"),
-              pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")]
+pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow]
+_requirements = helpers.requirements("qemu-system-x86_64", "gcc", vmlinux=True)
 
 _TS = re.compile(r"^\[\s*\d+\.\d+\]\s?")
 # Kernel log lines that mean something went wrong in patched code or its tables.
@@ -341,9 +338,6 @@ def test_blocks_passes_the_torture(work, profile, initrd, stock):
     - the stack trace such a probe takes starts in `name.cold` and reaches the
       syscall entry."""
     from linepack.image.elf import ElfImage
-    from linepack.profile import workloads
-    if not os.path.exists(os.path.join(workloads.configs_dir(), "relayout", "blocks.toml")):
-        pytest.skip("no 'blocks' relayout strategy in this tree (issue 9)")
     out = _relayout(work, profile, "blocks")
     img = ElfImage(str(out))
     names = set(img.symbol_names())
