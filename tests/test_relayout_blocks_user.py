@@ -353,3 +353,12 @@ def test_verify_names_only_the_broken_relocation(c_case, tmp_path):
     assert p.returncode == 1
     found = re.findall(r"\[equiv\.relocation\] field at (0x[0-9a-f]+)", p.stdout)
     assert found == [hex(field)], p.stdout[-3000:]
+
+
+def test_evaluate_growth_is_relayouts(c_case, cxx_case):
+    """evaluate's .text growth of an output given by path (tools/evaluate/booted.py,
+    read back from the two images and the block map) equals relayout's own figure."""
+    from linepack.evaluate.booted import code_growth
+    for exe, out, summary, _ in (c_case, cxx_case):
+        assert summary["split"]["functions_split"] >= 1
+        assert code_growth(exe, out) == summary["text_growth_bytes"], out
