@@ -15,9 +15,10 @@ import subprocess
 import pytest
 
 from helpers import run_linepack
+import helpers
 from linepack.errors import BadInput
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+_requirements = helpers.requirements("gcc", "qemu-x86_64")
 needs_qemu = pytest.mark.skipif(shutil.which("qemu-x86_64") is None,
                                 reason="needs qemu-x86_64 (qemu-user)")
 

@@ -19,6 +19,7 @@ import sys
 import pytest
 
 from helpers import FIXTURES, run_linepack
+import helpers
 
 from linepack.image.elf import ElfImage
 from linepack.ship.kbuild import HOOK
@@ -39,8 +40,7 @@ FORCE:
 .PHONY: FORCE clean
 """
 
-pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("objcopy") is None,
-                                reason="make/binutils not installed")
+_requirements = helpers.requirements("make", "objcopy", "gcc")
 
 
 def _sha(path):

@@ -31,6 +31,7 @@ import subprocess
 
 import numpy as np
 import pytest
+import helpers
 
 from linepack.image.elf import ElfImage
 from linepack.relayout.cfi import evaluate, parse_cie_info, write_program
@@ -40,9 +41,7 @@ from linepack.relayout.eh_frame_split import (EhSplit, _records, check_split_cfi
                                               check_split_lsda)
 from linepack.relayout.eh_frame import parse_eh_frame
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("gcc") is None or shutil.which("g++") is None or
-    shutil.which("qemu-x86_64") is None, reason="needs gcc, g++ and qemu-x86_64")
+_requirements = helpers.requirements("gcc", "g++", "qemu-x86_64")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIX = os.path.join(HERE, "fixtures", "c")

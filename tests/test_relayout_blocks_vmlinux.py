@@ -48,6 +48,15 @@ def split_kernel(work, vmlinux):
     return out, summary, rw
 
 
+def test_evaluate_growth_is_relayouts(split_kernel, vmlinux):
+    """The demo's before/after table (evaluate, kernels given by path) shows relayout's
+    own .text growth for the block-level kernel, not a figure rebuilt wrongly."""
+    from linepack.evaluate.booted import code_growth
+    out, summary, _ = split_kernel
+    assert code_growth(vmlinux, str(out)) == summary["text_growth_bytes"]
+    assert abs(summary["text_growth_pct"]) < 1.0
+
+
 def test_cfg_of_the_real_kernel(split_kernel, vmlinux):
     _, summary, rw = split_kernel
     cfg = rw.block_split["cfg"]
