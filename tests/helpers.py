@@ -66,10 +66,11 @@ def require_tool(*names):
     pytest.fail(f"{' / '.join(names)} not installed (tools/setup.sh installs it)")
 
 
-def requirements(*tools, vmlinux=False):
-    """An autouse module fixture (assign it to a module-level name) that fails every test
-    of the module when a tool or the cached Debian vmlinux is missing."""
-    @pytest.fixture(scope="module", autouse=True)
+def requirements(*tools, vmlinux=False, autouse=True):
+    """A module fixture (assign it to a module-level name) that fails every test of the
+    module (with ``autouse=False``: every test that asks for it by that name) when a tool
+    or the cached Debian vmlinux is missing."""
+    @pytest.fixture(scope="module", autouse=autouse)
     def _requirements():
         for t in tools:
             require_tool(t)

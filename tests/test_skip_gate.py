@@ -116,3 +116,19 @@ def test_run_tests_gate_runs_when_nothing_is_collected(tmp_path):
 def test_run_tests_keeps_pytest_failures(tmp_path):
     f = _sample(tmp_path, "test_fail.py", "def test_a(): assert False\n")
     assert _run_tests(tmp_path, f).returncode == 1
+
+
+def test_a_missing_tool_fails_instead_of_skipping(tmp_path):
+    """tests/helpers.py: a tool the set-up installs that is not there fails the tests
+    that need it, with one line naming it."""
+    f = tmp_path / "test_tool.py"
+    f.write_text(f"import sys\nsys.path.insert(0, {HERE!r})\nimport helpers\n"
+                 "_requirements = helpers.requirements('no-such-tool-lp')\n"
+                 "def test_a(): pass\n"
+                 "def test_b(): helpers.require_tool('no-such-tool-lp', 'no-such-tool-lp-19')\n")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(f)],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert p.returncode == 1, p.stdout
+    assert "2 errors" in p.stdout or "2 failed" in p.stdout or "1 failed, 1 error" in p.stdout, p.stdout
+    assert "skipped" not in p.stdout
+    assert "no-such-tool-lp not installed (tools/setup.sh installs it)" in p.stdout
