@@ -12,7 +12,6 @@ seven short boots).
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -229,8 +228,8 @@ def _readelf_diagnostics(path):
     return rc, _kinds(err.decode(errors="replace") + "\n" + "\n".join(diag))
 
 
-@pytest.mark.skipif(shutil.which("eu-elflint") is None, reason="elfutils not installed")
 def test_elfutils_report_no_new_error_kinds(packed):
+    helpers.require_tool("eu-elflint")
     def lint(path):
         r = subprocess.run(["eu-elflint", "--gnu-ld", str(path)], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, errors="replace")
@@ -273,8 +272,8 @@ def test_cli_outputs_are_reproducible(work, packed, vfs_profile):
     assert addrs == sorted(addrs)
 
 
-@pytest.mark.skipif(shutil.which("nm") is None, reason="binutils nm not installed")
 def test_system_map_equals_nm_of_new_image(packed):
+    helpers.require_tool("nm")
     """What the kernel build would write for the new image: nm -n + mksysmap's filter."""
     nm = subprocess.run(["nm", "-n", str(packed["vmlinux"])], stdout=subprocess.PIPE,
                         check=True, env={**os.environ, "LC_ALL": "C"}).stdout.decode()
