@@ -9,7 +9,6 @@ no assertions on miss counts beyond being counted.
 import csv
 import json
 import os
-import shutil
 import subprocess
 
 import pytest
@@ -19,8 +18,6 @@ import helpers
 from linepack.errors import BadInput
 
 _requirements = helpers.requirements("gcc", "qemu-x86_64")
-needs_qemu = pytest.mark.skipif(shutil.which("qemu-x86_64") is None,
-                                reason="needs qemu-x86_64 (qemu-user)")
 
 PROG = r'''
 #include <stdio.h>
@@ -73,7 +70,6 @@ def plugin():
         pytest.fail(f"the QEMU plugin cannot be built (tools/setup.sh builds it): {e}")
 
 
-@needs_qemu
 def test_original_and_relayout(progs, plugin, tmp_path):
     d, exe, lp, _ = progs
     js, cs = tmp_path / "r.json", tmp_path / "r.csv"
@@ -104,7 +100,6 @@ def test_original_and_relayout(progs, plugin, tmp_path):
         assert len(list(csv.DictReader(f))) == 4
 
 
-@needs_qemu
 def test_different_output_flagged(progs, plugin):
     d, exe, _, other = progs
     p = run_linepack("evaluate", "--program", exe, "--program", other, "--repeat", "2")

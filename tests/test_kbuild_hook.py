@@ -186,8 +186,7 @@ CONFIG = os.path.join(os.path.dirname(os.path.dirname(FIXTURES)), "configs", "kb
 
 
 def test_kbuild_no_source_package(tmp_path):
-    if shutil.which("apt-cache") is None:
-        pytest.skip("apt-cache is not installed")
+    helpers.require_tool("apt-cache")
     _one_line_exit2(run_linepack("kbuild", "--debian", "linux-source-6.99", "--config", CONFIG,
                                  "-o", tmp_path / "out"), "no linux-source-6.99 in the apt lists")
     _one_line_exit2(run_linepack("kbuild", "--debian", "linux-source-6.12=0.0-0", "--config",
