@@ -2,7 +2,6 @@
 
 import os
 import re
-import shutil
 import subprocess
 
 import numpy as np
@@ -13,17 +12,14 @@ from linepack.image.elf import ElfImage
 from linepack.profile.fdata import export_fdata, import_fdata
 from linepack.profile.model import Profile
 from linepack.profile.perf_script import import_perf_script
+from helpers import require_tool
 from test_perf_import import (compile_hotloop, func_lookup, one_error, record_native, write_rendered)
 
 PIE_BIAS = 0x555555554000
 
 
 def bolt():
-    for name in ("llvm-bolt-19", "/usr/lib/llvm-19/bin/llvm-bolt", "llvm-bolt"):
-        p = shutil.which(name) or (name if os.path.exists(name) else None)
-        if p:
-            return p
-    pytest.skip("llvm-bolt-19 not installed")
+    return require_tool("llvm-bolt-19", "/usr/lib/llvm-19/bin/llvm-bolt", "llvm-bolt")
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,11 @@ CFG leaders and terminators, branch relaxation to a fixpoint (a rel8 that
 loses reach grows, a rel32 brought near shrinks, static-key sites both ways),
 and an end-to-end split whose program still prints the same output."""
 
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
+import helpers
 
 from linepack.image import blockmap as bm
 from linepack.image.cfg import (CFG, R_SPLIT, TERM_FALL, TERM_JCC, TERM_JMP, TERM_STOP, TableSites,
@@ -20,7 +20,7 @@ from linepack.relayout import strategies
 from linepack.relayout.driver import relayout
 from linepack.relayout.units import build_units
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+_requirements = helpers.requirements("gcc")
 
 # f sits in .text.hot (between main in .text.startup and crt's code in .text) so
 # that it is a unit of its own.

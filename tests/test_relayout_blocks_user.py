@@ -31,6 +31,7 @@ import subprocess
 
 import numpy as np
 import pytest
+import helpers
 
 from linepack.image.elf import ElfImage
 from linepack.relayout.user.cfi import evaluate, parse_cie_info, write_program
@@ -40,9 +41,7 @@ from linepack.relayout.user.eh_frame_split import (EhSplit, _records, check_spli
                                                    check_split_lsda)
 from linepack.relayout.user.eh_frame import parse_eh_frame
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("gcc") is None or shutil.which("g++") is None or
-    shutil.which("qemu-x86_64") is None, reason="needs gcc, g++ and qemu-x86_64")
+_requirements = helpers.requirements("gcc", "g++", "qemu-x86_64")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIX = os.path.join(HERE, "fixtures", "c")
@@ -353,3 +352,12 @@ def test_verify_names_only_the_broken_relocation(c_case, tmp_path):
     assert p.returncode == 1
     found = re.findall(r"\[equiv\.relocation\] field at (0x[0-9a-f]+)", p.stdout)
     assert found == [hex(field)], p.stdout[-3000:]
+
+
+def test_evaluate_growth_is_relayouts(c_case, cxx_case):
+    """evaluate's .text growth of an output given by path (tools/evaluate/booted.py,
+    read back from the two images and the block map) equals relayout's own figure."""
+    from linepack.evaluate.booted import code_growth
+    for exe, out, summary, _ in (c_case, cxx_case):
+        assert summary["split"]["functions_split"] >= 1
+        assert code_growth(exe, out) == summary["text_growth_bytes"], out
