@@ -14,7 +14,6 @@ The modes, the options each takes and the work: tools/evaluate/modes.py.
 """
 
 import os
-import sys
 
 from ..cli import verb
 from ..evaluate import modes

@@ -19,7 +19,6 @@ import copy
 import numpy as np
 
 from ..kernel import TABLES
-from ..image.context import ImageContext
 
 # (table, field) -> why a wrong value there cannot be seen in the image alone.
 UNDETECTABLE = {
