@@ -1,0 +1,509 @@
+"""References into and out of code, from link relocations or recovered without them.
+
+relayout moves code by fixing every field that refers to moved code or lies in
+it. A vmlinux linked with ``--emit-relocs`` lists those fields in its
+``.rela.*`` sections. Kernels >= 6.5 strip them; what they ship is enough to
+find them again:
+
+- absolute 64- and 32-bit fields: the KASLR relocation table at the end of the
+  vmlinuz payload (``arch/x86/tools/relocs.c`` writes every R_X86_64_64, 32 and
+  32S of the link but those to per-CPU symbols); the field's value is its target;
+- PC-relative fields in code: every rel32 branch and RIP-relative operand, by
+  disassembly (the per-CPU inverse group of the table lists the PC32 fields to
+  per-CPU symbols: they must be among them, and are counted);
+- PC-relative fields in data: each kernel table's own ``references()``
+  (linepack.kernel.REFERENCE_TABLES);
+- anything else in data that looks like a reference into movable code (an
+  8-byte value there, or an s32 whose field + value lands there) is
+  *unexplained*: the function it points at is pinned, never moved on a guess.
+
+One code path: ``install`` turns the recovered references into relocation
+arrays of the shape ``ElfImage.relocations`` returns (a SECTION symbol and the
+addend, R_X86_64_64/32S/32/PC32/PC64), so the rewriter, the kernel tables and
+verify read them exactly as they read link relocations. The rewriter takes a
+field's current bytes as the truth for its target anyway; the SECTION symbol
+tells it to map that target through the layout. A recovered branch inside one
+function is left out of the arrays, as the assembler leaves it out of the
+link's: the rewriter's branch pass fixes it, and the block-level CFG reads a
+relocation there as "do not split".
+"""
+
+import numpy as np
+
+from .elf import (RELA, STT_FUNC, STT_SECTION, R_X86_64_32, R_X86_64_32S, R_X86_64_64,
+                  R_X86_64_PC32, R_X86_64_PC64, R_X86_64_PLT32, Relocations)
+from .intervals import containing
+
+START_KERNEL_MAP = 0xFFFFFFFF80000000
+
+# where a reference came from (References.origin)
+LINK, KASLR64, KASLR32, CODE_BRANCH, CODE_RIP, TABLE = range(6)
+ORIGIN_NAMES = ("link", "kaslr-64", "kaslr-32", "code-branch", "code-rip", "table")
+
+_WIDTH = {R_X86_64_64: 8, R_X86_64_32S: 4, R_X86_64_32: 4, R_X86_64_PC32: 4,
+          R_X86_64_PLT32: 4, R_X86_64_PC64: 8}
+_PC = (R_X86_64_PC32, R_X86_64_PLT32, R_X86_64_PC64)
+
+
+class References:
+    """Fields as arrays sorted by address: ``field`` (ELF address), ``rtype``
+    (ELF relocation type), ``end`` (PC-relative: end of the instruction, or
+    the field itself in data), ``target`` (what the field reaches today),
+    ``origin`` (ORIGIN_NAMES index), ``table`` (index into ``table_names``
+    for TABLE, else -1)."""
+
+    def __init__(self, field, rtype, end, target, origin, table=None, table_names=()):
+        order = np.argsort(np.asarray(field, np.uint64), kind="stable")
+        self.field = np.asarray(field, np.uint64)[order]
+        self.rtype = np.asarray(rtype, np.uint32)[order]
+        self.end = np.asarray(end, np.uint64)[order]
+        self.target = np.asarray(target, np.uint64)[order]
+        self.origin = np.asarray(origin, np.uint8)[order]
+        self.table = (np.full(len(order), -1, np.int16) if table is None
+                      else np.asarray(table, np.int16)[order])
+        self.table_names = list(table_names)
+        self.stats = {}
+        self.unexplained = None
+
+    def __len__(self):
+        return len(self.field)
+
+    def contains(self, addrs):
+        """True where an address is the field of one of these references."""
+        a = np.asarray(addrs, np.uint64)
+        i = np.searchsorted(self.field, a)
+        ic = np.minimum(i, max(len(self.field) - 1, 0))
+        return (i < len(self.field)) & (self.field[ic] == a) if len(self.field) else \
+            np.zeros(a.shape, bool)
+
+    def select(self, mask):
+        out = References.__new__(References)
+        for k in ("field", "rtype", "end", "target", "origin", "table"):
+            setattr(out, k, getattr(self, k)[mask])
+        out.table_names, out.stats, out.unexplained = self.table_names, {}, None
+        return out
+
+
+# -- reading fields ------------------------------------------------------------
+def _section_spans(image):
+    """(starts, ends, sections) of every allocated section with contents,
+    .data..percpu included at its ELF address (0)."""
+    secs = sorted((s for s in image.sections if s.is_alloc and s.size and s.type != 8),
+                  key=lambda s: s.addr)
+    return (np.array([s.addr for s in secs], np.uint64),
+            np.array([s.end for s in secs], np.uint64), secs)
+
+
+def read_fields(image, addrs, width):
+    """Little-endian unsigned values of ``width`` bytes at ELF addresses
+    (0 where the field is not in a file-backed section)."""
+    addrs = np.asarray(addrs, np.uint64)
+    lo, hi, secs = _section_spans(image)
+    k = containing(lo, hi, addrs)
+    ok = (k >= 0)
+    kc = np.maximum(k, 0)
+    ok &= addrs + np.uint64(width) <= hi[kc]
+    offs = np.array([s.offset for s in secs], np.int64)
+    pos = offs[kc] + (addrs - lo[kc]).astype(np.int64)
+    pos = np.where(ok, pos, 0)
+    raw = image.data[pos[:, None] + np.arange(width)[None, :]]
+    val = raw.copy().view("<u8" if width == 8 else "<u4").ravel().astype(np.uint64)
+    return np.where(ok, val, np.uint64(0))
+
+
+def _sext32(v):
+    return np.asarray(v, np.uint64).astype(np.uint32).view(np.int32).astype(np.int64).view(np.uint64)
+
+
+def field_targets(image, field, rtype, end):
+    """What each field reaches today: absolute = its value (32S sign-extended),
+    PC-relative = end + value."""
+    field = np.asarray(field, np.uint64)
+    rtype = np.asarray(rtype, np.uint32)
+    out = np.zeros(len(field), np.uint64)
+    for t, w in _WIDTH.items():
+        m = np.nonzero(rtype == t)[0]
+        if not len(m):
+            continue
+        v = read_fields(image, field[m], w)
+        if t in (R_X86_64_PC32, R_X86_64_PLT32):
+            out[m] = end[m] + _sext32(v)
+        elif t == R_X86_64_PC64:
+            out[m] = end[m] + v
+        elif t == R_X86_64_32S:
+            out[m] = _sext32(v)
+        else:
+            out[m] = v
+    return out
+
+
+# -- the link's references -----------------------------------------------------
+def link_references(image, dis):
+    """References of the link relocations of allocated sections (the truth on
+    an image that kept them); ``dis`` gives instruction ends for code fields."""
+    fields, types = [], []
+    for rel in image.relocations.values():
+        if not rel.target.is_alloc or rel.target.type == 8 or not len(rel):
+            continue
+        keep = np.isin(rel.type, list(_WIDTH))
+        fields.append(rel.offset[keep].astype(np.uint64))
+        types.append(rel.type[keep])
+    field = np.concatenate(fields) if fields else np.zeros(0, np.uint64)
+    rtype = np.concatenate(types) if types else np.zeros(0, np.uint32)
+    end = _insn_end(dis, field)
+    return References(field, rtype, end, field_targets(image, field, rtype, end),
+                      np.full(len(field), LINK))
+
+
+def _insn_end(dis, field):
+    i = dis.containing(field)
+    ic = np.maximum(i, 0)
+    return np.where(i >= 0, dis.addr[ic] + dis.size[ic].astype(np.uint64), field)
+
+
+# -- recovery ------------------------------------------------------------------
+def code_references(dis):
+    """PC-relative fields of code: rel32 branches and RIP-relative operands.
+    Returns (field, end, target, origin, instruction index)."""
+    from .operands import rip_relative
+    idx, target, kind = dis.branch_targets()
+    b = kind == 4
+    bi = idx[b]
+    b_end = dis.addr[bi] + dis.size[bi].astype(np.uint64)
+    # candidates: mod=00 rm=101 ModRM right before a disp32 (0, 1, 2 or 4
+    # immediate bytes after it); Capstone confirms and gives the offset
+    raw, size = dis.raw, dis.size.astype(np.int64)
+    branch = np.zeros(len(dis), bool)
+    branch[idx] = True
+    cand = np.zeros(len(dis), bool)
+    rows = np.arange(len(dis))
+    for imm in (0, 1, 2, 4):
+        mpos = size - 5 - imm
+        ok = (mpos >= 0) & ~branch
+        modrm = raw[rows, np.clip(mpos, 0, 15)]
+        cand |= ok & ((modrm & 0xC7) == 0x05)
+    ci = np.nonzero(cand)[0]
+    rip, doff = rip_relative(raw[ci], size[ci])
+    ri, doff = ci[rip], doff[rip]
+    r_field = dis.addr[ri] + doff.astype(np.uint64)
+    r_end = dis.addr[ri] + size[ri].astype(np.uint64)
+    disp = np.zeros(len(ri), np.int64)
+    for k in range(4):
+        disp |= raw[ri, np.clip(doff + k, 0, 15)].astype(np.int64) << (8 * k)
+    disp = np.where(disp >= 2**31, disp - 2**32, disp)
+    r_target = (r_end.astype(np.int64) + disp).astype(np.uint64)
+    field = np.concatenate([b_end - np.uint64(4), r_field])
+    end = np.concatenate([b_end, r_end])
+    tgt = np.concatenate([target[b], r_target])
+    origin = np.concatenate([np.full(len(bi), CODE_BRANCH, np.uint8),
+                             np.full(len(ri), CODE_RIP, np.uint8)])
+    return field, end, tgt, origin, np.concatenate([bi, ri])
+
+
+def _percpu(image):
+    """(.data..percpu section, its load address) or (None, None)."""
+    sec = image.section(".data..percpu")
+    load = image.symbol_address("__per_cpu_load")
+    if sec is None or load is None or sec.addr != 0:
+        return None, None
+    return sec, load
+
+
+def kaslr_references(image, kaslr):
+    """Absolute fields listed by the vmlinuz's KASLR table, as ELF addresses
+    (a field of .data..percpu is listed at its load address)."""
+    sec, load = _percpu(image)
+    out = []
+    for arr, origin in ((kaslr.abs64, KASLR64), (kaslr.abs32, KASLR32)):
+        f = np.asarray(arr, np.uint64).copy()
+        if sec is not None:
+            pc = (f >= np.uint64(load)) & (f < np.uint64(load + sec.size))
+            f[pc] -= np.uint64(load)
+        out.append((f, origin))
+    f64, f32 = out[0][0], out[1][0]
+    v64 = read_fields(image, f64, 8)
+    v32 = read_fields(image, f32, 4)
+    t32 = _sext32(v32)
+    # a 32-bit field is 32S when its sign-extended value is a kernel address,
+    # else R_X86_64_32 (``sym - __START_KERNEL_map``: a physical address)
+    is_s = t32 >= np.uint64(START_KERNEL_MAP)
+    rtype = np.concatenate([np.full(len(f64), R_X86_64_64, np.uint32),
+                            np.where(is_s, R_X86_64_32S, R_X86_64_32).astype(np.uint32)])
+    field = np.concatenate([f64, f32])
+    target = np.concatenate([v64, np.where(is_s, t32, v32)])
+    origin = np.concatenate([np.full(len(f64), KASLR64, np.uint8),
+                             np.full(len(f32), KASLR32, np.uint8)])
+    return field, rtype, target, origin
+
+
+def table_references(ctx):
+    """PC-relative fields of every kernel table that declares them."""
+    from ..kernel import REFERENCE_TABLES
+    fields, widths, which, names = [], [], [], []
+    for k, cls in enumerate(REFERENCE_TABLES):
+        t = cls()
+        try:
+            a, w = t.references(ctx)
+        except ValueError:
+            continue                        # a table of another layout: its check says so
+        names.append(cls.name)
+        fields.append(a)
+        widths.append(w)
+        which.append(np.full(len(a), len(names) - 1, np.int16))
+    return (np.concatenate(fields), np.concatenate(widths), np.concatenate(which), names)
+
+
+def _table_ranges(ctx):
+    """[start, end) of every kernel table whose records are fully known (their
+    bytes outside the listed fields are no references)."""
+    from ..kernel import REFERENCE_TABLES, TABLES
+    lo, hi = [], []
+    for cls in set(REFERENCE_TABLES) | set(TABLES):
+        try:
+            rngs = cls().ranges(ctx)
+        except ValueError:
+            continue
+        for a, n, size in rngs:
+            lo.append(a)
+            hi.append(a + n * size)
+    o = np.argsort(lo)
+    return np.array(lo, np.uint64)[o], np.array(hi, np.uint64)[o]
+
+
+def recover(image, kaslr, units=None, log=None):
+    """References of a kernel image without link relocations: KASLR table
+    (``kaslr``: abs64, abs32, inv32 arrays of field addresses), disassembly and
+    kernel tables. With ``units`` (relayout's UnitTable), data values that look
+    like references into movable code and are none of these are found and their
+    units pinned (``References.unexplained``)."""
+    from ..kernel.base import ImageContext
+    log = log or (lambda m: None)
+    ctx = ImageContext.of(image, log=log)
+    dis = ctx.disasm
+    cf, ce, ct, co, ci = code_references(dis)
+    kf, kt, ktg, ko = kaslr_references(image, kaslr)
+    tf, tw, tw_which, tnames = table_references(ctx)
+    t_type = np.where(tw == 8, R_X86_64_PC64, R_X86_64_PC32).astype(np.uint32)
+    t_target = field_targets(image, tf, t_type, tf)
+    field = np.concatenate([kf, tf, cf])
+    rtype = np.concatenate([kt, t_type, np.full(len(cf), R_X86_64_PC32, np.uint32)])
+    end = np.concatenate([kf, tf, ce])
+    target = np.concatenate([ktg, t_target, ct])
+    origin = np.concatenate([ko, np.full(len(tf), TABLE, np.uint8), co])
+    table = np.concatenate([np.full(len(kf), -1, np.int16), tw_which,
+                            np.full(len(cf), -1, np.int16)])
+    # one reference per field: the KASLR table first (it is the link's own
+    # list), then the tables, then disassembly
+    _, first = np.unique(field, return_index=True)
+    dup = len(field) - len(first)
+    refs = References(field[first], rtype[first], end[first], target[first], origin[first],
+                      table[first], tnames)
+    refs.stats = {"references.recovered": len(refs), "references.duplicate_fields": int(dup)}
+    for k, n in enumerate(ORIGIN_NAMES[1:], 1):
+        refs.stats[f"references.{n}"] = int((refs.origin == k).sum())
+    inv = np.asarray(kaslr.inv32, np.uint64)
+    found = refs.contains(inv)
+    refs.stats["references.percpu_pc32"] = int(len(inv))
+    refs.stats["references.percpu_pc32_not_in_code"] = int((~found).sum())
+    if units is not None:
+        scan_unexplained(image, ctx, refs, units, log)
+    return refs
+
+
+def movable_ranges(units):
+    m = ~np.asarray(units.pinned, bool)
+    return units.start[m], units.end[m], np.nonzero(m)[0]
+
+
+def scan_unexplained(image, ctx, refs, units, log=None, examples=10):
+    """Every allocated non-code section: 8-byte values (8-aligned) inside
+    movable code, and s32 values (4-aligned) whose field + value lands there,
+    that no reference explains: their units are pinned (``units.pinned``)."""
+    log = log or (lambda m: None)
+    mlo, mhi, midx = movable_ranges(units)
+    tlo, thi = _table_ranges(ctx)
+    hits_field, hits_target, hits_kind = [], [], []
+    for s in image.sections:
+        if not s.is_alloc or s.is_code or s.type == 8 or s.size < 4:
+            continue
+        data = image.section_bytes(s)
+        base = s.addr
+        for width in (8, 4):
+            if width == 4 and s.addr == 0:
+                continue             # per-CPU: its run-time address is not its ELF one
+            first = (-base) % width
+            n = (len(data) - first) // width
+            if n <= 0:
+                continue
+            vals = data[first:first + n * width].view("<u8" if width == 8 else "<i4")
+            addr = np.uint64(base + first) + np.arange(n, dtype=np.uint64) * np.uint64(width)
+            if width == 8:
+                t = vals.astype(np.uint64)
+            else:
+                t = (addr.astype(np.int64) + vals.astype(np.int64)).astype(np.uint64)
+            k = containing(mlo, mhi, t)
+            sel = np.nonzero(k >= 0)[0]
+            if not len(sel):
+                continue
+            a = addr[sel]
+            known = refs.contains(a)
+            if width == 4:          # the s32 half of an 8-byte field is that field
+                known |= refs.contains(a - np.uint64(4))
+            if len(tlo):
+                j = containing(tlo, thi, a)
+                known |= j >= 0
+            sel = sel[~known]
+            hits_field.append(addr[sel])
+            hits_target.append(t[sel])
+            hits_kind.append(np.full(len(sel), width, np.uint8))
+    f = np.concatenate(hits_field) if hits_field else np.zeros(0, np.uint64)
+    t = np.concatenate(hits_target) if hits_target else np.zeros(0, np.uint64)
+    w = np.concatenate(hits_kind) if hits_kind else np.zeros(0, np.uint8)
+    u = units.find(t)
+    newly = np.unique(u[(u >= 0)])
+    newly = newly[~units.pinned[newly]]
+    units.pinned[newly] = True
+    ex = []
+    for i in range(min(examples, len(f))):
+        ui = int(u[i])
+        ex.append({"field": f"{int(f[i]):#x}",
+                   "section": getattr(image.section_at(int(f[i])), "name", "?"),
+                   "kind": "abs64" if w[i] == 8 else "pc32",
+                   "target": f"{int(t[i]):#x}",
+                   "function": units.name[ui] if ui >= 0 else None})
+    refs.unexplained = {"fields": int(len(f)), "functions_pinned": int(len(newly)),
+                        "examples": ex}
+    refs.stats["references.unexplained_fields"] = int(len(f))
+    refs.stats["references.unexplained_pinned_units"] = int(len(newly))
+    if len(f):
+        log(f"{len(f)} data values look like references into movable code and are no known "
+            f"reference: {len(newly)} units pinned (reason: unexplained reference)")
+    return refs.unexplained
+
+
+# -- one code path: relocation arrays ------------------------------------------
+def as_relocations(image, refs, skip=None):
+    """{section name: Relocations} (no .rela section behind them: ``section``
+    is None) for the references whose ``skip`` mask is False."""
+    names, syms = image.symbol_table()
+    typ = (syms["info"] & 0xF).astype(np.int64)
+    sec_syms = np.nonzero(typ == STT_SECTION)[0]
+    by_shndx = {int(syms["shndx"][i]): int(i) for i in sec_syms}
+    any_sec = int(sec_syms[0]) if len(sec_syms) else 0
+    lo, hi, secs = _section_spans(image)
+    keep = np.ones(len(refs), bool) if skip is None else ~np.asarray(skip, bool)
+    field, rtype, end, target = refs.field[keep], refs.rtype[keep], refs.end[keep], refs.target[keep]
+    # the symbol: the SECTION symbol of the target's section (mapped through the
+    # layout); a physical address ``sym - __START_KERNEL_map`` of code names the
+    # function there instead, so the rewriter moves the field with it
+    ks = containing(lo, hi, target)
+    sec_index = np.array([s.index for s in secs], np.int64)
+    sym_of_sec = np.array([by_shndx.get(int(i), any_sec) for i in sec_index], np.int64)
+    sym = np.where(ks >= 0, sym_of_sec[np.maximum(ks, 0)], any_sec)
+    phys = (rtype == R_X86_64_32) & (target < np.uint64(1 << 31))
+    if phys.any():
+        from .shared import function_table
+        ft = function_table(image)
+        virt = target[phys] + np.uint64(START_KERNEL_MAP)
+        fi = ft.find(virt)
+        named = fi >= 0
+        p = np.nonzero(phys)[0]
+        sym[p[named]] = np.asarray(ft.sym_index)[fi[named]]
+    S = syms["value"][sym].astype(np.int64)
+    pc = np.isin(rtype, _PC)
+    A = np.where(pc, target.astype(np.int64) - S - (end - field).astype(np.int64),
+                 target.astype(np.int64) - S)
+    info = (sym.astype(np.uint64) << np.uint64(32)) | rtype.astype(np.uint64)
+    fk = containing(lo, hi, field)
+    out = {}
+    for k in np.unique(fk[fk >= 0]).tolist():
+        m = fk == k
+        rows = np.zeros(int(m.sum()), RELA)
+        rows["offset"], rows["info"], rows["addend"] = field[m], info[m], A[m]
+        out[secs[k].name] = Relocations(None, secs[k], rows)
+    return out
+
+
+def install(image, refs, dis=None, functions=None):
+    """Make ``image.relocations`` answer with the recovered references. A
+    rel32 branch whose target is in its own function is left out (the
+    assembler resolves those: no link relocation, and the CFG would read one
+    as a reason not to split)."""
+    skip = np.zeros(len(refs), bool)
+    if functions is not None:
+        br = refs.origin == CODE_BRANCH
+        src = functions.find(refs.field[br])
+        dst = functions.find(refs.target[br])
+        skip[np.nonzero(br)[0]] = (src >= 0) & (src == dst)
+    image._relocs = as_relocations(image, refs, skip)
+    image._linepack_recovered = refs
+    return image._relocs
+
+
+def load_recovered(image, vmlinuz_path, units=None, log=None):
+    """Read the KASLR table of ``vmlinuz_path`` (same build as ``image``) and
+    recover the image's references (image/references.py)."""
+    from ..errors import BadInput
+    from ..ship.vmlinuz import read_vmlinuz
+    z = read_vmlinuz(vmlinuz_path)
+    bid = getattr(z, "build_id", None)
+    if bid and image.build_id and bid.lower() != image.build_id.lower():
+        raise BadInput(f"{vmlinuz_path}: another build than {image.path} (build-id "
+                       f"{bid[:16]}..., the vmlinux has {image.build_id[:16]}...)")
+    return recover(image, z.kaslr, units=units, log=log)
+
+
+# -- completeness against the truth --------------------------------------------
+def compare(image, recovered, link, movable_lo, movable_hi):
+    """Recovered references against the link's, by section of the field.
+
+    A link relocation counts when its field or its target lies in movable code
+    (``movable_lo``/``movable_hi``: the unpinned units before any unexplained
+    pin): missing = such a field the recovery does not list (or lists with
+    another width); extra = recovered fields the link has no relocation for
+    (the assembler's own references, mostly). Returns a dict for reports."""
+    lo, hi, secs = _section_spans(image)
+
+    def sec_names(addrs):
+        k = containing(lo, hi, addrs)
+        return np.array([secs[i].name if i >= 0 else "?" for i in k.tolist()], dtype=object)
+
+    rel = (containing(movable_lo, movable_hi, link.field) >= 0) | \
+        (containing(movable_lo, movable_hi, link.target) >= 0)
+    got = recovered.contains(link.field)
+    i = np.searchsorted(recovered.field, link.field)
+    ic = np.minimum(i, max(len(recovered) - 1, 0))
+    lw = np.array([_WIDTH[int(t)] for t in link.rtype.tolist()], np.int64) if len(link) else \
+        np.zeros(0, np.int64)
+    rw = np.array([_WIDTH[int(t)] for t in recovered.rtype.tolist()], np.int64) if len(recovered) \
+        else np.zeros(0, np.int64)
+    same_width = got & (lw == rw[ic]) if len(recovered) else got
+    same_target = same_width & (link.target == recovered.target[ic]) if len(recovered) else got
+    missing = rel & ~same_width
+    wrong_target = rel & same_width & ~same_target
+    extra = ~link.contains(recovered.field)
+    by = {}
+    names_rel = sec_names(link.field[rel])
+    for n in np.unique(names_rel).tolist():
+        by.setdefault(n, {"relevant": 0, "recovered": 0, "missing": 0, "wrong_target": 0,
+                          "extra": 0})["relevant"] = int((names_rel == n).sum())
+    for key, mask, src in (("missing", missing, link), ("wrong_target", wrong_target, link),
+                           ("extra", extra, recovered)):
+        nm = sec_names(src.field[mask])
+        for n in np.unique(nm).tolist():
+            by.setdefault(n, {"relevant": 0, "recovered": 0, "missing": 0, "wrong_target": 0,
+                              "extra": 0})[key] = int((nm == n).sum())
+    for n, d in by.items():
+        d["recovered"] = d["relevant"] - d["missing"]
+    examples = []
+    for j in np.nonzero(missing | wrong_target)[0][:20].tolist():
+        examples.append({"field": f"{int(link.field[j]):#x}",
+                         "type": int(link.rtype[j]), "target": f"{int(link.target[j]):#x}",
+                         "why": "missing" if missing[j] else "other target"})
+    extra_by_origin = {ORIGIN_NAMES[k]: int(((recovered.origin == k) & extra).sum())
+                       for k in range(1, len(ORIGIN_NAMES))}
+    return {"relevant": int(rel.sum()), "recovered": int((rel & same_target).sum()),
+            "missing": int(missing.sum()), "wrong_target": int(wrong_target.sum()),
+            "extra": int(extra.sum()), "extra_by_origin": extra_by_origin,
+            "link_total": len(link), "recovered_total": len(recovered),
+            "by_section": by, "examples": examples}
