@@ -494,8 +494,120 @@ def parse_vmlinuz(data, path="image", setup=None):
                      build_id=elf_build_id(payload) or "")
 
 
+
+# --- writing a new payload into the same setup code and decompressor -----------------
+
+def build_payload(elf, kaslr):
+    """Decompressed payload bytes: the stripped ELF then the relocation table."""
+    return bytes(elf) + kaslr.to_bytes()
+
+
+def _extract_offset_pages(output_len, input_len):
+    """header.S's ZO_z_min_extract_offset up to its constant part (which cancels in
+    the differences this is used for): the decompressor's room before its copy."""
+    extract = output_len + (output_len >> 8) - input_len if output_len > input_len else \
+        (output_len >> 8)
+    return extract
+
+
+def _vo_init_size(elf):
+    """VO__end - VO__text of an ELF vmlinux: the span of its PT_LOAD segments in memory
+    (the last one runs through .bss and .brk to _end)."""
+    (_, _, _, _, _, phoff, _, _, _, phentsize, phnum, _, _, _) = ELF_HDR.unpack_from(elf, 0)
+    lo, hi = None, 0
+    for i in range(phnum):
+        ptype, _, _, vaddr, _, _, memsz = struct.unpack_from("<IIQQQQQ", elf, phoff + i * phentsize)
+        if ptype == 1 and memsz:
+            # the percpu segment (vaddr 0 on zero-based per-CPU kernels) is not part of the span
+            if vaddr < START_KERNEL_MAP:
+                continue
+            lo = vaddr if lo is None else min(lo, vaddr)
+            hi = max(hi, vaddr + memsz)
+    return 0 if lo is None else hi - lo
+
+
+def _clear_pe_certificate(buf):
+    """Zero the PE certificate-table directory entry (the signature is dropped: it
+    would not match the new payload)."""
+    if buf[:2] != b"MZ" or len(buf) < 0x40:
+        return
+    pe = struct.unpack_from("<I", buf, 0x3c)[0]
+    if pe + 24 > len(buf) or buf[pe:pe + 4] != b"PE\0\0":
+        return
+    opt = pe + 24
+    magic = struct.unpack_from("<H", buf, opt)[0]
+    dirs, count_at = (opt + 112, opt + 108) if magic == 0x20b else (opt + 96, opt + 92)
+    if struct.unpack_from("<I", buf, count_at)[0] > 4:
+        struct.pack_into("<II", buf, dirs + 4 * 8, 0, 0)
+
+
+def replace_payload(image, payload, path="output"):
+    """Bytes of a new boot image: ``image``'s setup code and decompressor with
+    ``payload`` (decompressed: ELF + relocation table) compressed in its place.
+
+    The decompressor is kept byte for byte, so the compressed payload must fit in
+    the room the old one had (its code follows the payload). In it, ``input_len``
+    and ``output_len`` (two u32 in its .rodata, found by their old values) and the
+    header's ``payload_length`` and ``init_size`` are updated; a signature is dropped.
+    Only valid for a payload whose kernel keeps _text, __bss_start and _end (the
+    decompressor's relocation bounds are compiled in): relayout keeps section sizes.
+    """
+    old = image.setup
+    compressed = compress_payload(payload, image.compression)
+    room = old.payload_length
+    if len(compressed) > room:
+        raise BadInput(f"{path}: the new payload compresses ({image.compression}) to "
+                       f"{len(compressed):,} bytes, {len(compressed) - room:,} more than the "
+                       f"{room:,} the distribution's decompressor holds")
+    pm = old.protected_mode_offset
+    buf = bytearray(image.data[:pm + old.syssize * 16])
+    start = old.payload_file_offset
+    buf[start:start + room] = compressed + bytes(room - len(compressed))
+    old_out = len(image.payload)
+    pair = struct.pack("<II", room, old_out)
+    hits = []
+    pos = buf.find(pair, pm)
+    while pos >= 0:
+        if not start <= pos < start + room:
+            hits.append(pos)
+        pos = buf.find(pair, pos + 1)
+    if len(hits) != 1:
+        raise BadInput(f"{image.path}: cannot find the decompressor's input_len/output_len "
+                       f"({room}, {old_out}): {len(hits)} candidates")
+    struct.pack_into("<II", buf, hits[0], len(compressed), len(payload))
+    elf_new = payload[:elf_extent(payload, path)]
+    vo_old = _vo_init_size(image.elf)
+    vo_new = _vo_init_size(elf_new)
+    if vo_new != vo_old:
+        raise BadInput(f"{path}: the new vmlinux spans {vo_new:,} bytes in memory, the "
+                       f"original {vo_old:,}: the decompressor's bounds (_text, _end) are "
+                       "compiled in, so the layout must keep them")
+    page = lambda n: (n + 4095) & ~4095
+    zo_grow = page(_extract_offset_pages(len(payload), len(compressed)) + (1 << 17)) - \
+        page(_extract_offset_pages(old_out, room) + (1 << 17))
+    init_size = max(old.init_size + max(zo_grow, 0), vo_new)
+    new = replace(old, payload_length=len(compressed), init_size=init_size)
+    new.pack_into(buf)
+    _clear_pe_certificate(buf)
+    return bytes(buf)
+
+
+def write_vmlinuz(image, payload, out):
+    """Write the boot image of ``replace_payload`` to ``out`` atomically; returns its
+    BootImage (re-read from the bytes written, so the caller sees what boots)."""
+    from ..io import atomic_output
+    data = replace_payload(image, payload, str(out))
+    reread = parse_vmlinuz(data, str(out))
+    if reread.payload != payload:
+        raise BadInput(f"{out}: the written image does not give back its payload")
+    with atomic_output(out) as f:
+        f.write(data)
+    return reread
+
+
 __all__ = ["SetupHeader", "BootImage", "KaslrRelocs", "RelocLayout", "read_vmlinuz",
            "parse_vmlinuz", "read_setup_header", "parse_setup_header", "is_bzimage",
            "decompress_payload", "compress_payload", "detect_compression", "reloc_layout",
            "parse_relocs", "elf_extent", "elf_build_id", "RELOC_LAYOUTS", "LAYOUT_2", "LAYOUT_3",
-           "SUPPORTED_COMPRESSORS", "START_KERNEL_MAP"]
+           "SUPPORTED_COMPRESSORS", "START_KERNEL_MAP", "build_payload", "replace_payload",
+           "write_vmlinuz"]
