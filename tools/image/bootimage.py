@@ -223,12 +223,12 @@ def _lz4_legacy_decompress(stream, size, path):
     return b"".join(out), pos
 
 
-def _lz4_legacy_compress(data):
+def _lz4_legacy_compress(data, level=9):
     import lz4.block
     parts = [struct.pack("<I", LEGACY_LZ4_MAGIC)]
     for i in range(0, len(data), LEGACY_LZ4_BLOCK):
         block = lz4.block.compress(data[i:i + LEGACY_LZ4_BLOCK], mode="high_compression",
-                                   compression=12, store_size=False)
+                                   compression=level, store_size=False)
         parts += [struct.pack("<I", len(block)), block]
     return b"".join(parts)
 
@@ -268,15 +268,30 @@ def decompress_payload(payload, compression, path="image"):
     return out
 
 
-def compress_payload(data, compression):
+# Settings tried in turn when a payload must fit the room the decompressor has: the
+# kernel build's own first (Debian's payloads come out byte for byte), then smaller.
+EFFORTS = {"zstd": ("cli", "ldm"), "lz4": (9, 12)}
+
+
+def compress_payload(data, compression, effort=None):
     """Compressed stream + the 4-byte size trailer, as the kernel build writes it
-    (at each compressor's highest level, as the kernel's Makefile.lib does)."""
-    if compression == "zstd":
+    (scripts/Makefile.lib: each compressor at the level the kernel uses).
+    ``effort``: one of EFFORTS[compression] (default: the build's own)."""
+    if compression == "zstd" and effort == "ldm":
         import zstandard
-        z = zstandard.ZstdCompressor(level=22, write_content_size=False,
-                                     write_checksum=False).compress(data)
+        params = zstandard.ZstdCompressionParameters.from_level(
+            22, window_log=27, enable_ldm=True, threads=1, write_checksum=True)
+        c = zstandard.ZstdCompressor(compression_params=params).compressobj()
+        z = c.compress(data) + c.flush()
+    elif compression == "zstd":
+        # as the zstd CLI compresses the build's pipe (`zstd -22 --ultra`): size
+        # unknown (so window log 27, no content size), one worker, a checksum;
+        # Debian's 6.12/7.3 payloads come out byte for byte
+        import zstandard
+        c = zstandard.ZstdCompressor(level=22, threads=1, write_checksum=True).compressobj()
+        z = c.compress(data) + c.flush()
     elif compression == "lz4":
-        z = _lz4_legacy_compress(data)
+        z = _lz4_legacy_compress(data, effort or 9)
     elif compression == "gzip":
         c = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
         z = c.compress(data) + c.flush()
@@ -553,8 +568,11 @@ def replace_payload(image, payload, path="output"):
     decompressor's relocation bounds are compiled in): relayout keeps section sizes.
     """
     old = image.setup
-    compressed = compress_payload(payload, image.compression)
     room = old.payload_length
+    for effort in EFFORTS.get(image.compression, (None,)):
+        compressed = compress_payload(payload, image.compression, effort)
+        if len(compressed) <= room:
+            break
     if len(compressed) > room:
         raise BadInput(f"{path}: the new payload compresses ({image.compression}) to "
                        f"{len(compressed):,} bytes, {len(compressed) - room:,} more than the "
