@@ -226,3 +226,56 @@ def test_table_is_the_link_relocations_6_1():
     print(f"6.1: abs32 {len(boot.kaslr.abs32):,} of {len(abs32):,} 32/32S fields; "
           f"inv32 {len(boot.kaslr.inv32):,}")
     img.close()
+
+
+# -- the table of a rewritten image -------------------------------------------------------
+
+def test_relocs_follow_the_layout(tmp_path):
+    """Fields inside a moved function move with it (sign-extended back, each group
+    sorted as relocs.c sorts it); fields elsewhere stay; a field where the layout
+    maps nothing is refused."""
+    from linepack.image.addrmap import AddressMap
+    from linepack.ship.vmlinuz import relocs_for_layout
+    base = 0xffffffff81000000
+    k = B.KaslrRelocs(abs32=np.array([base + 0x10, base + 0x2004], np.uint64),
+                      abs64=np.array([base + 0x1008, base + 0x3000], np.uint64),
+                      inv32=np.array([base + 0x2000], np.uint64), layout=B.LAYOUT_3)
+    # function A [0x1000, 0x1100) moves to 0x2800; B [0x2000, 0x2100) to 0x1000
+    amap = AddressMap([base + 0x1000, base + 0x2000], [base + 0x1100, base + 0x2100],
+                      [base + 0x2800, base + 0x1000])
+    got = relocs_for_layout(k, amap)
+    assert got.abs32.tolist() == [base + 0x10, base + 0x1004]
+    assert got.abs64.tolist() == [base + 0x2808, base + 0x3000]
+    assert got.inv32.tolist() == [base + 0x1000]
+    raw = np.frombuffer(got.to_bytes(), "<u4")
+    assert raw[0] == 0 and raw[-1] == (base + 0x1004) & 0xffffffff
+    holes = AddressMap([base + 0x1000], [base + 0x1004], [base + 0x5000],
+                       extents=[(base + 0x1000, base + 0x1100)])
+    with pytest.raises(LinepackError, match="maps nothing"):
+        relocs_for_layout(k, holes)
+
+
+@pytest.mark.realkernel
+def test_fetch_vmlinuz_cli_private_apt_state():
+    """`fetch --series 6.12 --vmlinuz` prints the cached boot image; Debian 13's lists
+    live in the private state, not in the machine's apt lists."""
+    path = _fetch("vmlinuz", "6.12")
+    r = run_linepack("fetch", "--series", "6.12", "--vmlinuz")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == path
+    assert B.read_setup_header(path).kernel_version.startswith("6.12.")
+    private = os.path.join(targets.cache_dir(), "apt-trixie", "lists")
+    assert any("trixie" in n for n in os.listdir(private))
+    assert not any("trixie" in n for n in os.listdir("/var/lib/apt/lists"))
+    r = run_linepack("fetch", "--series", "7.3", "--list")
+    assert r.returncode == 0 and all(x.startswith("7.3.") for x in r.stdout.split()), r.stdout
+
+
+@pytest.mark.realkernel
+def test_truncated_bzimage_refused_before_qemu(tmp_path):
+    from linepack.profile.qemu import check_kernel_path
+    data = open(_fetch("vmlinuz", "6.1"), "rb").read()
+    p = tmp_path / "vmlinuz"
+    p.write_bytes(data[:len(data) // 2])
+    with pytest.raises(LinepackError, match="truncated bzImage"):
+        check_kernel_path(p)
