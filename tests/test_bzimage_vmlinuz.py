@@ -76,3 +76,57 @@ def test_rebuilt_vmlinuz_boots_with_kaslr(shipped, rebuilt):
             assert bad not in res.serial
         offsets.append(off)
     print(f"6.12 rebuilt vmlinuz: {stock.result_line!r}, KASLR offsets {[hex(o) for o in offsets]}")
+
+
+# -- a rewritten vmlinux: Debian 6.1, whose link relocations are the truth -----------------
+
+@pytest.fixture(scope="module")
+def relayout_61(tmp_path_factory):
+    """Debian 6.1 relayouted with `pack` from a vfs-mix profile, with its layout map."""
+    try:
+        vmlinux = targets.debian_vmlinux(series="6.1")
+        vmlinuz = targets.debian_vmlinuz(series="6.1")
+    except LinepackError as e:
+        pytest.skip(f"Debian 6.1 kernel unavailable: {e}")
+    d = tmp_path_factory.mktemp("relayout61")
+    prof, out, tsv = d / "vfs.prof", d / "vmlinux.pack", d / "layout.tsv"
+    r = run_linepack("profile", "--kernel", vmlinux, "--workload", "vfs-mix", "--loops", 20,
+                     "-o", prof, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_linepack("relayout", vmlinux, "--profile", prof, "--strategy", "pack", "-o", out,
+                     "--layout-map", tsv, "--strip-debug", "-q", timeout=1800)
+    assert r.returncode == 0, r.stderr[-2000:]
+    new = d / "vmlinuz.pack"
+    r = run_linepack("bzimage", out, "--vmlinuz", vmlinuz, "--layout-map", tsv, "-o", new)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "fields moved" in r.stdout, r.stdout
+    return {"vmlinux": str(out), "vmlinuz": str(new), "stock": vmlinuz}
+
+
+def test_rewritten_table_is_the_link_relocations(relayout_61):
+    """The distribution's table mapped through the layout map equals what relocs.c
+    makes of the rewritten vmlinux's own link relocations."""
+    from linepack.image import bootimage as B
+    from linepack.image.elf import ElfImage
+    from test_bootimage import check_table_against_link_relocations
+    new = B.read_vmlinuz(relayout_61["vmlinuz"])
+    img = ElfImage(relayout_61["vmlinux"])
+    check_table_against_link_relocations(new.kaslr, img)
+    img.close()
+    old = B.read_vmlinuz(relayout_61["stock"])
+    moved = int((new.kaslr.abs32 != old.kaslr.abs32).sum())
+    assert moved > 1000, moved
+
+
+@pytest.mark.qemu
+@pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None, reason="no qemu-system-x86_64")
+def test_rewritten_vmlinuz_boots_with_kaslr(relayout_61):
+    from linepack.ship import kaslr
+    stock = _boot(relayout_61["stock"])
+    for _ in range(2):
+        res = _boot(relayout_61["vmlinuz"])
+        assert res.result_line == stock.result_line
+        off = kaslr.kaslr_offset(res.serial, kaslr.bzimage_link_text(relayout_61["vmlinuz"]))
+        assert off is not None and off % (2 << 20) == 0, res.serial[-1500:]
+        for bad in ("Oops", "BUG:", "WARNING:"):
+            assert bad not in res.serial
