@@ -315,6 +315,45 @@ def movable_ranges(units):
     return units.start[m], units.end[m], np.nonzero(m)[0]
 
 
+def pin_units(units, idx):
+    """Pin units ``idx`` where they are. The planner keeps pinned code only as
+    a region's prefix, so a region with pinned units after movable ones is cut
+    into runs: each pinned run becomes a pinned region of its own, and the code
+    around it is laid out on either side, never across it."""
+    from ..relayout.units import Region
+    if not len(idx):
+        return
+    units.pinned[np.asarray(idx, np.int64)] = True
+    regions, region = [], units.region.copy()
+    for ri, reg in enumerate(units.regions):
+        members = np.nonzero(units.region == ri)[0]
+        members = members[np.argsort(units.start[members], kind="stable")]
+        pinned = units.pinned[members]
+        if reg.pinned or not len(members) or not pinned.any() or \
+                not pinned[int(np.argmin(pinned)):].any():
+            region[members] = len(regions)
+            regions.append(reg)
+            continue
+        cut = np.nonzero(pinned[1:] != pinned[:-1])[0] + 1
+        runs = np.split(np.arange(len(members)), cut)
+        for k, run in enumerate(runs):
+            first, last = members[run[0]], members[run[-1]]
+            start = reg.start if k == 0 else int(units.start[first])
+            end = reg.end if k == len(runs) - 1 else int(units.start[members[runs[k + 1][0]]])
+            if pinned[run[0]]:
+                end = int(units.end[last]) if k < len(runs) - 1 else end
+            region[members[run]] = len(regions)
+            regions.append(Region(f"{reg.name}+{k}" if k else reg.name, start, end,
+                                  reg.section, bool(pinned[run[0]])))
+    # a pinned run's end and the next run's start: the gap (padding) goes with the next
+    for k in range(len(regions) - 1):
+        if regions[k].pinned and regions[k + 1].section == regions[k].section and \
+                regions[k + 1].start > regions[k].end:
+            regions[k + 1].start = regions[k].end
+    units.regions[:] = regions
+    units.region[:] = region
+
+
 def scan_unexplained(image, ctx, refs, units, log=None, examples=10):
     """Every allocated non-code section: 8-byte values (8-aligned) inside
     movable code, and s32 values (4-aligned) whose field + value lands there,
@@ -362,7 +401,7 @@ def scan_unexplained(image, ctx, refs, units, log=None, examples=10):
     u = units.find(t)
     newly = np.unique(u[(u >= 0)])
     newly = newly[~units.pinned[newly]]
-    units.pinned[newly] = True
+    pin_units(units, newly)
     ex = []
     for i in range(min(examples, len(f))):
         ui = int(u[i])
@@ -400,7 +439,7 @@ def as_relocations(image, refs, skip=None):
     sec_index = np.array([s.index for s in secs], np.int64)
     sym_of_sec = np.array([by_shndx.get(int(i), any_sec) for i in sec_index], np.int64)
     sym = np.where(ks >= 0, sym_of_sec[np.maximum(ks, 0)], any_sec)
-    phys = (rtype == R_X86_64_32) & (target < np.uint64(1 << 31))
+    phys = (rtype == R_X86_64_32) & (target < np.uint64(1 << 31)) & (ks < 0)
     if phys.any():
         from .shared import function_table
         ft = function_table(image)
@@ -444,8 +483,9 @@ def load_recovered(image, vmlinuz_path, units=None, log=None):
     """Read the KASLR table of ``vmlinuz_path`` (same build as ``image``) and
     recover the image's references (image/references.py)."""
     from ..errors import BadInput
-    from ..ship.vmlinuz import read_vmlinuz
-    z = read_vmlinuz(vmlinuz_path)
+    from .bootimage import read_vmlinuz
+    # a path, or an object with the table already read (``.kaslr``: tests)
+    z = vmlinuz_path if hasattr(vmlinuz_path, "kaslr") else read_vmlinuz(vmlinuz_path)
     bid = getattr(z, "build_id", None)
     if bid and image.build_id and bid.lower() != image.build_id.lower():
         raise BadInput(f"{vmlinuz_path}: another build than {image.path} (build-id "
@@ -507,3 +547,28 @@ def compare(image, recovered, link, movable_lo, movable_hi):
             "extra": int(extra.sum()), "extra_by_origin": extra_by_origin,
             "link_total": len(link), "recovered_total": len(recovered),
             "by_section": by, "examples": examples}
+
+
+def use_vmlinuz(image, vmlinuz_path, log=None):
+    """relayout's hook: recover ``image``'s references from ``vmlinuz_path``,
+    pin the units of unexplained references, and make ``image.relocations``
+    serve the recovered ones (link relocations the image may have are ignored).
+    Returns the References (``summary()`` for relayout's report)."""
+    from .shared import function_units
+    units, functions, _ = function_units(image, log)
+    refs = load_recovered(image, vmlinuz_path, units=units, log=log)
+    install(image, refs, functions=functions)
+    if log:
+        log(f"references recovered from {vmlinuz_path}: {len(refs)} fields "
+            f"({refs.stats['references.kaslr-64']} + {refs.stats['references.kaslr-32']} "
+            f"absolute, {refs.stats['references.table']} in kernel tables, "
+            f"{refs.stats['references.code-branch'] + refs.stats['references.code-rip']} "
+            "in code)")
+    return refs
+
+
+def summary_of(refs):
+    """The relayout summary's ``references`` entry."""
+    out = {k.split(".", 1)[1]: v for k, v in refs.stats.items()}
+    out["unexplained"] = refs.unexplained
+    return {"references": out}

@@ -17,7 +17,8 @@ from .rewriter import Rewriter
 from .units import build_units
 
 NO_RELOCS = ("{path}: no link relocations in its code; relink with -Wl,--emit-relocs "
-             "(a kernel >= 6.5 strips them from vmlinux after writing vmlinux.relocs: run "
+             "(a kernel >= 6.5 strips them from vmlinux after writing vmlinux.relocs: give "
+             "its boot image with --vmlinuz VMLINUZ to recover them, or run "
              "linepack inside the kernel build with its kbuild hook, `linepack kbuild` or "
              "make ARCH_POSTLINK=$(linepack kbuild --print-hook); or use Debian 6.1's "
              "linux-image-6.1.0-*-cloud-amd64-dbg vmlinux)")
@@ -121,8 +122,10 @@ def check_profile(image, functions, hotness, build_id, allow_missing=False):
 
 def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), profile_build_id=None,
              log=None, debug="rewrite", layout_map=None, system_map=None, blocks=None,
-             allow_missing=False):
-    """``debug``: "rewrite" the DWARF for the new layout (default) or "strip" it."""
+             allow_missing=False, vmlinuz=None):
+    """``debug``: "rewrite" the DWARF for the new layout (default) or "strip" it.
+    ``vmlinuz``: the kernel's boot image; references are recovered from it
+    (image/references.py) instead of read from link relocations."""
     log = log or (lambda m: None)
     if debug not in ("rewrite", "strip"):
         raise ValueError(f"debug={debug!r}: expected 'rewrite' or 'strip'")
@@ -140,6 +143,12 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     if image.type != ET_EXEC and not pie:
         raise BadInput(f"{image_path}: not an executable (ELF type {image.type}); "
                        "relayout handles linked executables and vmlinux")
+    # -- where references come from: link relocations, or recovered from the vmlinuz
+    recovered = None
+    if vmlinuz is not None:
+        from ..image.references import use_vmlinuz
+        image = ElfImage(image_path)       # its own object: relocations are replaced
+        recovered = use_vmlinuz(image, vmlinuz, log)
     if not image.has_link_relocations():
         raise BadInput(NO_RELOCS.format(path=image_path))
     from ..image.shared import function_table
@@ -285,6 +294,9 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     summary.update(dwarf_stats)
     if split:
         summary.update(_split_summary(rw, split, heat))
+    if recovered is not None:
+        from ..image.references import summary_of
+        summary.update(summary_of(recovered))
     summary["problems"] = [{"kind": k, "address": f"{a:#x}", "message": m}
                            for k, a, m in rw.problems]
     if layout_map:
