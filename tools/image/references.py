@@ -266,8 +266,46 @@ def _table_ranges(ctx):
         for a, n, size in rngs:
             lo.append(a)
             hi.append(a + n * size)
+    klo, khi = _kallsyms_ranges(ctx.image)
+    lo += klo
+    hi += khi
     o = np.argsort(lo)
-    return np.array(lo, np.uint64)[o], np.array(hi, np.uint64)[o]
+    lo, hi = np.array(lo, np.uint64)[o], np.array(hi, np.uint64)[o]
+    if len(lo):                  # overlapping ranges merged (containing() needs disjoint)
+        hi = np.maximum.accumulate(hi)
+        keep = np.ones(len(lo), bool)
+        keep[1:] = lo[1:] >= hi[:-1]
+        grp = np.cumsum(keep) - 1
+        lo = lo[keep]
+        hi = np.maximum.reduceat(hi, np.nonzero(keep)[0])
+        del grp
+    return lo, hi
+
+
+# kallsyms' arrays, emitted together by scripts/kallsyms (compressed names,
+# tokens, offsets): no references, and their bytes are as good as random
+_KALLSYMS = ("kallsyms_offsets", "kallsyms_relative_base", "kallsyms_num_syms",
+             "kallsyms_names", "kallsyms_markers", "kallsyms_token_table",
+             "kallsyms_token_index", "kallsyms_seqs_of_names", "kallsyms_addresses")
+
+
+def _kallsyms_ranges(image):
+    """[start], [end] of the kallsyms arrays (each to the next one; the last by
+    its size from kallsyms_num_syms)."""
+    at = sorted((a, n) for n in _KALLSYMS for a in [image.symbol_address(n)] if a is not None)
+    nsa = image.symbol_address("kallsyms_num_syms")
+    if not at or nsa is None:
+        return [], []
+    try:
+        num = int(image.view(nsa, 1, "<u4")[0])
+    except ValueError:
+        return [], []
+    last = {"kallsyms_seqs_of_names": 3 * num, "kallsyms_token_index": 512,
+            "kallsyms_offsets": 4 * num, "kallsyms_addresses": 8 * num,
+            "kallsyms_markers": 4 * ((num + 255) // 256), "kallsyms_names": 0}
+    lo = [a for a, _ in at]
+    hi = [b for b, _ in at[1:]] + [at[-1][0] + last.get(at[-1][1], 0)]
+    return lo, hi
 
 
 def recover(image, kaslr, units=None, log=None):
@@ -564,19 +602,26 @@ def load_recovered(image, vmlinuz_path, units=None, log=None):
 def compare(image, recovered, link, movable_lo, movable_hi):
     """Recovered references against the link's, by section of the field.
 
-    A link relocation counts when its field or its target lies in movable code
+    A link relocation counts when its target lies in movable code
     (``movable_lo``/``movable_hi``: the unpinned units before any unexplained
-    pin): missing = such a field the recovery does not list (or lists with
-    another width); extra = recovered fields the link has no relocation for
-    (the assembler's own references, mostly). Returns a dict for reports."""
+    pin), or it is PC-relative and its field lies there; an absolute field in
+    movable code whose target stays (a zero-based per-CPU symbol: not in the
+    KASLR table) is counted apart, as it needs no fix. missing = a counted
+    field the recovery does not list (or lists with another width); extra =
+    recovered fields the link has no relocation for (the assembler's own
+    references, mostly). Returns a dict for reports."""
     lo, hi, secs = _section_spans(image)
 
     def sec_names(addrs):
         k = containing(lo, hi, addrs)
         return np.array([secs[i].name if i >= 0 else "?" for i in k.tolist()], dtype=object)
 
-    rel = (containing(movable_lo, movable_hi, link.field) >= 0) | \
-        (containing(movable_lo, movable_hi, link.target) >= 0)
+    # an absolute field's value is its target alone: moved with its instruction
+    # to a target that stays (a per-CPU offset, data) it needs no fix
+    tgt_moves = containing(movable_lo, movable_hi, link.target) >= 0
+    pc = np.isin(link.rtype, _PC)
+    rel = tgt_moves | (pc & (containing(movable_lo, movable_hi, link.field) >= 0))
+    abs_fixed = ~rel & ~pc & (containing(movable_lo, movable_hi, link.field) >= 0)
     got = recovered.contains(link.field)
     i = np.searchsorted(recovered.field, link.field)
     ic = np.minimum(i, max(len(recovered) - 1, 0))
@@ -613,6 +658,8 @@ def compare(image, recovered, link, movable_lo, movable_hi):
             "missing": int(missing.sum()), "wrong_target": int(wrong_target.sum()),
             "extra": int(extra.sum()), "extra_by_origin": extra_by_origin,
             "link_total": len(link), "recovered_total": len(recovered),
+            "absolute_in_movable_code_to_fixed_targets": int(abs_fixed.sum()),
+            "absolute_in_movable_code_to_fixed_targets_recovered": int((abs_fixed & got).sum()),
             "by_section": by, "examples": examples}
 
 
