@@ -64,6 +64,7 @@ class References:
         self.table_names = list(table_names)
         self.stats = {}
         self.unexplained = None
+        self.pinned_units = []       # names of the units pinned for these references
 
     def __len__(self):
         return len(self.field)
@@ -382,10 +383,30 @@ def pin_boundary_targets(image, refs, units, log=None):
     u = np.unique(u[u >= 0])
     u = u[np.isin(units.start[u], t)]           # a unit starts right there
     u = u[~units.pinned[u]]
-    pin_units(units, u)
+    # an absolute or RIP-relative target inside movable code but at no
+    # instruction start or end is arithmetic on a label (``PFN_ALIGN(_text)``
+    # is ``_text + 0xfff``), not a code address: the link's symbol says it
+    # stays with the label; recovered, its unit stays where it is instead
+    from ..kernel.base import ImageContext
+    d = ImageContext.of(image).disasm
+    m = np.isin(refs.origin, (KASLR64, KASLR32, CODE_RIP))
+    t = refs.target[m]
+    k = units.find(t)
+    t, k = t[k >= 0], k[k >= 0]
+    at = d.is_boundary(t)
+    prev = d.containing(t - np.uint64(1))
+    pc = np.maximum(prev, 0)
+    at |= (prev >= 0) & (d.addr[pc] + d.size[pc].astype(np.uint64) == t)
+    mid = np.unique(k[~at])
+    mid = mid[~units.pinned[mid]]
+    both = np.union1d(u, mid).astype(np.int64)
+    pin_units(units, both)
+    refs.pinned_units = sorted(set(refs.pinned_units) | {units.name[i] for i in both.tolist()})
     refs.stats["references.boundary_units_pinned"] = int(len(u))
-    if len(u) and log:
-        log(f"{len(u)} units at a region boundary that references name: pinned")
+    refs.stats["references.mid_instruction_units_pinned"] = int(len(np.setdiff1d(mid, u)))
+    if len(both) and log:
+        log(f"{len(u)} units at a region boundary that references name and {len(mid)} "
+            "holding a target inside an instruction (label arithmetic): pinned")
 
 
 def movable_ranges(units):
@@ -491,6 +512,7 @@ def scan_unexplained(image, ctx, refs, units, log=None, examples=10):
     newly = np.unique(u[(u >= 0)])
     newly = newly[~units.pinned[newly]]
     pin_units(units, newly)
+    refs.pinned_units = sorted(set(refs.pinned_units) | {units.name[i] for i in newly.tolist()})
     ex = []
     for i in range(min(examples, len(f))):
         ui = int(u[i])
@@ -535,9 +557,9 @@ def as_relocations(image, refs, skip=None, named=None):
         ft = function_table(image)
         virt = target[phys] + np.uint64(START_KERNEL_MAP)
         fi = ft.find(virt)
-        named = fi >= 0
+        in_fn = fi >= 0
         p = np.nonzero(phys)[0]
-        sym[p[named]] = np.asarray(ft.sym_index)[fi[named]]
+        sym[p[in_fn]] = np.asarray(ft.sym_index)[fi[in_fn]]
     if named is not None:
         nm = np.asarray(named, np.int64)[keep]
         sym = np.where(nm >= 0, nm, sym)
@@ -685,4 +707,5 @@ def summary_of(refs):
     """The relayout summary's ``references`` entry."""
     out = {k.split(".", 1)[1]: v for k, v in refs.stats.items()}
     out["unexplained"] = refs.unexplained
+    out["pinned_units"] = list(refs.pinned_units)
     return {"references": out}
