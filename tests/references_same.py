@@ -6,7 +6,7 @@ import json
 import numpy as np
 
 from linepack.image.elf import ElfImage
-from linepack.image.references import pin_units
+from linepack.image.references import keep_first, pin_units
 from linepack.image.shared import elf_image, function_units
 from linepack.relayout.driver import relayout
 import helpers
@@ -17,8 +17,8 @@ def relayout_both(vmlinux, stripped, vmlinuz, profile, strategy, tmp_path):
 
     The recovered run is the CLI on the stripped copy. It pins a few units the
     link does not need to (unexplained data values, labels that are also
-    function starts, label arithmetic; listed in its summary): the link run
-    gets the same pins, so both plan the same layout and any byte that
+    function starts, label arithmetic; listed in its summary) and keeps a few
+    first in their region: the link run gets the same constraints, so both plan the same layout and any byte that
     differs is a reference handled differently."""
     b, jb = tmp_path / f"recovered.{strategy}", tmp_path / f"recovered.{strategy}.json"
     r = helpers.run_linepack("relayout", stripped, "--vmlinuz", vmlinuz, "--profile", profile,
@@ -28,6 +28,8 @@ def relayout_both(vmlinux, stripped, vmlinuz, profile, strategy, tmp_path):
     pins = set(sb["references"]["pinned_units"])
     image = elf_image(vmlinux)
     units, _, _ = function_units(image)
+    first = set(sb["references"]["kept_first"])
+    keep_first(units, [i for i, n in enumerate(units.name) if n in first])
     pin_units(units, np.array([i for i, n in enumerate(units.name) if n in pins], np.int64))
     hot = json.loads(open(profile).read())["functions"]
     a = tmp_path / f"link.{strategy}"

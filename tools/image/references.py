@@ -65,6 +65,7 @@ class References:
         self.stats = {}
         self.unexplained = None
         self.pinned_units = []       # names of the units pinned for these references
+        self.kept_first = []         # names of units kept first in their region
 
     def __len__(self):
         return len(self.field)
@@ -399,14 +400,67 @@ def pin_boundary_targets(image, refs, units, log=None):
     at |= (prev >= 0) & (d.addr[pc] + d.size[pc].astype(np.uint64) == t)
     mid = np.unique(k[~at])
     mid = mid[~units.pinned[mid]]
-    both = np.union1d(u, mid).astype(np.int64)
-    pin_units(units, both)
-    refs.pinned_units = sorted(set(refs.pinned_units) | {units.name[i] for i in both.tolist()})
-    refs.stats["references.boundary_units_pinned"] = int(len(u))
-    refs.stats["references.mid_instruction_units_pinned"] = int(len(np.setdiff1d(mid, u)))
-    if len(both) and log:
-        log(f"{len(u)} units at a region boundary that references name and {len(mid)} "
-            "holding a target inside an instruction (label arithmetic): pinned")
+    mid = np.setdiff1d(mid, u).astype(np.int64)
+    pin_units(units, mid)
+    refs.pinned_units = sorted(set(refs.pinned_units) | {units.name[i] for i in mid.tolist()})
+    # a unit at a region start may still move with its region, as long as it
+    # stays first: then the label and the function are one address again
+    first = [int(i) for i in u.tolist()
+             if units.start[i] == units.regions[int(units.region[i])].start]
+    keep_first(units, first)
+    refs.kept_first = sorted(set(refs.kept_first) | {units.name[i] for i in first})
+    rest = np.setdiff1d(u, np.array(first, np.int64)).astype(np.int64)
+    pin_units(units, rest)
+    refs.pinned_units = sorted(set(refs.pinned_units) | {units.name[i] for i in rest.tolist()})
+    refs.stats["references.boundary_units_kept_first"] = len(first)
+    refs.stats["references.boundary_units_pinned"] = int(len(rest))
+    refs.stats["references.mid_instruction_units_pinned"] = int(len(mid))
+    if (len(u) or len(mid)) and log:
+        log(f"{len(u)} units at a region boundary that references name (kept first in their "
+            f"region) and {len(mid)} holding a target inside an instruction (label "
+            "arithmetic, pinned)")
+
+
+def keep_first(units, idx):
+    """Give each unit of ``idx`` (the first of its region) a region of its own
+    at its region's start: the planner places a region's units from the
+    region's new start, so the unit and the region's label stay one address
+    while both shift (``check_plan`` proves it for the plan made)."""
+    from ..relayout.units import Region
+    if not len(idx):
+        return
+    idx = set(int(i) for i in idx)
+    regions, region = [], units.region.copy()
+    for ri, reg in enumerate(units.regions):
+        members = np.nonzero(units.region == ri)[0]
+        members = members[np.argsort(units.start[members], kind="stable")]
+        if len(members) < 2 or int(members[0]) not in idx or reg.pinned:
+            region[members] = len(regions)
+            regions.append(reg)
+            continue
+        head = int(members[0])
+        region[head] = len(regions)
+        regions.append(Region(reg.name, reg.start, int(units.end[head]), reg.section, False))
+        region[members[1:]] = len(regions)
+        regions.append(Region(f"{reg.name}+rest", int(units.end[head]), reg.end, reg.section,
+                              False))
+    units.regions[:] = regions
+    units.region[:] = region
+
+
+def check_plan(refs, plan):
+    """LayoutError unless every kept-first unit starts its region in ``plan``."""
+    from ..relayout.plan import LayoutError
+    names = set(getattr(refs, "kept_first", ()))
+    if not names:
+        return
+    u = plan.units
+    for i, n in enumerate(u.name):
+        if n in names and int(plan.new_start[i]) != int(plan.region_new_start[int(u.region[i])]):
+            raise LayoutError(f"{n} must stay first in its region (a recovered reference to "
+                              f"the region's label may mean it) but the layout put it at "
+                              f"{int(plan.new_start[i]):#x}, after "
+                              f"{int(plan.region_new_start[int(u.region[i])]):#x}")
 
 
 def movable_ranges(units):
@@ -708,4 +762,5 @@ def summary_of(refs):
     out = {k.split(".", 1)[1]: v for k, v in refs.stats.items()}
     out["unexplained"] = refs.unexplained
     out["pinned_units"] = list(refs.pinned_units)
+    out["kept_first"] = list(refs.kept_first)
     return {"references": out}
