@@ -3,10 +3,8 @@ link relocations and from recovered references, compared section by section."""
 
 import json
 
-import numpy as np
-
 from linepack.image.elf import ElfImage
-from linepack.image.references import keep_first, pin_units
+from linepack.image.references import keep_first, pin_units, units_named
 from linepack.image.shared import elf_image, function_units
 from linepack.relayout.driver import relayout
 import helpers
@@ -25,12 +23,11 @@ def relayout_both(vmlinux, stripped, vmlinuz, profile, strategy, tmp_path):
                              "--strategy", strategy, "--strip-debug", "-q", "-o", b, "--json", jb)
     assert r.returncode == 0, r.stderr[-3000:]
     sb = json.loads(jb.read_text())
-    pins = set(sb["references"]["pinned_units"])
+    pins = sb["references"]["pinned_units"]
     image = elf_image(vmlinux)
     units, _, _ = function_units(image)
-    first = set(sb["references"]["kept_first"])
-    keep_first(units, [i for i, n in enumerate(units.name) if n in first])
-    pin_units(units, np.array([i for i, n in enumerate(units.name) if n in pins], np.int64))
+    keep_first(units, units_named(units, sb["references"]["kept_first"]))
+    pin_units(units, units_named(units, pins))
     hot = json.loads(open(profile).read())["functions"]
     a = tmp_path / f"link.{strategy}"
     sa, _, _ = relayout(vmlinux, str(a), strategy, hotness=hot, debug="strip")

@@ -402,16 +402,16 @@ def pin_boundary_targets(image, refs, units, log=None):
     mid = mid[~units.pinned[mid]]
     mid = np.setdiff1d(mid, u).astype(np.int64)
     pin_units(units, mid)
-    refs.pinned_units = sorted(set(refs.pinned_units) | {units.name[i] for i in mid.tolist()})
+    refs.pinned_units = _add_units(refs.pinned_units, units, mid)
     # a unit at a region start may still move with its region, as long as it
     # stays first: then the label and the function are one address again
     first = [int(i) for i in u.tolist()
              if units.start[i] == units.regions[int(units.region[i])].start]
     keep_first(units, first)
-    refs.kept_first = sorted(set(refs.kept_first) | {units.name[i] for i in first})
+    refs.kept_first = _add_units(refs.kept_first, units, first)
     rest = np.setdiff1d(u, np.array(first, np.int64)).astype(np.int64)
     pin_units(units, rest)
-    refs.pinned_units = sorted(set(refs.pinned_units) | {units.name[i] for i in rest.tolist()})
+    refs.pinned_units = _add_units(refs.pinned_units, units, rest)
     refs.stats["references.boundary_units_kept_first"] = len(first)
     refs.stats["references.boundary_units_pinned"] = int(len(rest))
     refs.stats["references.mid_instruction_units_pinned"] = int(len(mid))
@@ -419,6 +419,18 @@ def pin_boundary_targets(image, refs, units, log=None):
         log(f"{len(u)} units at a region boundary that references name (kept first in their "
             f"region) and {len(mid)} holding a target inside an instruction (label "
             "arithmetic, pinned)")
+
+
+def _add_units(have, units, idx):
+    """``have`` plus "name@0xstart" of units ``idx`` (names repeat: statics)."""
+    return sorted(set(have) | {f"{units.name[i]}@{int(units.start[i]):#x}"
+                               for i in np.asarray(idx, np.int64).tolist()})
+
+
+def units_named(units, keys):
+    """Indices of the units listed as "name@0xstart"."""
+    want = {int(k.rsplit("@", 1)[1], 16) for k in keys}
+    return np.array([i for i, a in enumerate(units.start.tolist()) if a in want], np.int64)
 
 
 def keep_first(units, idx):
@@ -451,12 +463,13 @@ def keep_first(units, idx):
 def check_plan(refs, plan):
     """LayoutError unless every kept-first unit starts its region in ``plan``."""
     from ..relayout.plan import LayoutError
-    names = set(getattr(refs, "kept_first", ()))
-    if not names:
+    keys = getattr(refs, "kept_first", ())
+    if not keys:
         return
     u = plan.units
-    for i, n in enumerate(u.name):
-        if n in names and int(plan.new_start[i]) != int(plan.region_new_start[int(u.region[i])]):
+    for i in units_named(u, keys).tolist():
+        n = u.name[i]
+        if int(plan.new_start[i]) != int(plan.region_new_start[int(u.region[i])]):
             raise LayoutError(f"{n} must stay first in its region (a recovered reference to "
                               f"the region's label may mean it) but the layout put it at "
                               f"{int(plan.new_start[i]):#x}, after "
@@ -566,7 +579,7 @@ def scan_unexplained(image, ctx, refs, units, log=None, examples=10):
     newly = np.unique(u[(u >= 0)])
     newly = newly[~units.pinned[newly]]
     pin_units(units, newly)
-    refs.pinned_units = sorted(set(refs.pinned_units) | {units.name[i] for i in newly.tolist()})
+    refs.pinned_units = _add_units(refs.pinned_units, units, newly)
     ex = []
     for i in range(min(examples, len(f))):
         ui = int(u[i])
