@@ -65,3 +65,18 @@ def test_relayout_pack_same_as_link(build, tmp_path):
     sa, sb, differ = relayout_both(vmlinux, stripped, bz, str(prof), "pack", tmp_path)
     assert sa["units_moved"] == sb["units_moved"] > 1000
     assert differ == []
+
+
+def test_vmlinuz_of_another_build_refused(build, tmp_path):
+    """Debian 6.1's vmlinuz with the 6.12 kbuild vmlinux: one line, exit 2, nothing written."""
+    vmlinux, _, stripped = build
+    other = os.path.join(targets.cache_dir(), "kernels", helpers.debian_release(), "vmlinuz")
+    if not os.path.exists(other):
+        pytest.skip("no cached Debian 6.1 vmlinuz")
+    out = tmp_path / "o"
+    r = helpers.run_linepack("relayout", stripped, "--vmlinuz", other, "--strategy", "stock",
+                             "-o", out, "-q")
+    assert r.returncode == 2 and "another build" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not out.exists()
+    r = helpers.run_linepack("references", vmlinux, "--vmlinuz", other, "-q")
+    assert r.returncode == 2 and "another build" in r.stderr, r.stderr

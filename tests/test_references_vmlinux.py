@@ -77,9 +77,13 @@ def test_relayout_pack_same_as_link(vmlinuz, stripped, profile, tmp_path):
     assert sa["units_moved"] == sb["units_moved"] > 1000
     assert differ == []
     ref = sb["references"]
-    # the pins the recovery adds are few, each with its reason counted
-    assert len(ref["pinned_units"]) < 100, ref
-    assert ref["pinned_units"] and ref["unexplained"]["functions_pinned"] <= len(ref["pinned_units"])
+    # every pin the recovery adds has its reason counted (on 6.1 the unexplained
+    # values are data that merely looks like s32 offsets: the link has no
+    # relocation there, test_nothing_missing), and they are a small share
+    assert len(ref["pinned_units"]) == (ref["unexplained"]["functions_pinned"] +
+                                        ref["mid_instruction_units_pinned"] +
+                                        ref["boundary_units_pinned"])
+    assert 0 < len(ref["pinned_units"]) < 0.01 * sb["units"]
 
 
 def test_stripped_refused_without_vmlinuz(stripped, tmp_path):
