@@ -310,7 +310,34 @@ def _kallsyms_ranges(image):
     return lo, hi
 
 
-def recover(image, kaslr, units=None, log=None):
+def code_disassembly(image, units, unit_dis):
+    """Every instruction of every code section from relayout's own unit
+    disassembly plus a linear sweep of the code sections it does not lay out
+    (the sweep the rewriter makes for them: left in its per-image cache), so
+    recovery does not decode the kernel a second time."""
+    from .disasm import Disassembly, disassemble
+    laid = {r.section for r in units.regions}
+    secs = [s for s in image.sections if s.is_code and s.is_alloc and s.size
+            and s.index not in laid]
+    if not secs:
+        return unit_dis
+    done = image.__dict__.setdefault("_linepack_other_code", {})
+    key = tuple(s.index for s in secs)
+    if key not in done:
+        from ..relayout.rewriter import _Table
+        done[key] = disassemble(image, _Table([s.addr for s in secs], [s.size for s in secs]),
+                                jobs=1)
+    other = done[key]
+    addr = np.concatenate([unit_dis.addr, other.addr])
+    o = np.argsort(addr, kind="stable")
+    cat = lambda a, b: np.concatenate([a, b])[o]        # noqa: E731
+    return Disassembly(addr[o], cat(unit_dis.size, other.size),
+                       cat(unit_dis.func, np.full(len(other), -1, unit_dis.func.dtype)),
+                       cat(unit_dis.raw, other.raw), list(unit_dis.undecodable) +
+                       list(other.undecodable))
+
+
+def recover(image, kaslr, units=None, log=None, dis=None):
     """References of a kernel image without link relocations: KASLR table
     (``kaslr``: abs64, abs32, inv32 arrays of field addresses), disassembly and
     kernel tables. With ``units`` (relayout's UnitTable), data values that look
@@ -319,7 +346,9 @@ def recover(image, kaslr, units=None, log=None):
     from ..kernel.base import ImageContext
     log = log or (lambda m: None)
     ctx = ImageContext.of(image, log=log)
-    dis = ctx.disasm
+    # ``dis``: relayout's unit disassembly (the rest of the code is swept here);
+    # without it, the context's full decode
+    dis = ctx.disasm if dis is None or units is None else code_disassembly(image, units, dis)
     cf, ce, ct, co, ci = code_references(dis)
     kf, kt, ktg, ko = kaslr_references(image, kaslr)
     tf, tw, tw_which, tnames = table_references(ctx)
@@ -346,8 +375,8 @@ def recover(image, kaslr, units=None, log=None):
     refs.stats["references.percpu_pc32"] = int(len(inv))
     refs.stats["references.percpu_pc32_not_in_code"] = int((~found).sum())
     if units is not None:
-        pin_boundary_targets(image, refs, units, log)
-        scan_unexplained(image, ctx, refs, units, log)
+        pin_boundary_targets(image, refs, units, dis, log)
+        scan_unexplained(image, refs, units, dis, log)
     return refs
 
 
@@ -369,7 +398,7 @@ def _boundary_labels(image, units):
     return val[o], lab[o]
 
 
-def pin_boundary_targets(image, refs, units, log=None):
+def pin_boundary_targets(image, refs, units, d, log=None):
     """A region-boundary label (``__sched_text_start``, ``__lock_text_end``...)
     that is also the start of a function is one address with two meanings: the
     link names which (the label stays at the region boundary, the function may
@@ -388,8 +417,6 @@ def pin_boundary_targets(image, refs, units, log=None):
     # instruction start or end is arithmetic on a label (``PFN_ALIGN(_text)``
     # is ``_text + 0xfff``), not a code address: the link's symbol says it
     # stays with the label; recovered, its unit stays where it is instead
-    from ..kernel.base import ImageContext
-    d = ImageContext.of(image).disasm
     m = np.isin(refs.origin, (KASLR64, KASLR32, CODE_RIP))
     t = refs.target[m]
     k = units.find(t)
@@ -520,14 +547,15 @@ def pin_units(units, idx):
     units.region[:] = region
 
 
-def scan_unexplained(image, ctx, refs, units, log=None, examples=10):
+def scan_unexplained(image, refs, units, d, log=None, examples=10):
     """Every allocated non-code section: 8-byte values (8-aligned) inside
     movable code, and s32 values (4-aligned) whose field + value lands there at
     an instruction boundary, that no reference explains and that lie in no
     kernel table of known layout: their units are pinned (``pin_units``)."""
     log = log or (lambda m: None)
     mlo, mhi, midx = movable_ranges(units)
-    tlo, thi = _table_ranges(ctx)
+    from ..kernel.base import ImageContext
+    tlo, thi = _table_ranges(ImageContext.of(image))
     hits_field, hits_target, hits_kind = [], [], []
     for s in image.sections:
         if not s.is_alloc or s.is_code or s.type == 8 or s.size < 4:
@@ -552,10 +580,10 @@ def scan_unexplained(image, ctx, refs, units, log=None, examples=10):
                 # a PC-relative reference reaches an instruction (or the end of
                 # one: ``foo + size``); random data mostly lands inside one
                 hit = np.nonzero(k >= 0)[0]
-                at = ctx.disasm.is_boundary(t[hit])
-                prev = ctx.disasm.containing(t[hit] - np.uint64(1))
+                at = d.is_boundary(t[hit])
+                prev = d.containing(t[hit] - np.uint64(1))
                 pc = np.maximum(prev, 0)
-                at |= (prev >= 0) & (ctx.disasm.addr[pc] + ctx.disasm.size[pc].astype(np.uint64)
+                at |= (prev >= 0) & (d.addr[pc] + d.size[pc].astype(np.uint64)
                                      == t[hit])
                 k[hit[~at]] = -1
             sel = np.nonzero(k >= 0)[0]
@@ -673,7 +701,7 @@ def install(image, refs, functions=None, units=None):
     return image._relocs
 
 
-def load_recovered(image, vmlinuz_path, units=None, log=None):
+def load_recovered(image, vmlinuz_path, units=None, log=None, dis=None):
     """Read the KASLR table of ``vmlinuz_path`` (same build as ``image``) and
     recover the image's references (image/references.py)."""
     from ..errors import BadInput
@@ -684,7 +712,7 @@ def load_recovered(image, vmlinuz_path, units=None, log=None):
     if bid and image.build_id and bid.lower() != image.build_id.lower():
         raise BadInput(f"{vmlinuz_path}: another build than {image.path} (build-id "
                        f"{bid[:16]}..., the vmlinux has {image.build_id[:16]}...)")
-    return recover(image, z.kaslr, units=units, log=log)
+    return recover(image, z.kaslr, units=units, log=log, dis=dis)
 
 
 # -- completeness against the truth --------------------------------------------
@@ -758,8 +786,8 @@ def use_vmlinuz(image, vmlinuz_path, log=None):
     serve the recovered ones (link relocations the image may have are ignored).
     Returns the References (``summary()`` for relayout's report)."""
     from .shared import function_units
-    units, functions, _ = function_units(image, log)
-    refs = load_recovered(image, vmlinuz_path, units=units, log=log)
+    units, functions, dis = function_units(image, log)
+    refs = load_recovered(image, vmlinuz_path, units=units, log=log, dis=dis)
     install(image, refs, functions=functions, units=units)
     if log:
         log(f"references recovered from {vmlinuz_path}: {len(refs)} fields "
