@@ -30,7 +30,7 @@ relocation there as "do not split".
 
 import numpy as np
 
-from .elf import (RELA, STT_FUNC, STT_SECTION, R_X86_64_32, R_X86_64_32S, R_X86_64_64,
+from .elf import (RELA, STT_SECTION, R_X86_64_32, R_X86_64_32S, R_X86_64_64,
                   R_X86_64_PC32, R_X86_64_PC64, R_X86_64_PLT32, Relocations)
 from .intervals import containing
 
@@ -66,6 +66,7 @@ class References:
         self.unexplained = None
         self.pinned_units = []       # names of the units pinned for these references
         self.kept_first = []         # names of units kept first in their region
+        self.drag = {}               # reference index -> symbol its target moves with
 
     def __len__(self):
         return len(self.field)
@@ -77,13 +78,6 @@ class References:
         ic = np.minimum(i, max(len(self.field) - 1, 0))
         return (i < len(self.field)) & (self.field[ic] == a) if len(self.field) else \
             np.zeros(a.shape, bool)
-
-    def select(self, mask):
-        out = References.__new__(References)
-        for k in ("field", "rtype", "end", "target", "origin", "table"):
-            setattr(out, k, getattr(self, k)[mask])
-        out.table_names, out.stats, out.unexplained = self.table_names, {}, None
-        return out
 
 
 # -- reading fields ------------------------------------------------------------
@@ -277,10 +271,8 @@ def _table_ranges(ctx):
         hi = np.maximum.accumulate(hi)
         keep = np.ones(len(lo), bool)
         keep[1:] = lo[1:] >= hi[:-1]
-        grp = np.cumsum(keep) - 1
         lo = lo[keep]
         hi = np.maximum.reduceat(hi, np.nonzero(keep)[0])
-        del grp
     return lo, hi
 
 
@@ -448,7 +440,7 @@ def pin_boundary_targets(image, refs, units, d, log=None):
     # core_restore_code): the nearest such target at or below, within 64 KiB,
     # names the reference, which then moves with that symbol as the link's
     # does. With no base in sight, the target's unit stays.
-    drag = getattr(refs, "drag", {})
+    drag = refs.drag
     arith = np.nonzero(~at)[0]
     if len(arith):
         src_u = units.find(refs.field)
