@@ -26,9 +26,9 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY="${PYTHON:-python3}"
-if ! "$PY" -c "import linepack, capstone, elftools, numpy, distributed" 2>/dev/null \
+if ! "$PY" -c "import linepack, capstone, elftools, numpy, distributed, zstandard, lz4.block" 2>/dev/null \
    || [ "$("$PY" -c 'import linepack,os;print(os.path.realpath(os.path.dirname(linepack.__file__)))')" != "$here/tools" ]; then
-  log "pip install -e . (capstone, pyelftools, numpy, dask distributed, pytest)"
+  log "pip install -e . (capstone, pyelftools, numpy, dask distributed, zstandard, lz4, pytest)"
   "$PY" -m pip install -q --disable-pip-version-check -e "$here" pytest 2>&1 | grep -v "Running pip as the 'root' user" >&2 || true
 fi
 # drgn (PyPI): the debug-info consumer check on rewritten kernels' memory dumps

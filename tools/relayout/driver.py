@@ -90,7 +90,7 @@ def load_profile_full(path, image=None, per_loop=True):
 
 def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), profile_build_id=None,
              log=None, debug="rewrite", layout_map=None, system_map=None, blocks=None,
-             allow_missing=False):
+             allow_missing=False, vmlinuz=None):
     """Lay out ``image_path`` per ``strategy`` and write ``out_path``; returns
     (summary, plan, rewriter). The summary is the JSON dict, with the passes'
     stats objects in ``summary.stats`` (``summary.lines()`` prints them).
@@ -102,7 +102,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     run = RelayoutRun(image_path, out_path, strat, hotness or {}, calls=calls,
                       profile_build_id=profile_build_id, blocks=blocks,
                       log=log or (lambda m: None), debug=debug, layout_map=layout_map,
-                      system_map=system_map, allow_missing=allow_missing)
+                      system_map=system_map, allow_missing=allow_missing, vmlinuz=vmlinuz)
     summary = run_passes(run, passes_for(strat))
     return summary, run.plan, run.rewriter
 

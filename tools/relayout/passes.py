@@ -42,7 +42,9 @@ class RelayoutRun:
     layout_map: Optional[str] = None
     system_map: Optional[str] = None
     allow_missing: bool = False
+    vmlinuz: Optional[str] = None    # a kernel's boot image: references recovered from it
     # built by the passes
+    recovered: Any = None            # image/references.py References (with --vmlinuz)
     image: Any = None
     target: Any = None               # KernelTarget or UserTarget
     functions: Any = None
@@ -82,7 +84,8 @@ class _Counting:
 # -- checks and planning helpers -----------------------------------------------
 
 NO_RELOCS = ("{path}: no link relocations in its code; relink with -Wl,--emit-relocs "
-             "(a kernel >= 6.5 strips them from vmlinux after writing vmlinux.relocs: run "
+             "(a kernel >= 6.5 strips them from vmlinux after writing vmlinux.relocs: give "
+             "its boot image with --vmlinuz VMLINUZ to recover them, or run "
              "linepack inside the kernel build with its kbuild hook, `linepack kbuild` or "
              "make ARCH_POSTLINK=$(linepack kbuild --print-hook); or use Debian 6.1's "
              "linux-image-6.1.0-*-cloud-amd64-dbg vmlinux)")
@@ -174,6 +177,12 @@ def load(run):
     if image.type != ET_EXEC and not pie:
         raise BadInput(f"{path}: not an executable (ELF type {image.type}); "
                        "relayout handles linked executables and vmlinux")
+    # where references come from: link relocations, or recovered from the vmlinuz
+    if run.vmlinuz is not None:
+        from ..image.elf import ElfImage
+        from ..image.references import use_vmlinuz
+        image = run.image = ElfImage(path)     # its own object: its relocations are replaced
+        run.recovered = use_vmlinuz(image, run.vmlinuz, run.log)
     if not image.has_link_relocations():
         raise BadInput(NO_RELOCS.format(path=path))
     functions = run.functions = ImageContext.of(image).functions
@@ -294,6 +303,9 @@ def plan(run):
     except LayoutError as e:
         raise LayoutError(_no_fit_message(e, strat, units, heat, run.calls, run.functions,
                                           run.log)) from None
+    if run.recovered is not None:
+        from ..image.references import check_plan
+        check_plan(run.recovered, run.plan)     # units kept first in their region stayed first
     return S.PlanStats(**run.plan.summary())
 
 
@@ -497,6 +509,15 @@ def summary(run):
         problems=list(rw.problems))
 
 
+def reference_source(run):
+    """Where the references came from: with --vmlinuz, what was recovered and
+    what was pinned for want of an explanation (image/references.py)."""
+    if run.recovered is None:
+        return S.PassStats()
+    from ..image.references import summary_of
+    return S.RecoveredReferencesStats(summary_of(run.recovered)["references"])
+
+
 def maps(run):
     """``--layout-map`` and ``--system-map``."""
     from .maps import write_layout_map, write_system_map
@@ -510,13 +531,14 @@ def maps(run):
 FUNCTION_PASSES = [("load", load), ("disassemble", disassemble), ("plan", plan),
                    ("rewriter", rewriter), ("code", code), ("references", references),
                    ("static keys", static_keys), ("metadata", metadata), ("symbols", symbols),
-                   ("DWARF", dwarf), ("write", write), ("summary", summary), ("maps", maps)]
+                   ("DWARF", dwarf), ("write", write), ("summary", summary),
+                   ("reference source", reference_source), ("maps", maps)]
 
 BLOCK_PASSES = [("load", load), ("disassemble", disassemble), ("split", split), ("plan", plan),
                 ("parts", parts), ("code", code), ("references", references),
                 ("static keys", static_keys), ("metadata", metadata),
                 ("symbols", block_symbols), ("DWARF", dwarf), ("write", write),
-                ("summary", summary), ("maps", maps)]
+                ("summary", summary), ("reference source", reference_source), ("maps", maps)]
 
 
 def passes_for(strategy):

@@ -329,3 +329,19 @@ class RelayoutSummary(dict):
             if s is not plan and s is not metrics:
                 out += s.lines()
         return out + (metrics.problem_lines() if metrics else [])
+
+
+@dataclass
+class RecoveredReferencesStats(PassStats):
+    """relayout --vmlinuz: references recovered instead of read from link relocations."""
+    references: dict = field(default_factory=dict)
+
+    def to_json(self):
+        return {"references": self.references}
+
+    def lines(self):
+        r = self.references
+        un = r.get("unexplained") or {}
+        return [f"  references:        recovered from the vmlinuz: {r.get('recovered', 0)} fields; "
+                f"{un.get('fields', 0)} unexplained data values pinned "
+                f"{un.get('functions_pinned', 0)} units"]
