@@ -180,8 +180,58 @@ def _names_for(profile, sym, addrs):
     return kind, idx, off
 
 
+def _is_branch(raw):
+    """Whether an instruction (its leading bytes) transfers control: jmp, jcc, ret,
+    call, indirect jmp or call (BOLT refuses a branch record from anything else)."""
+    from ..image.cfg import classify
+    from ..image.disasm import skip_prefixes
+
+    class _One:
+        def __init__(self, row):
+            self.raw = row.reshape(1, -1)
+
+        def __len__(self):
+            return 1
+    one = _One(np.asarray(raw, dtype=np.uint8))
+    if classify(one)[0] in (1, 2, 3, 7, 8):
+        return True
+    # indirect call (ff /2, ff /3), possibly after a REX prefix
+    skip, op, op2 = skip_prefixes(one.raw, (0x2E, 0x3E, 0xF2, 0xF3))
+    s = int(skip[0])
+    b = one.raw[0, s:].tolist()
+    if b and 0x40 <= b[0] <= 0x4F:
+        b = b[1:]
+    return len(b) > 1 and b[0] == 0xFF and ((b[1] >> 3) & 7) in (2, 3)
+
+
+def _branches_at(image, addrs):
+    """Per address: whether an instruction starting there is a branch (_is_branch)."""
+    from ..image.disasm import _Decoder
+    uniq, inv = np.unique(np.asarray(addrs, dtype=np.uint64), return_inverse=True)
+    ok = np.zeros(len(uniq), dtype=bool)
+    dec = _Decoder()
+    try:
+        for k, a in enumerate(uniq.tolist()):
+            code = b""
+            for n in range(16, 0, -1):      # an instruction at the end of its section
+                try:
+                    code = bytes(image.read(a, n))
+                    break
+                except ValueError:
+                    continue
+            if not code:
+                continue
+            ins = dec.decode(code, a)
+            ok[k] = bool(len(ins)) and _is_branch(ins["bytes"][0])
+    finally:
+        dec.close()
+    return ok[inv]
+
+
 def _block_branch_sites(image, profile, src):
-    """Address of the last instruction of the block starting at each src (QEMU edges)."""
+    """Address of the last instruction of the block starting at each src (QEMU edges),
+    where that instruction is a branch: a QEMU block can also end at a page or size
+    limit, and its edge to the next block is then no branch at all."""
     from ..image.disasm import _Decoder
     pos = np.searchsorted(profile.block_addr, src)
     pos = np.minimum(pos, max(len(profile.block_addr) - 1, 0))
@@ -201,7 +251,8 @@ def _block_branch_sites(image, profile, src):
                     cache[(a, size)] = None
                     continue
                 ins = dec.decode(code, a)
-                cache[(a, size)] = int(ins["address"][-1]) if len(ins) else None
+                cache[(a, size)] = (int(ins["address"][-1])
+                                    if len(ins) and _is_branch(ins["bytes"][-1]) else None)
             last = cache[(a, size)]
             if last is not None:
                 out[k], ok[k] = last, True
@@ -246,6 +297,15 @@ def export_fdata(profile, path, image=None, log=None):
             site, ok = _block_branch_sites(image, profile, f)
             keep &= ok
             f = site
+        # Both ends must lie in functions of the image: an end in the PLT, a library
+        # or the loader is nothing BOLT places (named as the executable itself, or as
+        # "[unknown]", BOLT ignores the record and says so).
+        keep &= (sym.functions.find(f) >= 0) & (sym.functions.find(t) >= 0)
+        if profile.source == "qemu":
+            # QEMU's edges (LBR sources are branches by construction): the source must
+            # be a branch instruction, but QEMU also joins a `rep` string instruction
+            # to itself, and BOLT drops a record from anything else.
+            keep &= _branches_at(image, f)
         f, t, c, mis = f[keep], t[keep], c[keep], mis[keep]
         order = np.lexsort((t, f))
         f, t, c, mis = f[order], t[order], c[order], mis[order]
@@ -254,9 +314,7 @@ def export_fdata(profile, path, image=None, log=None):
         for a in zip(k1.tolist(), i1.tolist(), o1.tolist(), k2.tolist(), i2.tolist(), o2.tolist(),
                      mis.tolist(), c.tolist()):
             ka, ia, oa, kb, ib, ob, m, n = a
-            na = names[ia] if ka else image_name
-            nb = names[ib] if kb else image_name
-            out.append(f"{ka} {na} {oa:x} {kb} {nb} {ob:x} {m} {n}\n")
+            out.append(f"{ka} {names[ia]} {oa:x} {kb} {names[ib]} {ob:x} {m} {n}\n")
         header = ""
     else:
         if len(profile.sample_addr):
