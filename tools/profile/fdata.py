@@ -297,24 +297,33 @@ def export_fdata(profile, path, image=None, log=None):
             site, ok = _block_branch_sites(image, profile, f)
             keep &= ok
             f = site
-        # Both ends must lie in functions of the image: an end in the PLT, a library
-        # or the loader is nothing BOLT places (named as the executable itself, or as
-        # "[unknown]", BOLT ignores the record and says so).
-        keep &= (sym.functions.find(f) >= 0) & (sym.functions.find(t) >= 0)
+        # An end outside every function of the image (the PLT, a library, the loader)
+        # is written as BOLT's own instrumentation writes it, "0 [unknown] 0", never as
+        # an address in the executable (BOLT cannot place one there): a branch out of
+        # the image is kept, an entry from outside only where it lands on a function's
+        # start (main from libc, a callback); a return from a library lands mid-function
+        # after the call, a fall-through BOLT infers, and is dropped.
+        f_in, t_in = sym.functions.find(f) >= 0, sym.functions.find(t) >= 0
+        keep &= (f_in & t_in) | (f_in & ~t_in) | (~f_in & np.isin(t, sym.functions.start))
         if profile.source == "qemu":
             # QEMU's edges (LBR sources are branches by construction): the source must
             # be a branch instruction, but QEMU also joins a `rep` string instruction
             # to itself, and BOLT drops a record from anything else.
-            keep &= _branches_at(image, f)
+            keep &= ~f_in | _branches_at(image, f)
         f, t, c, mis = f[keep], t[keep], c[keep], mis[keep]
         order = np.lexsort((t, f))
         f, t, c, mis = f[order], t[order], c[order], mis[order]
         k1, i1, o1 = _names_for(profile, sym, f)
         k2, i2, o2 = _names_for(profile, sym, t)
+        recs = {}           # outside ends collapse into one "[unknown]": counts add up
         for a in zip(k1.tolist(), i1.tolist(), o1.tolist(), k2.tolist(), i2.tolist(), o2.tolist(),
                      mis.tolist(), c.tolist()):
             ka, ia, oa, kb, ib, ob, m, n = a
-            out.append(f"{ka} {names[ia]} {oa:x} {kb} {names[ib]} {ob:x} {m} {n}\n")
+            key = (f"{ka} {names[ia]} {oa:x}" if ka else "0 [unknown] 0",
+                   f"{kb} {names[ib]} {ob:x}" if kb else "0 [unknown] 0")
+            pm, pn = recs.get(key, (0, 0))
+            recs[key] = (pm + m, pn + n)
+        out = [f"{a} {b} {m} {n}\n" for (a, b), (m, n) in recs.items()]
         header = ""
     else:
         if len(profile.sample_addr):
