@@ -180,9 +180,10 @@ def _names_for(profile, sym, addrs):
     return kind, idx, off
 
 
-def _is_branch(raw):
+def _is_branch(raw, conditional=False):
     """Whether an instruction (its leading bytes) transfers control: jmp, jcc, ret,
-    call, indirect jmp or call (BOLT refuses a branch record from anything else)."""
+    call, indirect jmp or call (BOLT refuses a branch record from anything else);
+    ``conditional``: whether it is a conditional jump."""
     from ..image.cfg import classify
     from ..image.disasm import skip_prefixes
 
@@ -193,6 +194,8 @@ def _is_branch(raw):
         def __len__(self):
             return 1
     one = _One(np.asarray(raw, dtype=np.uint8))
+    if conditional:
+        return bool(classify(one)[0] == 2)
     if classify(one)[0] in (1, 2, 3, 7, 8):
         return True
     # indirect call (ff /2, ff /3), possibly after a REX prefix
@@ -204,8 +207,9 @@ def _is_branch(raw):
     return len(b) > 1 and b[0] == 0xFF and ((b[1] >> 3) & 7) in (2, 3)
 
 
-def _branches_at(image, addrs):
-    """Per address: whether an instruction starting there is a branch (_is_branch)."""
+def _branches_at(image, addrs, conditional=False):
+    """Per address: whether an instruction starting there is a branch (_is_branch;
+    ``conditional``: a conditional jump)."""
     from ..image.disasm import _Decoder
     uniq, inv = np.unique(np.asarray(addrs, dtype=np.uint64), return_inverse=True)
     ok = np.zeros(len(uniq), dtype=bool)
@@ -222,7 +226,7 @@ def _branches_at(image, addrs):
             if not code:
                 continue
             ins = dec.decode(code, a)
-            ok[k] = bool(len(ins)) and _is_branch(ins["bytes"][0])
+            ok[k] = bool(len(ins)) and _is_branch(ins["bytes"][0], conditional)
     finally:
         dec.close()
     return ok[inv]
@@ -290,6 +294,12 @@ def export_fdata(profile, path, image=None, log=None):
             pos = np.searchsorted(ba, f, side="right") - 1
             pc = np.maximum(pos, 0)
             fall = (pos >= 0) & (f < be[pc]) & (t == be[pc])
+            if profile.source == "qemu" and profile.meta.get("edge_from") == "insn":
+                # ... unless the source is a conditional jump: then it is the branch's
+                # not-taken edge, counted exactly, written from the jump to the next
+                # instruction as BOLT's own instrumentation writes it (BOLT's guess
+                # from the taken branches alone misplaces blocks)
+                fall &= ~_branches_at(image, f, conditional=True)
             keep &= ~fall
         if profile.meta.get("edge_from") == "block" and len(profile.block_addr):
             # QEMU edges that join block starts: the branch is the source block's
