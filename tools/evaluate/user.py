@@ -273,8 +273,8 @@ def cross_check(rows, outputs, progs, compare="output", crashes=None):
             continue
         seen = {rc if compare == "exit" else (rc, out) for rc, out in outputs[label]}
         if len(seen) > 1:
-            problems.append(f"{label}: {'exit status' if compare == 'exit' else 'output or exit status'} "
-                            "differs between repeats")
+            what = "exit status" if compare == "exit" else "output or exit status"
+            problems.append(f"{label}: {what} differs between repeats")
         rc, out = outputs[label][0]
         same = rc == brc and (compare == "exit" or out == bout)
         for r in rows:
@@ -338,7 +338,8 @@ def format_rows(rows, args=()):
         bm = base["misses"] if not base.get("crashed") else None
         for r in rs:
             if r.get("crashed"):
-                cells = f"{'CRASHED (' + r['crashed'] + ')':<{sum(cw + 1 for _, cw, _ in _COLUMNS) - 1}}"
+                span = sum(cw + 1 for _, cw, _ in _COLUMNS) - 1     # the count columns
+                cells = f"{'CRASHED (' + r['crashed'] + ')':<{span}}"
                 same = "crashed"
             else:
                 cells = " ".join(f"{f(r, bm):>{cw}}" for _, cw, f in _COLUMNS)
