@@ -165,3 +165,15 @@ def test_counts_do_not_depend_on_the_callers_environment(exes, plugin, tmp_path)
     _, res = run_program(exes["steady"], [], [cache_config("intel-32k-8w")])
     env_bytes = sum(len(f"{k}={v}") for k, v in PROGRAM_ENV.items())
     assert f"environment {env_bytes} bytes".encode() in res["stdout"]
+
+
+def test_crashed_base_compares_nothing(exes, plugin, tmp_path):
+    """The first program crashing: the others are measured, compared with nothing."""
+    js = tmp_path / "b.json"
+    p = run_linepack("evaluate", "--program", f"broken={exes['crashing']}",
+                     "--program", f"fine={exes['steady']}", "--json", js)
+    assert p.returncode == 1 and "CRASH: broken: crashed (SIGSEGV)" in p.stdout, p.stderr
+    assert "DIFF" not in p.stdout and "Traceback" not in p.stderr
+    rows = {r["program"]: r for r in _rows(js)}
+    assert rows["broken"]["crashed"] == "SIGSEGV" and rows["fine"]["crashed"] is None
+    assert rows["fine"]["misses"] > 0 and rows["fine"]["same_output"] is None

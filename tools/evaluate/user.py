@@ -276,7 +276,8 @@ def cross_check(rows, outputs, progs, compare="output", crashes=None):
             what = "exit status" if compare == "exit" else "output or exit status"
             problems.append(f"{label}: {what} differs between repeats")
         rc, out = outputs[label][0]
-        same = rc == brc and (compare == "exit" or out == bout)
+        # nothing to compare with when the first program crashed
+        same = None if base_label in crashes else rc == brc and (compare == "exit" or out == bout)
         for r in rows:
             if r["program"] == label:
                 r["same_output"] = same
@@ -343,7 +344,8 @@ def format_rows(rows, args=()):
                 same = "crashed"
             else:
                 cells = " ".join(f"{f(r, bm):>{cw}}" for _, cw, f in _COLUMNS)
-                same = "base" if r is base else ("same" if r["same_output"] else "DIFF")
+                same = "base" if r is base else {True: "same", False: "DIFF"}.get(
+                    r["same_output"], "-")
             sp = r.get("misses_spread")
             t = r.get("time_s")
             out.append(f"{r['program']:<{w}} {cells} {r['code_bytes']:>10,} {same:>8} "
