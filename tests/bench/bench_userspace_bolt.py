@@ -23,8 +23,9 @@
    -split-all-cold -split-eh``); and BOLT full fed linepack's exported ``.fdata``
    (``BOLT full, linepack fdata``), the same profile linepack uses.
 4. Each binary runs the workload under the plugin (cache=on, mode=user) with
-   several L1i models; misses of every user-mode fetch (program + libc + ld.so)
-   and of the program's own code; instructions; the output must be identical.
+   several L1i models, as ``evaluate --program`` runs it (fixed environment, one
+   path and argv[0] for all); misses of every user-mode fetch (program + libc +
+   ld.so) and of the program's own code; instructions; the output must be identical.
    Medians of ``--reps`` runs (Lua hashes some objects by address, so
    instruction counts vary by ~0.1% between runs).
 5. Rewriting time: median of ``--reps`` wall times of ``linepack relayout`` (CLI)
@@ -245,20 +246,19 @@ BOLT_SKIPPED = {}         # label -> functions BOLT was told to skip (it refused
 
 
 def measure(binaries, script, reps=3, models=MODELS, log=print):
-    """{label: {model: {...medians...}}} and the output of each binary."""
-    from linepack.profile.user import measure_user
+    """{label: {model: {...medians...}}} and, per binary, whether its output is the
+    first binary's. Measured as ``evaluate --program`` measures: one run per binary
+    and repeat with every model at once, a fixed environment and the same path and
+    argv[0] for all (so the numbers match an ``evaluate --program`` run's)."""
+    from linepack.evaluate.user import evaluate_programs
+    rows, _ = evaluate_programs([f"{label}={path}" for label, path in binaries.items()],
+                                models, [script], repeat=reps, log=log)
     res, outputs = {}, {}
-    for label, path in binaries.items():
-        res[label] = {}
-        for m in models:
-            name = m if isinstance(m, str) else m["name"]
-            runs = [measure_user(path, [script], cache=m) for _ in range(reps)]
-            outputs.setdefault(label, set()).update(r["stdout"] for r in runs)
-            res[label][name] = {k: statistics.median(r[k] for r in runs)
-                                for k in ("misses", "program_misses", "instructions",
-                                          "program_instructions")}
-            log(f"{label:15s} {name:13s} misses {res[label][name]['misses']:>9,.0f} "
-                f"(program {res[label][name]['program_misses']:,.0f})")
+    for r in rows:
+        res.setdefault(r["program"], {})[r["cache"]] = {
+            k: r[k] for k in ("misses", "program_misses", "instructions", "program_instructions")}
+        # the first binary's output, or this one's differing from it
+        outputs[r["program"]] = {"same" if r["same_output"] else f"differs: {r['program']}"}
     return res, outputs
 
 
