@@ -361,3 +361,23 @@ def test_evaluate_growth_is_relayouts(c_case, cxx_case):
     for exe, out, summary, _ in (c_case, cxx_case):
         assert summary["split"]["functions_split"] >= 1
         assert code_growth(exe, out) == summary["text_growth_bytes"], out
+
+
+def test_summary_speaks_of_the_program(c_case):
+    """A program's profile has no workload iterations and no retpoline thunks: the
+    summary says what it counted over, in a program's words."""
+    import numpy as np
+    from linepack.image.cfg import R_INDIRECT, R_PINNED
+    from linepack.relayout.blocks import reason_summary
+    text = "\n".join(c_case[2].lines())
+    assert "executed lines:" in text and "at least once in the profiled run" in text
+    assert "per iteration" not in text and "retpoline" not in text
+    reason, heat = np.array([R_INDIRECT, R_PINNED]), np.array([5.0, 5.0])
+    user = " ".join(reason_summary(reason, heat, 1.0, userspace=True))
+    assert "retpoline" not in user and "SRSO" not in user and "indirect jump" in user
+    assert "retpoline" in " ".join(reason_summary(reason, heat, 1.0))
+    # profile --show of a program's profile: no kernel emulation shares
+    from helpers import run_linepack
+    p = run_linepack("profile", "--show", c_case[0] + ".lpprof")
+    assert p.returncode == 0 and "hottest" in p.stdout, p.stderr
+    assert "emulation" not in p.stdout and "timekeeping" not in p.stdout

@@ -248,7 +248,8 @@ def split(run):
     log(f"CFG: {len(cfg)} blocks in {len(units)} units; {len(splits)} hot functions split, "
         f"{int(((heat >= strat.min_count) & (reason != 0)).sum())} hot ones moved whole")
     run.split = {"cfg": cfg, "splits": splits, "reason": reason, "block_count": counts,
-                 "eh_split": eh_split, "reasons": reason_summary(reason, heat, strat.min_count),
+                 "eh_split": eh_split, "reasons": reason_summary(reason, heat, strat.min_count,
+                                                       userspace=run.target.kind == "userspace"),
                  "planning": planning_units(units, heat, splits)}
     run.units, run.heat, _, _ = run.split["planning"]
     run.split_stats = st = _split_stats(run.split, run.orig_units)
@@ -504,6 +505,9 @@ def summary(run):
     tsize = text_size(run.image)
     return S.MetricsStats(
         **lines, **blocks, kept_regions=list(plan_.kept_regions),
+        # a program's profile counts the whole run (a workload's counts are per iteration)
+        counted=("in the profiled run" if run.target.kind == "userspace"
+                 else "per iteration"),
         padding_bytes=int(padding(plan_)), text_growth_bytes=growth,
         text_growth_pct=round(100.0 * growth / tsize, 4) if tsize else 0.0,
         problems=list(rw.problems))

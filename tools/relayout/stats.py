@@ -268,6 +268,7 @@ class MetricsStats(PassStats):
     text_growth_bytes: int = 0
     text_growth_pct: float = 0.0
     problems: list = field(default_factory=list)        # (kind, address, message)
+    counted: str = "per iteration"       # what "at least once" counts over
 
     def to_json(self):
         out = {"hot_functions": self.hot_functions, "hot_lines_before": self.hot_lines_before,
@@ -292,7 +293,7 @@ class MetricsStats(PassStats):
         if self.block_lines_before is not None:
             b0, b1 = self.block_lines_before, self.block_lines_after
             out.append(f"  executed lines:    {b0} -> {b1} ({(b1 - b0) / b0 if b0 else 0:+.1%}; "
-                       "64 B lines holding blocks run at least once per iteration, "
+                       f"64 B lines holding blocks run at least once {self.counted}, "
                        f"{self.blocks} blocks)")
         return out
 
