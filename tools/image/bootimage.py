@@ -32,6 +32,7 @@ import re
 import struct
 import zlib
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -463,8 +464,9 @@ class BootImage:
     kaslr: KaslrRelocs
     build_id: str
 
-    @property
+    @cached_property
     def elf(self):
+        """The stripped ELF vmlinux (bytes, made once)."""
         return self.payload[:self.elf_size]
 
     @property
