@@ -11,7 +11,6 @@ of them. Round trip: a written image gives back its payload.
 """
 
 import os
-import shutil
 import struct
 
 import numpy as np
