@@ -7,13 +7,15 @@ import pytest
 
 @pytest.fixture(scope="session")
 def debian_vmlinux():
-    """Path of Debian's 6.1 cloud vmlinux (fetched and cached once); skips when unavailable."""
+    """Path of Debian's 6.1 cloud vmlinux that helpers.debian_abi() names (fetched and cached
+    once); fails when unavailable: tools/setup.sh fetches it."""
+    import helpers
     from linepack import targets
     from linepack.errors import LinepackError
     try:
-        return targets.debian_vmlinux()
+        return targets.debian_vmlinux(helpers.debian_abi())
     except LinepackError as e:
-        pytest.skip(f"Debian vmlinux unavailable: {e}")
+        pytest.fail(f"Debian vmlinux unavailable (tools/setup.sh fetches it): {e}")
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ def debian_abi():
 
 
 def debian_release():
-    """uname -r of the kernel the tests use, e.g. 6.1.0-56-cloud-amd64."""
+    """uname -r of the kernel the tests use, e.g. 6.1.0-NN-cloud-amd64."""
     from linepack import targets
     return targets.release(debian_abi())
 
@@ -42,10 +42,46 @@ def debian_vmlinux_path():
     return os.path.join(targets.cache_dir(), "kernels", debian_release(), "vmlinux")
 
 
+def debian_module(name):
+    """Cached path of one module (e.g. 'fs/fat/vfat.ko') of the same build as
+    debian_vmlinux_path(). tools/setup.sh fetches the ones the tests use, so one that
+    cannot be had fails the test instead of skipping it."""
+    from linepack import targets
+    from linepack.errors import LinepackError
+    try:
+        return targets.debian_module(name, abi=debian_abi())
+    except LinepackError as e:
+        pytest.fail(f"module {name} of {debian_release()} unavailable "
+                    f"(tools/setup.sh fetches it): {e}")
+
+
+def require_tool(*names):
+    """Path of the first of ``names`` on PATH (or an absolute path that exists); fails the
+    test naming them all when none is there: tools/setup.sh installs every tool the tests
+    use, so a missing one is a broken set-up, never a reason to drop a check."""
+    for n in names:
+        path = n if os.path.isabs(n) and os.access(n, os.X_OK) else shutil.which(n)
+        if path:
+            return path
+    pytest.fail(f"{' / '.join(names)} not installed (tools/setup.sh installs it)")
+
+
+def requirements(*tools, vmlinux=False, autouse=True):
+    """A module fixture (assign it to a module-level name) that fails every test of the
+    module (with ``autouse=False``: every test that asks for it by that name) when a tool
+    or the cached Debian vmlinux is missing."""
+    @pytest.fixture(scope="module", autouse=autouse)
+    def _requirements():
+        for t in tools:
+            require_tool(t)
+        if vmlinux and not os.path.exists(debian_vmlinux_path()):
+            pytest.fail(f"no cached vmlinux at {debian_vmlinux_path()} (tools/setup.sh fetches it)")
+    return _requirements
+
+
 def build_c(src_name, out, *flags, static=False):
-    """Compile tests/fixtures/c/<src_name> to out with gcc; skip if gcc is absent."""
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc not installed")
+    """Compile tests/fixtures/c/<src_name> to out with gcc (a missing gcc fails)."""
+    require_tool("gcc")
     cmd = ["gcc", "-O2", *(["-static"] if static else []), *flags,
            os.path.join(FIXTURES, "c", src_name), "-o", str(out)]
     subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -23,7 +23,9 @@ def skipped_tests(junit_path):
     out = []
     for case in ET.parse(junit_path).getroot().iter("testcase"):
         for sk in case.findall("skipped"):
-            reason = sk.get("message") or (sk.text or "").strip()
+            msg, text = sk.get("message") or "", (sk.text or "").strip()
+            # a module-level skip's message is only "collection skipped"; its reason is in the text
+            reason = f"{msg}: {text}" if msg and text and msg not in text else (msg or text)
             out.append((f"{case.get('classname')}::{case.get('name')}", reason))
     return out
 

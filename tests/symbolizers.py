@@ -10,12 +10,15 @@ import subprocess
 
 
 def llvm_tool(name):
-    """Newest llvm-19 (or any) binary of ``name``, or None."""
+    """llvm-19's (else any installed LLVM's) binary of ``name``. tools/setup.sh installs
+    llvm-19, so a missing one fails the test that needs it: no check drops out."""
     for cand in [f"/usr/lib/llvm-19/bin/{name}", shutil.which(f"{name}-19"), shutil.which(name)] + \
             sorted(glob.glob(f"/usr/lib/llvm-*/bin/{name}"), reverse=True):
         if cand and os.path.exists(cand):
             return cand
-    return None
+    import pytest
+    pytest.fail(f"{name} not installed (tools/setup.sh installs llvm-19: {name}-19, "
+                f"/usr/lib/llvm-19/bin/{name})")
 
 
 def addr2line(exe, addrs, timeout=900):

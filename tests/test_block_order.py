@@ -6,11 +6,11 @@ still prints the same output and passes the block-level proof."""
 
 import itertools
 import random
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
+import helpers
 
 from linepack.image import blockmap as bm
 from linepack.image.cfg import CFG, block_counts
@@ -154,8 +154,7 @@ int main(void) {
 
 @pytest.fixture(scope="module")
 def prog_h(tmp_path_factory):
-    if shutil.which("gcc") is None:
-        pytest.skip("needs gcc")
+    helpers.require_tool("gcc")
     d = tmp_path_factory.mktemp("order")
     (d / "h.s").write_text(ASM_H)
     (d / "main.c").write_text(MAIN_H)

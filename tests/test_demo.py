@@ -2,6 +2,7 @@
 the before/after table shows the pack and blocks layouts beside stock."""
 
 import json
+import re
 
 import pytest
 
@@ -32,3 +33,9 @@ def test_demo_runs_every_step(debian_vmlinux, tmp_path):
         assert by["pack"] < by["stock"] and by["blocks"] < by["stock"], (cache, by)
     for s in ("pack", "blocks"):
         assert (tmp_path / f"vmlinux.{s}").exists() and (tmp_path / f"vmlinux.{s}.System.map").exists()
+    # the table's .text growth is relayout's own figure (bytes it printed for each strategy)
+    for s in ("pack", "blocks"):
+        section = p.stdout.split(f"== relayout with '{s}'", 1)[1].split("\n== ", 1)[0]
+        printed = int(re.search(r"([+-][\d,]+) bytes \([+-][\d.]+% of \.text\)", section)
+                      .group(1).replace(",", ""))
+        assert {r["text_growth_bytes"] for r in rows if r["layout"] == s} == {printed}, s

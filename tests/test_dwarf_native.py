@@ -6,7 +6,6 @@ per-list "unreadable" status, never a crash or a read out of bounds; and the
 rewrite on an image whose DWARF is broken stops with one line."""
 
 import os
-import shutil
 import subprocess
 
 import numpy as np
@@ -22,8 +21,9 @@ from linepack.image.functions import FunctionTable
 from linepack.verify.debuginfo import check_debuginfo
 
 from helpers import FIXTURES
+import helpers
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+_requirements = helpers.requirements("gcc")
 
 WANT = (enc.DW_AT_low_pc, enc.DW_AT_high_pc, enc.DW_AT_ranges, enc.DW_AT_entry_pc, 0x02, 0x03)
 

@@ -7,7 +7,6 @@ and a hand-made map that splits functions into two parts."""
 import json
 import os
 import re
-import shutil
 import subprocess
 
 import numpy as np
@@ -22,11 +21,10 @@ from linepack.image.writer import write_image
 from linepack.relayout.driver import relayout
 from linepack.verify.debuginfo import check_debuginfo
 
-from helpers import FIXTURES, run_linepack
+from helpers import FIXTURES, require_tool, requirements, run_linepack
 from symbolizers import differences, llvm_tool
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("addr2line") is None,
-                                reason="needs gcc and binutils")
+_requirements = requirements("gcc", "addr2line")
 
 PAD = '.section .text.zzpad,"ax",@progbits\n.fill 16384,1,0xcc\n.section .note.GNU-stack,"",@progbits\n'
 HOT = HOT_C = {"delta": 100, "push": 95, "gamma_": 90, "alpha": 80, "beta": 70}
@@ -74,13 +72,10 @@ def test_symbolizers_agree(moved):
     v, exe, out, summary, rw = moved
     old, new = _moved_insns(exe, rw)
     assert len(old) > 100
-    diff = differences(exe, out, old, new,
-                       ("addr2line", "llvm-symbolizer") if llvm_tool("llvm-symbolizer")
-                       else ("addr2line",))
+    diff = differences(exe, out, old, new, ("addr2line", "llvm-symbolizer"))
     for tool in ("addr2line", "llvm-symbolizer"):
-        if tool in diff:
-            assert diff[tool] == [], diff[tool][:3]
-            assert diff[tool + ".unknown"] == 0
+        assert diff[tool] == [], diff[tool][:3]
+        assert diff[tool + ".unknown"] == 0
 
 
 def test_symbolizers_see_the_difference_without_rewrite(moved, tmp_path):
@@ -128,8 +123,6 @@ def _dwarfdump_errors(path):
 
 
 def test_llvm_dwarfdump_verify(moved):
-    if not llvm_tool("llvm-dwarfdump"):
-        pytest.skip("llvm-dwarfdump not installed (tools/setup.sh installs llvm-19)")
     v, exe, out, summary, rw = moved
     before, _ = _dwarfdump_errors(exe)
     after, text = _dwarfdump_errors(out)
@@ -146,8 +139,7 @@ def _gdb(exe, *cmds):
 
 
 def test_gdb_source_of_moved_function(moved):
-    if shutil.which("gdb") is None:
-        pytest.skip("gdb not installed (tools/setup.sh installs it)")
+    require_tool("gdb")
     v, exe, out, summary, rw = moved
     for fn in ("delta", "gamma_", "alpha"):
         a = _gdb(exe, f"info line {fn}", f"disassemble /s {fn}")
@@ -188,12 +180,9 @@ def test_split_functions_by_hand_made_map(moved, tmp_path):
     m = np.isin(dis.func, [ft.index_of(n) for n in split])
     old_a = dis.addr[m]
     new_a, _ = amap.map(old_a)
-    diff = differences(exe, dest, old_a.tolist(), new_a.tolist(),
-                       ("addr2line", "llvm-symbolizer") if llvm_tool("llvm-symbolizer")
-                       else ("addr2line",))
+    diff = differences(exe, dest, old_a.tolist(), new_a.tolist(), ("addr2line", "llvm-symbolizer"))
     for tool in ("addr2line", "llvm-symbolizer"):
-        if tool in diff:
-            assert diff[tool] == [], diff[tool][:3]
+        assert diff[tool] == [], diff[tool][:3]
     findings, counter = [], {}
 
     class R:
@@ -202,10 +191,9 @@ def test_split_functions_by_hand_made_map(moved, tmp_path):
     assert counter["debuginfo.line-row"] == 0
     assert counter["debuginfo.subprogram-range"] == 0
     assert counter["debuginfo.unit-range"] == 0, [f.message for f in findings]
-    if llvm_tool("llvm-dwarfdump"):
-        before, _ = _dwarfdump_errors(exe)
-        after, text = _dwarfdump_errors(dest)
-        assert after <= before, text[-2000:]
+    before, _ = _dwarfdump_errors(exe)
+    after, text = _dwarfdump_errors(dest)
+    assert after <= before, text[-2000:]
     # the verifier sees a stale subprogram: the split map against whole-function DWARF
     findings, counter = [], {}
     check_debuginfo(im, ElfImage(str(out)), amap, findings, counter, R())
@@ -269,7 +257,6 @@ def test_assembler_unit_with_one_byte_high_pc(tmp_path, v):
         extra = {}
     check_debuginfo(im, ElfImage(str(dest)), amap, findings, counter, R())
     assert counter["debuginfo.unit-range"] == 0, [f.message for f in findings]
-    if llvm_tool("llvm-dwarfdump"):
-        before, _ = _dwarfdump_errors(exe)
-        after, text = _dwarfdump_errors(dest)
-        assert after <= before, text[-2000:]
+    before, _ = _dwarfdump_errors(exe)
+    after, text = _dwarfdump_errors(dest)
+    assert after <= before, text[-2000:]

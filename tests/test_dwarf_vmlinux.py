@@ -4,7 +4,6 @@ inline chain and file:line as OLD at the old address, for 10,000 seeded samples
 of moved instructions; verify --against checks the debug info too."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -18,8 +17,8 @@ from symbolizers import differences, llvm_tool
 import helpers
 
 VMLINUX = helpers.debian_vmlinux_path()
-pytestmark = [pytest.mark.realkernel,
-              pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux")]
+pytestmark = pytest.mark.realkernel
+_requirements = helpers.requirements("addr2line", vmlinux=True)
 SAMPLES = 10_000
 
 
@@ -57,7 +56,7 @@ def test_symbolizers_agree_on_moved_code(packed):
     moved = np.nonzero((new != addr) & ok)[0]
     pick = np.sort(np.random.default_rng(12).choice(moved, SAMPLES, replace=False))
     old_a, new_a = addr[pick].tolist(), new[pick].tolist()
-    tools = ("addr2line", "llvm-symbolizer") if llvm_tool("llvm-symbolizer") else ("addr2line",)
+    tools = ("addr2line", "llvm-symbolizer")
     diff = differences(VMLINUX, out, old_a, new_a, tools)
     for t in tools:
         assert diff[t] == [], (len(diff[t]), diff[t][:3])
@@ -80,10 +79,8 @@ def test_gdb_source_of_moved_functions(packed):
     """gdb's `info line` and `disassemble /s` on moved kernel functions print the
     same source (addresses aside) on NEW as on OLD."""
     import re
-    import shutil
     import subprocess
-    if shutil.which("gdb") is None:
-        pytest.skip("gdb not installed (tools/setup.sh installs it)")
+    helpers.require_tool("gdb")
     out, s, rw = packed
     ft = FunctionTable(ElfImage(VMLINUX))
     new_ft = FunctionTable(ElfImage(str(out)))
@@ -125,7 +122,6 @@ def test_llvm_dwarfdump_verify_on_sampled_units(packed, tmp_path):
     from dwarfdump_sample import compare_verify, sample_units
     from symbolizers import llvm_tool
     tool = llvm_tool("llvm-dwarfdump")
-    assert tool, "llvm-dwarfdump not installed (tools/setup.sh installs llvm-19)"
     out, s, rw = packed
     units = sample_units(VMLINUX, 12)
     assert len(units) == 12

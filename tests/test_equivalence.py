@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+import helpers
 from helpers import patched_copy, run_linepack
 from linepack import targets
 from linepack.image.elf import ElfImage
@@ -15,8 +16,7 @@ pytestmark = pytest.mark.realkernel
 
 @pytest.fixture(scope="module")
 def vmlinux():
-    known = targets.available_abis()
-    return targets.debian_vmlinux(56 if 56 in known else known[-1])
+    return targets.debian_vmlinux(helpers.debian_abi())
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def test_lost_orc_entry_is_named(ctx, vmlinux, tmp_path):
 
 def test_different_builds_are_named(vmlinux, tmp_path):
     known = targets.available_abis()
-    other = next((a for a in reversed(known) if a != 56), None)
+    other = next((a for a in reversed(known) if a != helpers.debian_abi()), None)
     if other is None:
         pytest.skip("only one Debian ABI known to apt")
     p, rep = _against(targets.debian_vmlinux(other), vmlinux, tmp_path)

@@ -2,14 +2,14 @@
 its unwind tables."""
 
 import json
-import shutil
 import subprocess
 
 import pytest
 
 from helpers import run_linepack
+import helpers
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+_requirements = helpers.requirements("gcc")
 
 PROG = r'''
 #include <stdio.h>

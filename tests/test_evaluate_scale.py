@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 import pytest
+import helpers
 
 from linepack.image.intervals import containing
 
@@ -229,9 +230,7 @@ def test_shared_image_rewrites_like_a_fresh_process(tmp_path):
     """Layouts rewritten one after another from the one shared parse and disassembly
     of the input are byte for byte what a process rewriting only that layout writes."""
     import hashlib
-    import shutil
-    if shutil.which("g++") is None:
-        pytest.skip("g++ not installed")
+    helpers.require_tool("g++")
     exe = tmp_path / "unwind"
     subprocess.run(["g++", "-O2", "-no-pie", "-fno-pie", "-Wl,--emit-relocs", "-o", str(exe),
                     os.path.join(os.path.dirname(__file__), "fixtures", "c", "unwind.cc")],
@@ -255,9 +254,7 @@ def test_shared_image_rewrites_like_a_fresh_process(tmp_path):
 def test_layouts_disassemble_the_base_once(tmp_path, monkeypatch):
     """evaluate --layout: planning and rewriting several layouts of one base parse
     and disassemble it once in the process (image/shared.py)."""
-    import shutil
-    if shutil.which("g++") is None:
-        pytest.skip("g++ not installed")
+    helpers.require_tool("g++")
     exe = tmp_path / "unwind"
     subprocess.run(["g++", "-O2", "-no-pie", "-fno-pie", "-Wl,--emit-relocs", "-o", str(exe),
                     os.path.join(os.path.dirname(__file__), "fixtures", "c", "unwind.cc")],
@@ -293,9 +290,8 @@ def test_layouts_disassemble_the_base_once(tmp_path, monkeypatch):
 def test_run_cache_is_keyed_by_content(tmp_path, monkeypatch):
     """A job with cache=True runs once; the same inputs again come from the store;
     other program bytes (same path) or another repeat number run again."""
-    import shutil
-    if shutil.which("qemu-x86_64") is None or shutil.which("gcc") is None:
-        pytest.skip("qemu-user or gcc not installed")
+    helpers.require_tool("qemu-x86_64")
+    helpers.require_tool("gcc")
     from linepack.errors import LinepackError
     from linepack.profile import plugin_build
     from linepack.profile.runner import USER, Plugin, QemuJob, run_job
@@ -304,7 +300,7 @@ def test_run_cache_is_keyed_by_content(tmp_path, monkeypatch):
     try:
         so = plugin_build.build_plugin(log=lambda m: None)
     except LinepackError as e:
-        pytest.skip(f"plugin cannot be built here: {e}")
+        pytest.fail(f"the QEMU plugin cannot be built (tools/setup.sh builds it): {e}")
     # a private store of runs; the plugin built above (not rebuilt in that cache)
     monkeypatch.setenv("LINEPACK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(runner, "plugin_so", lambda log=None: so)

@@ -2,7 +2,6 @@
 
 import os
 import re
-import shutil
 import subprocess
 
 import numpy as np
@@ -13,17 +12,14 @@ from linepack.image.elf import ElfImage
 from linepack.profile.fdata import export_fdata, import_fdata
 from linepack.profile.model import Profile
 from linepack.profile.perf_script import import_perf_script
+from helpers import require_tool
 from test_perf_import import (compile_hotloop, func_lookup, one_error, record_native, write_rendered)
 
 PIE_BIAS = 0x555555554000
 
 
 def bolt():
-    for name in ("llvm-bolt-19", "/usr/lib/llvm-19/bin/llvm-bolt", "llvm-bolt"):
-        p = shutil.which(name) or (name if os.path.exists(name) else None)
-        if p:
-            return p
-    pytest.skip("llvm-bolt-19 not installed")
+    return require_tool("llvm-bolt-19", "/usr/lib/llvm-19/bin/llvm-bolt", "llvm-bolt")
 
 
 @pytest.fixture(scope="module")
@@ -210,3 +206,95 @@ def test_export_checks_build_id(tmp_path, exe, capsys):
     rc = main(["profile", "--export-fdata", prof, "--image", other, "-o", str(tmp_path / "x.fdata")])
     assert rc == 2 and "profile was recorded for build-id" in one_error(capsys.readouterr().err)
     assert not os.path.exists(tmp_path / "x.fdata")
+
+
+LIBCALLS = r'''
+#include <stdio.h>
+#include <string.h>
+#include <stdlib.h>
+static char buf[256];
+static void __attribute__((noinline)) fill(int c) {
+    char *d = buf; long n = sizeof buf;
+    __asm__ volatile("rep stosb" : "+D"(d), "+c"(n) : "a"(c) : "memory");
+}
+int main(int argc, char **argv) {
+    unsigned long s = 0;
+    for (int i = 0; i < 3000; i++) {
+        fill(i & 0x7f);
+        s += strlen(buf + (i & 63)) + (unsigned long)abs(argc - i);
+    }
+    printf("%lu\n", s);
+    return 0;
+}
+'''
+
+
+def _readable(image, a, n):
+    try:
+        image.read(a, n)
+        return True
+    except ValueError:
+        return False
+
+
+def test_qemu_export_only_branches_inside_the_image(tmp_path):
+    """A real QEMU profile of a program calling libc through the PLT and running a
+    `rep stosb` (QEMU joins it to itself): every exported record leaves a branch
+    instruction of the image; an end outside its functions is "0 [unknown] 0"."""
+    from linepack.image.disasm import _Decoder
+    from linepack.profile.fdata import _is_branch
+    from linepack.profile.user import record_user
+    require_tool("qemu-x86_64")
+    require_tool("gcc")
+    src, exe = tmp_path / "libcalls.c", str(tmp_path / "libcalls")
+    src.write_text(LIBCALLS)
+    subprocess.run(["gcc", "-O2", "-no-pie", "-fno-pie", "-Wl,--emit-relocs", "-o", exe,
+                    str(src)], check=True)
+    prof = record_user(exe, [])
+    image = ElfImage(exe)
+    ft, table = func_lookup(exe)
+    # the raw profile has what BOLT refuses: edges out of the image and a rep self-edge
+    outside = (ft.find(prof.edge_from) < 0) | (ft.find(prof.edge_to) < 0)
+    assert outside.any()
+    fd = str(tmp_path / "l.fdata")
+    n = export_fdata(prof, fd, image=exe)
+    recs = [ln.split() for ln in open(fd)]
+    assert len(recs) == n > 0
+    # an end outside the image's functions is written as BOLT's instrumentation writes
+    # it, never as an address in the executable
+    assert not any(exe.rsplit("/", 1)[-1] in (r[1], r[4]) for r in recs)
+    assert all(r[0:3] == ["0", "[unknown]", "0"] for r in recs if r[0] == "0")
+    assert all(r[3:6] == ["0", "[unknown]", "0"] for r in recs if r[3] == "0")
+    assert any(r[3] == "0" for r in recs)                          # the calls into libc
+    entries = [r for r in recs if r[0] == "0"]
+    assert entries and all(r[5] == "0" for r in entries)           # entries only (main)
+    assert any(r[4] == "main" for r in entries)
+    assert len({tuple(r[:6]) for r in recs}) == len(recs)          # one record per pair
+    dec = _Decoder()
+    for r in recs:
+        if r[0] == "0":
+            continue
+        a = int(ft.start[table[r[1].split("/")[0]]]) + int(r[2], 16)
+        n = next(n for n in range(16, 0, -1) if _readable(image, a, n))
+        ins = dec.decode(bytes(image.read(a, n)), a)
+        assert _is_branch(ins["bytes"][0]), r
+    # a conditional jump's not-taken edge, counted exactly, to the next instruction (the
+    # loop's exit in main: taken 2999 times back, once through)
+    jcc = []
+    for r in recs:
+        if r[0] != "0" and r[3] != "0" and r[1] == r[4]:
+            a = int(ft.start[table[r[1].split("/")[0]]]) + int(r[2], 16)
+            n = next(n for n in range(16, 0, -1) if _readable(image, a, n))
+            ins = dec.decode(bytes(image.read(a, n)), a)
+            if _is_branch(ins["bytes"][0], conditional=True) and \
+                    int(r[5], 16) == int(r[2], 16) + int(ins["size"][0]):
+                jcc.append(r)
+    assert any(r[1] == "main" for r in jcc), jcc
+    dec.close()
+    fill = int(ft.start[table["fill"]])
+    assert not any(r[1].startswith("fill") and r[1:3] == r[4:6] for r in recs)  # no rep self-edge
+    assert any(r[4].startswith("fill") and r[5] == "0" for r in recs)           # the call to fill
+    r, _ = run_bolt(exe, fd, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert profiled_functions(r.stdout + r.stderr) >= 2
+    assert fill

@@ -1,5 +1,5 @@
 """The kbuild hook on a real kernel that strips its relocations: Debian's
-linux-source-6.12 (6.12.117-1~deb12u1) with configs/kbuild/x86_64-small.config.
+linux-source-6.12 (the newest apt has; proved on 6.12.117-1~deb12u1) with configs/kbuild/x86_64-small.config.
 
 1. `linepack kbuild` builds the stock layout (the hook only keeps the link's own
    vmlinux as vmlinux.orig); the shipped vmlinux has no relocations left, and
@@ -13,11 +13,11 @@ linux-source-6.12 (6.12.117-1~deb12u1) with configs/kbuild/x86_64-small.config.
    vfs-mix gives the stock build's result, the build's own modules load, and
    moved functions show in /proc/kallsyms at their new address + the offset.
 
-Opt-in (LINEPACK_KBUILD=1): a cold build of this kernel takes far longer than
-the CI budget on 2 cores (README "Kernels that strip their relocations"); the
-object tree is cached, so a warm run is minutes. Run it with:
-
-    LINEPACK_KBUILD=1 bash tools/run-tests.sh -m kbuild
+Runs in the default test command (tools/run-tests.sh): it is the only proof of the
+hook on a real kernel. A cold build of the small config is about 7 minutes of a
+2-core machine (docs/packagers.md); the object tree is cached, so a warm run is
+minutes. Deselect it with `bash tools/run-tests.sh -m "not kbuild"`. It takes the
+newest linux-source-6.12 apt knows (Debian's security archive drops old versions).
 """
 
 import json
@@ -31,16 +31,18 @@ from helpers import run_linepack
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG = os.path.join(os.path.dirname(HERE), "configs", "kbuild", "x86_64-small.config")
-DEBIAN = "linux-source-6.12=6.12.117-1~deb12u1"
+DEBIAN = "linux-source-6.12"
 PROFILE_LOOPS = 20
 BOOT_LOOPS = 20
 BOOTS = 3
-pytestmark = [pytest.mark.kbuild, pytest.mark.slow, pytest.mark.qemu,
-              pytest.mark.skipif(os.environ.get("LINEPACK_KBUILD") != "1",
-                                 reason="kbuild test is opt-in (the Linux 6.12 build): "
-                                        "LINEPACK_KBUILD=1 bash tools/run-tests.sh -m kbuild"),
-              pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
-                                 reason="qemu-system-x86_64 not installed")]
+pytestmark = [pytest.mark.kbuild, pytest.mark.slow, pytest.mark.qemu]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tools_present():
+    """tools/setup.sh installs these: missing is a broken set-up, not a reason to skip."""
+    missing = [t for t in ("make", "gcc", "qemu-system-x86_64", "apt-get") if not shutil.which(t)]
+    assert not missing, f"not installed (tools/setup.sh installs them): {', '.join(missing)}"
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,7 @@ def _kbuild(out, *extra):
     r = run_linepack("kbuild", "--debian", DEBIAN, "--config", CONFIG, "-j", "2", "-o", out,
                      *extra, timeout=6 * 3600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "Linux 6.12.117" in r.stdout, r.stdout
+    assert "Linux 6.12." in r.stdout, r.stdout
     return out
 
 

@@ -19,6 +19,7 @@ import sys
 import pytest
 
 from helpers import FIXTURES, run_linepack
+import helpers
 
 from linepack.image.elf import ElfImage
 from linepack.ship.kbuild import HOOK
@@ -39,8 +40,7 @@ FORCE:
 .PHONY: FORCE clean
 """
 
-pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("objcopy") is None,
-                                reason="make/binutils not installed")
+_requirements = helpers.requirements("make", "objcopy", "gcc")
 
 
 def _sha(path):
@@ -184,8 +184,7 @@ CONFIG = os.path.join(os.path.dirname(os.path.dirname(FIXTURES)), "configs", "kb
 
 
 def test_kbuild_no_source_package(tmp_path):
-    if shutil.which("apt-cache") is None:
-        pytest.skip("apt-cache is not installed")
+    helpers.require_tool("apt-cache")
     _one_line_exit2(run_linepack("kbuild", "--debian", "linux-source-6.99", "--config", CONFIG,
                                  "-o", tmp_path / "out"), "no linux-source-6.99 in the apt lists")
     _one_line_exit2(run_linepack("kbuild", "--debian", "linux-source-6.12=0.0-0", "--config",

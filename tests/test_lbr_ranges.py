@@ -6,11 +6,11 @@ are `perf script -F ip,brstack` text (newest branch first) following a known pat
 through them, with {func+0xOFF} placeholders filled in from the ELF.
 """
 
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
+import helpers
 
 from linepack.cli import main
 from linepack.image.elf import ElfImage
@@ -74,8 +74,7 @@ INVALID = {"outside": 1, "cross_function": 1, "reversed": 1, "too_long": 1, "not
 
 @pytest.fixture(scope="module")
 def prog(tmp_path_factory):
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc not installed")
+    helpers.require_tool("gcc")
     d = tmp_path_factory.mktemp("lbr")
     src = d / "lbr-ranges.c"
     src.write_text(C_SRC)

@@ -25,7 +25,6 @@ verify's --against table check must name each at the entry's address.
 
 import json
 import os
-import shutil
 import subprocess
 
 import numpy as np
@@ -40,10 +39,14 @@ import helpers
 VMLINUX = helpers.debian_vmlinux_path()
 
 
+_vmlinux_required = helpers.requirements(vmlinux=True, autouse=False)
+
+
 def kernel(test):
-    """The vmlinux tests' marks (the switch-table tests at the end build their own programs)."""
+    """The vmlinux tests' marks (the switch-table tests at the end build their own programs);
+    a missing vmlinux fails them (tools/setup.sh fetches it)."""
     test = pytest.mark.realkernel(test)
-    return pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux")(test)
+    return pytest.mark.usefixtures("_vmlinux_required")(test)
 
 
 SEED = 10
@@ -150,11 +153,11 @@ SWITCH_BUILDS = {"fpie-exec": ["-fPIE", "-no-pie"], "nopie-exec": ["-fno-pie", "
                  "pie": ["-fPIE", "-pie"]}
 
 
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 @pytest.mark.parametrize("build", list(SWITCH_BUILDS))
 def test_wrong_switch_table_entries_are_named(build, tmp_path):
     from linepack.relayout.driver import relayout
     from linepack.verify.mutation import switch_table_mutations
+    helpers.require_tool("gcc")
     fix = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "c")
     exe = str(tmp_path / build)
     subprocess.run(["gcc", "-O2", *SWITCH_BUILDS[build], "-Wl,--emit-relocs", "-o", exe,

@@ -3,14 +3,14 @@ disassembly): built once per source version into the cache, errors in one line."
 
 import ctypes
 import os
-import shutil
 
 import pytest
+import helpers
 
 from linepack import native
 from linepack.errors import ExternalToolError
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
+_requirements = helpers.requirements("gcc")
 
 
 def test_built_once_per_source_version(tmp_path, monkeypatch):

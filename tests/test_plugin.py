@@ -8,13 +8,13 @@ model and must match the plugin's totals and per-block counts exactly.
 """
 
 import os
-import shutil
 import struct
 import subprocess
 from collections import Counter, OrderedDict
 
 import numpy as np
 import pytest
+import helpers
 
 from linepack.errors import BadInput, LinepackError
 from linepack.profile import plugin_build, trace
@@ -27,7 +27,7 @@ def plugin_so():
     try:
         return plugin_build.build_plugin(log=lambda m: None)
     except LinepackError as e:
-        pytest.skip(f"plugin cannot be built here: {e}")
+        pytest.fail(f"the QEMU plugin cannot be built (tools/setup.sh builds it): {e}")
 
 
 # ---------------------------------------------------------------- build, reader, configs
@@ -145,10 +145,8 @@ int main(int argc, char **argv) {
 
 @pytest.fixture(scope="session")
 def user_prog(tmp_path_factory):
-    if not shutil.which("qemu-x86_64"):
-        pytest.skip("qemu-x86_64 (Debian package qemu-user) is not installed")
-    if not shutil.which("gcc"):
-        pytest.skip("gcc is not installed")
+    helpers.require_tool("qemu-x86_64")
+    helpers.require_tool("gcc")
     d = tmp_path_factory.mktemp("userprog")
     (d / "prog.c").write_text(PROG)
     # -falign-functions=1: functions start anywhere, so instructions straddle lines
@@ -363,17 +361,16 @@ int main(void) {
 def vmlinux():
     from linepack import targets
     try:
-        return targets.debian_vmlinux()
+        return targets.debian_vmlinux(helpers.debian_abi())
     except LinepackError as e:
-        pytest.skip(f"Debian vmlinux not available: {e}")
+        pytest.fail(f"Debian vmlinux not available (tools/setup.sh fetches it): {e}")
 
 
 @pytest.fixture(scope="session")
 def boot(vmlinux, tmp_path_factory):
     """boot(plugin_args: dict) -> serial text; VFS-mix through linepack.profile.qemu if it
     is there, else a minimal getpid/open/close /init booted by hand."""
-    if not shutil.which("qemu-system-x86_64"):
-        pytest.skip("qemu-system-x86_64 is not installed")
+    helpers.require_tool("qemu-system-x86_64")
     run_workload = None
     if not os.environ.get("LINEPACK_TEST_MINI_INIT"):    # set to test the fallback path
         try:

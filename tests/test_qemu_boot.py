@@ -11,12 +11,10 @@ from linepack.errors import BadInput, ExternalToolError
 from linepack.profile import initramfs, qemu, workloads
 
 from helpers import run_linepack
+import helpers
 
-pytestmark = [
-    pytest.mark.qemu, pytest.mark.realkernel,
-    pytest.mark.skipif(shutil.which(qemu.QEMU) is None, reason="qemu-system-x86_64 not installed"),
-    pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed"),
-]
+pytestmark = [pytest.mark.qemu, pytest.mark.realkernel]
+_requirements = helpers.requirements(qemu.QEMU, "gcc")
 
 # Small enough for a few seconds per boot under TCG, big enough to be a real loop.
 LOOPS = {"vfs-mix": 1000, "pipe": 1000, "vdso": 20000}

@@ -31,6 +31,7 @@ import subprocess
 
 import numpy as np
 import pytest
+import helpers
 
 from linepack.image.elf import ElfImage
 from linepack.relayout.user.cfi import evaluate, parse_cie_info, write_program
@@ -40,9 +41,7 @@ from linepack.relayout.user.eh_frame_split import (_records, check_split_cfi,
                                                    check_split_lsda)
 from linepack.relayout.user.eh_frame import parse_eh_frame
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("gcc") is None or shutil.which("g++") is None or
-    shutil.which("qemu-x86_64") is None, reason="needs gcc, g++ and qemu-x86_64")
+_requirements = helpers.requirements("gcc", "g++", "qemu-x86_64")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIX = os.path.join(HERE, "fixtures", "c")
@@ -344,3 +343,32 @@ def test_verify_names_only_the_broken_relocation(c_case, tmp_path):
     assert p.returncode == 1
     found = re.findall(r"\[equiv\.relocation\] field at (0x[0-9a-f]+)", p.stdout)
     assert found == [hex(field)], p.stdout[-3000:]
+
+
+def test_evaluate_growth_is_relayouts(c_case, cxx_case):
+    """evaluate's .text growth of an output given by path (tools/evaluate/booted.py,
+    read back from the two images and the block map) equals relayout's own figure."""
+    from linepack.evaluate.booted import code_growth
+    for exe, out, summary, _ in (c_case, cxx_case):
+        assert summary["split"]["functions_split"] >= 1
+        assert code_growth(exe, out) == summary["text_growth_bytes"], out
+
+
+def test_summary_speaks_of_the_program(c_case):
+    """A program's profile has no workload iterations and no retpoline thunks: the
+    summary says what it counted over, in a program's words."""
+    import numpy as np
+    from linepack.image.cfg import R_INDIRECT, R_PINNED
+    from linepack.relayout.blocks import reason_summary
+    text = "\n".join(c_case[2].lines())
+    assert "executed lines:" in text and "at least once in the profiled run" in text
+    assert "per iteration" not in text and "retpoline" not in text
+    reason, heat = np.array([R_INDIRECT, R_PINNED]), np.array([5.0, 5.0])
+    user = " ".join(reason_summary(reason, heat, 1.0, userspace=True))
+    assert "retpoline" not in user and "SRSO" not in user and "indirect jump" in user
+    assert "retpoline" in " ".join(reason_summary(reason, heat, 1.0))
+    # profile --show of a program's profile: no kernel emulation shares
+    from helpers import run_linepack
+    p = run_linepack("profile", "--show", c_case[0] + ".lpprof")
+    assert p.returncode == 0 and "hottest" in p.stdout, p.stderr
+    assert "emulation" not in p.stdout and "timekeeping" not in p.stdout

@@ -12,7 +12,6 @@ seven short boots).
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -21,13 +20,10 @@ from helpers import build_c, run_linepack
 import helpers
 
 VMLINUX = helpers.debian_vmlinux_path()
-ABI = 56
 PROFILE_LOOPS = 50          # enough to make ~800 functions hot
 BOOT_LOOPS = 50
-pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow,
-              pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux"),
-              pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
-                                 reason="qemu-system-x86_64 not installed")]
+pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow]
+_requirements = helpers.requirements("qemu-system-x86_64", vmlinux=True)
 
 
 def _sha(path):
@@ -190,12 +186,7 @@ def _backtrace(serial):
 
 # -- (d) a module of the same Debian build loads --------------------------------------
 def test_debian_modules_load_in_rewritten_kernel(packed):
-    from linepack import targets
-    from linepack.errors import LinepackError
-    try:
-        mods = [targets.debian_module(m, abi=ABI) for m in ("fs/fat/fat.ko", "fs/fat/vfat.ko")]
-    except LinepackError as e:
-        pytest.skip(f"modules of linux-image-6.1.0-{ABI}-cloud-amd64 unavailable: {e}")
+    mods = [helpers.debian_module(m) for m in ("fs/fat/fat.ko", "fs/fat/vfat.ko")]
     # run_workload raises ExternalToolError ("module vfat.ko: <errno text>") when
     # finit_module fails; the serial log names each module that loaded.
     res = _boot(packed["vmlinux"], "pipe", loops=10, modules=mods)
@@ -237,8 +228,8 @@ def _readelf_diagnostics(path):
     return rc, _kinds(err.decode(errors="replace") + "\n" + "\n".join(diag))
 
 
-@pytest.mark.skipif(shutil.which("eu-elflint") is None, reason="elfutils not installed")
 def test_elfutils_report_no_new_error_kinds(packed):
+    helpers.require_tool("eu-elflint")
     def lint(path):
         r = subprocess.run(["eu-elflint", "--gnu-ld", str(path)], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, errors="replace")
@@ -281,8 +272,8 @@ def test_cli_outputs_are_reproducible(work, packed, vfs_profile):
     assert addrs == sorted(addrs)
 
 
-@pytest.mark.skipif(shutil.which("nm") is None, reason="binutils nm not installed")
 def test_system_map_equals_nm_of_new_image(packed):
+    helpers.require_tool("nm")
     """What the kernel build would write for the new image: nm -n + mksysmap's filter."""
     nm = subprocess.run(["nm", "-n", str(packed["vmlinux"])], stdout=subprocess.PIPE,
                         check=True, env={**os.environ, "LC_ALL": "C"}).stdout.decode()

@@ -9,11 +9,11 @@ FDE must start at the new start of its function.
 """
 
 import os
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
+import helpers
 
 from linepack.image.elf import ElfImage
 from linepack.image.functions import FunctionTable
@@ -21,7 +21,7 @@ from linepack.relayout.driver import relayout
 from linepack.relayout.user.eh_frame import (EhFrameError, EhFrameHdr, check_eh_frame,
                                         parse_eh_frame)
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+_requirements = helpers.requirements("g++")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "fixtures", "c", "unwind.cc")

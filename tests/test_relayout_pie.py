@@ -21,18 +21,16 @@ switch-table entry are named. A shared library stays refused with one line.
 
 import json
 import os
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
+import helpers
 
 from linepack.image.elf import RELA, ElfImage
 from linepack.relayout.user.pie import is_pie, pic_table_entries
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("gcc") is None or shutil.which("g++") is None or
-    shutil.which("qemu-x86_64") is None, reason="needs gcc, g++ and qemu-x86_64")
+_requirements = helpers.requirements("gcc", "g++", "qemu-x86_64")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIX = os.path.join(HERE, "fixtures", "c")

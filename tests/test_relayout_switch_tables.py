@@ -25,7 +25,6 @@ relayout (exit 2, nothing written); a note does not.
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -34,9 +33,9 @@ import pytest
 
 from linepack.image.elf import ElfImage
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("gcc") is None or shutil.which("qemu-x86_64") is None,
-    reason="needs gcc and qemu-x86_64")
+import helpers
+
+_requirements = helpers.requirements("gcc", "qemu-x86_64")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIX = os.path.join(HERE, "fixtures", "c")

@@ -2,18 +2,18 @@
 
 import json
 import os
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
+import helpers
 
 from linepack.errors import BadInput
 from linepack.image.elf import ElfImage
 from linepack.image.functions import FunctionTable
 from linepack.relayout.driver import load_profile, relayout
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+_requirements = helpers.requirements("gcc")
 
 PROG = r'''
 #include <stdio.h>

@@ -3,7 +3,6 @@ stock identity, table checks, ORC padding, static-key re-check, refusals. The
 booted tests (VFS-mix, kallsyms, modules, strategies) are in test_relayout_boot.py."""
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,8 +16,8 @@ from linepack.relayout.driver import relayout
 import helpers
 
 VMLINUX = helpers.debian_vmlinux_path()
-pytestmark = [pytest.mark.realkernel,
-              pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux")]
+pytestmark = pytest.mark.realkernel
+_requirements = helpers.requirements(vmlinux=True)
 
 
 @pytest.fixture(scope="module")

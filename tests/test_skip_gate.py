@@ -53,3 +53,82 @@ def test_the_project_allow_list_parses():
         sys.path.remove(HERE)
     entries = skip_gate.read_allow_list(os.path.join(HERE, "allowed-skips.txt"))
     assert entries and all(not e.startswith("#") for e in entries)
+
+
+# -- tools/run-tests.sh itself (LINEPACK_SKIP_SETUP=1: no set-up step) ---------------------
+
+SCRIPT = os.path.join(os.path.dirname(HERE), "tools", "run-tests.sh")
+
+
+def _run_tests(tmp_path, *args):
+    """The script on sample test files; a script that added tests/ to them would run the
+    whole suite and hit the timeout."""
+    env = dict(os.environ, LINEPACK_SKIP_SETUP="1")
+    return subprocess.run(["bash", SCRIPT, "-p", "no:cacheprovider", *map(str, args)], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _sample(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text("import pytest\n" + body)
+    return path
+
+
+def test_run_tests_passes_arguments_through(tmp_path):
+    """A named test file is all that runs (tests/ is not appended), -k reaches pytest."""
+    f = _sample(tmp_path, "test_one.py", "def test_a(): pass\ndef test_b(): pass\n")
+    p = _run_tests(tmp_path, f)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "2 passed" in p.stdout and "error" not in p.stdout.lower(), p.stdout
+    p = _run_tests(tmp_path, f, "-k", "test_b")
+    assert p.returncode == 0 and "1 passed, 1 deselected" in p.stdout, p.stdout
+
+
+def test_run_tests_gate_fails_an_unlisted_skip_and_allows_a_listed_one(tmp_path):
+    bad = _sample(tmp_path, "test_bad.py", "def test_a(): pytest.skip('tool missing')\n")
+    p = _run_tests(tmp_path, bad)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "NOT ALLOWED" in p.stderr and "tool missing" in p.stderr
+    ok = _sample(tmp_path, "test_ok.py",
+                 "def test_a(): pytest.skip('perf record cannot record here: EPERM')\n")
+    p = _run_tests(tmp_path, ok)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "skip-gate: allowed" in p.stderr
+
+
+def test_run_tests_gate_runs_when_nothing_is_collected(tmp_path):
+    f = _sample(tmp_path, "test_none.py", "def test_a(): pass\n")
+    p = _run_tests(tmp_path, f, "-k", "no_such_test")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "collected no tests" in p.stderr
+    # a module skipped at collection: pytest exits 5, the gate still judges the skip
+    m = tmp_path / "test_mod.py"
+    m.write_text("import pytest\npytest.skip('tool missing', allow_module_level=True)\n")
+    p = _run_tests(tmp_path, m)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "NOT ALLOWED" in p.stderr and "tool missing" in p.stderr
+    m.write_text("import pytest\n"
+                 "pytest.skip('perf record cannot record here: EPERM', allow_module_level=True)\n")
+    p = _run_tests(tmp_path, m)
+    assert p.returncode == 0 and "skip-gate: allowed" in p.stderr, p.stdout + p.stderr
+
+
+def test_run_tests_keeps_pytest_failures(tmp_path):
+    f = _sample(tmp_path, "test_fail.py", "def test_a(): assert False\n")
+    assert _run_tests(tmp_path, f).returncode == 1
+
+
+def test_a_missing_tool_fails_instead_of_skipping(tmp_path):
+    """tests/helpers.py: a tool the set-up installs that is not there fails the tests
+    that need it, with one line naming it."""
+    f = tmp_path / "test_tool.py"
+    f.write_text(f"import sys\nsys.path.insert(0, {HERE!r})\nimport helpers\n"
+                 "_requirements = helpers.requirements('no-such-tool-lp')\n"
+                 "def test_a(): pass\n"
+                 "def test_b(): helpers.require_tool('no-such-tool-lp', 'no-such-tool-lp-19')\n")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(f)],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert p.returncode == 1, p.stdout
+    assert "2 errors" in p.stdout or "2 failed" in p.stdout or "1 failed, 1 error" in p.stdout, p.stdout
+    assert "skipped" not in p.stdout
+    assert "no-such-tool-lp not installed (tools/setup.sh installs it)" in p.stdout

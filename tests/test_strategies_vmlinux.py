@@ -5,8 +5,6 @@ once per iteration): stock 2468, align-all:64 2316 (-6.2%), hot64 2317 (-6.1%),
 pack 2283 (-7.5%), pack with the profile's blocks and call edges 2229 (-9.7%),
 pack strict=false 2201 (-10.8%)."""
 
-import os
-import shutil
 
 import numpy as np
 import pytest
@@ -17,10 +15,8 @@ from linepack.relayout.plan import (LINE, block_line_metric, line_metric, make_h
 import helpers
 
 VMLINUX = helpers.debian_vmlinux_path()
-pytestmark = [pytest.mark.realkernel, pytest.mark.qemu,
-              pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux"),
-              pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
-                                 reason="qemu-system-x86_64 not installed")]
+pytestmark = [pytest.mark.realkernel, pytest.mark.qemu]
+_requirements = helpers.requirements("qemu-system-x86_64", vmlinux=True)
 
 
 @pytest.fixture(scope="module")

@@ -51,3 +51,24 @@ def test_growth_of_another_build_is_not_a_number(prog, tmp_path):
            "miss_rate": 0.5, "instructions": 10, "hot_lines": 1, "text_growth_pct": None,
            "time_s": 1.0}
     assert "n/a" in format_rows([row])
+
+
+def test_blocks_growth_counts_the_cold_parts(tmp_path):
+    """A block-level output: the split function's hot part keeps its symbol, its cold
+    part is a `name.cold` local inserted before the globals (shifting their symbol
+    indices), and the block map says where each part went. evaluate's figure is
+    relayout's own."""
+    import test_relayout_blocks as blk
+    from linepack.relayout.driver import relayout
+    (tmp_path / "f.s").write_text(blk.ASM)
+    (tmp_path / "main.c").write_text(blk.MAIN)
+    exe = tmp_path / "prog"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
+                    str(tmp_path / "main.c"), str(tmp_path / "f.s")], check=True)
+    out = tmp_path / "split"
+    summary, _, _ = relayout(str(exe), str(out), "blocks", hotness={"f": 100.0, "main": 100.0},
+                             blocks=blk._hot_ranges(ElfImage(str(exe))))
+    # (no room in .eh_frame for the cold parts' FDEs: the code goes to a new segment)
+    assert summary["split"]["functions_split"] >= 1 and summary["new_segment"]
+    assert summary["text_growth_bytes"] != 0
+    assert code_growth(str(exe), str(out)) == summary["text_growth_bytes"]

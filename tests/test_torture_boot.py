@@ -26,18 +26,15 @@ import subprocess
 import pytest
 
 from helpers import FIXTURES, run_linepack
+import helpers
 
-ABI = 56
-VMLINUX = os.path.expanduser(f"~/.cache/linepack/kernels/6.1.0-{ABI}-cloud-amd64/vmlinux")
+VMLINUX = helpers.debian_vmlinux_path()
 MODULES = ("fs/fat/fat.ko", "fs/fat/vfat.ko", "block/kyber-iosched.ko")
 LOOPS = 4000             # long enough to run through the tracepoint flips (1000 ran ~1.3 s, ending
                          # while events-off was still being written on an idle host)
 PROFILE_LOOPS = 20
-pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow,
-              pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux"),
-              pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
-                                 reason="qemu-system-x86_64 not installed"),
-              pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")]
+pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow]
+_requirements = helpers.requirements("qemu-system-x86_64", "gcc", vmlinux=True)
 
 _TS = re.compile(r"^\[\s*\d+\.\d+\]\s?")
 # Kernel log lines that mean something went wrong in patched code or its tables.
@@ -58,13 +55,12 @@ def work(tmp_path_factory):
 @pytest.fixture(scope="module")
 def initrd(work):
     """/init = the torture program, /bin/vfs-mix, three modules (fetched with apt once)."""
-    from linepack import targets
     from linepack.profile import initramfs, workloads
     init = work / "torture_init"
     subprocess.run(["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-I",
                     workloads.sources_dir(), "-o", str(init),
                     os.path.join(FIXTURES, "c", "torture_init.c")], check=True)
-    mods = [targets.debian_module(m, abi=ABI) for m in MODULES]
+    mods = [helpers.debian_module(m) for m in MODULES]
     extra = [("bin/vfs-mix", workloads.build("vfs-mix"))]
     extra += [("lib/modules/" + os.path.basename(m), m) for m in mods]
     extra.append(("lib/modules/linepack.order",
@@ -342,9 +338,6 @@ def test_blocks_passes_the_torture(work, profile, initrd, stock):
     - the stack trace such a probe takes starts in `name.cold` and reaches the
       syscall entry."""
     from linepack.image.elf import ElfImage
-    from linepack.profile import workloads
-    if not os.path.exists(os.path.join(workloads.configs_dir(), "relayout", "blocks.toml")):
-        pytest.skip("no 'blocks' relayout strategy in this tree (issue 9)")
     out = _relayout(work, profile, "blocks")
     img = ElfImage(str(out))
     names = set(img.symbol_names())

@@ -8,18 +8,16 @@ tests/bench/bench_userspace_bolt.py measures those.
 
 import importlib.util
 import os
-import shutil
 import subprocess
 
 import pytest
+import helpers
 
 from linepack.image.elf import ElfImage
 from linepack.relayout.user.eh_frame import check_eh_frame
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-pytestmark = pytest.mark.skipif(
-    not (shutil.which("qemu-x86_64") and shutil.which("llvm-bolt-19") and shutil.which("g++")),
-    reason="needs qemu-x86_64 (qemu-user), llvm-bolt-19 (bolt-19) and g++")
+_requirements = helpers.requirements("qemu-x86_64", "llvm-bolt-19", "g++")
 
 
 def _bench():
@@ -37,7 +35,7 @@ def plugin():
     try:
         return plugin_build.build_plugin(log=lambda m: None)
     except LinepackError as e:
-        pytest.skip(f"plugin cannot be built here: {e}")
+        pytest.fail(f"the QEMU plugin cannot be built (tools/setup.sh builds it): {e}")
 
 
 def _run(path, *args):

@@ -1,6 +1,6 @@
 """linepack on Debian's 6.12 cloud vmlinux (bookworm-backports / -security:
 ``linux-image-6.12.<N>+deb12-cloud-amd64-dbg``, fetched with ``linepack fetch
---series 6.12``): verify is clean with the 6.12 table layouts, injected faults
+--series 6.12-deb12``): verify is clean with the 6.12 table layouts, injected faults
 are named, and relayout refuses the image (linked without --emit-relocs).
 
 The first tests need no kernel: they pin the version-dependent layouts.
@@ -61,8 +61,8 @@ def test_alt_instr_and_orc_layouts_by_version():
 
 
 def test_series_naming():
-    assert targets.release(56) == "6.1.0-56-cloud-amd64"
-    assert targets.release(117, series="6.12") == "6.12.117+deb12-cloud-amd64"
+    assert targets.release(41) == "6.1.0-41-cloud-amd64"
+    assert targets.release(117, series="6.12-deb12") == "6.12.117+deb12-cloud-amd64"
     with pytest.raises(LinepackError):
         targets.release(1, series="5.10")
 
@@ -72,7 +72,7 @@ def test_series_naming():
 @pytest.fixture(scope="module")
 def abi():
     try:
-        known = targets.available_abis("6.12")
+        known = targets.available_abis("6.12-deb12")
     except LinepackError as e:
         pytest.skip(f"apt unavailable: {e}")
     if not known:
@@ -83,7 +83,7 @@ def abi():
 @pytest.fixture(scope="module")
 def vmlinux(abi):
     try:
-        return targets.debian_vmlinux(abi, series="6.12")
+        return targets.debian_vmlinux(abi, series="6.12-deb12")
     except LinepackError as e:
         pytest.skip(f"Debian 6.12 vmlinux unavailable: {e}")
 
@@ -129,10 +129,10 @@ def _raw_census(image):
 
 @pytest.mark.realkernel
 def test_fetch_series_612_cli(vmlinux, abi):
-    p = run_linepack("fetch", "--series", "6.12", "--list")
+    p = run_linepack("fetch", "--series", "6.12-deb12", "--list")
     assert p.returncode == 0, p.stderr
     assert f"6.12.{abi}+deb12-cloud-amd64" in p.stdout.split()
-    p = run_linepack("fetch", "--series", "6.12", "--abi", abi)
+    p = run_linepack("fetch", "--series", "6.12-deb12", "--abi", abi)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == vmlinux
 

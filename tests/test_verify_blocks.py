@@ -12,7 +12,6 @@ injected end to end: a fixture built with gcc at test time, split by the real
 """
 
 import json
-import shutil
 import signal
 import subprocess
 
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 
 from helpers import run_linepack
+import helpers
 
 from linepack.image import blockmap as bm
 from linepack.verify.blocks import SplitFunction, check_blocks
@@ -394,8 +394,7 @@ int main(void) {
 
 @pytest.fixture(scope="module")
 def prog_h(tmp_path_factory):
-    if shutil.which("gcc") is None:
-        pytest.skip("needs gcc")
+    helpers.require_tool("gcc")
     d = tmp_path_factory.mktemp("verify-pad")
     (d / "h.s").write_text(ASM_H)
     (d / "main.c").write_text(MAIN_H)

@@ -1,5 +1,5 @@
 """`verify --against` at block level on Debian's 6.1 cloud vmlinux rewritten with
-`relayout --strategy blocks` (issue 9; skipped where that strategy does not exist).
+`relayout --strategy blocks`.
 
 The real output must verify with no finding; then one copy of it gets eight injected breakages, each
 in a different place, and verify must name every one (counts per check come from
@@ -17,21 +17,18 @@ Budget: a 20-loop profile, one relayout, two verify runs (about 2 minutes).
 """
 
 import json
-import os
 import shutil
 
 import numpy as np
 import pytest
 
 from helpers import run_linepack
+import helpers
 
-ABI = 56
-VMLINUX = os.path.expanduser(f"~/.cache/linepack/kernels/6.1.0-{ABI}-cloud-amd64/vmlinux")
+VMLINUX = helpers.debian_vmlinux_path()
 PROFILE_LOOPS = 20
-pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow,
-              pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux"),
-              pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
-                                 reason="qemu-system-x86_64 not installed")]
+pytestmark = [pytest.mark.realkernel, pytest.mark.qemu, pytest.mark.slow]
+_requirements = helpers.requirements("qemu-system-x86_64", vmlinux=True)
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +38,6 @@ def work(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def blocks_out(work):
-    from linepack.profile import workloads
-    if not os.path.exists(os.path.join(workloads.configs_dir(), "relayout", "blocks.toml")):
-        pytest.skip("no 'blocks' relayout strategy in this tree (issue 9)")
     prof = work / "vfs.prof"
     r = run_linepack("profile", "--kernel", VMLINUX, "--workload", "vfs-mix",
                      "--loops", PROFILE_LOOPS, "-o", prof, timeout=600)

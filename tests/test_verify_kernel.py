@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+import helpers
 from helpers import expect_fault as _expect_fault, file_offset as _off, patched_copy, rel32 as _rel, run_linepack
 from linepack import targets
 from linepack.image.elf import ElfImage
@@ -26,8 +27,7 @@ ALL_TABLES = {"__jump_table", ".static_call_sites", ".altinstructions", ".parain
 
 @pytest.fixture(scope="module")
 def abi():
-    known = targets.available_abis()
-    return 56 if 56 in known else known[-1]
+    return helpers.debian_abi()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ R_X86_64_NONE, which every consumer skips: ld, arch/x86/tools/relocs, linepack).
 that are there, and nothing moved); only its standalone pass names the field.
 """
 
-import os
 
 import numpy as np
 import pytest
@@ -19,8 +18,8 @@ from helpers import expect_fault, patched_copy, run_linepack
 import helpers
 
 VMLINUX = helpers.debian_vmlinux_path()
-pytestmark = [pytest.mark.realkernel,
-              pytest.mark.skipif(not os.path.exists(VMLINUX), reason="no cached vmlinux")]
+pytestmark = pytest.mark.realkernel
+_requirements = helpers.requirements(vmlinux=True)
 R_X86_64_PLT32, R_X86_64_32S = 4, 11
 
 

@@ -7,6 +7,7 @@ import stat
 import subprocess
 
 import pytest
+import helpers
 from elftools.elf.elffile import ELFFile
 
 from linepack.errors import BadInput, ExternalToolError
@@ -15,7 +16,7 @@ from linepack.profile import initramfs, workloads
 SMALL = {"vfs-mix": 200, "pipe": 300, "vdso": 1000, "fork-exec": 20, "tcp-loopback": 50,
          "epoll": 100, "dirwalk": 1, "fsync": 10}
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
+_requirements = helpers.requirements("gcc")
 
 
 def test_configs_define_the_three_workloads():

@@ -26,9 +26,9 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY="${PYTHON:-python3}"
-if ! "$PY" -c "import linepack, capstone, elftools, numpy, distributed" 2>/dev/null \
+if ! "$PY" -c "import linepack, capstone, elftools, numpy, distributed, zstandard, lz4.block" 2>/dev/null \
    || [ "$("$PY" -c 'import linepack,os;print(os.path.realpath(os.path.dirname(linepack.__file__)))')" != "$here/tools" ]; then
-  log "pip install -e . (capstone, pyelftools, numpy, dask distributed, pytest)"
+  log "pip install -e . (capstone, pyelftools, numpy, dask distributed, zstandard, lz4, pytest)"
   "$PY" -m pip install -q --disable-pip-version-check -e "$here" pytest 2>&1 | grep -v "Running pip as the 'root' user" >&2 || true
 fi
 # drgn (PyPI): the debug-info consumer check on rewritten kernels' memory dumps
@@ -62,6 +62,15 @@ if [ "${LINEPACK_SKIP_KERNEL:-0}" != 1 ]; then
       --module block/kyber-iosched.ko --module drivers/block/brd.ko \
       --module drivers/firmware/qemu_fw_cfg.ko >/dev/null
   vmlinux="$("$PY" -m linepack fetch)"
+  # the boot images (vmlinuz) and the kernels distributions ship without link relocations:
+  # Debian 13's 6.12 and trixie-backports' 7.3 (-dbg vmlinux + vmlinuz), read through a
+  # private apt state under the cache (the machine's apt sources stay untouched)
+  log "fetching the 6.1 vmlinuz and Debian 13's 6.12 and 7.3 cloud kernels (cached)"
+  "$PY" -m linepack fetch --vmlinuz >/dev/null
+  for series in 6.12 7.3; do
+    "$PY" -m linepack fetch --series "$series" >/dev/null
+    "$PY" -m linepack fetch --series "$series" --vmlinuz >/dev/null
+  done
   # Headers of the same build: the slab-bulk workload's kernel module is built against them.
   rel="$(basename "$(dirname "$vmlinux")")"
   if ! dpkg-query -W -f='${Status}' "linux-headers-$rel" 2>/dev/null | grep -q "ok installed"; then

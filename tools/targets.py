@@ -1,25 +1,35 @@
 """The real targets: Debian's cloud kernels, fetched with apt and cached.
 
-Two series (``series=``, default ``"6.1"``):
+Series (``series=``, default ``"6.1"``); ``abi`` is the ABI number (6.1.0-56) or
+the upstream patch level (118 for 6.12.118+deb13):
 
 - ``6.1`` (bookworm): ``linux-image-6.1.0-<ABI>-cloud-amd64-dbg`` carries the
   unstripped vmlinux (linked with --emit-relocs); ``linux-image-6.1.0-<ABI>-cloud-amd64``
-  carries the modules of the same build. ``abi`` is the ABI number (56).
-- ``6.12`` (bookworm-backports / -security): ``linux-image-6.12.<N>+deb12-cloud-amd64-dbg``,
-  modules in ``linux-image-6.12.<N>+deb12-cloud-amd64``. ``abi`` is the upstream
-  patch level N (117). This vmlinux is linked WITHOUT --emit-relocs: verify works
-  on it, relayout refuses it.
+  the vmlinuz and the modules of the same build.
+- ``6.12`` (Debian 13 trixie, and trixie-security): ``linux-image-6.12.<N>+deb13-cloud-amd64-dbg``;
+  ``linux-image-<rel>-unsigned`` holds ``boot/vmlinuz-<rel>`` and the modules (.ko.xz).
+- ``7.3`` (trixie-backports): ``linux-image-7.3.<N>+deb13-cloud-amd64-dbg``; the image is
+  split: ``linux-binary-unsigned-<rel>`` holds ``usr/lib/modules/<rel>/vmlinuz.unsigned``,
+  ``linux-modules-<rel>`` the modules.
+- ``6.12-deb12`` (bookworm-backports): ``linux-image-6.12.<N>+deb12-cloud-amd64-dbg``.
+
+6.12 and 7.3 vmlinux files are linked WITHOUT --emit-relocs: their absolute fields
+come from the vmlinuz's KASLR relocation table (``image/bootimage.py``). Debian 13's
+packages are read through a private apt state (``<cache>/apt-trixie``: its own
+sources list, lists and package cache), so the machine's apt sources stay untouched.
 
 The newest ABI in the apt lists is the default, so a new Debian point release
 keeps working; an ABI can be pinned (argument, or ``$LINEPACK_KERNEL_ABI`` for
-6.1 and ``$LINEPACK_KERNEL_ABI_6_12`` for 6.12).
+6.1, ``$LINEPACK_KERNEL_ABI_6_12``, ``$LINEPACK_KERNEL_ABI_7_3``,
+``$LINEPACK_KERNEL_ABI_6_12_DEB12``).
 
 Cache layout (``$LINEPACK_CACHE`` or ``$XDG_CACHE_HOME/linepack`` or ``~/.cache/linepack``)::
 
     debs/<package>_<version>_amd64.deb
-    kernels/6.1.0-<ABI>-cloud-amd64/vmlinux
-    kernels/6.1.0-<ABI>-cloud-amd64/modules/...   (only what was asked for)
-    kernels/6.12.<N>+deb12-cloud-amd64/vmlinux
+    apt-trixie/{sources.list,lists/,cache/}       the private apt state
+    kernels/<release>/vmlinux                      (-dbg, with DWARF)
+    kernels/<release>/vmlinuz                      (the boot image of the same build)
+    kernels/<release>/modules/...                  (only what was asked for, .ko)
 """
 
 import os
@@ -34,13 +44,31 @@ SERIES = "6.1.0"
 FLAVOUR = "cloud-amd64"
 _PKG_RE = re.compile(r"^linux-image-6\.1\.0-(\d+)-cloud-amd64-dbg\b", re.M)
 
+# Debian 13 (trixie) and trixie-backports, read through a private apt state under
+# the cache (sources list, lists, package cache) so the machine's apt sources stay
+# as they are; signed by the archive keyring every Debian has.
+TRIXIE_SOURCES = "".join(
+    f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {url} {suite} main\n"
+    for url, suite in (("http://deb.debian.org/debian", "trixie"),
+                       ("http://deb.debian.org/debian", "trixie-backports"),
+                       ("http://deb.debian.org/debian-security", "trixie-security")))
+
 
 class Series:
-    """How one Debian kernel series names its packages and releases."""
+    """How one Debian kernel series names its packages, releases and files.
 
-    def __init__(self, name, release_fmt, search_re, pkg_re, env):
+    ``dbg``/``vmlinux``: package and member of the vmlinux with DWARF;
+    ``image``/``vmlinuz``: package and member of the boot image; ``modules``/
+    ``moddir``: package and folder of the modules. Each is formatted with rel=.
+    ``apt``: None (the machine's apt) or the name of a private apt state.
+    """
+
+    def __init__(self, name, release_fmt, search_re, pkg_re, env, *, vmlinux, image, vmlinuz,
+                 modules, moddir, apt=None, dbg="linux-image-{rel}-dbg", what=""):
         self.name, self.release_fmt, self.search_re = name, release_fmt, search_re
         self.pkg_re, self.env = re.compile(pkg_re, re.M), env
+        self.dbg, self.vmlinux, self.image, self.vmlinuz = dbg, vmlinux, image, vmlinuz
+        self.modules, self.moddir, self.apt, self.what = modules, moddir, apt, what
 
     def release(self, abi):
         return self.release_fmt.format(abi=int(abi))
@@ -49,11 +77,37 @@ class Series:
 SERIES_TABLE = {
     "6.1": Series("6.1", SERIES + "-{abi}-" + FLAVOUR,
                   r"^linux-image-6\.1\.0-[0-9]+-cloud-amd64-dbg$", _PKG_RE.pattern,
-                  "LINEPACK_KERNEL_ABI"),
-    "6.12": Series("6.12", "6.12.{abi}+deb12-" + FLAVOUR,
-                   r"^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-dbg$",
-                   r"^linux-image-6\.12\.(\d+)\+deb12-cloud-amd64-dbg\b",
-                   "LINEPACK_KERNEL_ABI_6_12"),
+                  "LINEPACK_KERNEL_ABI",
+                  vmlinux="usr/lib/debug/boot/vmlinux-{rel}",
+                  image="linux-image-{rel}", vmlinuz="boot/vmlinuz-{rel}",
+                  modules="linux-image-{rel}", moddir="lib/modules/{rel}/kernel",
+                  what="Debian 12 (bookworm)"),
+    "6.12": Series("6.12", "6.12.{abi}+deb13-" + FLAVOUR,
+                   r"^linux-image-6\.12\.[0-9]+\+deb13-cloud-amd64-dbg$",
+                   r"^linux-image-6\.12\.(\d+)\+deb13-cloud-amd64-dbg\b",
+                   "LINEPACK_KERNEL_ABI_6_12",
+                   vmlinux="usr/lib/debug/boot/vmlinux-{rel}",
+                   image="linux-image-{rel}-unsigned", vmlinuz="boot/vmlinuz-{rel}",
+                   modules="linux-image-{rel}-unsigned", moddir="usr/lib/modules/{rel}/kernel",
+                   apt="trixie", what="Debian 13 (trixie, trixie-security)"),
+    "7.3": Series("7.3", "7.3.{abi}+deb13-" + FLAVOUR,
+                  r"^linux-image-7\.3\.[0-9]+\+deb13-cloud-amd64-dbg$",
+                  r"^linux-image-7\.3\.(\d+)\+deb13-cloud-amd64-dbg\b",
+                  "LINEPACK_KERNEL_ABI_7_3",
+                  vmlinux="usr/lib/debug/lib/modules/{rel}/vmlinux",
+                  image="linux-binary-unsigned-{rel}",
+                  vmlinuz="usr/lib/modules/{rel}/vmlinuz.unsigned",
+                  modules="linux-modules-{rel}", moddir="usr/lib/modules/{rel}/kernel",
+                  apt="trixie", what="trixie-backports"),
+    # The 6.12 of Debian 12's bookworm-backports (linked without --emit-relocs too).
+    "6.12-deb12": Series("6.12-deb12", "6.12.{abi}+deb12-" + FLAVOUR,
+                         r"^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-dbg$",
+                         r"^linux-image-6\.12\.(\d+)\+deb12-cloud-amd64-dbg\b",
+                         "LINEPACK_KERNEL_ABI_6_12_DEB12",
+                         vmlinux="usr/lib/debug/boot/vmlinux-{rel}",
+                         image="linux-image-{rel}", vmlinuz="boot/vmlinuz-{rel}",
+                         modules="linux-image-{rel}", moddir="lib/modules/{rel}/kernel",
+                         what="bookworm-backports"),
 }
 DEFAULT_SERIES = "6.1"
 
@@ -85,10 +139,42 @@ def _run(cmd, what, cwd=None):
     return p.stdout
 
 
+def _apt_state(name):
+    """apt options of the private apt state ``name`` (made, and its lists fetched,
+    on first use), or [] for the machine's own apt."""
+    if name is None:
+        return []
+    d = os.path.join(cache_dir(), f"apt-{name}")
+    sources = os.path.join(d, "sources.list")
+    opts = ["-o", f"Dir::Etc::sourcelist={sources}", "-o", "Dir::Etc::sourceparts=/nonexistent",
+            "-o", f"Dir::State::Lists={d}/lists", "-o", f"Dir::Cache={d}/cache",
+            "-o", "APT::Sandbox::User=root" if os.geteuid() == 0 else "Debug::NoDropPrivs=0"]
+    for sub in ("lists/partial", "cache/archives/partial"):
+        os.makedirs(os.path.join(d, sub), exist_ok=True)
+    text = {"trixie": TRIXIE_SOURCES}[name]
+    if not os.path.exists(sources) or open(sources).read() != text:
+        with open(sources + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(sources + ".tmp", sources)
+    if not any(n.endswith("_InRelease") for n in os.listdir(os.path.join(d, "lists"))):
+        update_apt_state(name)
+    return opts
+
+
+def update_apt_state(name):
+    """apt-get update of a private apt state (the machine's lists are not touched)."""
+    d = os.path.join(cache_dir(), f"apt-{name}")
+    opts = ["-o", f"Dir::Etc::sourcelist={d}/sources.list", "-o", "Dir::Etc::sourceparts=/nonexistent",
+            "-o", f"Dir::State::Lists={d}/lists", "-o", f"Dir::Cache={d}/cache",
+            "-o", "APT::Sandbox::User=root" if os.geteuid() == 0 else "Debug::NoDropPrivs=0"]
+    _run(["apt-get", "-q"] + opts + ["update"], f"apt-get update ({name}, private state {d})")
+
+
 def available_abis(series=DEFAULT_SERIES):
-    """ABI numbers of the -dbg cloud packages apt knows, ascending (6.12: patch levels)."""
+    """ABI numbers of the -dbg cloud packages apt knows, ascending (6.12/7.3: patch levels)."""
     s = series_info(series)
-    out = _run(["apt-cache", "search", "--names-only", s.search_re], "apt-cache search")
+    out = _run(["apt-cache"] + _apt_state(s.apt) + ["search", "--names-only", s.search_re],
+               "apt-cache search")
     return sorted({int(m) for m in s.pkg_re.findall(out)})
 
 
@@ -105,16 +191,19 @@ def _cached_deb(package):
     return None
 
 
-def download_deb(package, log=None):
-    """apt-get download into the cache (once); returns the .deb path."""
+def download_deb(package, log=None, apt=None):
+    """apt-get download into the cache (once); returns the .deb path. ``apt``: a
+    private apt state's name (None: the machine's apt)."""
     found = _cached_deb(package)
     if found:
         return found
     debs = os.path.join(cache_dir(), "debs")
     if log:
         log(f"downloading {package} with apt-get (cached under {debs})")
+    opts = _apt_state(apt)
     with tempfile.TemporaryDirectory(dir=debs) as tmp:
-        _run(["apt-get", "download", "-q", package], f"apt-get download {package}", cwd=tmp)
+        _run(["apt-get", "download", "-q"] + opts + [package], f"apt-get download {package}",
+             cwd=tmp)
         got = [n for n in os.listdir(tmp) if n.endswith(".deb")]
         if not got:
             raise ExternalToolError(f"apt-get download {package} produced no .deb")
@@ -122,22 +211,29 @@ def download_deb(package, log=None):
     return _cached_deb(package)
 
 
-def _extract(deb, member, dest):
-    """Extract one file of a .deb's data archive to dest, atomically."""
+def _extract(deb, member, dest, xz=False):
+    """Extract one file of a .deb's data archive to dest, atomically (``xz``: the
+    member is xz-compressed; write it decompressed)."""
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".part-")
     try:
         with os.fdopen(fd, "wb") as out:
             deb_proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", deb], stdout=subprocess.PIPE)
             tar = subprocess.run(["tar", "-x", "-O", "-f", "-", "./" + member.lstrip("./")],
-                                 stdin=deb_proc.stdout, stdout=out, stderr=subprocess.PIPE)
+                                 stdin=deb_proc.stdout, stdout=subprocess.PIPE if xz else out,
+                                 stderr=subprocess.PIPE)
             deb_proc.stdout.close()
             deb_proc.wait()
+            if xz and not tar.returncode:
+                import lzma
+                out.write(lzma.decompress(tar.stdout))
         if deb_proc.returncode or tar.returncode:
             why = (tar.stderr.decode(errors="replace").strip().splitlines() or ["?"])[0]
             if "Not found in archive" in why:
                 raise BadInput(f"{os.path.basename(deb)} has no {member}")
             raise ExternalToolError(f"cannot extract {member} from {os.path.basename(deb)}: {why}")
+        if os.path.getsize(tmp) == 0:
+            raise ExternalToolError(f"{member} in {os.path.basename(deb)} is empty (a symlink?)")
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
@@ -154,10 +250,10 @@ def resolve_abi(abi=None, series=DEFAULT_SERIES):
     abis = available_abis(series)
     if not abis:
         pattern = s.release_fmt.format(abi="*")
-        raise ExternalToolError(f"apt knows no linux-image-{pattern}-dbg package "
-                                "(run 'apt-get update' on a Debian 12 machine"
-                                + (" with bookworm-backports or -security" if s.name != "6.1" else "")
-                                + ")")
+        where = f"the private {s.apt} apt state" if s.apt else \
+            "apt (run 'apt-get update' on a Debian 12 machine" + \
+            (" with bookworm-backports)" if s.name != "6.1" else ")")
+        raise ExternalToolError(f"{where} knows no linux-image-{pattern}-dbg package")
     return abis[-1]
 
 
@@ -167,39 +263,48 @@ def check_abi(abi, series=DEFAULT_SERIES):
     known = available_abis(series)
     if known and int(abi) not in known:
         raise BadInput(f"ABI {abi}: apt knows no {release(abi, series)} kernel; valid: "
-                       f"{', '.join(map(str, known))} (see 'linepack fetch --list')")
+                       f"{', '.join(map(str, known))} (see 'linepack fetch --series {series} --list')")
+
+
+def _cached_file(kind, series, abi, log, rel_path, package, member, xz=False):
+    s = series_info(series)
+    abi = resolve_abi(abi, series)
+    rel = release(abi, series)
+    dest = os.path.join(cache_dir(), "kernels", rel, rel_path)
+    if os.path.exists(dest):
+        return dest
+    check_abi(abi, series)
+    deb = download_deb(package.format(rel=rel), log=log, apt=s.apt)
+    if log:
+        log(f"extracting {kind} of {rel} from {os.path.basename(deb)}")
+    _extract(deb, member.format(rel=rel), dest, xz=xz)
+    return dest
 
 
 def debian_vmlinux(abi=None, log=None, *, series=DEFAULT_SERIES):
-    """Path of the cached vmlinux of Debian's cloud kernel (fetching it once).
+    """Path of the cached vmlinux (with DWARF) of Debian's cloud kernel (fetching it once).
 
-    ``series`` is "6.1" (default; ``abi`` = ABI number) or "6.12" (``abi`` =
-    patch level, e.g. 117 for 6.12.117+deb12).
+    ``series`` is "6.1" (default; ``abi`` = ABI number), "6.12" (Debian 13) or "7.3"
+    (trixie-backports), ``abi`` the patch level (118 for 6.12.118+deb13), or
+    "6.12-deb12" (bookworm-backports).
     """
-    abi = resolve_abi(abi, series)
-    rel = release(abi, series)
-    dest = os.path.join(cache_dir(), "kernels", rel, "vmlinux")
-    if os.path.exists(dest):
-        return dest
-    check_abi(abi, series)
-    deb = download_deb(f"linux-image-{rel}-dbg", log=log)
-    if log:
-        log(f"extracting vmlinux-{rel} from {os.path.basename(deb)}")
-    _extract(deb, f"usr/lib/debug/boot/vmlinux-{rel}", dest)
-    return dest
+    s = series_info(series)
+    return _cached_file("vmlinux", series, abi, log, "vmlinux", s.dbg, s.vmlinux)
+
+
+def debian_vmlinuz(abi=None, log=None, *, series=DEFAULT_SERIES):
+    """Path of the cached boot image (vmlinuz) of the same build (fetching it once)."""
+    s = series_info(series)
+    return _cached_file("vmlinuz", series, abi, log, "vmlinuz", s.image, s.vmlinuz)
 
 
 def debian_module(name, abi=None, log=None, *, series=DEFAULT_SERIES):
-    """Path of one cached module (.ko) of the same build, e.g. 'fs/fat/vfat.ko'."""
-    abi = resolve_abi(abi, series)
-    rel = release(abi, series)
-    dest = os.path.join(cache_dir(), "kernels", rel, "modules", name)
-    if os.path.exists(dest):
-        return dest
-    check_abi(abi, series)
-    deb = download_deb(f"linux-image-{rel}", log=log)
-    _extract(deb, f"lib/modules/{rel}/kernel/{name}", dest)
-    return dest
+    """Path of one cached module (.ko) of the same build, e.g. 'fs/fat/vfat.ko'
+    (Debian 13's are .ko.xz in the package: cached decompressed)."""
+    s = series_info(series)
+    xz = s.apt is not None
+    return _cached_file("module", series, abi, log, os.path.join("modules", name), s.modules,
+                        f"{s.moddir}/{name}" + (".xz" if xz else ""), xz=xz)
 
 
 _log = stderr_log("linepack")
@@ -211,5 +316,6 @@ def main_fetch(abi=None, series=DEFAULT_SERIES):
     return path
 
 
-__all__ = ["cache_dir", "available_abis", "debian_vmlinux", "debian_module", "resolve_abi",
-           "release", "download_deb", "series_info", "SERIES_TABLE", "DEFAULT_SERIES"]
+__all__ = ["cache_dir", "available_abis", "debian_vmlinux", "debian_vmlinuz", "debian_module",
+           "resolve_abi", "release", "download_deb", "series_info", "update_apt_state",
+           "SERIES_TABLE", "DEFAULT_SERIES"]

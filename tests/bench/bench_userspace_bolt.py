@@ -12,13 +12,17 @@
    profile. It is exported as BOLT .fdata with linepack's exporter.
 3. Layouts: linepack ``pack``; linepack ``blocks`` (hot/cold splitting, each
    cold part with its own FDE), and explicitly with its hot blocks in original
-   order (``blocks-original``) and in ext-TSP order (``blocks-ext-tsp``); BOLT functions only
-   (``-reorder-functions=hfsort -reorder-blocks=none``); BOLT full
-   (``-reorder-functions=hfsort -reorder-blocks=ext-tsp -split-functions
-   -split-all-cold``).
+   order (``blocks-original``) and in ext-TSP order (``blocks-ext-tsp``). BOLT at
+   its best: its own profile, made by its instrumentation (``llvm-bolt
+   -instrument``, the instrumented lua run natively on the same workload), and its
+   best flags: functions only (``-reorder-functions=cdsort -reorder-blocks=none``)
+   and full (``-reorder-blocks=ext-tsp -reorder-functions=cdsort -split-functions
+   -split-all-cold -split-eh``); and BOLT full fed linepack's exported ``.fdata``
+   (``BOLT full, linepack fdata``), the same profile linepack uses.
 4. Each binary runs the workload under the plugin (cache=on, mode=user) with
-   several L1i models; misses of every user-mode fetch (program + libc + ld.so)
-   and of the program's own code; instructions; the output must be identical.
+   several L1i models, as ``evaluate --program`` runs it (fixed environment, one
+   path and argv[0] for all); misses of every user-mode fetch (program + libc +
+   ld.so) and of the program's own code; instructions; the output must be identical.
    Medians of ``--reps`` runs (Lua hashes some objects by address, so
    instruction counts vary by ~0.1% between runs).
 5. Rewriting time: median of ``--reps`` wall times of ``linepack relayout`` (CLI)
@@ -76,9 +80,10 @@ print(s, table.concat(parts, ","), fib(22), cs, #str, ok, err, ms)
 CFLAGS = ["-O2", "-DLUA_COMPAT_5_3", "-DLUA_USE_LINUX"]
 LDFLAGS = ["-no-pie", "-Wl,--emit-relocs"]
 BOLT = "llvm-bolt-19"
-BOLT_FULL = ["-reorder-functions=hfsort", "-reorder-blocks=ext-tsp", "-split-functions",
-             "-split-all-cold"]
-BOLT_FUNCS = ["-reorder-functions=hfsort", "-reorder-blocks=none"]
+# BOLT's best: ext-TSP block order, cdsort function order, hot/cold splitting (EH too)
+BOLT_FULL = ["-reorder-blocks=ext-tsp", "-reorder-functions=cdsort", "-split-functions",
+             "-split-all-cold", "-split-eh", "-dyno-stats"]
+BOLT_FUNCS = ["-reorder-functions=cdsort", "-reorder-blocks=none", "-dyno-stats"]
 MODELS = ["intel-32k-8w", {"name": "8k-8w", "size": 8192, "ways": 8, "line": 64},
           {"name": "8k-4w", "size": 8192, "ways": 4, "line": 64}]
 
@@ -142,6 +147,42 @@ def _timed(cmd, reps):
     return statistics.median(times)
 
 
+def bolt_runtime_lib():
+    """``-runtime-instrumentation-lib=`` value for llvm-bolt-19: Debian's bolt-19
+    prepends /usr/lib/ to it, so the path of libbolt_rt_instr.a relative to /usr/lib."""
+    found = sorted(glob.glob("/usr/lib/llvm-19/lib/libbolt_rt_instr.a")) or \
+        sorted(glob.glob("/usr/lib/llvm-*/lib/libbolt_rt_instr.a"))
+    if not found:
+        raise RuntimeError("libbolt_rt_instr.a not found under /usr/lib/llvm-*/lib (bolt-19)")
+    return os.path.relpath(found[-1], "/usr/lib")
+
+
+def bolt_instrument_profile(exe, args, work, log=print, timeout=600):
+    """BOLT's own profile of ``exe args``: ``llvm-bolt -instrument``, the instrumented
+    binary run natively (same arguments, same working directory), its .fdata.
+
+    Returns (fdata path, the instrumented run's stdout, seconds of instrument + run)."""
+    name = os.path.basename(exe)
+    instr = os.path.join(work, name + ".bolt-instr")
+    fdata = os.path.abspath(os.path.join(work, name + ".instr.fdata"))
+    if os.path.exists(fdata):
+        os.unlink(fdata)
+    t0 = time.monotonic()
+    p = subprocess.run([BOLT, exe, "-instrument", "-o", instr,
+                        f"-instrumentation-file={fdata}",
+                        f"-runtime-instrumentation-lib={bolt_runtime_lib()}"],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{BOLT} -instrument failed: {p.stderr.strip()[-500:]}")
+    r = subprocess.run([instr, *map(str, args)], capture_output=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    secs = time.monotonic() - t0
+    if r.returncode != 0 or not os.path.exists(fdata) or not os.path.getsize(fdata):
+        raise RuntimeError(f"instrumented {name} (exit {r.returncode}) wrote no profile to {fdata}")
+    log(f"BOLT instrumentation profile: {sum(1 for _ in open(fdata))} records ({secs:.1f} s)")
+    return fdata, r.stdout, secs
+
+
 def make_layouts(exe, script, work, reps=3, log=print):
     """Profile, fdata, linepack pack, BOLT functions-only and full.
 
@@ -162,8 +203,12 @@ def make_layouts(exe, script, work, reps=3, log=print):
         out[label] = os.path.join(work, name)
         secs[label] = _timed(["linepack", "relayout", exe, "--profile", prof_path,
                               "--strategy", strategy, "-q", "-o", out[label]], reps)
-    for label, flags, name in (("BOLT functions", BOLT_FUNCS, "lua.bolt-fn"),
-                               ("BOLT full", BOLT_FULL, "lua.bolt")):
+    instr_fdata, _, secs["BOLT instrumentation"] = bolt_instrument_profile(exe, [script], work,
+                                                                           log=log)
+    for label, flags, name, data in (
+            ("BOLT functions", BOLT_FUNCS, "lua.bolt-fn", instr_fdata),
+            ("BOLT full", BOLT_FULL, "lua.bolt", instr_fdata),
+            ("BOLT full, linepack fdata", BOLT_FULL, "lua.bolt-lpfdata", fdata)):
         out[label] = os.path.join(work, name)
         skip = []
         while True:
@@ -171,7 +216,7 @@ def make_layouts(exe, script, work, reps=3, log=print):
             # to --skip-funcs"): on the PIE, luaV_execute; skip exactly those, say so
             extra = [f"--skip-funcs={','.join(skip)}"] if skip else []
             try:
-                secs[label] = _timed([BOLT, exe, "-o", out[label], f"-data={fdata}", *flags,
+                secs[label] = _timed([BOLT, exe, "-o", out[label], f"-data={data}", *flags,
                                       *extra], reps)
                 break
             except RuntimeError as e:
@@ -191,20 +236,19 @@ BOLT_SKIPPED = {}         # label -> functions BOLT was told to skip (it refused
 
 
 def measure(binaries, script, reps=3, models=MODELS, log=print):
-    """{label: {model: {...medians...}}} and the output of each binary."""
-    from linepack.profile.user import measure_user
+    """{label: {model: {...medians...}}} and, per binary, whether its output is the
+    first binary's. Measured as ``evaluate --program`` measures: one run per binary
+    and repeat with every model at once, a fixed environment and the same path and
+    argv[0] for all (so the numbers match an ``evaluate --program`` run's)."""
+    from linepack.evaluate.user import evaluate_programs
+    rows, _ = evaluate_programs([f"{label}={path}" for label, path in binaries.items()],
+                                models, [script], repeat=reps, log=log)
     res, outputs = {}, {}
-    for label, path in binaries.items():
-        res[label] = {}
-        for m in models:
-            name = m if isinstance(m, str) else m["name"]
-            runs = [measure_user(path, [script], cache=m) for _ in range(reps)]
-            outputs.setdefault(label, set()).update(r["stdout"] for r in runs)
-            res[label][name] = {k: statistics.median(r[k] for r in runs)
-                                for k in ("misses", "program_misses", "instructions",
-                                          "program_instructions")}
-            log(f"{label:15s} {name:13s} misses {res[label][name]['misses']:>9,.0f} "
-                f"(program {res[label][name]['program_misses']:,.0f})")
+    for r in rows:
+        res.setdefault(r["program"], {})[r["cache"]] = {
+            k: r[k] for k in ("misses", "program_misses", "instructions", "program_instructions")}
+        # the first binary's output, or this one's differing from it
+        outputs[r["program"]] = {"same" if r["same_output"] else f"differs: {r['program']}"}
     return res, outputs
 
 
@@ -263,6 +307,8 @@ def main(argv=None):
     print(f"lua 5.4 (Debian source{', PIE' if a.pie else ''}), workload {prof.meta['instructions']:,} program instructions, "
           f"{len(prof.func_addr)} executed functions; outputs identical: {same}\n")
     print(table(res, secs, binaries))
+    print(f"\nBOLT's profile: llvm-bolt -instrument + the instrumented lua run natively, "
+          f"{secs['BOLT instrumentation']:.2f} s (BOLT rows' rewrite s exclude it)")
     for label, (rc, verdict) in verdicts.items():
         print(f"\nverify {os.path.basename(binaries[label])} --against lua: exit {rc} ({verdict})")
     for label, funcs in BOLT_SKIPPED.items():

@@ -14,7 +14,6 @@ The modes, the options each takes and the work: tools/evaluate/modes.py.
 """
 
 import os
-import sys
 
 from ..cli import verb
 from ..evaluate import modes
@@ -38,6 +37,12 @@ class Evaluate:
                        "after --")
         p.add_argument("program_args", nargs="*", metavar="ARGS",
                        help="with --program: the programs' arguments (after '--')")
+        p.add_argument("--compare", choices=["output", "exit"],
+                       help="with --program: what must match the first program's: stdout and "
+                       "exit status (output, the default) or the exit status only (exit)")
+        p.add_argument("--mask", action="append", metavar="REGEX",
+                       help="with --program: text of stdout that may differ (timings...), "
+                       "replaced before comparing; ^ and $ match at lines (repeat)")
         p.add_argument("--layout", action="append", metavar="STRATEGY",
                        help="a layout of the base image: stock, align-all:N, hot64, pack, blocks "
                        "(repeat)")

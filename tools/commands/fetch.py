@@ -1,32 +1,51 @@
-"""``linepack fetch``: download and cache a Debian cloud vmlinux (6.1 or 6.12)."""
+"""``linepack fetch``: download and cache a Debian cloud kernel (6.1, 6.12, 7.3)."""
 
 from ..cli import verb
 from .. import targets
 
 
-@verb("fetch", "download (once) and cache Debian's cloud vmlinux (--series 6.1 or 6.12); print its path")
+@verb("fetch", "download (once) and cache Debian's cloud kernel (--series 6.1, 6.12 or 7.3): "
+      "print the path of its vmlinux (or --vmlinuz)")
 class Fetch:
     @staticmethod
     def add_arguments(p):
-        p.add_argument("--series", default=targets.DEFAULT_SERIES, choices=sorted(targets.SERIES_TABLE),
-                       help="kernel series: 6.1 (default, linux-image-6.1.0-<ABI>-cloud-amd64-dbg) or "
-                       "6.12 (linux-image-6.12.<N>+deb12-cloud-amd64-dbg, bookworm-backports)")
+        p.add_argument("--series", default=targets.DEFAULT_SERIES, choices=list(targets.SERIES_TABLE),
+                       help="kernel series: 6.1 (default, Debian 12, linux-image-6.1.0-<ABI>-cloud-amd64-dbg), "
+                       "6.12 (Debian 13, linux-image-6.12.<N>+deb13-cloud-amd64-dbg), 7.3 "
+                       "(trixie-backports, linux-image-7.3.<N>+deb13-cloud-amd64-dbg) or 6.12-deb12 "
+                       "(bookworm-backports); Debian 13's packages come through a private apt "
+                       "state under the cache, the machine's apt sources are not touched")
         p.add_argument("--abi", type=int, help="pin an ABI number, e.g. 56 for 6.1.0-56, or the patch "
-                       "level for 6.12, e.g. 117 for 6.12.117+deb12 (default: the newest apt knows; "
-                       "env LINEPACK_KERNEL_ABI / LINEPACK_KERNEL_ABI_6_12)")
+                       "level for 6.12/7.3, e.g. 118 for 6.12.118+deb13 (default: the newest apt knows; "
+                       "env LINEPACK_KERNEL_ABI, LINEPACK_KERNEL_ABI_6_12, LINEPACK_KERNEL_ABI_7_3)")
         p.add_argument("--list", action="store_true", help="list the releases apt knows and exit")
+        p.add_argument("--update", action="store_true",
+                       help="refresh the private apt lists first (Debian 13 series: a new point release)")
+        p.add_argument("--vmlinuz", action="store_true",
+                       help="fetch the boot image (vmlinuz) of the build instead of the -dbg "
+                       "vmlinux, and print its path")
         p.add_argument("--module", action="append", metavar="PATH",
                        help="also cache this module of the same build (path under "
                        "lib/modules/<release>/kernel/, e.g. fs/fat/vfat.ko; repeat) and print "
-                       "its path")
+                       "its path (Debian 13's .ko.xz are cached decompressed)")
 
     @staticmethod
     def run(args):
+        s = targets.series_info(args.series)
+        if args.update:
+            if s.apt is None:
+                from ..errors import BadInput
+                raise BadInput(f"--update: series {args.series} uses the machine's apt "
+                               "(run apt-get update)")
+            targets.update_apt_state(s.apt)
         if args.list:
             for abi in targets.available_abis(args.series):
                 print(targets.release(abi, args.series))
             return 0
-        targets.main_fetch(args.abi, series=args.series)
+        if args.vmlinuz:
+            print(targets.debian_vmlinuz(args.abi, log=targets._log, series=args.series))
+        else:
+            targets.main_fetch(args.abi, series=args.series)
         for m in args.module or ():
-            print(targets.debian_module(m, abi=args.abi, series=args.series))
+            print(targets.debian_module(m, abi=args.abi, log=targets._log, series=args.series))
         return 0

@@ -143,7 +143,8 @@ def _show(args):
     if args.image:
         prof.check_image(ElfImage(args.image))
     print("\n".join(prof.summary(top=args.top)))
-    if prof.metric == "insns":
+    if prof.metric == "insns" and prof.meta.get("mode") != "user":
+        # the shares of kernel code QEMU's emulation inflates: none in a program
         from ..profile.emulation import emulation_shares
         print("\n".join(emulation_shares(prof).lines()))
     return 0

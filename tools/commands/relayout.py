@@ -24,6 +24,10 @@ class Relayout:
         p.add_argument("--allow-missing", action="store_true",
                        help="accept a profile naming many functions the image does not have "
                        "(by default more than 5%% unknown names is an error)")
+        p.add_argument("--vmlinuz", metavar="VMLINUZ",
+                       help="the kernel's boot image (same build): recover the references from "
+                       "its KASLR table, the code and the kernel tables instead of reading link "
+                       "relocations (kernels >= 6.5 ship without them)")
         p.add_argument("--json", metavar="FILE", help="write the summary as JSON")
         p.add_argument("--system-map", metavar="FILE", help="write the new System.map")
         p.add_argument("--layout-map", metavar="FILE", help="write old -> new address per function")
@@ -50,7 +54,7 @@ class Relayout:
             cfg["min_count"] = args.min_count
         strat = strategies.get(dict(cfg))
         # Every output checked before any work; written all together or not at all.
-        outs = OutputSet(inputs=[args.image, args.profile, args.config],
+        outs = OutputSet(inputs=[args.image, args.profile, args.config, args.vmlinuz],
                          outputs={"-o": args.output, "--json": args.json,
                                   "--system-map": args.system_map,
                                   "--layout-map": args.layout_map})
@@ -66,7 +70,8 @@ class Relayout:
                                          profile_build_id=build_id, log=log, blocks=blocks,
                                          debug="strip" if args.strip_debug else "rewrite",
                                          layout_map=args.layout_map, system_map=args.system_map,
-                                         allow_missing=args.allow_missing)
+                                         allow_missing=args.allow_missing,
+                                         vmlinuz=args.vmlinuz)
             if args.json:
                 write_atomic(args.json, json.dumps(summary, indent=1, sort_keys=True) + "\n")
         print(f"relayout {args.image} -> {args.output} ({summary['strategy']})")

@@ -67,7 +67,6 @@ def code_growth(base_path, path):
     if os.path.realpath(base_path) == os.path.realpath(path):
         return 0
     from ..errors import LinepackError
-    from ..relayout.driver import text_growth_between
     try:
         a, b = ElfImage(base_path).build_id, ElfImage(path).build_id
         if a != b:
@@ -75,6 +74,78 @@ def code_growth(base_path, path):
         return text_growth_between(base_path, path)
     except LinepackError:
         return None
+
+
+def text_growth_between(base_path, new_path):
+    """relayout's ".text growth" (bytes) of ``new_path`` (a relayout output of
+    ``base_path``) from the two images alone: the plan relayout placed is rebuilt and
+    measured the way relayout measures it (per run of movable regions, how far the end
+    of laid-out code moved).
+
+    Each unit of the base starts where its first function starts in the new image (the
+    output keeps the symbol table's order, except that a block-level layout inserts its
+    ``name.cold`` locals before the globals). A block-level output's block map
+    (``.linepack.blockmap``) gives each split function's hot and cold part, which are
+    placed as two units, as relayout's planning table has them."""
+    from types import SimpleNamespace
+
+    from ..image import blockmap as bm
+    from ..image.addrmap import plan_extents
+    from ..image.elf import SHT_SYMTAB
+    from ..image.functions import FunctionTable
+    from ..relayout.blocks import planning_units
+    from ..relayout.plan import LayoutPlan, run_growth
+    from ..relayout.units import build_units
+    from ..relayout.user.segment import ORIG_TEXT
+    base, new = ElfImage(base_path), ElfImage(new_path)
+    fa, fb = FunctionTable(base), FunctionTable(new)
+    units, _ = build_units(base, fa)
+    # old symbol index -> new one: the inserted .cold locals shift every global
+    inserted = len(new.symtab) - len(base.symtab)
+    first_global = int(next(x for x in base.sections if x.type == SHT_SYMTAB).info)
+    b_by_sym = dict(zip(fb.sym_index.tolist(), fb.start.tolist()))
+    new_sym = lambda i: i + inserted if i >= first_global else i        # noqa: E731
+    unit_new = units.start.copy()
+    for ui in range(len(units)):
+        if not units.members[ui]:
+            continue          # code outside any function: no symbol tells where it went
+        fi, off = units.members[ui][0]
+        b = b_by_sym.get(new_sym(int(fa.sym_index[fi])))
+        if b is not None:
+            unit_new[ui] = b - off
+    rows = bm.read_blockmap(new)
+    splits, part_at = [], {}
+    if rows is not None and len(rows):
+        for func in np.unique(rows["func"]).tolist():
+            r = rows[(rows["func"] == func) & (rows["new_len"] > 0)]
+            u = int(units.find([int(rows["old"][rows["func"] == func].min())])[0])
+            sizes, starts = [], []
+            for part in (bm.PART_HOT, bm.PART_COLD):
+                q = r[r["part"] == part]
+                sizes.append(int(q["new_len"].astype(np.int64).sum()))
+                starts.append(int(q["new"].min()) if len(q) else None)
+            splits.append(SimpleNamespace(unit=u, sizes=tuple(sizes), name=units.name[u]))
+            part_at[u] = starts
+    if splits:
+        table, _, parent, part = planning_units(units, np.zeros(len(units)), splits)
+        new_start = unit_new[parent].copy()
+        for k, (u, pt) in enumerate(zip(parent.tolist(), part.tolist())):
+            if u in part_at:
+                at = part_at[u][pt]
+                # a part with no bytes: where the other part starts (it ends no run)
+                new_start[k] = at if at is not None else part_at[u][1 - pt]
+        units = table
+    else:
+        new_start = unit_new
+    plan = LayoutPlan(units, new_start, [r.start for r in units.regions], None, None)
+    if new.section(ORIG_TEXT) is not None:      # the code went to a new segment
+        plan.relocated = {base.section(".text").index}
+    growth = 0
+    for lo, hi in plan_extents(plan)[0]:
+        m = (units.start >= np.uint64(lo)) & (units.start < np.uint64(hi)) & ~units.pinned
+        if m.any():
+            growth += run_growth(plan, m)
+    return growth
 
 
 class Measurement:

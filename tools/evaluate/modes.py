@@ -21,7 +21,8 @@ from . import table
 # Every option of the verb (argparse dest -> how the user writes it), in the
 # parser's order: the first refused option is the one named.
 OPTIONS = {
-    "kernel": "--kernel", "program": "--program", "program_args": "ARGS", "layout": "--layout",
+    "kernel": "--kernel", "program": "--program", "program_args": "ARGS", "compare": "--compare",
+    "mask": "--mask", "layout": "--layout",
     "sweep": "--sweep", "whatif": "--whatif", "booted": "--booted", "profile": "--profile",
     "workload": "--workload", "jobs": "--jobs", "scheduler": "--scheduler",
     "reuse_runs": "--reuse-runs", "loops": "--loops", "cache": "--cache", "train": "--train",
@@ -30,7 +31,7 @@ OPTIONS = {
     "heatmap": "--heatmap",
 }
 # Defaults of options whose parser default is None (so that giving one is seen).
-DEFAULTS = {"workload": "vfs-mix", "strategy": "pack", "repeat": 1}
+DEFAULTS = {"workload": "vfs-mix", "strategy": "pack", "repeat": 1, "compare": "output"}
 # Counts that must be at least 1 wherever they are taken.
 AT_LEAST_ONE = ("jobs", "loops", "repeat")
 DEFAULT_CACHE = "intel-32k-8w"
@@ -148,7 +149,8 @@ class ReportMode(Mode):
 class ProgramsMode(Mode):
     name = "programs"
     chosen_by = "--program"
-    takes = frozenset({"program", "program_args", "cache", "repeat", "json", "csv"})
+    takes = frozenset({"program", "program_args", "compare", "mask", "cache", "repeat", "json",
+                       "csv"})
     refusals = {}
 
     def chosen(self, args):
@@ -158,12 +160,14 @@ class ProgramsMode(Mode):
         from .user import evaluate_programs, format_rows
         caches = caches_of(args)
         rows, problems = evaluate_programs(args.program, caches, args.program_args or [],
-                                           repeat=value(args, "repeat"), log=log)
+                                           repeat=value(args, "repeat"), log=log,
+                                           compare=value(args, "compare"), masks=args.mask or ())
         echo(format_rows(rows))
         for p in problems:
-            echo(f"WARNING: {p}")
+            echo(f"{'CRASH' if ': crashed (' in p else 'WARNING'}: {p}")
         table.write_results(args.json, args.csv, rows=rows,
                             doc={"programs": args.program, "args": args.program_args or [],
+                                 "compare": value(args, "compare"), "masks": args.mask or [],
                                  "caches": caches, "results": rows, "problems": problems})
         return EXIT_FINDINGS if problems else 0
 

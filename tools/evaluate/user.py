@@ -7,15 +7,27 @@ plugin in ``mode=user``, one plugin instance per cache model (copies of the
 user-mode fetch (program, libraries, dynamic loader), like a hardware counter;
 ``program_misses`` / ``program_instructions`` are the program's own code.
 
-The same work must run: every program is started from the same path (a symlink
-named like the first program) with that name as ``argv[0]``, stdin is empty, and stdout and the exit status are
-compared with the first program's. Executed user-mode instructions must agree
-within INSTRUCTION_TOLERANCE (a deterministic C program agrees exactly; an
-interpreter hashing by address may differ a little).
+The same work must run, and the counts must not depend on who runs it: every
+program is started from the same path (a symlink named like the first program,
+in a directory of fixed length under /tmp) with that name as ``argv[0]``, stdin
+empty, and the fixed environment PROGRAM_ENV instead of the caller's (qemu-x86_64
+hands its environment to the program, and its size moves the initial stack:
+a longer PYTHONPATH gave one miss more). The working directory stays the
+caller's (relative arguments resolve from it; it is not on the program's stack).
+stdout and the exit status are compared with the first program's (``compare``
+"output"; "exit": the exit status only), after ``masks`` (regular expressions;
+each match replaced by ``<masked>``, e.g. timings). Executed user-mode
+instructions must agree within INSTRUCTION_TOLERANCE (a deterministic C program
+agrees exactly; an interpreter hashing by address may differ a little).
+
+A program killed by a signal (or leaving no plugin output) is a crash: its rows
+say so and carry no counts; the other programs' rows are kept.
 """
 
 import os
+import re
 import shutil
+import signal
 import statistics
 import tempfile
 
@@ -28,6 +40,41 @@ from ..profile.user import inside
 # Relative difference of executed user-mode instructions beyond which two
 # programs are flagged as not doing the same work (Lua: ~0.1% run to run).
 INSTRUCTION_TOLERANCE = 2e-3
+# The whole environment of a measured program (``env -i`` plus a PATH and the C locale).
+PROGRAM_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"}
+COMPARE = ("output", "exit")
+MASKED = b"<masked>"
+
+
+def compile_masks(masks):
+    """--mask REGEX list -> compiled bytes patterns (multi-line: ^/$ match at lines)."""
+    out = []
+    for m in masks or ():
+        try:
+            out.append(re.compile(str(m).encode(), re.M))
+        except re.error as e:
+            raise BadInput(f"--mask {m!r}: not a regular expression ({e})") from None
+    return out
+
+
+def masked(stdout, masks):
+    """stdout with every match of every mask replaced by MASKED."""
+    for rx in masks:
+        stdout = rx.sub(MASKED, stdout)
+    return stdout
+
+
+def crash_of(returncode, traces_missing=False):
+    """'SIGSEGV' etc. for a program killed by a signal, a reason when it left no
+    counts, None for a program that exited."""
+    if returncode is not None and returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    if traces_missing:
+        return f"no counts (exit {returncode})"
+    return None
 
 
 def parse_program(spec):
@@ -81,26 +128,33 @@ def _exec_ranges(path):
     return (lo, hi), int((hi - lo).sum())
 
 
-def program_job(path, args, caches, argv0=None, timeout=600, label="", run=0):
-    """The QemuJob of one measured run: one plugin instance per cache model."""
+def program_job(path, args, caches, argv0=None, timeout=600, label="", run=0, env=None):
+    """The QemuJob of one measured run: one plugin instance per cache model, the
+    program's environment PROGRAM_ENV unless ``env`` says otherwise."""
     from ..profile.runner import USER, Plugin, QemuJob
     return QemuJob(USER, path, [Plugin(cache=c) for c in caches], args=tuple(map(str, args)),
-                   argv0=argv0, timeout=timeout, check=False, mode="user", label=label, run=run)
+                   argv0=argv0, timeout=timeout, check=False, mode="user", label=label, run=run,
+                   env=dict(PROGRAM_ENV if env is None else env))
 
 
-def run_program(path, args, caches, argv0=None, timeout=600, log=None):
+def run_program(path, args, caches, argv0=None, timeout=600, log=None, allow_crash=False):
     """One run of ``path args`` under qemu-x86_64, one plugin per cache model.
 
-    Returns ({cache name: PluginTrace}, {"returncode", "stdout", "stderr", "wall"})."""
+    Returns ({cache name: PluginTrace} (None for a crash with ``allow_crash``),
+    {"returncode", "stdout", "stderr", "wall", "load_bias", "crash"})."""
     from ..profile.runner import run_job
     res = run_job(program_job(path, args, caches, argv0, timeout), log=log)
-    if any(t is None for t in res.traces):
+    missing = any(t is None for t in res.traces)
+    crash = crash_of(res.returncode, missing)
+    info = {"returncode": res.returncode, "stdout": res.stdout, "stderr": res.stderr,
+            "wall": res.wall, "load_bias": getattr(res, "load_bias", None) or 0, "crash": crash}
+    if crash and allow_crash:
+        return None, info
+    if missing:
         raise ExternalToolError(f"qemu-x86_64 wrote no plugin output for "
                                 f"{os.path.basename(path)} (exit {res.returncode}): "
                                 f"{_last_line(res.stderr) or 'no message'}")
-    return ({c["name"]: tr for c, tr in zip(caches, res.traces)},
-            {"returncode": res.returncode, "stdout": res.stdout, "stderr": res.stderr,
-             "wall": res.wall, "load_bias": getattr(res, "load_bias", None) or 0})
+    return {c["name"]: tr for c, tr in zip(caches, res.traces)}, info
 
 
 def _last_line(text):
@@ -118,22 +172,27 @@ def _spread(runs, key):
     return (max(vals) - min(vals)) / m if m else 0.0
 
 
-def evaluate_programs(specs, caches, args=(), repeat=1, timeout=600, log=None):
+def evaluate_programs(specs, caches, args=(), repeat=1, timeout=600, log=None, compare="output",
+                      masks=()):
     """Rows (one per program and cache model, the first program the baseline of each
-    model) and problems (output, exit status or instruction count differing from the
-    first program's, or differing between repeats)."""
+    model) and problems (a crash; output, exit status or instruction count differing
+    from the first program's, or differing between repeats)."""
     log = log or (lambda m: None)
+    if compare not in COMPARE:
+        raise BadInput(f"--compare {compare}: expected one of {', '.join(COMPARE)}")
+    masks = compile_masks(masks)
     progs = check_programs(specs)
     qemu_user()      # one clear error before anything runs
     caches = [c if isinstance(c, dict) else _cache(c) for c in caches]
     argv0 = os.path.basename(progs[0][1])
     runs = {}           # label -> cache -> [run dicts]
-    outputs = {}        # label -> [(returncode, stdout)]
+    outputs = {}        # label -> [(returncode, masked stdout)]
+    crashes = {}        # label -> (signal or reason, last stderr line)
     info = {}
     # Every program runs from the same path (a symlink in one directory): the executable's
     # name is on the initial stack (AT_EXECFN), and its length shifts what libc and the
-    # loader do by a few instructions.
-    stage = tempfile.mkdtemp(prefix="linepack-evalprog-")
+    # loader do by a few instructions. /tmp, not $TMPDIR: the same length for every caller.
+    stage = tempfile.mkdtemp(prefix="linepack-evalprog-", dir="/tmp")
     try:
         for label, path in progs:
             ranges, code_bytes = _exec_ranges(path)
@@ -143,32 +202,44 @@ def evaluate_programs(specs, caches, args=(), repeat=1, timeout=600, log=None):
                 os.unlink(link)
             os.symlink(os.path.abspath(path), link)
             _measure(label, link, ranges, args, caches, argv0, repeat, timeout, log, runs,
-                     outputs, info)
+                     outputs, crashes, masks)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     rows = []
     for c in caches:
         for label, _ in progs:
-            rs = runs[label][c["name"]]
+            rs = runs.get(label, {}).get(c["name"], [])
             rc, out = outputs[label][0]
-            rows.append({"program": label, "cache": c["name"], "mode": "user",
-                         "misses": _med(rs, "misses"), "fetches": _med(rs, "fetches"),
-                         "miss_rate": _med(rs, "miss_rate"),
-                         "instructions": _med(rs, "instructions"),
-                         "program_misses": _med(rs, "program_misses"),
-                         "program_instructions": _med(rs, "program_instructions"),
-                         "code_bytes": info[label]["code_bytes"], "time_s": _med(rs, "wall"),
-                         "repeats": len(rs), "misses_spread": _spread(rs, "misses"),
-                         "instructions_spread": _spread(rs, "instructions"),
-                         "exit_status": rc, "stdout_bytes": len(out),
-                         "same_output": None, "image": os.path.abspath(info[label]["path"])})
-    return rows, cross_check(rows, outputs, progs)
+            crash = crashes.get(label)
+            row = {"program": label, "cache": c["name"], "mode": "user",
+                   "crashed": crash[0] if crash else None}
+            for k in ("misses", "fetches", "miss_rate", "instructions", "program_misses",
+                      "program_instructions"):
+                row[k] = _med(rs, k) if rs and not crash else None
+            row.update({"code_bytes": info[label]["code_bytes"],
+                        "time_s": _med(rs, "wall") if rs else None,
+                        "repeats": len(outputs[label]),
+                        "misses_spread": _spread(rs, "misses") if rs and not crash else None,
+                        "instructions_spread": (_spread(rs, "instructions")
+                                                if rs and not crash else None),
+                        "exit_status": rc, "stdout_bytes": len(out), "same_output": None,
+                        "image": os.path.abspath(info[label]["path"])})
+            rows.append(row)
+    return rows, cross_check(rows, outputs, progs, compare, crashes)
 
 
-def _measure(label, path, ranges, args, caches, argv0, repeat, timeout, log, runs, outputs, info):
+def _measure(label, path, ranges, args, caches, argv0, repeat, timeout, log, runs, outputs,
+             crashes, masks):
     for k in range(repeat):
-        trs, res = run_program(path, args, caches, argv0=argv0, timeout=timeout, log=log)
-        outputs.setdefault(label, []).append((res["returncode"], res["stdout"]))
+        trs, res = run_program(path, args, caches, argv0=argv0, timeout=timeout, log=log,
+                               allow_crash=True)
+        outputs.setdefault(label, []).append((res["returncode"], masked(res["stdout"], masks)))
+        if trs is None:
+            crashes[label] = (res["crash"], _last_line(res["stderr"]))
+            log(f"{label} run {k + 1}/{repeat}: crashed ({res['crash']}) "
+                f"{_last_line(res['stderr'])}")
+            runs.setdefault(label, {})
+            return                                  # a crash is not measured again
         b = np.uint64(res["load_bias"])        # a PIE's code runs at its link address + bias
         for name, tr in trs.items():
             inb = inside(tr.tb_addr, (ranges[0] + b, ranges[1] + b))
@@ -190,68 +261,99 @@ def _cache(name):
     return cache_config(name)
 
 
-def cross_check(rows, outputs, progs):
-    """Fill rows' same_output; problems against the first program."""
-    problems = []
+def cross_check(rows, outputs, progs, compare="output", crashes=None):
+    """Fill rows' same_output; problems: crashes first, then against the first program."""
+    crashes = crashes or {}
+    problems = [f"{label}: crashed ({why}) under qemu-x86_64" + (f": {err}" if err else "")
+                for label, (why, err) in crashes.items()]
     base_label = progs[0][0]
     brc, bout = outputs[base_label][0]
     for label, _ in progs:
-        seen = set(outputs[label])
+        if label in crashes:
+            continue
+        seen = {rc if compare == "exit" else (rc, out) for rc, out in outputs[label]}
         if len(seen) > 1:
-            problems.append(f"{label}: output or exit status differs between repeats")
+            what = "exit status" if compare == "exit" else "output or exit status"
+            problems.append(f"{label}: {what} differs between repeats")
         rc, out = outputs[label][0]
-        same = (rc, out) == (brc, bout)
+        # nothing to compare with when the first program crashed
+        same = None if base_label in crashes else rc == brc and (compare == "exit" or out == bout)
         for r in rows:
             if r["program"] == label:
                 r["same_output"] = same
-        if label == base_label:
+        if label == base_label or base_label in crashes:
             continue
-        if out != bout:
+        if compare == "output" and out != bout:
             problems.append(f"{label}: stdout differs from {base_label}'s ({len(out):,} vs "
-                            f"{len(bout):,} bytes): not the same work")
+                            f"{len(bout):,} bytes{', masked' if _was_masked(out, bout) else ''}): "
+                            "not the same work (--mask REGEX for volatile text, or "
+                            "--compare exit)")
         if rc != brc:
             problems.append(f"{label}: exit status {rc} vs {brc} for {base_label}")
     first_cache = rows[0]["cache"]
-    rs = [r for r in rows if r["cache"] == first_cache]      # one model: all from the same runs
-    b = rs[0]
-    for r in rs[1:]:
-        bi, mi = b["instructions"], r["instructions"]
-        if bi and abs(mi - bi) / bi > INSTRUCTION_TOLERANCE:
-            problems.append(f"{r['program']}: {mi:,.0f} user-mode instructions vs {bi:,.0f} for "
-                            f"{b['program']} ({(mi - bi) / bi:+.3%}, tolerance "
-                            f"{INSTRUCTION_TOLERANCE:.1%}): different work, or a rewrite that "
-                            "changes the executed code (e.g. BOLT's block reordering); MPKI "
-                            "normalises for it")
+    rs = [r for r in rows if r["cache"] == first_cache and r["instructions"] is not None]
+    if rs and rs[0]["program"] == base_label:
+        b = rs[0]
+        for r in rs[1:]:
+            bi, mi = b["instructions"], r["instructions"]
+            if bi and abs(mi - bi) / bi > INSTRUCTION_TOLERANCE:
+                problems.append(
+                    f"{r['program']}: {mi:,.0f} user-mode instructions vs {bi:,.0f} for "
+                    f"{b['program']} ({(mi - bi) / bi:+.3%}, tolerance "
+                    f"{INSTRUCTION_TOLERANCE:.1%}): different work, or a rewrite that changes "
+                    "the executed code (e.g. BOLT's block reordering); MPKI normalises for it")
     return problems
 
 
+def _was_masked(*outs):
+    return any(MASKED in o for o in outs)
+
+
+# (header, width, format of a value) of each column after the program's name
+_COLUMNS = (
+    ("L1i misses", 12, lambda r, b: f"{r['misses']:,.0f}"),
+    ("vs base", 8, lambda r, b: f"{(r['misses'] - b) / b:+.2%}" if b else "-"),
+    ("prog misses", 11, lambda r, b: f"{r['program_misses']:,.0f}"),
+    ("fetches", 13, lambda r, b: f"{r['fetches']:,.0f}"),
+    ("miss rate", 9, lambda r, b: f"{r['miss_rate']:.2%}"),
+    ("MPKI", 7, lambda r, b: f"{1000.0 * r['misses'] / r['instructions']:.3f}"
+     if r["instructions"] else "-"),
+    ("instructions", 14, lambda r, b: f"{r['instructions']:,.0f}"),
+)
+
+
 def format_rows(rows, args=()):
-    """One table per cache model, like the kernel evaluate's; the first program is the base."""
+    """One table per cache model, like the kernel evaluate's; the first program is the
+    base. Every column has a header; a crashed program's row says so instead of counts."""
     out = []
     w = max([16] + [len(r["program"]) for r in rows])
     for cache in dict.fromkeys(r["cache"] for r in rows):
         rs = [r for r in rows if r["cache"] == cache]
         base = rs[0]
-        hdr = (f"{'program':<{w}} {'L1i misses':>12} {'vs base':>8} {'prog misses':>11} "
-               f"{'fetches':>13} {'miss rate':>9} {'MPKI':>7} {'instructions':>14} "
-               f"{'code bytes':>10} {'output':>6} {'time s':>7}")
-        n = rs[0]["repeats"]
+        n = max(r["repeats"] for r in rs)
+        hdr = (f"{'program':<{w}} " + " ".join(f"{h:>{cw}}" for h, cw, _ in _COLUMNS) +
+               f" {'code bytes':>10} {'output':>8} {'time s':>7} {'misses ±':>9}")
         out += [f"user-mode L1i, {cache} (qemu-x86_64, all user code incl. libraries; "
-                f"{'median of ' + str(n) + ' runs' if n > 1 else '1 run'})", hdr, "-" * len(hdr)]
-        bm = base["misses"]
+                f"{'median of ' + str(n) + ' runs' if n > 1 else '1 run'}; "
+                "misses ±: their spread between runs)", hdr, "-" * len(hdr)]
+        bm = base["misses"] if not base.get("crashed") else None
         for r in rs:
+            if r.get("crashed"):
+                span = sum(cw + 1 for _, cw, _ in _COLUMNS) - 1     # the count columns
+                cells = f"{'CRASHED (' + r['crashed'] + ')':<{span}}"
+                same = "crashed"
+            else:
+                cells = " ".join(f"{f(r, bm):>{cw}}" for _, cw, f in _COLUMNS)
+                same = "base" if r is base else {True: "same", False: "DIFF"}.get(
+                    r["same_output"], "-")
             sp = r.get("misses_spread")
-            same = "base" if r is base else ("same" if r["same_output"] else "DIFF")
-            out.append(
-                f"{r['program']:<{w}} {r['misses']:>12,.0f} "
-                f"{(r['misses'] - bm) / bm if bm else 0:>+8.2%} {r['program_misses']:>11,.0f} "
-                f"{r['fetches']:>13,.0f} {r['miss_rate']:>9.2%} "
-                f"{1000.0 * r['misses'] / r['instructions'] if r['instructions'] else 0:>7.3f} "
-                f"{r['instructions']:>14,.0f} {r['code_bytes']:>10,} {same:>6} "
-                f"{r['time_s']:>7.2f}" + (f" ±{sp:.3%}" if sp else ""))
+            t = r.get("time_s")
+            out.append(f"{r['program']:<{w}} {cells} {r['code_bytes']:>10,} {same:>8} "
+                       f"{'-' if t is None else format(t, '.2f'):>7} "
+                       f"{'-' if sp is None or r['repeats'] < 2 else format(sp, '.3%'):>9}")
         out.append("")
     return "\n".join(out).rstrip("\n")
 
 
 __all__ = ["evaluate_programs", "format_rows", "check_programs", "parse_program",
-           "INSTRUCTION_TOLERANCE"]
+           "INSTRUCTION_TOLERANCE", "PROGRAM_ENV", "COMPARE", "compile_masks", "masked"]

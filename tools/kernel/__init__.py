@@ -12,12 +12,19 @@ from .ksymtab import Ksymtab, KsymtabGpl
 from .mcount import McountLoc
 from .orc import OrcTable
 from .paravirt import ParaInstructions
+from .prel32_lists import ConInitcalls, Initcalls, PciFixups, RuntimeConsts
 from .sites import CallSites, IbtEndbrSeal, RetpolineSites, ReturnSites, SmpLocks
 from .static_calls import StaticCallSites
 
 TABLES = [JumpTable, StaticCallSites, Alternatives, ParaInstructions, RetpolineSites,
           ReturnSites, SmpLocks, CallSites, IbtEndbrSeal, ExTable, BugTable, OrcTable, McountLoc,
           Kallsyms, Ksymtab, KsymtabGpl]
+
+# Tables whose PC-relative fields make up a kernel's data-to-code references
+# when it has no link relocations (image/references.py): every table above
+# that declares relative fields, and the plain lists no pass rewrites itself.
+REFERENCE_TABLES = [t for t in TABLES if t.relative_fields or t.relative64_fields] + \
+    [PciFixups, Initcalls, ConInitcalls, RuntimeConsts]
 
 
 def table_by_name(name):

@@ -32,6 +32,7 @@ class Alternatives(KernelTable):
     stop_symbol = "__alt_instructions_end"
     layouts = [((0, 0), ALT_INSTR_6_1), ((6, 3), ALT_INSTR_6_3)]
     dtype = ALT_INSTR_6_1
+    relative_fields = ("instr", "repl")
 
     def parse(self, ctx):
         self.select_layout(ctx)

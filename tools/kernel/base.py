@@ -103,6 +103,30 @@ class KernelTable:
     # between kernel versions; ``dtype`` is then chosen from ctx.version.
     layouts = None
 
+    # Fields holding an s32 (``relative_fields``) or s64 (``relative64_fields``)
+    # offset from their own address, by dtype field name (None: the whole
+    # record is one s32). ``references`` lists them for kernels without link
+    # relocations (linepack.image.references); a zero field points nowhere.
+    relative_fields = ()
+    relative64_fields = ()
+
+    def references(self, ctx):
+        """(field addresses u64, widths u8) of every non-zero PC-relative field
+        of the table: what its link relocations would be (R_X86_64_PC32/PC64)."""
+        base, raw = self.raw(ctx)
+        addrs, widths = [np.zeros(0, np.uint64)], [np.zeros(0, np.uint8)]
+        if not len(raw):
+            return addrs[0], widths[0]
+        rec = np.uint64(base) + np.arange(len(raw), dtype=np.uint64) * np.uint64(raw.dtype.itemsize)
+        for fields, width in ((self.relative_fields, 4), (self.relative64_fields, 8)):
+            for f in fields:
+                vals = raw if f is None else raw[f]
+                off = 0 if f is None else raw.dtype.fields[f][1]
+                keep = vals != 0
+                addrs.append(rec[keep] + np.uint64(off))
+                widths.append(np.full(int(keep.sum()), width, np.uint8))
+        return np.concatenate(addrs), np.concatenate(widths)
+
     def select_layout(self, ctx):
         """Set ``self.dtype`` for this image's kernel version (tables with ``layouts``)."""
         if self.layouts:

@@ -15,6 +15,7 @@ class BugTable(KernelTable):
     start_symbol = "__start___bug_table"
     stop_symbol = "__stop___bug_table"
     dtype = np.dtype([("bug_addr", "<i4"), ("file", "<i4"), ("line", "<u2"), ("flags", "<u2")])
+    relative_fields = ("bug_addr", "file")
 
     def parse(self, ctx):
         ent = self.decode(ctx, rel=("bug_addr", "file"), copy=("line", "flags"))

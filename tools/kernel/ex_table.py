@@ -15,6 +15,7 @@ class ExTable(KernelTable):
     start_symbol = "__start___ex_table"
     stop_symbol = "__stop___ex_table"
     dtype = np.dtype([("insn", "<i4"), ("fixup", "<i4"), ("data", "<i4")])
+    relative_fields = ("insn", "fixup")
     resorted_by_relayout = True
 
     def parse(self, ctx):

@@ -52,6 +52,8 @@ class JumpTable(KernelTable):
     start_symbol = "__start___jump_table"
     stop_symbol = "__stop___jump_table"
     dtype = np.dtype([("code", "<i4"), ("target", "<i4"), ("key", "<i8")])
+    relative_fields = ("code", "target")
+    relative64_fields = ("key",)
 
     def parse(self, ctx):
         # flags: bit 0 = branch default, bit 1 = init

@@ -16,6 +16,7 @@ class Ksymtab(KernelTable):
     start_symbol = "__start___ksymtab"
     stop_symbol = "__stop___ksymtab"
     dtype = np.dtype([("value", "<i4"), ("name", "<i4"), ("namespace", "<i4")])
+    relative_fields = ("value", "name", "namespace")
 
     def parse(self, ctx):
         ent = self.decode(ctx, rel=("value", "name"))

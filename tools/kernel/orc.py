@@ -57,6 +57,7 @@ class OrcTable(KernelTable):
     stop_symbol = "__stop_orc_unwind_ip"
     dtype = np.dtype("<i4")
     resorted_by_relayout = True
+    relative_fields = (None,)
 
     def ranges(self, ctx):
         out = super().ranges(ctx)

@@ -13,6 +13,7 @@ from .base import KernelTable
 
 class SiteList(KernelTable):
     dtype = np.dtype("<i4")
+    relative_fields = (None,)
     # Allowed first bytes of the instruction at each site (None = any).
     opcodes = None
     # Allowed byte strings at each site besides ``opcodes`` (exact prefixes).

@@ -22,6 +22,7 @@ class StaticCallSites(KernelTable):
     start_symbol = "__start_static_call_sites"
     stop_symbol = "__stop_static_call_sites"
     dtype = np.dtype([("addr", "<i4"), ("key", "<i4")])
+    relative_fields = ("addr", "key")
 
     def parse(self, ctx):
         # flags: 1 = tail call, 2 = init

@@ -180,8 +180,62 @@ def _names_for(profile, sym, addrs):
     return kind, idx, off
 
 
+def _is_branch(raw, conditional=False):
+    """Whether an instruction (its leading bytes) transfers control: jmp, jcc, ret,
+    call, indirect jmp or call (BOLT refuses a branch record from anything else);
+    ``conditional``: whether it is a conditional jump."""
+    from ..image.cfg import classify
+    from ..image.disasm import skip_prefixes
+
+    class _One:
+        def __init__(self, row):
+            self.raw = row.reshape(1, -1)
+
+        def __len__(self):
+            return 1
+    one = _One(np.asarray(raw, dtype=np.uint8))
+    if conditional:
+        return bool(classify(one)[0] == 2)
+    if classify(one)[0] in (1, 2, 3, 7, 8):
+        return True
+    # indirect call (ff /2, ff /3), possibly after a REX prefix
+    skip, op, op2 = skip_prefixes(one.raw, (0x2E, 0x3E, 0xF2, 0xF3))
+    s = int(skip[0])
+    b = one.raw[0, s:].tolist()
+    if b and 0x40 <= b[0] <= 0x4F:
+        b = b[1:]
+    return len(b) > 1 and b[0] == 0xFF and ((b[1] >> 3) & 7) in (2, 3)
+
+
+def _branches_at(image, addrs, conditional=False):
+    """Per address: whether an instruction starting there is a branch (_is_branch;
+    ``conditional``: a conditional jump)."""
+    from ..image.disasm import _Decoder
+    uniq, inv = np.unique(np.asarray(addrs, dtype=np.uint64), return_inverse=True)
+    ok = np.zeros(len(uniq), dtype=bool)
+    dec = _Decoder()
+    try:
+        for k, a in enumerate(uniq.tolist()):
+            code = b""
+            for n in range(16, 0, -1):      # an instruction at the end of its section
+                try:
+                    code = bytes(image.read(a, n))
+                    break
+                except ValueError:
+                    continue
+            if not code:
+                continue
+            ins = dec.decode(code, a)
+            ok[k] = bool(len(ins)) and _is_branch(ins["bytes"][0], conditional)
+    finally:
+        dec.close()
+    return ok[inv]
+
+
 def _block_branch_sites(image, profile, src):
-    """Address of the last instruction of the block starting at each src (QEMU edges)."""
+    """Address of the last instruction of the block starting at each src (QEMU edges),
+    where that instruction is a branch: a QEMU block can also end at a page or size
+    limit, and its edge to the next block is then no branch at all."""
     from ..image.disasm import _Decoder
     pos = np.searchsorted(profile.block_addr, src)
     pos = np.minimum(pos, max(len(profile.block_addr) - 1, 0))
@@ -201,7 +255,8 @@ def _block_branch_sites(image, profile, src):
                     cache[(a, size)] = None
                     continue
                 ins = dec.decode(code, a)
-                cache[(a, size)] = int(ins["address"][-1]) if len(ins) else None
+                cache[(a, size)] = (int(ins["address"][-1])
+                                    if len(ins) and _is_branch(ins["bytes"][-1]) else None)
             last = cache[(a, size)]
             if last is not None:
                 out[k], ok[k] = last, True
@@ -239,6 +294,12 @@ def export_fdata(profile, path, image=None, log=None):
             pos = np.searchsorted(ba, f, side="right") - 1
             pc = np.maximum(pos, 0)
             fall = (pos >= 0) & (f < be[pc]) & (t == be[pc])
+            if profile.source == "qemu" and profile.meta.get("edge_from") == "insn":
+                # ... unless the source is a conditional jump: then it is the branch's
+                # not-taken edge, counted exactly, written from the jump to the next
+                # instruction as BOLT's own instrumentation writes it (BOLT's guess
+                # from the taken branches alone misplaces blocks)
+                fall &= ~_branches_at(image, f, conditional=True)
             keep &= ~fall
         if profile.meta.get("edge_from") == "block" and len(profile.block_addr):
             # QEMU edges that join block starts: the branch is the source block's
@@ -246,17 +307,33 @@ def export_fdata(profile, path, image=None, log=None):
             site, ok = _block_branch_sites(image, profile, f)
             keep &= ok
             f = site
+        # An end outside every function of the image (the PLT, a library, the loader)
+        # is written as BOLT's own instrumentation writes it, "0 [unknown] 0", never as
+        # an address in the executable (BOLT cannot place one there): a branch out of
+        # the image is kept, an entry from outside only where it lands on a function's
+        # start (main from libc, a callback); a return from a library lands mid-function
+        # after the call, a fall-through BOLT infers, and is dropped.
+        f_in, t_in = sym.functions.find(f) >= 0, sym.functions.find(t) >= 0
+        keep &= (f_in & t_in) | (f_in & ~t_in) | (~f_in & np.isin(t, sym.functions.start))
+        if profile.source == "qemu":
+            # QEMU's edges (LBR sources are branches by construction): the source must
+            # be a branch instruction, but QEMU also joins a `rep` string instruction
+            # to itself, and BOLT drops a record from anything else.
+            keep &= ~f_in | _branches_at(image, f)
         f, t, c, mis = f[keep], t[keep], c[keep], mis[keep]
         order = np.lexsort((t, f))
         f, t, c, mis = f[order], t[order], c[order], mis[order]
         k1, i1, o1 = _names_for(profile, sym, f)
         k2, i2, o2 = _names_for(profile, sym, t)
+        recs = {}           # outside ends collapse into one "[unknown]": counts add up
         for a in zip(k1.tolist(), i1.tolist(), o1.tolist(), k2.tolist(), i2.tolist(), o2.tolist(),
                      mis.tolist(), c.tolist()):
             ka, ia, oa, kb, ib, ob, m, n = a
-            na = names[ia] if ka else image_name
-            nb = names[ib] if kb else image_name
-            out.append(f"{ka} {na} {oa:x} {kb} {nb} {ob:x} {m} {n}\n")
+            key = (f"{ka} {names[ia]} {oa:x}" if ka else "0 [unknown] 0",
+                   f"{kb} {names[ib]} {ob:x}" if kb else "0 [unknown] 0")
+            pm, pn = recs.get(key, (0, 0))
+            recs[key] = (pm + m, pn + n)
+        out = [f"{a} {b} {m} {n}\n" for (a, b), (m, n) in recs.items()]
         header = ""
     else:
         if len(profile.sample_addr):

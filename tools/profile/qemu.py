@@ -94,7 +94,8 @@ def check_kernel(path):
         if head[4:5] != b"\x02" or head[18:20] != b"\x3e\x00":
             raise BadInput(f"{path} is an ELF file but not x86-64 ELF64: not a kernel QEMU can boot")
         return "elf"
-    if head[0x202:0x206] == b"HdrS":
+    from ..image.bootimage import is_bzimage
+    if is_bzimage(head):
         return "bzimage"
     raise BadInput(f"{path} is not a kernel (neither an x86-64 ELF vmlinux nor a bzImage)")
 
@@ -112,6 +113,14 @@ def check_kernel_path(path, flag="--kernel"):
     if kind == "elf":
         from ..image.elf import ElfImage
         ElfImage(p)
+    else:
+        # the whole setup header, and a payload the file really holds
+        from ..image.bootimage import read_setup_header
+        hdr = read_setup_header(p)
+        if hdr.payload_file_offset + hdr.payload_length > os.path.getsize(p):
+            raise BadInput(f"{flag} {p}: truncated bzImage (its payload ends at "
+                           f"{hdr.payload_file_offset + hdr.payload_length:,}, the file has "
+                           f"{os.path.getsize(p):,} bytes)")
     return kind
 
 

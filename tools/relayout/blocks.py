@@ -27,7 +27,7 @@ puts it in the region's cold area after the hot text.
 import numpy as np
 
 from ..image import blockmap as bm
-from ..image.cfg import (R_GLUED, R_NO_COLD, R_NOINSTR, R_NOT_HOT, R_PINNED, REASONS, TERM_JCC,
+from ..image.cfg import (R_GLUED, R_INDIRECT, R_NO_COLD, R_NOINSTR, R_NOT_HOT, R_PINNED, REASONS, TERM_JCC,
                          TERM_JMP, TERM_KEY)
 from .units import UnitTable, _func_map
 
@@ -329,8 +329,16 @@ def encode(p, addr, target):
     return bytes([0x0F, 0x80 | p.cc]) + d.to_bytes(4, "little", signed=True)
 
 
-def reason_summary(reason, heat, min_count):
-    """{reason text: count} over hot units."""
+# How a userspace summary names the reasons whose kernel text means nothing there.
+USER_REASONS = {
+    R_PINNED: "pinned code (a data field linepack cannot explain may designate it)",
+    R_INDIRECT: "indirect jump whose targets are not known",
+}
+
+
+def reason_summary(reason, heat, min_count, userspace=False):
+    """{reason text: count} over hot units (``userspace``: in a program's words)."""
     hot = heat >= min_count
     c = np.bincount(reason[hot], minlength=len(REASONS))
-    return {REASONS[i]: int(c[i]) for i in range(len(REASONS)) if c[i]}
+    text = {**dict(enumerate(REASONS)), **(USER_REASONS if userspace else {})}
+    return {text[i]: int(c[i]) for i in range(len(REASONS)) if c[i]}

@@ -10,11 +10,9 @@ from ..image.context import ImageContext
 from . import strategies
 from .passes import (MISSING_SHARE, NO_RELOCS, RelayoutRun, check_paths, check_profile,
                      passes_for, run_passes)
-from .plan import text_growth as _growth
-from .units import build_units
 
 __all__ = ["LoadedProfile", "MISSING_SHARE", "NO_RELOCS", "check_profile", "load_profile",
-           "load_profile_full", "plan_between", "relayout", "text_growth_between"]
+           "load_profile_full", "relayout"]
 
 
 def _read_profile(path):
@@ -92,7 +90,7 @@ def load_profile_full(path, image=None, per_loop=True):
 
 def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), profile_build_id=None,
              log=None, debug="rewrite", layout_map=None, system_map=None, blocks=None,
-             allow_missing=False):
+             allow_missing=False, vmlinuz=None):
     """Lay out ``image_path`` per ``strategy`` and write ``out_path``; returns
     (summary, plan, rewriter). The summary is the JSON dict, with the passes'
     stats objects in ``summary.stats`` (``summary.lines()`` prints them).
@@ -104,39 +102,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     run = RelayoutRun(image_path, out_path, strat, hotness or {}, calls=calls,
                       profile_build_id=profile_build_id, blocks=blocks,
                       log=log or (lambda m: None), debug=debug, layout_map=layout_map,
-                      system_map=system_map, allow_missing=allow_missing)
+                      system_map=system_map, allow_missing=allow_missing, vmlinuz=vmlinuz)
     summary = run_passes(run, passes_for(strat))
     return summary, run.plan, run.rewriter
-
-
-def plan_between(base_path, new_path):
-    """The LayoutPlan that turned ``base_path`` into ``new_path`` (a relayout output,
-    which keeps the symbol table's order), read back from the two symbol tables: each
-    unit of the base starts where its first function starts in the new image."""
-    from .plan import LayoutPlan
-    base, new = ElfImage(base_path), ElfImage(new_path)
-    fa, fb = ImageContext.of(base).functions, ImageContext.of(new).functions
-    units, _ = build_units(base, fa)
-    b_by_sym = dict(zip(fb.sym_index.tolist(), fb.start.tolist()))
-    a_sym = fa.sym_index.tolist()
-    new_start = units.start.copy()
-    for ui in range(len(units)):
-        if not units.members[ui]:
-            continue          # code outside any function: no symbol tells where it went
-        fi, off = units.members[ui][0]
-        b = b_by_sym.get(a_sym[fi])
-        if b is not None:
-            new_start[ui] = b - off
-    plan = LayoutPlan(units, new_start, [r.start for r in units.regions], None, None)
-    from .user.segment import ORIG_TEXT
-    if new.section(ORIG_TEXT) is not None:      # the code went to a new segment
-        plan.relocated = {base.section(".text").index}
-    return plan
-
-
-def text_growth_between(base_path, new_path):
-    """relayout's ".text growth" (bytes) of ``new_path`` over its original, measured
-    from the two images alone (evaluate uses it for kernels given by path)."""
-    return int(_growth(plan_between(base_path, new_path)))
 
 

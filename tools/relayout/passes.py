@@ -42,7 +42,9 @@ class RelayoutRun:
     layout_map: Optional[str] = None
     system_map: Optional[str] = None
     allow_missing: bool = False
+    vmlinuz: Optional[str] = None    # a kernel's boot image: references recovered from it
     # built by the passes
+    recovered: Any = None            # image/references.py References (with --vmlinuz)
     image: Any = None
     target: Any = None               # KernelTarget or UserTarget
     functions: Any = None
@@ -83,7 +85,8 @@ class _Counting:
 # -- checks and planning helpers -----------------------------------------------
 
 NO_RELOCS = ("{path}: no link relocations in its code; relink with -Wl,--emit-relocs "
-             "(a kernel >= 6.5 strips them from vmlinux after writing vmlinux.relocs: run "
+             "(a kernel >= 6.5 strips them from vmlinux after writing vmlinux.relocs: give "
+             "its boot image with --vmlinuz VMLINUZ to recover them, or run "
              "linepack inside the kernel build with its kbuild hook, `linepack kbuild` or "
              "make ARCH_POSTLINK=$(linepack kbuild --print-hook); or use Debian 6.1's "
              "linux-image-6.1.0-*-cloud-amd64-dbg vmlinux)")
@@ -175,6 +178,12 @@ def load(run):
     if image.type != ET_EXEC and not pie:
         raise BadInput(f"{path}: not an executable (ELF type {image.type}); "
                        "relayout handles linked executables and vmlinux")
+    # where references come from: link relocations, or recovered from the vmlinuz
+    if run.vmlinuz is not None:
+        from ..image.elf import ElfImage
+        from ..image.references import use_vmlinuz
+        image = run.image = ElfImage(path)     # its own object: its relocations are replaced
+        run.recovered = use_vmlinuz(image, run.vmlinuz, run.log)
     if not image.has_link_relocations():
         raise BadInput(NO_RELOCS.format(path=path))
     functions = run.functions = ImageContext.of(image).functions
@@ -253,7 +262,8 @@ def split(run):
     log(f"CFG: {len(cfg)} blocks in {len(units)} units; {len(splits)} hot functions split, "
         f"{int(((heat >= strat.min_count) & (reason != 0)).sum())} hot ones moved whole")
     run.split = {"cfg": cfg, "splits": splits, "reason": reason, "block_count": counts,
-                 "eh_split": eh_split, "reasons": reason_summary(reason, heat, strat.min_count),
+                 "eh_split": eh_split, "reasons": reason_summary(reason, heat, strat.min_count,
+                                                       userspace=run.target.kind == "userspace"),
                  "planning": planning_units(units, heat, splits)}
     run.units, run.heat, _, _ = run.split["planning"]
     run.split_stats = st = _split_stats(run.split, run.orig_units)
@@ -318,6 +328,9 @@ def plan(run):
             run.log(f"{e}: the moved code goes to a new segment at {run.segment.vaddr:#x}")
     if run.segment is not None:
         run.plan = plan_(run.segment.relocate)
+    if run.recovered is not None:
+        from ..image.references import check_plan
+        check_plan(run.recovered, run.plan)     # units kept first in their region stayed first
     return S.PlanStats(**run.plan.summary())
 
 
@@ -526,9 +539,21 @@ def summary(run):
     tsize = text_size(run.image)
     return S.MetricsStats(
         **lines, **blocks, kept_regions=list(plan_.kept_regions),
+        # a program's profile counts the whole run (a workload's counts are per iteration)
+        counted=("in the profiled run" if run.target.kind == "userspace"
+                 else "per iteration"),
         padding_bytes=int(padding(plan_)), text_growth_bytes=growth, new_segment=seg,
         text_growth_pct=round(100.0 * growth / tsize, 4) if tsize else 0.0,
         problems=list(rw.problems))
+
+
+def reference_source(run):
+    """Where the references came from: with --vmlinuz, what was recovered and
+    what was pinned for want of an explanation (image/references.py)."""
+    if run.recovered is None:
+        return S.PassStats()
+    from ..image.references import summary_of
+    return S.RecoveredReferencesStats(summary_of(run.recovered)["references"])
 
 
 def maps(run):
@@ -544,13 +569,14 @@ def maps(run):
 FUNCTION_PASSES = [("load", load), ("disassemble", disassemble), ("plan", plan),
                    ("rewriter", rewriter), ("code", code), ("references", references),
                    ("static keys", static_keys), ("metadata", metadata), ("symbols", symbols),
-                   ("DWARF", dwarf), ("write", write), ("summary", summary), ("maps", maps)]
+                   ("DWARF", dwarf), ("write", write), ("summary", summary),
+                   ("reference source", reference_source), ("maps", maps)]
 
 BLOCK_PASSES = [("load", load), ("disassemble", disassemble), ("split", split), ("plan", plan),
                 ("parts", parts), ("code", code), ("references", references),
                 ("static keys", static_keys), ("metadata", metadata),
                 ("symbols", block_symbols), ("DWARF", dwarf), ("write", write),
-                ("summary", summary), ("maps", maps)]
+                ("summary", summary), ("reference source", reference_source), ("maps", maps)]
 
 
 def passes_for(strategy):

@@ -210,11 +210,18 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
             cursor = rstart            # an empty region: its labels only
             continue
         if ri in keep:
-            # original layout, moved as one block if an earlier region pushed it
-            idx = view.index
-            new_start[idx] = units.start[idx] + (rstart - reg.start)
-            cursor = max(int((units.start[idx] + units.size[idx]).max()) + (rstart - reg.start),
-                         rstart)
+            # original layout, moved as one block if an earlier region pushed it. Units
+            # go in address order, each at its shifted original place or, where the one
+            # before grew into it, right after (aligned): a block-level layout's cold part
+            # has its parent's start + 1 as ``start`` (an order, not a place)
+            idx = view.index[np.argsort(units.start[view.index], kind="stable")]
+            shift = rstart - reg.start
+            at = rstart
+            for u in idx.tolist():
+                a = max(int(units.start[u]) + shift, align_up(at, max(int(units.align[u]), 1)))
+                new_start[u] = a
+                at = a + int(units.size[u])
+            cursor = max(at, rstart)
             continue
         pinned = units.pinned[view.index]
         if pinned.any():

@@ -403,7 +403,8 @@ class Rewriter:
                 self.stats[f"stale.{name}"] = stale
             moved_off = P_new != P
             total["offsets_moved"] += int(moved_off.sum())
-            if moved_off.any() or (newA != A).any():
+            # recovered references (image/references.py) have no .rela section to update
+            if rel.section is not None and (moved_off.any() or (newA != A).any()):
                 rows = np.array(image.section_bytes(rel.section)).view(RELA).copy()
                 rows["offset"] = P_new
                 rows["addend"] = newA

@@ -269,6 +269,7 @@ class MetricsStats(PassStats):
     text_growth_pct: float = 0.0
     new_segment: Optional[dict] = None   # userspace code moved to a new segment
     problems: list = field(default_factory=list)        # (kind, address, message)
+    counted: str = "per iteration"       # what "at least once" counts over
 
     def to_json(self):
         out = {"hot_functions": self.hot_functions, "hot_lines_before": self.hot_lines_before,
@@ -299,7 +300,7 @@ class MetricsStats(PassStats):
         if self.block_lines_before is not None:
             b0, b1 = self.block_lines_before, self.block_lines_after
             out.append(f"  executed lines:    {b0} -> {b1} ({(b1 - b0) / b0 if b0 else 0:+.1%}; "
-                       "64 B lines holding blocks run at least once per iteration, "
+                       f"64 B lines holding blocks run at least once {self.counted}, "
                        f"{self.blocks} blocks)")
         return out
 
@@ -336,3 +337,19 @@ class RelayoutSummary(dict):
             if s is not plan and s is not metrics:
                 out += s.lines()
         return out + (metrics.problem_lines() if metrics else [])
+
+
+@dataclass
+class RecoveredReferencesStats(PassStats):
+    """relayout --vmlinuz: references recovered instead of read from link relocations."""
+    references: dict = field(default_factory=dict)
+
+    def to_json(self):
+        return {"references": self.references}
+
+    def lines(self):
+        r = self.references
+        un = r.get("unexplained") or {}
+        return [f"  references:        recovered from the vmlinuz: {r.get('recovered', 0)} fields; "
+                f"{un.get('fields', 0)} unexplained data values pinned "
+                f"{un.get('functions_pinned', 0)} units"]

@@ -8,28 +8,15 @@ The link address comes from the bzImage itself: its setup header's
 """
 
 import re
-import struct
 
-from ..errors import BadInput
+from ..image.bootimage import START_KERNEL_MAP, read_setup_header
 
-START_KERNEL_MAP = 0xffffffff80000000
 _KALLSYMS_LINE = re.compile(r"linepack-kallsyms ([0-9a-f]+) (\w) (\S+)")
 
 
 def bzimage_link_text(path):
     """Virtual address ``_text`` was linked at, from a bzImage's setup header."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(0x268)
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read: {e.strerror}") from None
-    if len(head) < 0x260 or head[0x202:0x206] != b"HdrS":
-        raise BadInput(f"{path}: not a bzImage (no 'HdrS' setup header)")
-    version = struct.unpack_from("<H", head, 0x206)[0]
-    if version < 0x20a:
-        raise BadInput(f"{path}: boot protocol {version >> 8}.{version & 0xff} has no "
-                       "pref_address (needs 2.10)")
-    return START_KERNEL_MAP + struct.unpack_from("<Q", head, 0x258)[0]
+    return read_setup_header(path).link_text
 
 
 def kallsyms_lines(serial):
@@ -47,3 +34,6 @@ def kaslr_offset(serial, link_text):
     if not got or got[0][0] == 0:
         return None
     return got[0][0] - link_text
+
+
+__all__ = ["START_KERNEL_MAP", "bzimage_link_text", "kallsyms_lines", "kaslr_offset"]

@@ -19,7 +19,6 @@ import copy
 import numpy as np
 
 from ..kernel import TABLES
-from ..image.context import ImageContext
 
 # (table, field) -> why a wrong value there cannot be seen in the image alone.
 UNDETECTABLE = {
@@ -400,7 +399,11 @@ def undetectable(ctx, table, field, kind, entries, k, patches, pctx):
             _boundary(ctx, n) and _same_code(ctx, int(entries["code"][k]), n) for n in news)
         return ("__jump_table", "target of a nop site: another instruction of its function") if ok else None
     if table.name == "__jump_table" and field.name == "code" and kind == "swapped pair":
-        return ("__jump_table", "key: another key of the same initial state")
+        # the premise, from the image: each site now answers to the other entry's key and
+        # branch bit, which is invisible only when both ask for the same built form
+        same = _built_as_nop(ctx, entries["key"][k], entries["flags"][k]) == \
+            _built_as_nop(ctx, entries["key"][k + 1], entries["flags"][k + 1])
+        return ("__jump_table", "key: another key of the same initial state") if same else None
     if table.name == ".altinstructions" and field.name in ("instrlen", "replacementlen"):
         start = "instr" if field.name == "instrlen" else "repl"
         e2 = _reparsed_entries(table, pctx, patches)
@@ -408,6 +411,17 @@ def undetectable(ctx, table, field, kind, entries, k, patches, pctx):
         ok = _boundary(ctx, end, end=True) and int(e2["replacementlen"][k]) <= int(e2["instrlen"][k])
         return (".altinstructions", "instrlen/replacementlen: another instruction boundary") if ok else None
     return None
+
+
+def _built_as_nop(ctx, key, flags):
+    """Whether a __jump_table entry's site is built as a nop: exactly when its key's
+    initial ``enabled`` (the static_key's first s32; 0 in .bss or outside the file)
+    agrees with the entry's branch bit, the rule __jump_table.initial-state checks."""
+    try:
+        enabled = int.from_bytes(bytes(ctx.image.read(int(key), 4)), "little", signed=True)
+    except ValueError:
+        enabled = 0
+    return (enabled != 0) == bool(int(flags) & 1)
 
 
 def _reparsed_entries(table, pctx, patches):
