@@ -56,3 +56,13 @@ class BlocksExtTsp(Blocks):
     """``blocks`` with the hot blocks in ext-TSP order."""
     name = "blocks-ext-tsp"
     block_order = "ext-tsp"
+
+
+class BlocksSets(Blocks):
+    """``blocks`` with set-aware placement for one cache model (``blocks-sets:MODEL``,
+    default intel-32k-8w): see Pack._spread_over_sets."""
+    name = "blocks-sets"
+    positional = "set_spread"
+
+    def __init__(self, set_spread="intel-32k-8w", **kw):
+        super().__init__(set_spread=set_spread, **kw)
