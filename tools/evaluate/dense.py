@@ -60,8 +60,9 @@ class DenseLayout:
         start = b["vaddr"].astype(np.uint64)
         end = start + np.maximum(b["size"].astype(np.uint64), np.uint64(1))
         self.every, self.order = int(every), order
-        lo, hi, heat, first = _merge(start[hot], end[hot], counts[hot],
-                                     _first_seen(bt.ids, len(b))[hot])
+        # first execution of each block: a sort of the whole window, only when asked
+        seen = _first_seen(bt.ids, len(b), hot) if order == "first" else np.zeros(len(b), np.int64)
+        lo, hi, heat, first = _merge(start[hot], end[hot], counts[hot], seen[hot])
         if order == "hot":
             k = np.lexsort((lo, -heat))
         elif order == "first":
@@ -145,12 +146,21 @@ class DenseLayout:
                 f"iterations, {self.order} order, at {self.base:#x}")
 
 
-def _first_seen(ids, n):
-    """Index of each block's first execution in the window (len(ids) if never)."""
+def _first_seen(ids, n, need=None, chunk=1 << 20):
+    """Index of each block's first execution in the window (len(ids) if never),
+    scanning the window in chunks until every block in ``need`` has been seen
+    (the loop's blocks all run in its first iterations)."""
     first = np.full(n, len(ids), dtype=np.int64)
-    if len(ids):
-        u, at = np.unique(ids, return_index=True)
-        first[u.astype(np.int64)] = at
+    todo = int(need.sum()) if need is not None else n
+    for a in range(0, len(ids), chunk):
+        u, at = np.unique(ids[a:a + chunk], return_index=True)
+        u = u.astype(np.int64)
+        new = first[u] == len(ids)
+        first[u[new]] = at[new] + a
+        if need is not None:
+            todo -= int(need[u[new]].sum())
+            if todo <= 0:
+                break
     return first
 
 
