@@ -279,3 +279,9 @@ def test_set_spread_shifts_a_region_off_the_sets_of_the_one_before(tmp_path):
     s = strategies.get(f"blocks-sets:{toy}")
     a, b = make_plan(t, s, heat), make_plan(t, s, heat)
     assert (a.new_start == b.new_start).all()
+
+
+def test_set_spread_needs_a_cache_model():
+    from linepack.errors import LinepackError
+    with pytest.raises(LinepackError, match="needs a cache model"):
+        strategies.get("blocks-sets")
