@@ -255,3 +255,33 @@ def test_pack_config_matches_defaults():
                  "strict"):
         assert getattr(a, attr) == getattr(b, attr), attr
     assert cfg["min_count"] == 1
+
+
+def test_set_spread_shifts_a_region_off_the_sets_of_the_one_before(tmp_path):
+    # an 8-set direct-mapped cache (512 B period); two regions 4 KiB apart, each
+    # with one hot 256 B unit at its start: stock-like placement puts both on sets
+    # 0..3; set-aware placement moves the second region's hot area to sets 4..7
+    toy = tmp_path / "toy.toml"
+    toy.write_text('name = "toy"\nsize = 512\nways = 1\nline = 64\npolicy = "lru"\n')
+    r1 = BASE + 0x1000
+    regs = [Region("r0", BASE, BASE + 0x800, 1), Region("r1", r1, r1 + 0x800, 1)]
+    t = UnitTable([BASE, BASE + 0x100, r1, r1 + 0x100], [256, 64, 256, 64], [0, 0, 1, 1], regs)
+    heat = np.array([10.0, 0.0, 5.0, 0.0])
+    plain = make_plan(t, strategies.get("blocks"), heat)
+    spread = make_plan(t, strategies.get(f"blocks-sets:{toy}"), heat)
+    sets = lambda a: {(int(a) // 64 + i) % 8 for i in range(4)}    # noqa: E731
+    assert sets(plain.new_start[0]) == sets(plain.new_start[2]) == {0, 1, 2, 3}
+    assert int(spread.new_start[0]) == BASE                       # the first region: no shift
+    assert int(spread.new_start[2]) == r1 + 256                   # padded by 4 lines
+    assert sets(spread.new_start[2]) == {4, 5, 6, 7}
+    assert int(spread.new_start[3]) >= int(spread.new_start[2]) + 256    # cold after hot
+    # the same strategy object planned again starts from empty sets
+    s = strategies.get(f"blocks-sets:{toy}")
+    a, b = make_plan(t, s, heat), make_plan(t, s, heat)
+    assert (a.new_start == b.new_start).all()
+
+
+def test_set_spread_needs_a_cache_model():
+    from linepack.errors import LinepackError
+    with pytest.raises(LinepackError, match="needs a cache model"):
+        strategies.get("blocks-sets")

@@ -45,7 +45,8 @@ class Evaluate:
                        "replaced before comparing; ^ and $ match at lines (repeat)")
         p.add_argument("--layout", action="append", metavar="STRATEGY",
                        help="a layout of the base image: stock, align-all:N, hot64, pack, blocks "
-                       "(repeat)")
+                       "(repeat); with --whatif also the dense reference dense[:N], "
+                       "dense-hot[:N], dense-first[:N] (docs/evaluate.md)")
         p.add_argument("--sweep", metavar="align-all:1,2,4,...,512",
                        help="function alignment sweep (what-if unless --booted)")
         p.add_argument("--whatif", action="store_true",
@@ -88,6 +89,11 @@ class Evaluate:
         p.add_argument("--plot", metavar="PNG", help="bar chart of misses per layout (sweep: curve)")
         p.add_argument("--heatmap", metavar="PNG",
                        help="executed text lines of the first and last layout (needs --layout)")
+        p.add_argument("--sets", action="store_true",
+                       help="with --layout ... --whatif: print each layout's per-set load (loop "
+                       "lines and accesses per cache set)")
+        p.add_argument("--sets-plot", metavar="PNG",
+                       help="with --layout ... --whatif: plot each layout's per-set load")
 
     @staticmethod
     def run(args):
@@ -99,5 +105,5 @@ class Evaluate:
                        if n.endswith((".json", ".csv"))]
         with OutputSet(inputs=inputs + [args.profile],
                        outputs={"--json": args.json, "--csv": args.csv, "--plot": args.plot,
-                                "--heatmap": args.heatmap}):
+                                "--heatmap": args.heatmap, "--sets-plot": args.sets_plot}):
             return modes.run(args, log=_log)

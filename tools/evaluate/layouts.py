@@ -21,9 +21,9 @@ from ..io import atomic_output
 
 _RELAYOUT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
                              "relayout")
-NEEDS_PROFILE = ("hot64", "pack", "blocks", "blocks-original", "blocks-ext-tsp")
+NEEDS_PROFILE = ("hot64", "pack", "blocks", "blocks-original", "blocks-ext-tsp", "blocks-sets")
 # block-level layouts: their map comes from the rewrite (block map), not the plan
-BLOCK_LEVEL = ("blocks", "blocks-original", "blocks-ext-tsp")
+BLOCK_LEVEL = ("blocks", "blocks-original", "blocks-ext-tsp", "blocks-sets")
 
 
 def normalize_spec(spec):

@@ -28,7 +28,7 @@ OPTIONS = {
     "reuse_runs": "--reuse-runs", "loops": "--loops", "cache": "--cache", "train": "--train",
     "test": "--test", "strategy": "--strategy", "weights": "--weights", "repeat": "--repeat",
     "json": "--json", "csv": "--csv", "report": "--report", "plot": "--plot",
-    "heatmap": "--heatmap",
+    "heatmap": "--heatmap", "sets": "--sets", "sets_plot": "--sets-plot",
 }
 # Defaults of options whose parser default is None (so that giving one is seen).
 DEFAULTS = {"workload": "vfs-mix", "strategy": "pack", "repeat": 1, "compare": "output"}
@@ -234,7 +234,10 @@ class _KernelMode(Mode):
         heatmap="--heatmap needs --layout (it compares the first and last layout)",
         profile="--profile is for --layout/--sweep strategies",
         weights="--weights goes with --train",
-        strategy="--strategy goes with --train/--test (layouts of one image: --layout)")
+        strategy="--strategy goes with --train/--test (layouts of one image: --layout)",
+        sets="--sets goes with --layout ... --whatif (the per-set load of replayed layouts)",
+        sets_plot="--sets-plot goes with --layout ... --whatif (the per-set load of replayed "
+                  "layouts)")
 
     def check_kernels(self, args):
         if not args.kernel:
@@ -267,15 +270,27 @@ class _KernelMode(Mode):
             echo(f"WARNING: {p}")
         for n in extra.get("notes", []):
             echo(f"note: {n}")
+        sets = extra.get("sets") or []
+        if sets:
+            from .dense import format_set_summary
+            echo("")
+            echo(format_set_summary([(s["layout"] + (f" {s['workload']}" if len(wls) > 1 else ""),
+                                      s["cache"], s["ways"], s) for s in sets]))
         self.add_columns(rows)
         if args.plot:
             self.plot(args, rows)
             log(f"wrote {args.plot}")
+        if getattr(args, "sets_plot", None):
+            from . import plots
+            plots.set_load_plot(sets, args.sets_plot,
+                                title=f"per-set load, {value(args, 'workload')}")
+            log(f"wrote {args.sets_plot}")
         clean = [{k: v for k, v in r.items() if not k.startswith("block_")} for r in rows]
         table.write_results(args.json, args.csv, rows=clean,
                             doc={"workload": value(args, "workload"), "loops": args.loops,
                                  "caches": caches, "results": clean, "problems": problems,
-                                 "notes": extra.get("notes", []), **extra.get("json", {})})
+                                 "notes": extra.get("notes", []), **extra.get("json", {}),
+                                 **({"sets": sets} if sets else {})})
         return EXIT_FINDINGS if problems else 0
 
     def specs(self, args):
@@ -329,7 +344,7 @@ class LayoutsMode(_KernelMode):
 
     name = "layouts"
     chosen_by = "--layout"
-    takes = _KernelMode.takes | {"layout", "whatif", "profile", "heatmap"}
+    takes = _KernelMode.takes | {"layout", "whatif", "profile", "heatmap", "sets", "sets_plot"}
     refusals = dict(_KernelMode.refusals, sweep="--layout and --sweep do not go together")
 
     def chosen(self, args):
@@ -341,10 +356,20 @@ class LayoutsMode(_KernelMode):
             raise BadInput("--layout/--sweep take exactly one --kernel (the base image)")
 
     def specs(self, args):
+        from . import dense
         from .layouts import normalize_spec
-        specs = [normalize_spec(s) for s in args.layout]
+        specs = []
+        for s in args.layout:
+            d = dense.parse(s)
+            if d and not args.whatif:
+                raise BadInput(f"--layout {s} is what-if only (the packing cannot boot): add "
+                               "--whatif")
+            specs.append(d[0] if d else normalize_spec(s))
         if len(set(specs)) != len(specs):
             raise BadInput("--layout: the same layout is given twice")
+        if (args.sets or args.sets_plot) and not args.whatif:
+            raise BadInput("--sets/--sets-plot need --whatif (the per-set load comes from the "
+                           "replayed trace)")
         return specs
 
     def measure(self, args, specs, caches, wls, log, whatif=None, skip_unfit=False):
@@ -353,7 +378,8 @@ class LayoutsMode(_KernelMode):
             args.kernel[0].rpartition("=")[2], specs, caches, workload=wls[0], loops=args.loops,
             whatif=args.whatif if whatif is None else whatif, profile=args.profile,
             repeat=value(args, "repeat"), heatmap=args.heatmap, skip_unfit=skip_unfit, log=log,
-            workloads=wls, parallel=args.jobs, scheduler=args.scheduler, reuse=args.reuse_runs)
+            workloads=wls, parallel=args.jobs, scheduler=args.scheduler, reuse=args.reuse_runs,
+            sets=bool(getattr(args, "sets", False) or getattr(args, "sets_plot", None)))
 
 
 class SweepMode(LayoutsMode):

@@ -135,3 +135,33 @@ def heatmap(panels, path, line=64, per_row=256, title="executed kernel text line
     fig.suptitle(title)
     _save(fig, path)
     plt.close(fig)
+
+
+def set_load_plot(sets, path, title="per-set load"):
+    """Per-set load (evaluate --sets-plot): for each cache model (and workload), loop
+    lines per set (top, with the associativity as a dashed line) and line executions
+    per iteration per set (bottom), one step curve per layout."""
+    plt = _plt()
+    if not sets:
+        raise BadInput("--sets-plot: no per-set load to plot")
+    groups = list(dict.fromkeys((s["workload"], s["cache"]) for s in sets))
+    fig, axes = plt.subplots(2, len(groups), figsize=(6.5 * len(groups), 6.5), squeeze=False)
+    for gi, (wl, cache) in enumerate(groups):
+        top, bottom = axes[0][gi], axes[1][gi]
+        for s in [s for s in sets if (s["workload"], s["cache"]) == (wl, cache)]:
+            x = np.arange(len(s["loop_lines_per_set"]))
+            top.step(x, s["loop_lines_per_set"], where="mid", lw=0.8,
+                     label=f"{s['layout']} (max {s['lines_max']}, {s['lines_over_ways']} over)")
+            bottom.step(x, s["accesses_per_set"], where="mid", lw=0.8, label=s["layout"])
+            ways = s["ways"]
+        top.axhline(ways, color="k", ls="--", lw=0.8)
+        top.set_title(f"{wl}, {cache}", fontsize=9)
+        top.set_ylabel("loop lines per set")
+        bottom.set_ylabel("line executions / iteration")
+        bottom.set_xlabel("cache set")
+        top.legend(fontsize=7)
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    _save(fig, path)
+    plt.close(fig)

@@ -2,6 +2,7 @@
 
 import time
 
+from ..errors import BadInput
 
 from .layouts import NEEDS_PROFILE, Layouts, blocks_from_trace, hotness_from_trace
 
@@ -12,16 +13,19 @@ def _pct(growth, tsize):
 
 def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif=True,
                      profile=None, repeat=1, heatmap=None, skip_unfit=False, log=None,
-                     workloads=None, parallel=None, scheduler=None, reuse=False):
+                     workloads=None, parallel=None, scheduler=None, reuse=False, sets=False):
     """Rows (one per layout, workload and cache model) and extra facts for the JSON output.
 
     skip_unfit: a layout the planner refuses (it would run into pinned code) is
     left out with a note instead of failing the whole run (sweeps). ``workloads``:
     several workloads (default: ``workload``); a derived profile comes from the
     first one's recorded run. Boots and trace recordings run as independent jobs
-    (``parallel`` processes, or the Dask cluster at ``scheduler``).
+    (``parallel`` processes, or the Dask cluster at ``scheduler``). ``dense:N`` specs
+    (what-if only) are the dense reference of each workload's own trace (dense.py).
+    sets: also the per-set load of every what-if row (``extra["sets"]``).
     """
     from ..relayout.plan import LayoutError
+    from . import dense
     from . import whatif as wi
     from .booted import measure_many, text_size
     log = log or (lambda m: None)
@@ -66,9 +70,40 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
     tables = {}
     extra["notes"] = []
     booted = []          # (spec, image, growth): booted after every layout is rewritten
+    extra["sets"] = []
+    line_sizes = list(dict.fromkeys(int(c["line"]) for c in caches))
     for spec in specs:
         t0 = time.perf_counter()
         label = spec
+        ds = dense.parse(spec)
+        if ds:
+            if not whatif:
+                raise BadInput(f"--layout {spec} is what-if only (the packing cannot boot): "
+                               "add --whatif")
+            for w in workloads:
+                t0 = time.perf_counter()
+                dl = dense.DenseLayout(traces[w], every=ds[2], order=ds[1])
+                tabs = {n: (dl.table(traces[w].blocks, n), {"split_blocks": 0,
+                                                            "padding_blocks": 0})
+                        for n in line_sizes}
+                plan_s = time.perf_counter() - t0
+                rs = wi.whatif(traces[w], None, caches, spec, tables=tabs)
+                for r in rs:
+                    bmeta = traces[w].meta.get("booted", {}).get(r["cache"], {})
+                    r.pop("booted_misses", None)
+                    r.update({"layout": label, "mode": "whatif", "workload": w,
+                              "instructions": bmeta.get("instructions", r["instructions"]),
+                              "text_growth_bytes": None, "text_growth_pct": None,
+                              "dense_bytes": dl.bytes, "dense_intervals": dl.intervals,
+                              "plan_s": plan_s,
+                              "time_s": plan_s + r["translate_s"] + r["replay_s"]})
+                    rows.append(r)
+                extra["notes"].append(f"{spec} ({w}): {dl.describe()}")
+                if sets:
+                    _set_rows(extra["sets"], traces[w], tabs, caches, label, w)
+                if heatmap and w == workload and spec in (specs[0], specs[-1]):
+                    tables[spec] = dl.table(bt.blocks, 64)
+            continue
         try:
             pm = L.plan(spec)
         except LayoutError as e:
@@ -88,7 +123,13 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
         growth = pm.growth if pm else 0
         if whatif:
             for w in workloads:
-                rs = wi.whatif(traces[w], pm.amap if pm else None, caches, spec)
+                amap = pm.amap if pm else None
+                t1 = time.perf_counter()
+                tabs = {n: wi.translate(traces[w].blocks, amap, n) for n in line_sizes}
+                translate_s = time.perf_counter() - t1
+                rs = wi.whatif(traces[w], amap, caches, spec, tables=tabs)
+                if sets:
+                    _set_rows(extra["sets"], traces[w], tabs, caches, label, w)
                 for r in rs:
                     bmeta = traces[w].meta.get("booted", {}).get(r["cache"], {})
                     r.update({"layout": label, "mode": "whatif",
@@ -97,6 +138,8 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
                               "plan_s": plan_s,
                               "time_s": plan_s + r["translate_s"] + r["replay_s"]})
                     r["workload"] = w
+                    r["translate_s"] = translate_s
+                    r["time_s"] += translate_s
                     if spec != "stock":
                         r.pop("booted_misses", None)
                     rows.append(r)
@@ -132,6 +175,17 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
                                   "record_s": t_rec, "boot_wall": bt.meta.get("boot_wall"),
                                   "booted": bt.meta.get("booted")}
     return rows, extra
+
+
+def _set_rows(out, bt, tabs, caches, label, workload):
+    """Per-set load of one layout on one workload, each cache model (appended to out)."""
+    from . import dense
+    for c in caches:
+        lines, acc = dense.set_load(bt, tabs[int(c["line"])][0], c)
+        out.append({"layout": label, "workload": workload, "cache": c["name"],
+                    "ways": int(c["ways"]), "loop_lines_per_set": lines.tolist(),
+                    "accesses_per_set": [round(float(a), 3) for a in acc],
+                    **dense.summarize_sets(lines, acc, int(c["ways"]))})
 
 
 __all__ = ["evaluate_layouts"]

@@ -15,16 +15,25 @@ def growth_cell(pct):
     return "n/a" if pct is None else f"{pct:+.2f}%"
 
 
+def is_dense_label(label):
+    return str(label).split(":")[0] in ("dense", "dense-hot", "dense-first")
+
+
 def format_rows(rows):
-    """One table per cache model; the first layout of each is the baseline."""
+    """One table per cache model; the first layout of each is the baseline. With a
+    dense reference row (what-if), a last column: each layout's distance to it, in
+    points of the change against the baseline (the first dense row is the reference)."""
     out = []
     several = len({r.get("workload") for r in rows}) > 1
     for wl, cache in dict.fromkeys((r.get("workload"), r["cache"]) for r in rows):
         rs = [r for r in rows if r["cache"] == cache and r.get("workload") == wl]
         base = rs[0]
+        dense = next((r for r in rs if is_dense_label(r["layout"])), None)
         mode = ", ".join(dict.fromkeys(r["mode"] for r in rs)) + (f", {wl}" if several else "")
         hdr = (f"{'layout':<16} {'L1i misses':>12} {'vs base':>8} {'fetches':>12} {'miss rate':>9} "
                f"{'MPKI':>7} {'kernel insns':>14} {'hot lines':>9} {'.text':>8} {'time s':>7}")
+        if dense:
+            hdr += f" {'to ' + dense['layout']:>14}"
         out += [f"kernel-mode L1i, {cache} ({mode})", hdr, "-" * len(hdr)]
         for r in rs:
             bm = base["misses"]
@@ -36,7 +45,9 @@ def format_rows(rows):
                 f"{1000.0 * r['misses'] / r['instructions'] if r['instructions'] else 0:>7.2f} "
                 f"{r['instructions']:>14,} "
                 f"{r['hot_lines']:>9,} {growth_cell(r.get('text_growth_pct', 0.0)):>8} "
-                f"{r['time_s']:>7.2f}{spread}")
+                f"{r['time_s']:>7.2f}"
+                + (f" {100.0 * (r['misses'] - dense['misses']) / bm if bm else 0:>+12.1f}pt"
+                   if dense else "") + spread)
             if r.get("booted_misses") is not None and r["mode"] == "whatif":
                 d = r["misses"] - r["booted_misses"]
                 out.append(f"{'':<16} booted {r['booted_misses']:,} ({d:+,} replay vs boot)")

@@ -333,12 +333,15 @@ def hot_lines(bt, table):
     return int(len(np.unique(table.lines[ran])))
 
 
-def whatif(bt, amap, caches, label="", text=None):
-    """Replay ``bt`` under ``amap`` for each cache model; returns a list of result dicts."""
+def whatif(bt, amap, caches, label="", text=None, tables=None):
+    """Replay ``bt`` under ``amap`` for each cache model; returns a list of result dicts.
+
+    tables: {line size: (LineTable, stats)} already translated (e.g. the dense
+    reference, which is no AddressMap); missing line sizes are translated here."""
     cfgs = _cache_cfgs(caches)
     t0 = time.perf_counter()
     res = []
-    tables = {}
+    tables = dict(tables or {})
     for c in cfgs:
         if c["line"] not in tables:
             tables[c["line"]] = translate(bt.blocks, amap, c["line"])

@@ -179,6 +179,8 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
     (``pack``) get them as ``view.hot_ranges`` (see ``unit_hot_ranges``).
     """
     regs = units.regions
+    if hasattr(strategy, "begin_plan"):
+        strategy.begin_plan()          # a strategy that carries state across regions
     ranges = hot_ranges if getattr(strategy, "use_blocks", False) else None
     if ranges is None and blocks is not None and getattr(strategy, "use_blocks", False):
         ranges = unit_hot_ranges(units, blocks, getattr(strategy, "block_min", 0.0))

@@ -56,3 +56,21 @@ class BlocksExtTsp(Blocks):
     """``blocks`` with the hot blocks in ext-TSP order."""
     name = "blocks-ext-tsp"
     block_order = "ext-tsp"
+
+
+class BlocksSets(Blocks):
+    """``blocks`` with set-aware placement for one cache model, ``blocks-sets:MODEL``
+    (a configs/cache name or TOML path): each region's hot area starts where its hot
+    lines overflow the model's sets least (Pack._spread_over_sets). What-if on
+    Debian 6.1 VFS-mix (docs/evaluate.md): amd-64k-2w -47.6% -> -49.6% misses vs
+    stock, intel-32k-8w unchanged (-33.6% -> -34.0%), .text +0.44%; aimed at
+    intel-32k-8w it gains nothing (every set there holds ~23 loop lines for 8 ways)."""
+    name = "blocks-sets"
+    positional = "set_spread"
+
+    def __init__(self, set_spread=None, **kw):
+        if not set_spread:
+            from ...errors import LinepackError
+            raise LinepackError("blocks-sets needs a cache model: blocks-sets:MODEL "
+                                "(e.g. blocks-sets:amd-64k-2w)")
+        super().__init__(set_spread=set_spread, **kw)

@@ -41,7 +41,7 @@ class Pack(Strategy):
     name = "pack"
 
     def __init__(self, min_count=1, line=LINE, max_cluster=4096, order="heat",
-                 use_blocks=True, block_min=0.5, strict=True, **_):
+                 use_blocks=True, block_min=0.5, strict=True, set_spread=None, **_):
         super().__init__(min_count)
         self.line = int(line)
         self.max_cluster = int(max_cluster)
@@ -52,6 +52,14 @@ class Pack(Strategy):
         self.use_blocks = bool(use_blocks)
         self.block_min = float(block_min)
         self.strict = bool(strict)
+        # set-aware placement: a cache model (configs/cache name); each region's hot
+        # area starts where its hot lines add the least load to the sets that the
+        # regions placed before it already fill (see _spread_over_sets)
+        self.set_spread = None
+        if set_spread:
+            from ...profile.trace import cache_config
+            self.set_spread = cache_config(set_spread)
+        self._set_placed = ([], [])      # lines and weights of earlier regions' hot code
 
     # -- ordering -----------------------------------------------------------------
     def _key(self, view, heat, size):
@@ -98,6 +106,8 @@ class Pack(Strategy):
             out, cur = self._layout_units(view, base, order)
         else:
             out, cur = self._layout_blocks(view, base, order, ranges)
+        if self.set_spread and out:
+            out, cur = self._spread_over_sets(view, out, cur, ranges)
         hot = {k for k, _ in out}
         cold = [k for k in range(len(view)) if k not in hot]
         out, _ = self.sequential(view, cold, cur, None, out)
@@ -221,3 +231,47 @@ class Pack(Strategy):
             out.append((k, pos))
             # Holes far behind the cursor are kept: small units still fit there.
         return out, cur
+
+    # -- set-aware placement ---------------------------------------------------------
+    def begin_plan(self):
+        self._set_placed = ([], [])
+
+    def _spread_over_sets(self, view, out, cur, ranges):
+        """Shift the region's hot area by whole lines (padding at its start) so that its
+        hot lines, weighted by their units' heat, overflow the cache's sets least,
+        given the hot lines of the regions placed before it. Cost: per set, the
+        weight of the lines beyond its ``ways`` heaviest (they cannot all stay)."""
+        import numpy as np
+        cfg = self.set_spread
+        line = int(cfg["line"])
+        sets = int(cfg["size"]) // (int(cfg["ways"]) * line)
+        ways = int(cfg["ways"])
+        step = max([line] + [int(view.align[k]) for k, _ in out])
+        if step % line or step >= sets * line:
+            return out, cur
+        lns, wts = [], []
+        for k, pos in out:
+            rng = ranges[k] if ranges is not None and ranges[k] is not None and len(ranges[k]) \
+                else [(0, int(view.size[k]))]
+            ls = sorted(self._lines(int(pos), rng))
+            lns += ls
+            wts += [float(view.heat[k])] * len(ls)
+        lns = np.array(lns, np.int64)
+        wts = np.array(wts, np.float64)
+        prev_l = np.array(self._set_placed[0], np.int64)
+        prev_w = np.array(self._set_placed[1], np.float64)
+        allw = np.concatenate([prev_w, wts])
+
+        def cost(shift_lines):
+            s = np.concatenate([prev_l, lns + shift_lines]) % sets
+            o = np.lexsort((-allw, s))
+            ss = s[o]
+            rank = np.arange(len(ss)) - np.searchsorted(ss, ss)
+            return float(allw[o][rank >= ways].sum())
+
+        best = min(range(0, sets * line, step), key=lambda d: (cost(d // line), d))
+        self._set_placed[0].extend((lns + best // line).tolist())
+        self._set_placed[1].extend(wts.tolist())
+        if not best:
+            return out, cur
+        return [(k, pos + best) for k, pos in out], cur + best
