@@ -18,19 +18,16 @@ corrupted field in the new segment is a verify finding.
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import helpers
 from linepack.image.elf import ElfImage
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("gcc") is None or shutil.which("g++") is None or
-    shutil.which("qemu-x86_64") is None or shutil.which("eu-elflint") is None,
-    reason="needs gcc, g++, qemu-x86_64 and eu-elflint")
+_requirements = helpers.requirements("gcc", "g++", "qemu-x86_64", "eu-elflint")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIX = os.path.join(HERE, "fixtures", "c")
@@ -143,28 +140,22 @@ def test_output_in_a_new_segment_runs_the_same(built, strategy):
         assert _run(out, *args) == _run(exe, *args)
     check_segment(exe, out, with_eh=strategy == "blocks")
     check_clean(exe, out)
+    if case == "switch_tables":
+        check_pinned_code_stays(exe, out, summary)
 
 
-def test_pinned_code_stays_at_its_old_place(built):
+def check_pinned_code_stays(exe, out, summary):
     """switch_tables.c's via_anchor is designated by a PC-relative data field
-    nothing explains: it stays, in .linepack.orig.text, and its symbol says so."""
-    case, exe, outs = built
-    if case != "switch_tables":
-        pytest.skip("only switch_tables.c has pinned code")
-    old = ElfImage(exe)
-    for s in ("pack", "blocks"):
-        out, summary = outs[s]
-        assert summary["pcrel_data.pinned_units"] >= 1
-        im = ElfImage(out)
-        a = old.symbol_address("via_anchor")
-        assert im.symbol_address("via_anchor") == a
-        orig = im.section(".linepack.orig.text")
-        names, syms = im.symbol_table()
-        k = names.index("via_anchor")
-        assert int(syms["shndx"][k]) == orig.index
-        # the rest of the old place is int3
-        data = bytes(im.section_bytes(orig))
-        assert data.count(0xCC) > len(data) // 2
+    nothing explains: it stays, in .linepack.orig.text, and its symbol says so;
+    the rest of the old place is int3."""
+    assert summary["pcrel_data.pinned_units"] >= 1
+    im = ElfImage(out)
+    assert im.symbol_address("via_anchor") == ElfImage(exe).symbol_address("via_anchor")
+    orig = im.section(".linepack.orig.text")
+    names, syms = im.symbol_table()
+    assert int(syms["shndx"][names.index("via_anchor")]) == orig.index
+    data = bytes(im.section_bytes(orig))
+    assert data.count(0xCC) > len(data) // 2
 
 
 def test_a_wrong_field_in_the_new_segment_is_a_finding(built, tmp_path):
