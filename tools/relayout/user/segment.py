@@ -69,20 +69,14 @@ class NewSegment:
 
     def text_size(self, plan):
         """Bytes the moved code takes from ``text_base`` on."""
-        u = plan.units
         inside = plan.new_start >= np.uint64(self.text_base)
         if not inside.any():
             return 16
         return _up(int(plan.new_end[inside].max()) - self.text_base, 16)
 
-    def eh_room(self):
-        """Where grown unwind sections start (after the moved code is known: set by
-        ``place_eh``)."""
-        return self._eh_at
-
     def place_eh(self, text_size):
-        self._eh_at = _up(self.text_base + text_size, 8)
-        return self._eh_at
+        """Where grown unwind sections start: after the moved code."""
+        return _up(self.text_base + text_size, 8)
 
     def finish(self, rw, first_new_index):
         """write_image's ``segment`` argument; moves the symbols left at the old
@@ -108,19 +102,15 @@ class NewSegment:
             sections[idx] = (addr, put(addr, data), len(data))
             if image.sections[idx].name == ".eh_frame_hdr":
                 eh_hdr_at = (addr, len(data))
-        phdrs = [p.copy() for p in image.phdrs]
-        last_load = max(i for i, p in enumerate(phdrs) if int(p["type"]) == PT_LOAD)
-        seg = np.zeros(1, PHDR)[0]
-        phdrs.insert(last_load + 1, seg)
+        # the new PT_LOAD right after the last one (loadable segments in address order)
+        last_load = max(i for i, p in enumerate(image.phdrs) if int(p["type"]) == PT_LOAD)
+        table = np.insert(np.array(image.phdrs), last_load + 1, np.zeros(1, PHDR))
         ph_at = _up(at, 8)
-        ph_off = put(ph_at, np.zeros(len(phdrs) * PHDR.itemsize, np.uint8))
-        end = at
-        table = np.array(phdrs, dtype=PHDR)
-        seg = table[last_load + 1]
+        ph_off = put(ph_at, np.zeros(len(table) * PHDR.itemsize, np.uint8))
+        seg = table[last_load + 1:last_load + 2]
         seg["type"], seg["flags"], seg["align"] = PT_LOAD, PF_R | PF_X, self.align
         seg["offset"], seg["vaddr"], seg["paddr"] = self.offset, self.vaddr, self.vaddr
-        seg["filesz"] = seg["memsz"] = end - self.vaddr
-        table[last_load + 1] = seg
+        seg["filesz"] = seg["memsz"] = at - self.vaddr
         for p in table:
             if int(p["type"]) == PT_PHDR:
                 p["offset"], p["vaddr"], p["paddr"] = ph_off, ph_at, ph_at
