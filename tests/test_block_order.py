@@ -250,7 +250,8 @@ def test_reordered_split_runs_same_and_verifies(prog_h, tmp_path, with_edges):
     summary, _, _ = relayout(str(exe), str(out), strat, hotness={"h": 100.0, "main": 100.0},
                              blocks=prof)
     sp = summary["split"]
-    assert sp["functions_split"] == 1
+    # h, and main when .eh_frame has no room for its cold FDE in place (a new segment)
+    assert sp["functions_split"] == 1 + ("new_segment" in summary)
     assert sp["ext_tsp_score"]["ordered"] > sp["ext_tsp_score"]["original"]
     res = subprocess.run([str(out)], capture_output=True, text=True, timeout=20)
     assert res.returncode == 0 and res.stdout == expected

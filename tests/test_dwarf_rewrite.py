@@ -34,12 +34,11 @@ HOT = HOT_C = {"delta": 100, "push": 95, "gamma_": 90, "alpha": 80, "beta": 70}
 def moved(request, tmp_path_factory):
     v = request.param
     d = tmp_path_factory.mktemp(f"dw{v}")
-    (d / "pad.s").write_text(PAD)
     exe = d / "prog"
     subprocess.run(["gcc", "-g", f"-gdwarf-{v}", "-O2", "-fno-pie", "-no-pie",
                     "-Wl,--emit-relocs", "-o", str(exe),
-                    os.path.join(FIXTURES, "c", "dwarf_a.c"), os.path.join(FIXTURES, "c", "dwarf_b.c"),
-                    str(d / "pad.s")], check=True, capture_output=True)
+                    os.path.join(FIXTURES, "c", "dwarf_a.c"), os.path.join(FIXTURES, "c", "dwarf_b.c")],
+                   check=True, capture_output=True)
     out = d / "prog.new"
     summary, plan, rw = relayout(str(exe), str(out), "hot64", hotness=HOT)
     return v, exe, out, summary, rw

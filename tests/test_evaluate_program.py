@@ -1,7 +1,6 @@
 """evaluate --program: userspace programs under qemu-x86_64 (the original and its relayout).
 
-A small C program compiled at test time (-no-pie, --emit-relocs, a 16 KiB never-executed
-filler after .text so align-all has room), relaid out with ``linepack relayout --strategy
+A small C program compiled at test time (-no-pie, --emit-relocs), relaid out with ``linepack relayout --strategy
 align-all 64``, then both measured by ``evaluate --program``. Correctness only: no timings,
 no assertions on miss counts beyond being counted.
 """
@@ -34,18 +33,15 @@ int main(int argc, char **argv) {
     return 0;
 }
 '''
-PAD = ('.section .text.zzpad,"ax",@progbits\n.fill 16384,1,0xcc\n'
-       '.section .note.GNU-stack,"",@progbits\n')
 
 
 def _build(d, name, tag="ok", pie=False, shared=False):
-    src, pad, exe = d / f"{name}.c", d / "pad.s", d / name
+    src, exe = d / f"{name}.c", d / name
     src.write_text(f'#define TAG "{tag}"\n' + PROG)
-    pad.write_text(PAD)
     flags = ["-pie", "-fpie"] if pie else ["-no-pie", "-fno-pie", "-Wl,--emit-relocs"]
     if shared:
         flags = ["-shared", "-fpic"]
-    subprocess.run(["gcc", "-O2", *flags, "-o", str(exe), str(src), str(pad)], check=True)
+    subprocess.run(["gcc", "-O2", *flags, "-o", str(exe), str(src)], check=True)
     return exe
 
 
@@ -93,9 +89,11 @@ def test_original_and_relayout(progs, plugin, tmp_path):
     for r in rows:
         assert r["fetches"] > 0 and 0 < r["misses"] <= r["fetches"]
         assert 0 < r["program_instructions"] < r["instructions"]
-    # Exactly the same work: a deterministic C program executes the same instructions.
-    assert len({r["instructions"] for r in rows}) == 1
+    # Exactly the same work: a deterministic C program executes the same instructions
+    # (the loader's walk over the relayout's one more program header aside: its
+    # code went to a new segment)
     assert len({r["program_instructions"] for r in rows}) == 1
+    assert max(r["instructions"] for r in rows) - min(r["instructions"] for r in rows) < 200
     with open(cs) as f:
         assert len(list(csv.DictReader(f))) == 4
 

@@ -59,11 +59,9 @@ def built(tmp_path_factory):
     d = tmp_path_factory.mktemp("kbhook")
     (d / "src" / "arch" / "x86").mkdir(parents=True)
     (d / "src" / "arch" / "x86" / "Makefile.postlink").write_text(ARCH_POSTLINK)
-    (d / "pad.s").write_text('.section .text.zzpad,"ax",@progbits\n.fill 4096,1,0xcc\n'
-                             '.section .note.GNU-stack,"",@progbits\n')
     exe = d / "prog"
     subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
-                    os.path.join(FIXTURES, "c", "hotloop.c"), str(d / "pad.s")], check=True)
+                    os.path.join(FIXTURES, "c", "hotloop.c")], check=True)
     (d / "p.json").write_text(json.dumps({"functions": {"crunch.constprop.0": 100, "mix": 10,
                                                         "main": 1}}))
     return d

@@ -161,8 +161,7 @@ def test_wrong_switch_table_entries_are_named(build, tmp_path):
     fix = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "c")
     exe = str(tmp_path / build)
     subprocess.run(["gcc", "-O2", *SWITCH_BUILDS[build], "-Wl,--emit-relocs", "-o", exe,
-                    os.path.join(fix, "switch_tables.c"), os.path.join(fix, "room.s")],
-                   check=True)
+                    os.path.join(fix, "switch_tables.c")], check=True)
     out = exe + ".pack"
     # hottest last: pack puts them first, so every function with a table moves
     summary, _, _ = relayout(exe, out, "pack", hotness={"main": 1.0, "weigh": 2.0,

@@ -22,18 +22,16 @@ from linepack.cli import main
 from linepack.errors import BadInput
 from linepack.io import Interrupted, OutputSet, atomic_output, write_atomic
 
-PAD = '.section .text.zzpad,"ax",@progbits\n.fill 4096,1,0xcc\n.section .note.GNU-stack,"",@progbits\n'
 
 
 @pytest.fixture(scope="module")
 def fixture_dir(tmp_path_factory):
-    """hotloop linked with --emit-relocs (and 4 KiB of room to grow), a JSON profile, a
+    """hotloop linked with --emit-relocs, a JSON profile, a
     profile model (imported from BOLT fdata) and its fdata export."""
     d = tmp_path_factory.mktemp("outputs")
-    (d / "pad.s").write_text(PAD)
     exe = d / "hl"
     subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
-                    os.path.join(FIXTURES, "c", "hotloop.c"), str(d / "pad.s")], check=True)
+                    os.path.join(FIXTURES, "c", "hotloop.c")], check=True)
     (d / "p.json").write_text(json.dumps({"functions": {"crunch.constprop.0": 100, "mix": 10,
                                                         "main": 1}}))
     (d / "p.fdata").write_text("no_lbr cycles\n1 mix 0 10\n2 crunch.constprop.0 4 100\n")

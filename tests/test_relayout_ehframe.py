@@ -160,7 +160,6 @@ int main(void) {
     int s = 0; for (int i = 0; i < 4; i++) s += f1(i);
     printf("%d %s\n", s, out); return 0;
 }
-__asm__(".pushsection .text.zzpad,\"ax\",@progbits\n.fill 4096,1,0xcc\n.popsection\n");
 ''')
     exe = tmp_path / "bt"
     subprocess.run(["gcc", "-include", "string.h", "-fexceptions", *FLAGS, "-o", str(exe),

@@ -1,7 +1,7 @@
 """Relayout of position-independent executables (PIE), pack and blocks.
 
-Fixtures built at test time (-O2 -fpie -pie -Wl,--emit-relocs, linked with
-tests/fixtures/c/room.s for headroom):
+Fixtures built at test time (-O2 -fpie -pie -Wl,--emit-relocs, nothing else:
+the moved code goes to a new segment):
 
 - tests/fixtures/c/pie_main.c against its own shared library (pie_lib.c):
   function pointers in .data.rel.ro (R_X86_64_RELATIVE), a PIC switch table,
@@ -66,8 +66,7 @@ def _build_c(d, name, flags=()):
                         os.path.join(FIX, "pie_lib.c")], check=True)
     exe = os.path.join(d, name)
     subprocess.run(["gcc", *PIE, *flags, "-o", exe, os.path.join(FIX, "pie_main.c"),
-                    os.path.join(FIX, "room.s"), "-L", d, "-lpielib", f"-Wl,-rpath,{d}"],
-                   check=True)
+                    "-L", d, "-lpielib", f"-Wl,-rpath,{d}"], check=True)
     return exe, lib
 
 
@@ -231,8 +230,7 @@ def cxx_pie(tmp_path_factory):
     from linepack.profile.user import record_user
     exe = str(tmp_path_factory.mktemp("piecxx") / "split_throw")
     subprocess.run(["g++", "-std=gnu++14", "-Wno-deprecated", *PIE, "-o", exe,
-                    os.path.join(FIX, "split_throw.cc"), os.path.join(FIX, "room.s")],
-                   check=True)
+                    os.path.join(FIX, "split_throw.cc")], check=True)
     prof = exe + ".lpprof"
     record_user(exe, [], output=prof)
     return exe, prof

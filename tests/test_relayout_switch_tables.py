@@ -13,7 +13,7 @@ test time with gcc's defaults (-O2) and -Wl,--emit-relocs, three ways:
 - ``pie``: -fPIE -pie.
 
 Each is profiled under qemu-x86_64, relaid out with ``pack`` and ``blocks``
-(linked with tests/fixtures/c/room.s: the spare room relayout needs today), run
+(nothing else linked: the moved code goes to a new segment), run
 with and without its error paths (same stdout, stderr and exit status as the
 original) and checked with ``verify --against`` (exit 0). verify finds the
 tables from the original's code on its own and names every wrong entry
@@ -69,8 +69,7 @@ def _verify(new, old):
 def _build(d, name):
     exe = os.path.join(d, name)
     subprocess.run(["gcc", "-O2", *BUILDS[name], "-Wl,--emit-relocs", "-o", exe,
-                    os.path.join(FIX, "switch_tables.c"), os.path.join(FIX, "room.s")],
-                   check=True)
+                    os.path.join(FIX, "switch_tables.c")], check=True)
     return exe
 
 
@@ -272,8 +271,8 @@ def _lua_source():
 
 def test_lua_built_as_debian_builds_it(tmp_path):
     """The real program of issue 22: Debian's lua5.4 source built with gcc's
-    defaults (-O2, -fPIE code) and linked -no-pie -Wl,--emit-relocs (with
-    room.s, the spare room relayout needs today). Before the fix both outputs
+    defaults (-O2, -fPIE code) and linked -no-pie -Wl,--emit-relocs, nothing
+    else. Before the fix both outputs
     crashed and verify passed them; now they print what the original prints
     and verify --against is clean, with every one of lua's 1,303 PIC switch-table
     entries found and checked."""
@@ -290,8 +289,8 @@ def test_lua_built_as_debian_builds_it(tmp_path):
                                "-c", c, "-o", o]) for c, o in zip(cs, objs)]
     assert not any(p.wait() for p in procs)
     exe = str(tmp_path / "lua")
-    subprocess.run(["gcc", "-no-pie", "-Wl,--emit-relocs", "-o", exe, *objs,
-                    os.path.join(FIX, "room.s"), "-lm", "-ldl"], check=True)
+    subprocess.run(["gcc", "-no-pie", "-Wl,--emit-relocs", "-o", exe, *objs, "-lm", "-ldl"],
+                   check=True)
     assert ElfImage(exe).type == 2
     script = str(tmp_path / "bench.lua")
     with open(script, "w") as f:

@@ -14,16 +14,14 @@ from linepack.evaluate.booted import code_growth
 from linepack.image.elf import ElfImage
 from linepack.image.functions import text_size
 
-PAD = '.section .text.zzpad,"ax",@progbits\n.fill 4096,1,0xcc\n.section .note.GNU-stack,"",@progbits\n'
 
 
 @pytest.fixture(scope="module")
 def prog(tmp_path_factory):
     d = tmp_path_factory.mktemp("growth")
-    (d / "pad.s").write_text(PAD)
     exe = d / "hl"
     subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
-                    os.path.join(FIXTURES, "c", "hotloop.c"), str(d / "pad.s")], check=True)
+                    os.path.join(FIXTURES, "c", "hotloop.c")], check=True)
     (d / "p.json").write_text(json.dumps({"functions": {"crunch.constprop.0": 100, "mix": 10,
                                                         "main": 1}}))
     return d
@@ -70,6 +68,7 @@ def test_blocks_growth_counts_the_cold_parts(tmp_path):
     out = tmp_path / "split"
     summary, _, _ = relayout(str(exe), str(out), "blocks", hotness={"f": 100.0, "main": 100.0},
                              blocks=blk._hot_ranges(ElfImage(str(exe))))
-    assert summary["split"]["functions_split"] == 1
-    assert summary["text_growth_bytes"] != 0       # the layout dropped the padding before f
+    # (no room in .eh_frame for the cold parts' FDEs: the code goes to a new segment)
+    assert summary["split"]["functions_split"] >= 1 and summary["new_segment"]
+    assert summary["text_growth_bytes"] != 0
     assert code_growth(str(exe), str(out)) == summary["text_growth_bytes"]

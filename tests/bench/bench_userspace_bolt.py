@@ -3,13 +3,10 @@
     python3 tests/bench/bench_userspace_bolt.py [--work DIR] [--reps 3] [--pie]
 
 1. Debian's lua5.4 source (``apt-get source lua5.4``, cached under
-   ~/.cache/linepack/userspace) built ``-O2 -fno-pie``, linked
-   ``-no-pie -Wl,--emit-relocs`` against the system libc (dynamic), with a
-   16 KiB never-executed ``.text.zzpad`` at the end of ``.text`` and 16 KiB of
-   redundant CFI in that filler's FDE (tests/fixtures/c/room.s): linepack keeps
-   every allocated section's size, so a layout with padding needs headroom in
-   .text, and the cold parts' FDEs need it in .eh_frame (BOLT gets the same
-   binary).
+   ~/.cache/linepack/userspace) built as people build it: ``-O2`` (gcc's
+   default PIE code), linked ``-no-pie -Wl,--emit-relocs`` against the system
+   libc (dynamic), nothing else: a layout that does not fit in place goes to a
+   new segment (docs/userspace.md). BOLT gets the same binary.
 2. A Lua workload (sort, string patterns, gsub, closures, coroutines, pcall)
    runs under qemu-x86_64 with linepack's plugin (mode=user, edges=on): the
    profile. It is exported as BOLT .fdata with linepack's exporter.
@@ -80,11 +77,7 @@ for i = 1, 5000 do ms = ms + mt[i] end
 print(s, table.concat(parts, ","), fib(22), cs, #str, ok, err, ms)
 '''
 
-# 16 KiB of never-executed .text and 4 KiB of redundant CFI in one FDE (the room
-# linepack needs: it keeps allocated section sizes; see the file's comment)
-with open(os.path.join(os.path.dirname(HERE), "fixtures", "c", "room.s")) as _f:
-    PAD_S = _f.read()
-CFLAGS = ["-O2", "-fno-pie", "-DLUA_COMPAT_5_3", "-DLUA_USE_LINUX"]
+CFLAGS = ["-O2", "-DLUA_COMPAT_5_3", "-DLUA_USE_LINUX"]
 LDFLAGS = ["-no-pie", "-Wl,--emit-relocs"]
 BOLT = "llvm-bolt-19"
 # BOLT's best: ext-TSP block order, cdsort function order, hot/cold splitting (EH too)
@@ -137,12 +130,9 @@ def build_lua(out_dir, src=None, log=print, pie=False):
              for c in cs]
     if any(p.wait() for p in procs):
         raise RuntimeError("compiling lua failed")
-    with open(os.path.join(obj, "pad.s"), "w") as f:
-        f.write(PAD_S)
     exe = os.path.join(out_dir, "lua")
     objs = [os.path.join(obj, os.path.basename(c)[:-2] + ".o") for c in cs]
-    subprocess.run(["gcc", *ldflags, "-o", exe, *objs, os.path.join(obj, "pad.s"), "-lm", "-ldl"],
-                   check=True)
+    subprocess.run(["gcc", *ldflags, "-o", exe, *objs, "-lm", "-ldl"], check=True)
     return exe
 
 

@@ -94,8 +94,9 @@ def text_growth_between(base_path, new_path):
     from ..image.elf import SHT_SYMTAB
     from ..image.functions import FunctionTable
     from ..relayout.blocks import planning_units
-    from ..relayout.plan import LayoutPlan
+    from ..relayout.plan import LayoutPlan, run_growth
     from ..relayout.units import build_units
+    from ..relayout.user.segment import ORIG_TEXT
     base, new = ElfImage(base_path), ElfImage(new_path)
     fa, fb = FunctionTable(base), FunctionTable(new)
     units, _ = build_units(base, fa)
@@ -137,11 +138,13 @@ def text_growth_between(base_path, new_path):
     else:
         new_start = unit_new
     plan = LayoutPlan(units, new_start, [r.start for r in units.regions], None, None)
+    if new.section(ORIG_TEXT) is not None:      # the code went to a new segment
+        plan.relocated = {base.section(".text").index}
     growth = 0
     for lo, hi in plan_extents(plan)[0]:
         m = (units.start >= np.uint64(lo)) & (units.start < np.uint64(hi)) & ~units.pinned
         if m.any():
-            growth += int(plan.new_end[m].max()) - int(units.end[m].max())
+            growth += run_growth(plan, m)
     return growth
 
 

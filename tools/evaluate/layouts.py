@@ -133,12 +133,13 @@ class PlanMap:
     @classmethod
     def from_plan(cls, plan):
         from ..image.addrmap import AddressMap, plan_extents
+        from ..relayout.plan import run_growth
         u = plan.units
         growth = padding = 0
         for lo, hi in plan_extents(plan)[0]:
             m = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi)) & ~u.pinned
             if m.any():
-                growth += int(plan.new_end[m].max()) - int(u.end[m].max())
+                growth += run_growth(plan, m)
                 span = int(plan.new_end[m].max()) - int(plan.new_start[m].min())
                 padding += span - int(u.size[m].sum())
         return cls(AddressMap.from_plan(plan), growth, padding, plan.strategy,
@@ -219,7 +220,7 @@ class Layouts:
     def plan(self, spec):
         """PlanMap of a layout (None for stock), cached."""
         from ..relayout import strategies
-        from ..relayout.plan import make_heat, make_plan
+        from ..relayout.plan import LayoutError, make_heat, make_plan
         spec, key = self.key(spec)
         if spec == "stock":
             return None
@@ -232,8 +233,14 @@ class Layouts:
             return PlanMap.load(path)
         units, functions = self._build_units()
         heat = make_heat(units, functions, self.hotness)
-        plan = make_plan(units, strategies.get(spec), heat, calls=self.calls, functions=functions,
-                         blocks=self.blocks)
+        try:
+            plan = make_plan(units, strategies.get(spec), heat, calls=self.calls,
+                             functions=functions, blocks=self.blocks)
+        except LayoutError:
+            # no room in place: relayout knows where the code goes (a userspace new
+            # segment) or says why not
+            self.image_path(spec)
+            return PlanMap.load(path)
         pm = PlanMap.from_plan(plan)
         os.makedirs(self.dir, exist_ok=True)
         pm.save(path)

@@ -169,8 +169,10 @@ class CodeCoverage:
         k0 = np.searchsorted(code_pos, cuts)
         k1 = np.searchsorted(code_pos, seg_end) - 1
         has_code = k1 >= k0
-        first = code_pos[np.minimum(k0, len(code_pos) - 1)]
-        last = code_pos[np.maximum(k1, 0)] + 1
+        # (a section of int3 only: the old place of code moved to a new segment)
+        code_at = code_pos if len(code_pos) else np.zeros(1, np.int64)
+        first = code_at[np.minimum(k0, len(code_at) - 1)]
+        last = code_at[np.maximum(k1, 0)] + 1
         parts = []
         special = self._mode32_starts(sec)
         for a, b, p, q, symcut in zip(cuts[has_code].tolist(), seg_end[has_code].tolist(),

@@ -15,11 +15,12 @@ import os
 import numpy as np
 
 from ..io import atomic_output
-from .elf import EHDR, SHDR, SHF_ALLOC, SHT_NOBITS
+from .elf import EHDR, SHDR, SHF_ALLOC, SHF_EXECINSTR, SHT_NOBITS
 
 
 def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sections=(),
-                header_updates=None, section_moves=None, alloc_sections=(), phdr_updates=None):
+                header_updates=None, section_moves=None, alloc_sections=(), phdr_updates=None,
+                segment=None):
     """Write image with ``patched`` {section index: bytes-like of the same size}
     (non-allocated sections may change size: they are packed after the rest).
 
@@ -36,6 +37,14 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
     the loaded part, e.g. after the read-only segment); their headers come first
     after the existing ones (index len(image.sections) + k). ``phdr_updates``:
     {program header index: {field: value}} (a segment grown to cover them).
+    ``segment``: a new loadable segment after the allocated content (userspace
+    room, relayout/user/segment.py), a dict: ``offset`` (file), ``data`` (its
+    bytes), ``phdrs`` (the whole new program header table, at file offset
+    ``phoff``, inside ``data``), ``sections`` {section index: (new address, file
+    offset, size)} for sections that now live there (their bytes are in
+    ``data``; ``patched`` must not hold them), ``old_places`` [(name, address,
+    file offset, bytes)]: executable sections for what stays at their old
+    place (headers added like ``alloc_sections``').
     Returns the output size.
     """
     patched = patched or {}
@@ -53,6 +62,10 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
         spans = sorted(moves.values())
         if any(a1 + n1 > a2 for (a1, n1), (a2, _) in zip(spans, spans[1:])):
             raise ValueError("moved sections overlap")
+    seg = segment or {}
+    seg_secs = seg.get("sections", {})
+    if any(i in patched for i in seg_secs):
+        raise ValueError("a section moved to the new segment is also patched in place")
     for idx, buf in patched.items():
         # Allocated sections keep their size (the loader's view is fixed);
         # non-allocated ones (debug info) may be re-encoded to another size.
@@ -61,9 +74,10 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
             raise ValueError(f"patched section {secs[idx].name} changed size")
     shstrndx = int(image.ehdr["shstrndx"])
     extra_names, alloc_names = [], []
-    if extra_sections or alloc_sections:
+    old_places = [(n, a, o, d, 16) for n, a, o, d in seg.get("old_places", ())]
+    if extra_sections or alloc_sections or old_places:
         strtab = bytearray(patched.get(shstrndx, image.section_bytes(secs[shstrndx])))
-        for name, *_ in alloc_sections:
+        for name, *_ in list(alloc_sections) + old_places:
             alloc_names.append(len(strtab))
             strtab += name.encode() + b"\0"
         for name, _ in extra_sections:
@@ -77,6 +91,11 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
     for s in secs:
         if s.flags & SHF_ALLOC and s.type != SHT_NOBITS:
             fixed_end = max(fixed_end, s.offset + s.size)
+    alloc_end = fixed_end
+    if seg:
+        if seg["offset"] < fixed_end:
+            raise ValueError("the new segment overlaps the file's allocated content")
+        fixed_end = seg["offset"] + len(seg["data"])
     shdrs = image.shdrs.copy()
     pieces = []        # (offset, bytes-like) written in order after the fixed part
     pos = fixed_end
@@ -97,13 +116,17 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
         shdrs[s.index]["size"] = len(data)
         pos += len(data)
     new_shdrs = []
-    for (name, addr, offset, data, align), name_off in zip(alloc_sections, alloc_names):
+    for k, ((name, addr, offset, data, align), name_off) in enumerate(
+            zip(list(alloc_sections) + old_places, alloc_names)):
         lo, hi = offset, offset + len(data)
         if hi > fixed_end or any(s.type != SHT_NOBITS and s.size and s.offset < hi and
-                                 lo < s.offset + s.size for s in secs[1:]):
+                                 lo < s.offset + s.size and s.index not in seg_secs
+                                 for s in secs[1:]):
             raise ValueError(f"section {name} at file offset {lo:#x} overlaps another section")
         h = np.zeros(1, SHDR)
-        h["name"], h["type"], h["flags"], h["addr"] = name_off, 1, SHF_ALLOC, addr
+        code = k >= len(alloc_sections)
+        h["name"], h["type"], h["addr"] = name_off, 1, addr
+        h["flags"] = SHF_ALLOC | (SHF_EXECINSTR if code else 0)
         h["offset"], h["size"], h["addralign"] = offset, len(data), align
         new_shdrs.append(h)
     for (name, data), name_off in zip(extra_sections, extra_names):
@@ -115,7 +138,9 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
         pos += len(data)
     if new_shdrs:
         shdrs = np.concatenate([shdrs] + new_shdrs)
-    phdrs = image.phdrs.copy()
+    phdrs = image.phdrs.copy() if not seg else seg["phdrs"].copy()
+    for idx, (a, off, n) in seg_secs.items():
+        shdrs[idx]["addr"], shdrs[idx]["offset"], shdrs[idx]["size"] = a, off, n
     for idx, (a, n) in moves.items():
         s = secs[idx]
         shdrs[idx]["addr"] = a
@@ -139,18 +164,27 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
     ehdr["shnum"] = len(shdrs)
     if entry is not None:
         ehdr["entry"] = entry
+    if seg:
+        ehdr["phoff"], ehdr["phnum"] = seg["phoff"], len(phdrs)
     for idx, fields in (phdr_updates or {}).items():
         for k, v in fields.items():
             phdrs[idx][k] = v
     with atomic_output(out_path, mode=os.stat(image.path).st_mode & 0o777) as f:
-        head = image.data[:fixed_end]
+        head = image.data[:alloc_end]
         f.write(memoryview(head))
+        # (up to a new segment's offset: a hole, not written; sparse where the file
+        # system allows, e.g. the size of a large .bss)
         f.seek(0)
         f.write(ehdr.tobytes())
-        if moves or phdr_updates:
+        if seg:
+            f.seek(seg["offset"])
+            f.write(memoryview(np.asarray(seg["data"], dtype=np.uint8)))
+            f.seek(seg["phoff"])
+            f.write(phdrs.tobytes())
+        elif moves or phdr_updates:
             f.seek(int(image.ehdr["phoff"]))
             f.write(phdrs.tobytes())
-        for _, _, offset, data, _ in alloc_sections:
+        for _, _, offset, data, _ in list(alloc_sections) + old_places:
             f.seek(offset)
             f.write(memoryview(np.asarray(data, dtype=np.uint8)))
         for idx, buf in patched.items():

@@ -59,6 +59,7 @@ class RelayoutRun:
     extra_sections: list = field(default_factory=list)
     alloc_sections: list = field(default_factory=list)
     phdr_updates: Any = None
+    segment: Any = None              # userspace: the new segment the moved code went to
     drop: list = field(default_factory=list)
     stats: list = field(default_factory=list)   # [(pass name, stats)]
 
@@ -241,7 +242,20 @@ def split(run):
                                    getattr(run.blocks, "edges", None), log)
     if eh_split is not None:
         n = len(splits)
-        splits = eh_split.accept(splits, units.start, heat, reason)
+        kept = eh_split.accept(splits, units.start, heat, reason)
+        if len(kept) < n and run.segment is None:
+            # no room in place: the unwind tables (and the moved code) may go to a
+            # new segment (userspace), where every split fits
+            run.segment = run.target.new_segment(run)
+            if run.segment is not None:
+                log(f".eh_frame: room for {len(kept)} of {n} cold-part FDEs in place; the "
+                    f"moved code and unwind tables go to a new segment at "
+                    f"{run.segment.vaddr:#x}")
+                for sf in splits:
+                    reason[sf.unit] = 0
+                eh_split.use_segment(run.segment)
+                kept = eh_split.accept(splits, units.start, heat, reason)
+        splits = kept
         if len(splits) < n:
             log(f".eh_frame: room for {len(splits)} of {n} cold-part FDEs; "
                 f"{n - len(splits)} functions moved whole")
@@ -295,15 +309,25 @@ def plan(run):
             f"({int((heat > 0).sum())} hot) in {len(units.regions)} regions")
     timings.phase("plan")
     block_level = run.split is not None
-    try:
-        run.plan = make_plan(units, strat, heat, calls=run.calls, functions=run.functions,
-                             blocks=None if block_level else run.blocks,
-                             hot_ranges=_split_hot_ranges(run.orig_units, run.split, strat,
-                                                          run.blocks) if block_level else None,
-                             log=run.log)
-    except LayoutError as e:
-        raise LayoutError(_no_fit_message(e, strat, units, heat, run.calls, run.functions,
-                                          run.log)) from None
+    hot_ranges = _split_hot_ranges(run.orig_units, run.split, strat,
+                                   run.blocks) if block_level else None
+
+    def plan_(relocate=None):
+        return make_plan(units, strat, heat, calls=run.calls, functions=run.functions,
+                         blocks=None if block_level else run.blocks, hot_ranges=hot_ranges,
+                         log=run.log, relocate=relocate)
+    if run.segment is None:
+        try:
+            run.plan = plan_()
+        except LayoutError as e:
+            # the target may offer room elsewhere (userspace: a new segment)
+            run.segment = run.target.new_segment(run)
+            if run.segment is None:
+                raise LayoutError(_no_fit_message(e, strat, units, heat, run.calls,
+                                                  run.functions, run.log)) from None
+            run.log(f"{e}: the moved code goes to a new segment at {run.segment.vaddr:#x}")
+    if run.segment is not None:
+        run.plan = plan_(run.segment.relocate)
     if run.recovered is not None:
         from ..image.references import check_plan
         check_plan(run.recovered, run.plan)     # units kept first in their region stayed first
@@ -312,6 +336,9 @@ def plan(run):
 
 def _start_rewrite(run, rw):
     run.rewriter = rw
+    if run.segment is not None:
+        seg = run.segment
+        rw.relocated = {seg.text.index: (seg.text_base, seg.text_size(run.plan))}
     rw.pic_tables = pic = run.target.pic
     if pic is not None:
         rw.stats["pie.pic_table_entries"] = len(pic)
@@ -479,12 +506,18 @@ def write(run):
     rw = run.rewriter
     run.log(f"writing {run.out_path}")
     timings.phase("write image")
+    segment = None
+    if run.segment is not None:
+        segment = run.segment.finish(rw, len(run.image.sections) + len(run.alloc_sections))
+        run.log(f"new segment at {run.segment.vaddr:#x}: {run.segment.summary['size']:,} bytes "
+                f"({run.segment.summary['text_bytes']:,} of code)")
     write_image(run.image, run.out_path, rw.patched, drop=run.drop, entry=rw.new_entry(),
                 extra_sections=run.extra_sections, header_updates=rw.header_updates,
                 section_moves=rw.section_moves, alloc_sections=run.alloc_sections,
-                phdr_updates=run.phdr_updates)
+                phdr_updates=run.phdr_updates, segment=segment)
     return S.WriteStats(path=run.out_path,
-                        sections_added=len(run.extra_sections) + len(run.alloc_sections))
+                        sections_added=len(run.extra_sections) + len(run.alloc_sections) +
+                        (segment is not None))
 
 
 def summary(run):
@@ -502,13 +535,14 @@ def summary(run):
         # lines holding code that runs at least once per iteration: what the cache sees
         blocks = block_line_metric(plan_, run.blocks, min_count=1.0)
     growth = int(text_growth(plan_))
+    seg = dict(run.segment.summary) if run.segment is not None else None
     tsize = text_size(run.image)
     return S.MetricsStats(
         **lines, **blocks, kept_regions=list(plan_.kept_regions),
         # a program's profile counts the whole run (a workload's counts are per iteration)
         counted=("in the profiled run" if run.target.kind == "userspace"
                  else "per iteration"),
-        padding_bytes=int(padding(plan_)), text_growth_bytes=growth,
+        padding_bytes=int(padding(plan_)), text_growth_bytes=growth, new_segment=seg,
         text_growth_pct=round(100.0 * growth / tsize, 4) if tsize else 0.0,
         problems=list(rw.problems))
 

@@ -67,6 +67,7 @@ class LayoutPlan:
         self.strategy = strategy
         self.heat = heat
         self.kept_regions = []        # regions that kept their original layout (make_plan)
+        self.relocated = set()        # sections whose movable code went to a new segment
 
     @property
     def moved(self):
@@ -129,7 +130,7 @@ class _PinnedOverflow(LayoutError):
 
 
 def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_ranges=None,
-              log=None):
+              log=None, relocate=None):
     """Lay out every region with ``strategy``; returns a LayoutPlan.
 
     When the regions before a pinned one (kprobes text, entry text) outgrow the
@@ -137,11 +138,17 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
     instead, then the next nearest, ... (a tightly linked kernel has no slack
     there: 6.12's lock text ends 8 bytes before its kprobes text, and 64 B
     alignment of its hot spin locks needs more). ``plan.kept_regions`` names them.
+
+    ``relocate``: {section index: new start} for sections whose movable code goes
+    to a new place with no end (a userspace executable's new segment,
+    relayout/user/segment.py): their movable regions are laid out one after
+    another from there, their pinned regions stay where they are.
     """
     keep = set()
     while True:
         try:
-            plan = _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep)
+            plan = _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep,
+                              relocate or {})
         except _PinnedOverflow as e:
             regs = units.regions
             cand = None
@@ -159,10 +166,11 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
                     f"before pinned {regs[e.index].name})")
             continue
         plan.kept_regions = sorted(units.regions[i].name for i in keep)
+        plan.relocated = set(relocate or ())
         return plan
 
 
-def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep):
+def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep, relocate):
     """make_plan with the regions in ``keep`` (indexes) at their original layout.
 
     ``calls``: [(caller, callee, count)] by function name (call edges);
@@ -181,10 +189,13 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
     prev_section, cursor = None, None
     for ri, reg in enumerate(regs):
         if reg.section != prev_section:
-            if prev_section is not None:
+            if prev_section is not None and prev_section not in relocate:
                 _check_section_end(regs[ri - 1], cursor)
-            cursor = reg.start
+            cursor = relocate.get(reg.section, reg.start)
             prev_section = reg.section
+        moved_away = reg.section in relocate
+        if reg.pinned and moved_away:
+            continue                   # stays; the movable code is elsewhere
         if reg.pinned:
             if cursor > reg.start:
                 raise _PinnedOverflow(
@@ -193,7 +204,8 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
                     f"(pinned at {reg.start:#x}); use a strategy with less padding", ri)
             cursor = reg.end
             continue
-        rstart = max(reg.start, align_up(cursor, _region_align(reg.start)))
+        rstart = align_up(cursor, _region_align(reg.start)) if moved_away else \
+            max(reg.start, align_up(cursor, _region_align(reg.start)))
         region_new_start[ri] = rstart
         view = RegionView(units, ri, heat)
         if not len(view):
@@ -221,16 +233,17 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
             first_pinned = int(units.start[view.index[0]])
             if pinned[npin:].any():
                 raise LayoutError(f"region {reg.name} holds pinned code after movable code")
-            if rstart > first_pinned:
+            if rstart > first_pinned and not moved_away:
                 raise LayoutError(
                     f"layout does not fit: the code before {units.name[view.index[0]]} "
                     f"(pinned at {first_pinned:#x}) needs {rstart - first_pinned} more bytes")
             new_start[view.index[:npin]] = units.start[view.index[:npin]]
-            cursor = int(units.end[view.index[npin - 1]])
+            if not moved_away:
+                cursor = int(units.end[view.index[npin - 1]])
             if npin == len(pinned):
                 continue
             view = RegionView(units, ri, heat, skip=npin)
-            rstart = cursor
+            rstart = cursor if not moved_away else rstart
         view.edges = _edges(view, units, calls, functions)
         if ranges is not None:
             view.hot_ranges = [ranges.get(int(i)) for i in view.index.tolist()]
@@ -242,7 +255,7 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
             new_start[view.index[k]] = addr
         region_end = max(int(addr) + int(view.size[k]) for k, addr in placed)
         cursor = max(region_end, rstart)
-    if regs:
+    if regs and regs[-1].section not in relocate:
         _check_section_end(regs[-1], cursor)
     _check_overlaps(units, new_start)
     return LayoutPlan(units, new_start, region_new_start, strategy.name, heat)
@@ -444,9 +457,24 @@ def _movable_runs(plan):
 
 
 def text_growth(plan):
-    """How far the end of laid-out code moved, summed over sections' movable runs."""
+    """How far the end of laid-out code moved, summed over sections' movable runs
+    (a run moved away whole, to a userspace executable's new segment: how much
+    longer it is there)."""
     u = plan.units
-    return sum(int(plan.new_end[m].max()) - int(u.end[m].max()) for m in _movable_runs(plan))
+    out = 0
+    for m in _movable_runs(plan):
+        out += run_growth(plan, m)
+    return out
+
+
+def run_growth(plan, m):
+    """text_growth of one movable run (mask ``m`` of the units)."""
+    u = plan.units
+    lo, hi = int(u.start[m].min()), int(u.end[m].max())
+    nlo, nhi = int(plan.new_start[m].min()), int(plan.new_end[m].max())
+    away = getattr(plan, "relocated", ()) and \
+        int(u.regions[int(u.region[np.argmax(m)])].section) in plan.relocated
+    return (nhi - nlo) - (hi - lo) if away else nhi - hi
 
 
 def padding(plan):

@@ -78,6 +78,11 @@ class Rewriter:
         self.block_split = None      # block level: the split (relayout/passes.py)
         self.header_updates = None   # {section index: {header field: value}} for write_image
         self.section_moves = None    # {section index: (new address, new size)} for write_image
+        # {section index: (new address, new size)}: laid-out sections whose moved code
+        # goes to a new segment (relayout/user/segment.py); their old bytes (pinned
+        # code stays there) are in ``self.orig``
+        self.relocated = {}
+        self.orig = {}
 
     # -- helpers -------------------------------------------------------------
     def address_map(self):
@@ -85,8 +90,35 @@ class Rewriter:
 
     def buf(self, sec):
         if sec.index not in self.patched:
-            self.patched[sec.index] = np.array(self.image.section_bytes(sec), dtype=np.uint8)
+            if sec.index in self.relocated:
+                self.patched[sec.index] = np.full(self.relocated[sec.index][1], 0xCC, np.uint8)
+                self.orig[sec.index] = np.array(self.image.section_bytes(sec), dtype=np.uint8)
+            else:
+                self.patched[sec.index] = np.array(self.image.section_bytes(sec), dtype=np.uint8)
         return self.patched[sec.index]
+
+    def out_at(self, addr):
+        """(buffer, its address) of the output bytes that hold new address ``addr``:
+        a relocated section's new place, its old place, or an unmoved section."""
+        for i, (a, n) in self.relocated.items():
+            if a <= addr < a + n:
+                return self.buf(self.image.sections[i]), a
+        sec = self.image.section_at(addr)
+        buf = self.buf(sec)
+        return (self.orig[sec.index] if sec.index in self.relocated else buf), sec.addr
+
+    def write_fields(self, addrs, values, size):
+        """Write ``size``-byte fields at new addresses (any output section)."""
+        addrs = np.asarray(addrs, dtype=np.uint64)
+        values = np.asarray(values, dtype=np.int64)
+        if not len(addrs):
+            return
+        lo = int(addrs.min())
+        buf, base = self.out_at(lo)
+        inside = (addrs >= np.uint64(base)) & (addrs + np.uint64(size) <= np.uint64(base + len(buf)))
+        _write_int(buf, (addrs[inside] - np.uint64(base)).astype(np.int64), values[inside], size)
+        if not inside.all():
+            self.write_fields(addrs[~inside], values[~inside], size)
 
     def problem(self, kind, addrs, what):
         addrs = np.asarray(addrs, dtype=np.uint64)
@@ -186,14 +218,23 @@ class Rewriter:
             sec = self.image.section_at(lo)
             old = self.image.section_bytes(sec)
             new = self.buf(sec)
+            base = sec.addr
             inside = (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi))
             idx = np.nonzero(inside)[0]
-            if len(idx) and int(p.new_end[idx].max()) > hi:
+            if sec.index in self.relocated:
+                # the old place keeps only its pinned code: int3 where code left
+                self.orig[sec.index][lo - sec.addr:hi - sec.addr] = 0xCC
+                base, n = self.relocated[sec.index]
+                hi = base + n
+            elif len(idx) and int(p.new_end[idx].max()) > hi:
                 raise RewriteError(f"layout runs past {hi:#x} (end of section {sec.name} "
                                    "or pinned code)")
-            new[lo - sec.addr:hi - sec.addr] = 0xCC
+            else:
+                new[lo - sec.addr:hi - sec.addr] = 0xCC
+            if len(idx) and int(p.new_end[idx].max()) > hi:
+                raise RewriteError(f"layout runs past {hi:#x} (end of the new {sec.name})")
             for i in idx.tolist():
-                b = int(p.new_start[i]) - sec.addr
+                b = int(p.new_start[i]) - base
                 data = self.unit_bytes(i, old, sec)
                 new[b:b + len(data)] = data
             moved += int(p.moved[idx].sum())
@@ -230,6 +271,10 @@ class Rewriter:
         if bad.any():
             self.problem("symbol-in-padding", v[bad], "symbol value in dropped padding")
             new = np.where(bad, v, new)
+        for i, (a, _) in self.relocated.items():
+            # a relocated section's SECTION symbol names its new place (relocations
+            # against it get their addends adjusted by fix_relocations)
+            new = np.where(sec_sym & (shndx == i), np.uint64(a), new)
         self.sym_new = new
         self.stats["symbols_updated"] = int((new != v).sum())
 
@@ -346,7 +391,10 @@ class Rewriter:
                 diff = (val != oldv) | (dP != 0)
                 if diff.any():
                     sel = m[diff]
-                    _write_int(buf, off_new[sel], val[diff], size)
+                    if tgt.index in self.relocated:
+                        self.write_fields(P_new[sel], val[diff], size)
+                    else:
+                        _write_int(buf, off_new[sel], val[diff], size)
                     changed_fields += int((val != oldv).sum())
             total["relocs"] += len(rel)
             total["fields_changed"] += changed_fields
@@ -403,10 +451,7 @@ class Rewriter:
                                    f"(first at {int(addr[over][0]):#x})")
             sel = np.nonzero(m)[0]
             if len(sel):
-                sec = self.image.section_at(int(new_addr[sel[0]]))
-                buf = self.buf(sec)
-                pos = (end_new[sel] - np.uint64(k) - np.uint64(sec.addr)).astype(np.int64)
-                _write_int(buf, pos, disp_new[sel], k)
+                self.write_fields(end_new[sel] - np.uint64(k), disp_new[sel], k)
             self.stats[f"branches.{name}_fixed"] = int(m.sum())
 
     def fix_rip_relative(self):
@@ -453,12 +498,7 @@ class Rewriter:
         for addr in a[change & ~ok].tolist():
             self.problem("rip-into-padding", [addr], "RIP-relative target in dropped padding")
         fix = np.nonzero(change & ok)[0]
-        for j in fix.tolist():
-            new_a = int(an[j])
-            sec = self.image.section_at(new_a)
-            buf = self.buf(sec)
-            p = new_a - sec.addr + int(do[j])
-            buf[p:p + 4] = np.frombuffer(int(dn[j]).to_bytes(4, "little", signed=True), np.uint8)
+        self.write_fields(an[fix] + do[fix].astype(np.uint64), dn[fix], 4)
         self.stats["rip_relative.unrelocated"] = found
         self.stats["rip_relative.fixed"] = len(fix)
 

@@ -267,6 +267,7 @@ class MetricsStats(PassStats):
     padding_bytes: int = 0
     text_growth_bytes: int = 0
     text_growth_pct: float = 0.0
+    new_segment: Optional[dict] = None   # userspace code moved to a new segment
     problems: list = field(default_factory=list)        # (kind, address, message)
     counted: str = "per iteration"       # what "at least once" counts over
 
@@ -280,6 +281,8 @@ class MetricsStats(PassStats):
         out.update({"kept_regions": list(self.kept_regions), "padding_bytes": self.padding_bytes,
                     "text_growth_bytes": self.text_growth_bytes,
                     "text_growth_pct": self.text_growth_pct})
+        if self.new_segment is not None:
+            out["new_segment"] = dict(self.new_segment)
         return out
 
     def problems_json(self):
@@ -290,6 +293,10 @@ class MetricsStats(PassStats):
                f"{self.text_growth_bytes:+,} bytes ({self.text_growth_pct:+.2f}% of .text)",
                f"  hot 64 B lines:    {self.hot_lines_before} -> {self.hot_lines_after} "
                f"({self.hot_functions} hot functions, whole functions)"]
+        if self.new_segment is not None:
+            g = self.new_segment
+            out.insert(1, f"  new segment:       at {g['address']}, {g['size']:,} bytes "
+                       f"({g['text_bytes']:,} of code, {g['eh_bytes']:,} of unwind tables)")
         if self.block_lines_before is not None:
             b0, b1 = self.block_lines_before, self.block_lines_after
             out.append(f"  executed lines:    {b0} -> {b1} ({(b1 - b0) / b0 if b0 else 0:+.1%}; "

@@ -56,6 +56,11 @@ class Target:
         (allocated sections to add, program header updates) for write_image."""
         return [], None
 
+    def new_segment(self, run):
+        """Room for a layout that does not fit in place: a NewSegment
+        (relayout/user/segment.py) or None (a kernel: its layout fits or fails)."""
+        return None
+
 
 class KernelTarget(Target):
     kind = "kernel"
@@ -170,7 +175,18 @@ class UserTarget(Target):
         if self.pie:
             from .user.pie import update_dynamic
             update_dynamic(rw, self.image, log)
+        elif not rw.plan.is_identity():
+            from .user.pie import update_dynamic_entries
+            update_dynamic_entries(rw, self.image)
         return []
+
+    def new_segment(self, run):
+        """The moved code goes to a new PT_LOAD segment (the executable as linked
+        has no room after .text)."""
+        from .user.segment import NewSegment
+        if self.image.section(".text") is None:
+            return None
+        return NewSegment(self.image)
 
     def block_symbols(self, run):
         from .user.eh_frame_split import fix_section_symbols

@@ -144,7 +144,16 @@ def _known(code, addr):
 
 
 def _decode_one(cs, read, addr):
-    code = bytes(read(addr, 16))
+    try:
+        code = bytes(read(addr, 16))
+    except ValueError:          # near its section's end: what the section holds
+        code = b""
+        for n in range(15, 0, -1):
+            try:
+                code = bytes(read(addr, n))
+                break
+            except ValueError:
+                continue
     try:
         return next(cs.disasm(code, addr, 1))
     except (StopIteration, ValueError):

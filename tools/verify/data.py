@@ -36,6 +36,9 @@ def data_moves(old, new):
         if i is None or j is None or int(so["shndx"][i]) in code:
             continue
         if int(so["value"][i]) != int(sn["value"][j]):
+            if _follows_its_section(old, new, int(so["shndx"][i]), int(sn["shndx"][j]),
+                                    int(so["value"][i]), int(sn["value"][j])):
+                continue
             if nm in MOVABLE_DATA:
                 moved[i] = (nm, int(sn["value"][j]) - int(so["value"][i]), int(sn["value"][j]))
             else:
@@ -51,6 +54,16 @@ def data_moves(old, new):
     o = np.argsort(np.array(addrs, np.uint64), kind="stable")
     return (bad, {nm: v for nm, _, v in moved.values()},
             (np.array(addrs, np.uint64)[o], np.array(deltas, np.int64)[o]))
+
+
+def _follows_its_section(old, new, oi, ni, ov, nv):
+    """A symbol of a section the rewrite moved (a userspace executable's unwind
+    tables in a new segment) keeps its place from the section's start or end."""
+    if oi >= len(old.sections) or ni >= len(new.sections):
+        return False
+    a, b = old.sections[oi], new.sections[ni]
+    return a.name == b.name and a.addr != b.addr and \
+        (ov - a.addr == nv - b.addr or a.end - ov == b.end - nv)
 
 
 def check_data_symbols(ctx, out):
@@ -134,6 +147,9 @@ def check_regions(ctx, out):
             continue
         ns, ne = nf.start[ni[sel]], nf.end[ni[sel]]
         bad = (ns < np.uint64(n.start)) | (ne > np.uint64(n.end))
+        # code that stayed where it was (pinned, its section moved to a new segment
+        # without it) left nothing
+        bad &= ns != of.start[oi[sel]]
         if bad.any():
             outside.append((r.name, int(bad.sum()), int(ns[bad][0])))
     out.add("equiv.region", outside, lambda o: (o[2], f"{o[1]} function(s) left region {o[0]}"))

@@ -38,8 +38,26 @@ def _read(image, addrs, size):
     return read_fields(image, addrs, size)
 
 
+def check_dynamic_entries(old, new, amap, findings, counter, add):
+    """DT_INIT / DT_FINI translate (PIE or not: ``-Wl,-init,f`` names code)."""
+    (dso, do), (dsn, dn) = dynamic_entries(old), dynamic_entries(new)
+    bad_dyn = []
+    if do is not None and dn is not None and len(do) == len(dn):
+        m = np.isin(do["tag"], (DT_INIT, DT_FINI))
+        ok = amap.translates(do["val"][m], dn["val"][m])
+        for t, a, b in zip(do["tag"][m][~ok].tolist(), do["val"][m][~ok].tolist(),
+                           dn["val"][m][~ok].tolist()):
+            bad_dyn.append((dsn.addr, f".dynamic tag {t}: {b:#x}, the original's {a:#x} "
+                            "does not map there"))
+    elif do is not None:
+        bad_dyn.append((dso.addr, ".dynamic changed shape"))
+    add(findings, "error", "equiv.dynamic", bad_dyn, lambda b: b, counter)
+
+
 def check_pie(old, new, amap, octx, findings, counter, report, add):
     if not is_pie(old):
+        if not octx.is_kernel:
+            check_dynamic_entries(old, new, amap, findings, counter, add)
         return
     bad_rel, checked = [], 0
     new_secs = {s.name: s for s in dynamic_rela_sections(new)}
@@ -87,18 +105,7 @@ def check_pie(old, new, amap, octx, findings, counter, report, add):
     add(findings, "error", "equiv.dynamic-reloc", bad_rel, lambda b: b, counter)
     report.extra["equivalence_dynamic_relocs_checked"] = checked
 
-    (dso, do), (dsn, dn) = dynamic_entries(old), dynamic_entries(new)
-    bad_dyn = []
-    if do is not None and dn is not None and len(do) == len(dn):
-        m = np.isin(do["tag"], (DT_INIT, DT_FINI))
-        ok = amap.translates(do["val"][m], dn["val"][m])
-        for t, a, b in zip(do["tag"][m][~ok].tolist(), do["val"][m][~ok].tolist(),
-                           dn["val"][m][~ok].tolist()):
-            bad_dyn.append((dsn.addr, f".dynamic tag {t}: {b:#x}, the original's {a:#x} "
-                            "does not map there"))
-    elif do is not None:
-        bad_dyn.append((dso.addr, ".dynamic changed shape"))
-    add(findings, "error", "equiv.dynamic", bad_dyn, lambda b: b, counter)
+    check_dynamic_entries(old, new, amap, findings, counter, add)
 
     abs_old, abs_new = absolute_unwind_pointers(old), absolute_unwind_pointers(new)
     extra_abs = [] if len(abs_new) <= len(abs_old) else abs_new

@@ -31,9 +31,15 @@ def check_eh_frame(ctx, out):
     got = np.sort(en.pc_begin)
     if block_rows is not None and len(got) > len(want):
         cold = block_rows[(block_rows["part"] == bm.PART_COLD) & (block_rows["new_len"] > 0)]
-        starts = {}
+        starts, fstart = {}, {}
         for f, a in zip(cold["func"].tolist(), cold["new"].tolist()):
             starts[f] = min(a, starts.get(f, a))
+        for f, a in zip(block_rows["func"].tolist(), block_rows["old"].tolist()):
+            fstart[f] = min(a, fstart.get(f, a))
+        # a function without an FDE (assembly without CFI) gets no cold-part FDE
+        lo, hi = eo.pc_begin, eo.pc_begin + eo.pc_range
+        starts = {f: a for f, a in starts.items()
+                  if ((lo <= fstart[f]) & (fstart[f] < hi)).any()}
         want = np.sort(np.concatenate([want, np.array(sorted(starts.values()), np.uint64)]))
         bad_cfi, seen = check_split_cfi(old, new, block_rows)
         out.add("equiv.eh_frame-part", bad_cfi, lambda b: b)

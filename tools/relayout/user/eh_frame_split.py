@@ -22,8 +22,10 @@ follows its fields to their new offsets.
 
 Room is decided before placement (a part's CFI program depends only on its
 pieces' offsets inside the part): splits are taken in heat order while the new
-records and header entries fit the two sections' bytes; the others are moved
-whole with the reason R_EH_ROOM.
+records and header entries fit the two sections' bytes. When some do not, the
+caller may give the sections a new segment (``use_segment``: both are rebuilt
+after the moved code there, any size, every split fits); only without one are
+the others moved whole with the reason R_EH_ROOM.
 
 A function with an LSDA (``.gcc_except_table`` call-site ranges are per FDE,
 relative to its start) gets one new LSDA per part (tools/relayout/user/lsda.py),
@@ -170,6 +172,13 @@ class EhSplit:
         self.rows = {}
         self.lsda, self.lsda_refused = {}, {}
         self._begins = np.sort(np.array([r.pc_begin for r in self.fdes if r.pc_range], np.uint64))
+        self.segment = None
+
+    def use_segment(self, segment):
+        """Rebuild both sections in a new segment (relayout/user/segment.py), where
+        they may grow: every split fits."""
+        self.segment = segment
+        self.free = float("inf")
 
     def _eh_start(self, n):
         """Where .eh_frame starts after a header with ``n`` table entries."""
@@ -291,8 +300,12 @@ class EhSplit:
             recs.append(("fde", r, (sf.new_start[0], sf.sizes[0], hot, (sf, 0))))
             recs.append(("cold", r, (sf.new_start[1], sf.sizes[1], cold, (sf, 1))))
         n_fde = sum(1 for k, _, _ in recs if k != "cie")
+        # the header's new address: its own, or after the moved code in a new segment
+        H = self.hsec.addr
+        if self.segment is not None:
+            H = self.segment.place_eh(rw.relocated[self.segment.text.index][1])
         # new LSDAs go after the header's search table
-        lsda_at = self.hsec.addr + HDR_HEAD + 8 * n_fde
+        lsda_at = H + HDR_HEAD + 8 * n_fde
         blob = bytearray()
         new_lsda = {}
         for sf in by_unit.values():
@@ -315,7 +328,7 @@ class EhSplit:
                                     lp_map, lpstart, at, pcrel_lpstart=self.image.type == 3)
                 new_lsda[(id(sf), part)] = at
         new_addr = (lsda_at + len(blob) + 7) // 8 * 8
-        hdr_size = new_addr - self.hsec.addr
+        hdr_size = new_addr - H
         end = self.end
         out = bytearray()
         cie_new = {}
@@ -368,32 +381,41 @@ class EhSplit:
             out += body
             table.append((pc, new_addr + at))
         new_size = end - new_addr
+        if self.segment is not None:
+            new_size = len(out) + 4          # crtend's zero terminator after the records
         if len(out) + 4 > new_size:
             raise EhFrameError(f".eh_frame: rebuilt records ({len(out)} bytes) do not fit "
                                f"({new_size - 4} bytes)")
         out += b"\0" * (new_size - len(out))
         table.sort()
         hdr = bytearray(hdr_size)
-        o = lsda_at - self.hsec.addr
+        o = lsda_at - H
         hdr[o:o + len(blob)] = blob
         hdr[0:4] = bytes([1, DW_EH_PE_pcrel | 0x0B, 0x03, 0x3B])
-        struct.pack_into("<i", hdr, 4, new_addr - (self.hsec.addr + 4))
+        struct.pack_into("<i", hdr, 4, new_addr - (H + 4))
         struct.pack_into("<I", hdr, 8, len(table))
         for k, (loc, fde) in enumerate(table):
-            struct.pack_into("<ii", hdr, HDR_HEAD + 8 * k, loc - self.hsec.addr,
-                             fde - self.hsec.addr)
-        rw.patched[self.hsec.index] = np.frombuffer(bytes(hdr), np.uint8).copy()
-        rw.patched[self.sec.index] = np.frombuffer(bytes(out), np.uint8).copy()
-        rw.section_moves = {self.hsec.index: (self.hsec.addr, hdr_size),
-                            self.sec.index: (new_addr, new_size)}
-        self._relocations(rw, field_map, new_addr, lsda_fields)
+            struct.pack_into("<ii", hdr, HDR_HEAD + 8 * k, loc - H, fde - H)
+        hdr_bytes = np.frombuffer(bytes(hdr), np.uint8).copy()
+        out_bytes = np.frombuffer(bytes(out), np.uint8).copy()
+        if self.segment is not None:
+            # both go to the new segment; their old bytes stay, unused
+            self.segment.eh = {self.hsec.index: (H, hdr_bytes),
+                               self.sec.index: (new_addr, out_bytes)}
+            rw.eh_moves = {self.hsec.index: (H, hdr_size), self.sec.index: (new_addr, new_size)}
+        else:
+            rw.patched[self.hsec.index] = hdr_bytes
+            rw.patched[self.sec.index] = out_bytes
+            rw.section_moves = {self.hsec.index: (self.hsec.addr, hdr_size),
+                                self.sec.index: (new_addr, new_size)}
+        self._relocations(rw, field_map, new_addr, lsda_fields, H)
         rw.eh_frame_new_addr = new_addr
         return {"eh_frame.fdes": n_fde, "eh_frame.cold_fdes": len(by_unit),
                 "eh_frame.part_lsdas": len(new_lsda), "eh_frame.lsda_bytes": len(blob),
                 "eh_frame_hdr.entries": len(table), "eh_frame.bytes_free":
                 new_size - 4 - len(out.rstrip(b"\0"))}
 
-    def _relocations(self, rw, field_map, new_addr, lsda_fields):
+    def _relocations(self, rw, field_map, new_addr, lsda_fields, hdr_addr):
         rel = next((s for s in self.image.sections if s.name == ".rela.eh_frame"), None)
         if rel is None or not rel.size:
             return
@@ -419,7 +441,7 @@ class EhSplit:
                 typ = int(r["info"][k]) & 0xFFFFFFFF
                 if len(hit):
                     r["info"][k] = (int(hit[0]) << 32) | typ
-                    r["addend"][k] = target - self.hsec.addr
+                    r["addend"][k] = target - hdr_addr
                 else:
                     r["info"][k] = 0             # R_X86_64_NONE: no symbol to name it by
         rw.patched[rel.index] = r.view(np.uint8)
@@ -429,15 +451,25 @@ def fix_section_symbols(rw, image):
     """Section symbols and symbols inside a moved allocated section follow it
     (crtend's ``__FRAME_END__`` sits at the unchanged end)."""
     moves = getattr(rw, "section_moves", None)
-    if not moves:
+    seg_moves = getattr(rw, "eh_moves", None)
+    if not moves and not seg_moves:
         return
     from ...image.elf import SHT_SYMTAB, SYM
     symsec = next(s for s in image.sections if s.type == SHT_SYMTAB)
     buf = rw.patched.get(symsec.index)
     rows = (np.array(buf) if buf is not None else np.array(image.section_bytes(symsec))).view(SYM).copy()
-    for idx, (addr, _) in moves.items():
+    for idx, (addr, _) in (moves or {}).items():
         sel = (rows["shndx"] == idx) & ((rows["info"] & 0xF) == 3)
         rows["value"][sel] = addr
+    for idx, (addr, size) in (seg_moves or {}).items():
+        # moved to a new segment: every symbol follows (the end, crtend's
+        # __FRAME_END__ terminator, stays the end)
+        sec = image.sections[idx]
+        sel = rows["shndx"] == idx
+        v = rows["value"][sel].astype(np.int64)
+        at_end = v >= sec.addr + sec.size - 4
+        rows["value"][sel] = np.where(at_end, addr + size - (sec.addr + sec.size - v),
+                                      addr + np.maximum(v - sec.addr, 0)).astype(np.uint64)
     rw.patched[symsec.index] = rows.view(np.uint8)
 
 

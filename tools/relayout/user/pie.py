@@ -321,6 +321,25 @@ def _static_fields(image):
     return np.unique(np.concatenate(out)) if out else np.zeros(0, np.uint64)
 
 
+def update_dynamic_entries(rw, image):
+    """DT_INIT / DT_FINI that name rewritten code (``-Wl,-init,f``), PIE or not;
+    returns how many changed (also in ``rw.stats``)."""
+    dsec, dyn = dynamic_entries(image)
+    dyn_changed = 0
+    if dsec is not None:
+        dyn = dyn.copy()
+        m = np.isin(dyn["tag"], (DT_INIT, DT_FINI)) & rw.amap.in_extent(dyn["val"])
+        if m.any():
+            new, ok = rw.amap.map(dyn["val"][m])
+            dyn["val"][m] = np.where(ok, new, dyn["val"][m])
+            dyn_changed = int((dyn["val"][m] != np.asarray(image.section_bytes(dsec)[
+                :len(dyn) * DYN.itemsize]).view(DYN)["val"][m]).sum())
+            buf = rw.buf(dsec)
+            buf[:len(dyn) * DYN.itemsize] = dyn.view(np.uint8)
+    rw.stats["dynamic_entries_updated"] = dyn_changed
+    return dyn_changed
+
+
 def update_dynamic(rw, image, log=None):
     """Make the dynamic relocations' addends (and ld's own GOT slots) and the
     .dynamic entries that name rewritten code follow the layout."""
@@ -373,18 +392,7 @@ def update_dynamic(rw, image, log=None):
             rw.problem("dynamic-reloc-in-padding", relr[own][~ok], ".relr.dyn: field in padding")
         slots += write_slots(relr[own][ok], new[ok])
         changed += int((new[ok] != old[own][ok]).sum())
-    dsec, dyn = dynamic_entries(image)
-    dyn_changed = 0
-    if dsec is not None:
-        dyn = dyn.copy()
-        m = np.isin(dyn["tag"], (DT_INIT, DT_FINI)) & rw.amap.in_extent(dyn["val"])
-        if m.any():
-            new, ok = rw.amap.map(dyn["val"][m])
-            dyn["val"][m] = np.where(ok, new, dyn["val"][m])
-            dyn_changed = int((dyn["val"][m] != np.asarray(image.section_bytes(dsec)[
-                :len(dyn) * DYN.itemsize]).view(DYN)["val"][m]).sum())
-            buf = rw.buf(dsec)
-            buf[:len(dyn) * DYN.itemsize] = dyn.view(np.uint8)
+    dyn_changed = update_dynamic_entries(rw, image)
     rw.stats["dynamic_relocs_updated"] = changed
     rw.stats["got_slots_updated"] = slots
     rw.stats["dynamic_entries_updated"] = dyn_changed
