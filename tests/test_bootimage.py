@@ -11,7 +11,6 @@ of them. Round trip: a written image gives back its payload.
 """
 
 import os
-import shutil
 import struct
 
 import numpy as np
@@ -285,3 +284,18 @@ def test_truncated_bzimage_refused_before_qemu(tmp_path):
     p.write_bytes(data[:len(data) // 2])
     with pytest.raises(LinepackError, match="truncated bzImage"):
         check_kernel_path(p)
+
+
+@pytest.mark.realkernel
+def test_moved_section_refused(boot, tmp_path):
+    """A payload whose sections moved cannot go into the same decompressor: one line."""
+    elf = bytearray(boot.elf)
+    secs = B._alloc_sections(bytes(elf))
+    (_, _, _, _, _, _, shoff, _, _, _, _, shentsize, shnum, _) = B.ELF_HDR.unpack_from(elf, 0)
+    for i in range(shnum):
+        o = shoff + i * shentsize
+        _, _, flags, addr, _, size = struct.unpack_from("<IIQQQQ", elf, o)
+        if (addr, size) == secs[".bss"]:
+            struct.pack_into("<Q", elf, o + 16, addr + 4096)
+    with pytest.raises(LinepackError, match="section .bss is moved or resized"):
+        B.replace_payload(boot, B.build_payload(bytes(elf), boot.kaslr))

@@ -32,6 +32,7 @@ import re
 import struct
 import zlib
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -463,8 +464,9 @@ class BootImage:
     kaslr: KaslrRelocs
     build_id: str
 
-    @property
+    @cached_property
     def elf(self):
+        """The stripped ELF vmlinux (bytes, made once)."""
         return self.payload[:self.elf_size]
 
     @property
@@ -541,6 +543,38 @@ def _vo_init_size(elf):
     return 0 if lo is None else hi - lo
 
 
+def _alloc_sections(elf):
+    """{name: (addr, size)} of the allocated sections of ELF bytes."""
+    (_, _, _, _, _, _, shoff, _, _, _, _, shentsize, shnum, shstrndx) = ELF_HDR.unpack_from(elf, 0)
+    rows = [struct.unpack_from("<IIQQQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    strtab = rows[shstrndx][4] if shstrndx < len(rows) else 0
+    out = {}
+    for name, _, flags, addr, _, size in rows:
+        if flags & 2:
+            end = elf.find(b"\0", strtab + name)
+            out[bytes(elf[strtab + name:end]).decode("ascii", "replace")] = (addr, size)
+    return out
+
+
+def check_same_bounds(old_elf, new_elf, path="output"):
+    """BadInput unless every allocated section of ``old_elf`` is in ``new_elf`` at the
+    same address with the same size, and the memory span is the same: the
+    decompressor has _text, __start_rodata, _sinittext, __bss_start and _end compiled
+    in (misc.c: the table's bounds, kernel_total_size, ...)."""
+    old, new = _alloc_sections(old_elf), _alloc_sections(new_elf)
+    changed = [n for n, v in old.items() if new.get(n) != v]
+    if changed:
+        n = changed[0]
+        raise BadInput(f"{path}: section {n} is {'missing' if n not in new else 'moved or resized'} "
+                       f"({len(changed)} sections): the distribution's decompressor has the "
+                       "kernel's section bounds compiled in, so the layout must keep them")
+    vo_old, vo_new = _vo_init_size(old_elf), _vo_init_size(new_elf)
+    if vo_new != vo_old:
+        raise BadInput(f"{path}: the new vmlinux spans {vo_new:,} bytes in memory, the "
+                       f"original {vo_old:,}: the decompressor's bounds (_text, _end) are "
+                       "compiled in, so the layout must keep them")
+
+
 def _clear_pe_certificate(buf):
     """Zero the PE certificate-table directory entry (the signature is dropped: it
     would not match the new payload)."""
@@ -564,10 +598,12 @@ def replace_payload(image, payload, path="output"):
     the room the old one had (its code follows the payload). In it, ``input_len``
     and ``output_len`` (two u32 in its .rodata, found by their old values) and the
     header's ``payload_length`` and ``init_size`` are updated; a signature is dropped.
-    Only valid for a payload whose kernel keeps _text, __bss_start and _end (the
-    decompressor's relocation bounds are compiled in): relayout keeps section sizes.
+    Only valid for a payload whose kernel keeps its allocated sections where they
+    were (``check_same_bounds``; relayout never changes section addresses or sizes).
     """
     old = image.setup
+    elf_new = payload[:elf_extent(payload, path)]
+    check_same_bounds(image.elf, elf_new, path)
     room = old.payload_length
     for effort in EFFORTS.get(image.compression, (None,)):
         compressed = compress_payload(payload, image.compression, effort)
@@ -593,13 +629,7 @@ def replace_payload(image, payload, path="output"):
         raise BadInput(f"{image.path}: cannot find the decompressor's input_len/output_len "
                        f"({room}, {old_out}): {len(hits)} candidates")
     struct.pack_into("<II", buf, hits[0], len(compressed), len(payload))
-    elf_new = payload[:elf_extent(payload, path)]
-    vo_old = _vo_init_size(image.elf)
     vo_new = _vo_init_size(elf_new)
-    if vo_new != vo_old:
-        raise BadInput(f"{path}: the new vmlinux spans {vo_new:,} bytes in memory, the "
-                       f"original {vo_old:,}: the decompressor's bounds (_text, _end) are "
-                       "compiled in, so the layout must keep them")
     page = lambda n: (n + 4095) & ~4095
     zo_grow = page(_extract_offset_pages(len(payload), len(compressed)) + (1 << 17)) - \
         page(_extract_offset_pages(old_out, room) + (1 << 17))

@@ -9,7 +9,7 @@ The link address comes from the bzImage itself: its setup header's
 
 import re
 
-from ..image.bootimage import START_KERNEL_MAP, read_setup_header  # noqa: F401
+from ..image.bootimage import START_KERNEL_MAP, read_setup_header
 
 _KALLSYMS_LINE = re.compile(r"linepack-kallsyms ([0-9a-f]+) (\w) (\S+)")
 
@@ -34,3 +34,6 @@ def kaslr_offset(serial, link_text):
     if not got or got[0][0] == 0:
         return None
     return got[0][0] - link_text
+
+
+__all__ = ["START_KERNEL_MAP", "bzimage_link_text", "kallsyms_lines", "kaslr_offset"]
