@@ -1,0 +1,94 @@
+"""Function prefixes (``__pfx_<fn>``, CONFIG_FUNCTION_PADDING_BYTES=16): the 16
+NOP bytes before a function are one unit with it, the unit starts at the
+prefix and is named after the function; a prefix symbol that is not right
+before a function stays a unit of its own."""
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from linepack.image.disasm import disassemble
+from linepack.image.elf import ElfImage
+from linepack.image.functions import FunctionTable
+from linepack.relayout.units import build_units
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+
+# a: no prefix; b: 16 NOPs (__pfx_b) then b at a 64-byte boundary; c: a stray
+# __pfx_ symbol followed by int3 fill before c (not c's prefix).
+ASM = r"""
+    .section .text.hot,"ax",@progbits
+    .p2align 6
+    .globl a
+    .type a, @function
+a:  mov $1, %eax
+    ret
+    .size a, .-a
+    .p2align 6
+    .fill 48, 1, 0xcc
+    .type __pfx_b, @function
+__pfx_b:
+    .fill 16, 1, 0x90
+    .size __pfx_b, 16
+    .globl b
+    .type b, @function
+b:  mov $2, %eax
+    ret
+    .size b, .-b
+    .p2align 5
+    .type __pfx_stray, @function
+__pfx_stray:
+    .fill 16, 1, 0x90
+    .size __pfx_stray, 16
+    .fill 16, 1, 0xcc
+    .globl c
+    .type c, @function
+c:  mov $3, %eax
+    ret
+    .size c, .-c
+"""
+MAIN = "int a(void), b(void), c(void);\nint main(void) { return a() + b() + c() - 6; }\n"
+
+
+@pytest.fixture(scope="module")
+def prog(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pfx")
+    (d / "f.s").write_text(ASM)
+    (d / "main.c").write_text(MAIN)
+    exe = d / "prog"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-o", str(exe), str(d / "main.c"),
+                    str(d / "f.s")], check=True)
+    assert subprocess.run([str(exe)]).returncode == 0
+    return str(exe)
+
+
+def _unit_of(im, units, name):
+    return int(units.find([im.symbol_address(name)])[0])
+
+
+def test_prefix_joins_its_function(prog):
+    im = ElfImage(prog)
+    fn = FunctionTable(im)
+    units, _ = build_units(im, fn, lambda u: disassemble(im, u), sections=(".text",))
+    pfx, b = im.symbol_address("__pfx_b"), im.symbol_address("b")
+    assert b - pfx == 16 and b % 64 == 0
+    u = _unit_of(im, units, "b")
+    assert u == _unit_of(im, units, "__pfx_b")
+    assert int(units.start[u]) == pfx and units.name[u] == "b"
+    # alignment is taken at the prefix start: b stays 16 bytes after it
+    assert int(units.align[u]) == 16 and int(units.phase[u]) == 0
+    assert [fn.name[i] for i, _ in units.members[u]] == ["__pfx_b", "b"]
+    assert [o for _, o in units.members[u]] == [0, 16]
+    assert units.funcs[fn.index_of("__pfx_b")] == units.funcs[fn.index_of("b")] == u
+
+
+def test_unrelated_prefix_symbol_is_not_joined(prog):
+    im = ElfImage(prog)
+    fn = FunctionTable(im)
+    units, _ = build_units(im, fn, lambda u: disassemble(im, u), sections=(".text",))
+    # int3 fill between __pfx_stray and c: not c's prefix, its own unit
+    assert _unit_of(im, units, "__pfx_stray") != _unit_of(im, units, "c")
+    assert units.name[_unit_of(im, units, "c")] == "c"
+    assert _unit_of(im, units, "a") not in (_unit_of(im, units, "b"), _unit_of(im, units, "c"))
