@@ -92,3 +92,28 @@ def test_unrelated_prefix_symbol_is_not_joined(prog):
     assert _unit_of(im, units, "__pfx_stray") != _unit_of(im, units, "c")
     assert units.name[_unit_of(im, units, "c")] == "c"
     assert _unit_of(im, units, "a") not in (_unit_of(im, units, "b"), _unit_of(im, units, "c"))
+
+
+def test_verify_prefix_check(prog, tmp_path):
+    from linepack.kernel.base import ImageContext
+    from linepack.kernel.prefixes import check_prefixes
+    im = ElfImage(prog)
+    findings = []
+    census = check_prefixes(ImageContext(im), findings)
+    assert census["count"] == 2 and census["bytes"] == [16]
+    # __pfx_stray names no function at its end: detached; __pfx_b is fine
+    assert census["detached"] == 1 and census["not_nop"] == 0
+    assert [f.address for f in findings if f.check == "prefix.detached"] == \
+        [im.symbol_address("__pfx_stray")]
+    # b's padding overwritten by int3 (a layout that re-created the fill)
+    bad = tmp_path / "prog"
+    data = bytearray(open(prog, "rb").read())
+    sec = im.section_at(im.symbol_address("__pfx_b"))
+    off = sec.offset + im.symbol_address("__pfx_b") - sec.addr
+    data[off:off + 16] = b"\xcc" * 16
+    bad.write_bytes(bytes(data))
+    findings = []
+    census = check_prefixes(ImageContext(ElfImage(str(bad))), findings)
+    assert census["not_nop"] == 1
+    assert any(f.check == "prefix.padding" and f.address == im.symbol_address("__pfx_b")
+               for f in findings)

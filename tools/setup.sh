@@ -62,6 +62,13 @@ if [ "${LINEPACK_SKIP_KERNEL:-0}" != 1 ]; then
       --module block/kyber-iosched.ko --module drivers/block/brd.ko \
       --module drivers/firmware/qemu_fw_cfg.ko >/dev/null
   vmlinux="$("$PY" -m linepack fetch)"
+  # Debian 13's 6.12 and trixie-backports' 7.3 cloud kernels as shipped (no link relocations):
+  # the -dbg vmlinux and the vmlinuz of each build, through the private apt state
+  for series in 6.12 7.3; do
+    log "fetching the $series cloud vmlinux and vmlinuz (cached)"
+    "$PY" -m linepack fetch --series "$series" >/dev/null
+    "$PY" -m linepack fetch --series "$series" --vmlinuz >/dev/null
+  done
   # Headers of the same build: the slab-bulk workload's kernel module is built against them.
   rel="$(basename "$(dirname "$vmlinux")")"
   if ! dpkg-query -W -f='${Status}' "linux-headers-$rel" 2>/dev/null | grep -q "ok installed"; then

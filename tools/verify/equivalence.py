@@ -377,6 +377,11 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None, old_de
     oi, ni, missing = match_functions(octx, nctx)
     _add(findings, "error", "equiv.function-missing", missing,
          lambda i: (int(of.start[i]), f"function {of.name[i]} of the original is missing"), counter)
+    if octx.is_kernel:
+        from ..kernel.prefixes import check_endbr_entries
+        n = check_endbr_entries(octx, nctx, oi, ni, findings, counter, _add)
+        if n:
+            report.extra["ibt_entries_checked"] = n
     # a block-level layout: functions with pieces in the block map are split
     rows = bm.read_blockmap(new)
     split = np.zeros(len(of), dtype=bool)
