@@ -16,7 +16,7 @@ from linepack.relayout.units import build_units
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
-# a: no prefix; b: 16 NOPs (__pfx_b) then b at a 64-byte boundary; c: a stray
+# a: no prefix; b: 16 NOPs (__pfx_b) then b (ENDBR64 first) at a 64-byte boundary; c: a stray
 # __pfx_ symbol followed by int3 fill before c (not c's prefix).
 ASM = r"""
     .section .text.hot,"ax",@progbits
@@ -34,7 +34,8 @@ __pfx_b:
     .size __pfx_b, 16
     .globl b
     .type b, @function
-b:  mov $2, %eax
+b:  endbr64
+    mov $2, %eax
     ret
     .size b, .-b
     .p2align 5
@@ -117,3 +118,25 @@ def test_verify_prefix_check(prog, tmp_path):
     assert census["not_nop"] == 1
     assert any(f.check == "prefix.padding" and f.address == im.symbol_address("__pfx_b")
                for f in findings)
+
+
+def test_against_endbr_entry_kept(prog, tmp_path):
+    from linepack.kernel.base import ImageContext
+    from linepack.kernel.prefixes import check_endbr_entries
+    from linepack.verify.equivalence import _add, match_functions
+    b = ElfImage(prog).symbol_address("b")
+    im = ElfImage(prog)
+    sec = im.section_at(b)
+    data = bytearray(open(prog, "rb").read())
+    off = sec.offset + b - sec.addr
+    assert data[off:off + 4] == b"\xf3\x0f\x1e\xfa"
+    data[off:off + 4] = b"\x0f\x1f\x40\x00"          # nop4: what IBT sealing writes
+    bad = tmp_path / "prog"
+    bad.write_bytes(bytes(data))
+    for new, lost in ((prog, 0), (str(bad), 1)):
+        octx, nctx = ImageContext(ElfImage(prog)), ImageContext(ElfImage(new))
+        oi, ni, _ = match_functions(octx, nctx)
+        findings, counter = [], {}
+        assert check_endbr_entries(octx, nctx, oi, ni, findings, counter, _add) == 1
+        assert counter["equiv.ibt-entry"] == lost
+        assert [f.address for f in findings] == [b] * lost
