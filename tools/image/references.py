@@ -266,8 +266,46 @@ def _table_ranges(ctx):
         for a, n, size in rngs:
             lo.append(a)
             hi.append(a + n * size)
+    klo, khi = _kallsyms_ranges(ctx.image)
+    lo += klo
+    hi += khi
     o = np.argsort(lo)
-    return np.array(lo, np.uint64)[o], np.array(hi, np.uint64)[o]
+    lo, hi = np.array(lo, np.uint64)[o], np.array(hi, np.uint64)[o]
+    if len(lo):                  # overlapping ranges merged (containing() needs disjoint)
+        hi = np.maximum.accumulate(hi)
+        keep = np.ones(len(lo), bool)
+        keep[1:] = lo[1:] >= hi[:-1]
+        grp = np.cumsum(keep) - 1
+        lo = lo[keep]
+        hi = np.maximum.reduceat(hi, np.nonzero(keep)[0])
+        del grp
+    return lo, hi
+
+
+# kallsyms' arrays, emitted together by scripts/kallsyms (compressed names,
+# tokens, offsets): no references, and their bytes are as good as random
+_KALLSYMS = ("kallsyms_offsets", "kallsyms_relative_base", "kallsyms_num_syms",
+             "kallsyms_names", "kallsyms_markers", "kallsyms_token_table",
+             "kallsyms_token_index", "kallsyms_seqs_of_names", "kallsyms_addresses")
+
+
+def _kallsyms_ranges(image):
+    """[start], [end] of the kallsyms arrays (each to the next one; the last by
+    its size from kallsyms_num_syms)."""
+    at = sorted((a, n) for n in _KALLSYMS for a in [image.symbol_address(n)] if a is not None)
+    nsa = image.symbol_address("kallsyms_num_syms")
+    if not at or nsa is None:
+        return [], []
+    try:
+        num = int(image.view(nsa, 1, "<u4")[0])
+    except ValueError:
+        return [], []
+    last = {"kallsyms_seqs_of_names": 3 * num, "kallsyms_token_index": 512,
+            "kallsyms_offsets": 4 * num, "kallsyms_addresses": 8 * num,
+            "kallsyms_markers": 4 * ((num + 255) // 256), "kallsyms_names": 0}
+    lo = [a for a, _ in at]
+    hi = [b for b, _ in at[1:]] + [at[-1][0] + last.get(at[-1][1], 0)]
+    return lo, hi
 
 
 def recover(image, kaslr, units=None, log=None):
@@ -306,8 +344,48 @@ def recover(image, kaslr, units=None, log=None):
     refs.stats["references.percpu_pc32"] = int(len(inv))
     refs.stats["references.percpu_pc32_not_in_code"] = int((~found).sum())
     if units is not None:
+        pin_boundary_targets(image, refs, units, log)
         scan_unexplained(image, ctx, refs, units, log)
     return refs
+
+
+def _boundaries(units):
+    """Addresses of region boundaries (start and end of every laid-out region)."""
+    b = [r.start for r in units.regions] + [r.end for r in units.regions]
+    return np.unique(np.array(b, np.uint64))
+
+
+def _boundary_labels(image, units):
+    """(addresses, symbol indices) of the NOTYPE labels of code sections that
+    sit at a region boundary, sorted by address."""
+    names, syms = image.symbol_table()
+    code = np.array([s.index for s in image.sections if s.is_code], np.int64)
+    lab = np.nonzero(((syms["info"] & 0xF) == 0) & np.isin(syms["value"], _boundaries(units)) &
+                     np.isin(syms["shndx"].astype(np.int64), code))[0]
+    val = syms["value"][lab].astype(np.uint64)
+    o = np.argsort(val, kind="stable")
+    return val[o], lab[o]
+
+
+def pin_boundary_targets(image, refs, units, log=None):
+    """A region-boundary label (``__sched_text_start``, ``__lock_text_end``...)
+    that is also the start of a function is one address with two meanings: the
+    link names which (the label stays at the region boundary, the function may
+    move); a recovered absolute or RIP-relative reference does not. The unit
+    starting there is pinned, so both meanings stay the same address.
+    (Branches mean the function: they are left out.)"""
+    b = _boundary_labels(image, units)[0]
+    # kernel tables list code (a ksymtab entry means the function): no ambiguity
+    t = refs.target[(refs.origin != CODE_BRANCH) & (refs.origin != TABLE)]
+    t = np.unique(t[np.isin(t, b)])             # targets exactly at a boundary label
+    u = units.find(t)
+    u = np.unique(u[u >= 0])
+    u = u[np.isin(units.start[u], t)]           # a unit starts right there
+    u = u[~units.pinned[u]]
+    pin_units(units, u)
+    refs.stats["references.boundary_units_pinned"] = int(len(u))
+    if len(u) and log:
+        log(f"{len(u)} units at a region boundary that references name: pinned")
 
 
 def movable_ranges(units):
@@ -356,8 +434,9 @@ def pin_units(units, idx):
 
 def scan_unexplained(image, ctx, refs, units, log=None, examples=10):
     """Every allocated non-code section: 8-byte values (8-aligned) inside
-    movable code, and s32 values (4-aligned) whose field + value lands there,
-    that no reference explains: their units are pinned (``units.pinned``)."""
+    movable code, and s32 values (4-aligned) whose field + value lands there at
+    an instruction boundary, that no reference explains and that lie in no
+    kernel table of known layout: their units are pinned (``pin_units``)."""
     log = log or (lambda m: None)
     mlo, mhi, midx = movable_ranges(units)
     tlo, thi = _table_ranges(ctx)
@@ -381,6 +460,16 @@ def scan_unexplained(image, ctx, refs, units, log=None, examples=10):
             else:
                 t = (addr.astype(np.int64) + vals.astype(np.int64)).astype(np.uint64)
             k = containing(mlo, mhi, t)
+            if width == 4:
+                # a PC-relative reference reaches an instruction (or the end of
+                # one: ``foo + size``); random data mostly lands inside one
+                hit = np.nonzero(k >= 0)[0]
+                at = ctx.disasm.is_boundary(t[hit])
+                prev = ctx.disasm.containing(t[hit] - np.uint64(1))
+                pc = np.maximum(prev, 0)
+                at |= (prev >= 0) & (ctx.disasm.addr[pc] + ctx.disasm.size[pc].astype(np.uint64)
+                                     == t[hit])
+                k[hit[~at]] = -1
             sel = np.nonzero(k >= 0)[0]
             if not len(sel):
                 continue
@@ -421,9 +510,10 @@ def scan_unexplained(image, ctx, refs, units, log=None, examples=10):
 
 
 # -- one code path: relocation arrays ------------------------------------------
-def as_relocations(image, refs, skip=None):
+def as_relocations(image, refs, skip=None, named=None):
     """{section name: Relocations} (no .rela section behind them: ``section``
-    is None) for the references whose ``skip`` mask is False."""
+    is None) for the references whose ``skip`` mask is False; ``named``: a
+    symbol index per reference to use instead of the SECTION symbol (-1: none)."""
     names, syms = image.symbol_table()
     typ = (syms["info"] & 0xF).astype(np.int64)
     sec_syms = np.nonzero(typ == STT_SECTION)[0]
@@ -448,6 +538,9 @@ def as_relocations(image, refs, skip=None):
         named = fi >= 0
         p = np.nonzero(phys)[0]
         sym[p[named]] = np.asarray(ft.sym_index)[fi[named]]
+    if named is not None:
+        nm = np.asarray(named, np.int64)[keep]
+        sym = np.where(nm >= 0, nm, sym)
     S = syms["value"][sym].astype(np.int64)
     pc = np.isin(rtype, _PC)
     A = np.where(pc, target.astype(np.int64) - S - (end - field).astype(np.int64),
@@ -463,18 +556,30 @@ def as_relocations(image, refs, skip=None):
     return out
 
 
-def install(image, refs, dis=None, functions=None):
+def install(image, refs, functions=None, units=None):
     """Make ``image.relocations`` answer with the recovered references. A
     rel32 branch whose target is in its own function is left out (the
     assembler resolves those: no link relocation, and the CFG would read one
-    as a reason not to split)."""
+    as a reason not to split). A reference to a region boundary where no unit
+    starts names the boundary's label, which stays with its region (the
+    layout's anchor), not the code that ends there."""
     skip = np.zeros(len(refs), bool)
     if functions is not None:
         br = refs.origin == CODE_BRANCH
         src = functions.find(refs.field[br])
         dst = functions.find(refs.target[br])
         skip[np.nonzero(br)[0]] = (src >= 0) & (src == dst)
-    image._relocs = as_relocations(image, refs, skip)
+    named = None
+    if units is not None:
+        val, lab = _boundary_labels(image, units)
+        if len(lab):
+            j = np.searchsorted(val, refs.target)
+            jc = np.minimum(j, len(val) - 1)
+            hit = (j < len(val)) & (val[jc] == refs.target) & (refs.origin != CODE_BRANCH) & \
+                (refs.origin != TABLE) & ~np.isin(refs.target, units.start)
+            named = np.where(hit, lab[jc], -1)
+            refs.stats["references.boundary_labels"] = int(hit.sum())
+    image._relocs = as_relocations(image, refs, skip, named)
     image._linepack_recovered = refs
     return image._relocs
 
@@ -497,19 +602,26 @@ def load_recovered(image, vmlinuz_path, units=None, log=None):
 def compare(image, recovered, link, movable_lo, movable_hi):
     """Recovered references against the link's, by section of the field.
 
-    A link relocation counts when its field or its target lies in movable code
+    A link relocation counts when its target lies in movable code
     (``movable_lo``/``movable_hi``: the unpinned units before any unexplained
-    pin): missing = such a field the recovery does not list (or lists with
-    another width); extra = recovered fields the link has no relocation for
-    (the assembler's own references, mostly). Returns a dict for reports."""
+    pin), or it is PC-relative and its field lies there; an absolute field in
+    movable code whose target stays (a zero-based per-CPU symbol: not in the
+    KASLR table) is counted apart, as it needs no fix. missing = a counted
+    field the recovery does not list (or lists with another width); extra =
+    recovered fields the link has no relocation for (the assembler's own
+    references, mostly). Returns a dict for reports."""
     lo, hi, secs = _section_spans(image)
 
     def sec_names(addrs):
         k = containing(lo, hi, addrs)
         return np.array([secs[i].name if i >= 0 else "?" for i in k.tolist()], dtype=object)
 
-    rel = (containing(movable_lo, movable_hi, link.field) >= 0) | \
-        (containing(movable_lo, movable_hi, link.target) >= 0)
+    # an absolute field's value is its target alone: moved with its instruction
+    # to a target that stays (a per-CPU offset, data) it needs no fix
+    tgt_moves = containing(movable_lo, movable_hi, link.target) >= 0
+    pc = np.isin(link.rtype, _PC)
+    rel = tgt_moves | (pc & (containing(movable_lo, movable_hi, link.field) >= 0))
+    abs_fixed = ~rel & ~pc & (containing(movable_lo, movable_hi, link.field) >= 0)
     got = recovered.contains(link.field)
     i = np.searchsorted(recovered.field, link.field)
     ic = np.minimum(i, max(len(recovered) - 1, 0))
@@ -546,6 +658,8 @@ def compare(image, recovered, link, movable_lo, movable_hi):
             "missing": int(missing.sum()), "wrong_target": int(wrong_target.sum()),
             "extra": int(extra.sum()), "extra_by_origin": extra_by_origin,
             "link_total": len(link), "recovered_total": len(recovered),
+            "absolute_in_movable_code_to_fixed_targets": int(abs_fixed.sum()),
+            "absolute_in_movable_code_to_fixed_targets_recovered": int((abs_fixed & got).sum()),
             "by_section": by, "examples": examples}
 
 
@@ -557,7 +671,7 @@ def use_vmlinuz(image, vmlinuz_path, log=None):
     from .shared import function_units
     units, functions, _ = function_units(image, log)
     refs = load_recovered(image, vmlinuz_path, units=units, log=log)
-    install(image, refs, functions=functions)
+    install(image, refs, functions=functions, units=units)
     if log:
         log(f"references recovered from {vmlinuz_path}: {len(refs)} fields "
             f"({refs.stats['references.kaslr-64']} + {refs.stats['references.kaslr-32']} "

@@ -12,7 +12,7 @@ from .ksymtab import Ksymtab, KsymtabGpl
 from .mcount import McountLoc
 from .orc import OrcTable
 from .paravirt import ParaInstructions
-from .prel32_lists import ConInitcalls, Initcalls, PciFixups
+from .prel32_lists import ConInitcalls, Initcalls, PciFixups, RuntimeConsts
 from .sites import CallSites, IbtEndbrSeal, RetpolineSites, ReturnSites, SmpLocks
 from .static_calls import StaticCallSites
 
@@ -24,7 +24,7 @@ TABLES = [JumpTable, StaticCallSites, Alternatives, ParaInstructions, RetpolineS
 # when it has no link relocations (image/references.py): every table above
 # that declares relative fields, and the plain lists no pass rewrites itself.
 REFERENCE_TABLES = [t for t in TABLES if t.relative_fields or t.relative64_fields] + \
-    [PciFixups, Initcalls, ConInitcalls]
+    [PciFixups, Initcalls, ConInitcalls, RuntimeConsts]
 
 
 def table_by_name(name):

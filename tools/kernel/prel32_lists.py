@@ -9,6 +9,10 @@ references of a kernel without link relocations (linepack.image.references):
   .. ``__con_initcall_end``): ``initcall_entry_t`` is an s32 offset to the
   function (include/linux/init.h, same condition).
 
+- runtime constants (6.11+, CONFIG_RUNTIME_CONST: ``runtime_ptr_<name>``,
+  ``runtime_shift_<name>`` sections, arch/x86/include/asm/runtime-const.h):
+  s32 offsets to the instructions whose immediate is patched at boot.
+
 Their fields are plain: the link's generic relocation pass keeps them right,
 so they have no parse/check of their own in verify (not in ``TABLES``).
 """
@@ -39,3 +43,27 @@ class ConInitcalls(Initcalls):
     name = "con_initcalls"
     start_symbol = "__con_initcall_start"
     stop_symbol = "__con_initcall_end"
+
+
+class RuntimeConsts(KernelTable):
+    """Every ``runtime_ptr_*`` / ``runtime_shift_*`` section: s32 site lists."""
+    name = "runtime_const"
+    dtype = np.dtype("<i4")
+    relative_fields = (None,)
+    prefixes = ("runtime_ptr_", "runtime_shift_")
+
+    def _sections(self, ctx):
+        return [s for s in ctx.image.sections if s.is_alloc and s.size and s.addr and
+                s.name.startswith(self.prefixes)]
+
+    def ranges(self, ctx):
+        return [(s.addr, s.size // 4, 4) for s in self._sections(ctx)]
+
+    def references(self, ctx):
+        out = [np.zeros(0, np.uint64)]
+        for s in self._sections(ctx):
+            raw = ctx.image.section_bytes(s)[:s.size // 4 * 4].view("<i4")
+            addr = np.uint64(s.addr) + np.arange(len(raw), dtype=np.uint64) * np.uint64(4)
+            out.append(addr[raw != 0])
+        a = np.concatenate(out)
+        return a, np.full(len(a), 4, np.uint8)
