@@ -18,6 +18,7 @@ from linepack.errors import LinepackError
 from linepack.image.elf import ElfImage
 from linepack.image.functions import FunctionTable
 import helpers
+from references_same import relayout_both
 
 VMLINUX = helpers.debian_vmlinux_path()
 pytestmark = [pytest.mark.realkernel,
@@ -72,21 +73,17 @@ def test_nothing_missing(vmlinuz, tmp_path):
 
 
 def test_relayout_pack_same_as_link(vmlinuz, stripped, profile, tmp_path):
-    a, b = tmp_path / "link", tmp_path / "recovered"
-    ja, jb = tmp_path / "a.json", tmp_path / "b.json"
-    r = helpers.run_linepack("relayout", VMLINUX, "--profile", profile, "--strategy", "pack",
-                             "--strip-debug", "-q", "-o", a, "--json", ja)
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = helpers.run_linepack("relayout", stripped, "--vmlinuz", vmlinuz, "--profile", profile,
-                             "--strategy", "pack", "-q", "-o", b, "--json", jb)
-    assert r.returncode == 0, r.stderr[-3000:]
-    sa, sb = json.loads(ja.read_text()), json.loads(jb.read_text())
-    assert sb["references"]["unexplained"]["functions_pinned"] == 0, sb["references"]
+    sa, sb, differ = relayout_both(VMLINUX, stripped, vmlinuz, profile, "pack", tmp_path)
     assert sa["units_moved"] == sb["units_moved"] > 1000
-    ia, ib = ElfImage(str(a)), ElfImage(str(b))
-    differ = [s.name for s in ia.alloc_sections() if s.type != 8 and
-              bytes(ia.section_bytes(s)) != bytes(ib.section_bytes(ib.section(s.name)))]
     assert differ == []
+    ref = sb["references"]
+    # every pin the recovery adds has its reason counted (on 6.1 the unexplained
+    # values are data that merely looks like s32 offsets: the link has no
+    # relocation there, test_nothing_missing), and they are a small share
+    assert len(ref["pinned_units"]) == (ref["unexplained"]["functions_pinned"] +
+                                        ref["mid_instruction_units_pinned"] +
+                                        ref["boundary_units_pinned"])
+    assert 0 < len(ref["pinned_units"]) < 0.01 * sb["units"]
 
 
 def test_stripped_refused_without_vmlinuz(stripped, tmp_path):

@@ -43,10 +43,11 @@ class ReferencesVerb:
                          outputs={"--json": None if args.json == "-" else args.json})
         with outs:
             image = ElfImage(args.image)
-            units, functions, _ = function_units(image, log)
+            units, functions, dis = function_units(image, log)
             lo, hi, _ = R.movable_ranges(units)
             lo, hi = lo.copy(), hi.copy()          # before unexplained values pin more
-            refs = R.load_recovered(image, args.vmlinuz, units=units, log=log)
+            # the same decode relayout --vmlinuz recovers from
+            refs = R.load_recovered(image, args.vmlinuz, units=units, log=log, dis=dis)
             report = {"image": args.image, "vmlinuz": args.vmlinuz,
                       "recovered": R.summary_of(refs)["references"]}
             compared = None

@@ -64,6 +64,8 @@ class References:
         self.table_names = list(table_names)
         self.stats = {}
         self.unexplained = None
+        self.pinned_units = []       # names of the units pinned for these references
+        self.kept_first = []         # names of units kept first in their region
 
     def __len__(self):
         return len(self.field)
@@ -308,7 +310,34 @@ def _kallsyms_ranges(image):
     return lo, hi
 
 
-def recover(image, kaslr, units=None, log=None):
+def code_disassembly(image, units, unit_dis):
+    """Every instruction of every code section from relayout's own unit
+    disassembly plus a linear sweep of the code sections it does not lay out
+    (the sweep the rewriter makes for them: left in its per-image cache), so
+    recovery does not decode the kernel a second time."""
+    from .disasm import Disassembly, disassemble
+    laid = {r.section for r in units.regions}
+    secs = [s for s in image.sections if s.is_code and s.is_alloc and s.size
+            and s.index not in laid]
+    if not secs:
+        return unit_dis
+    done = image.__dict__.setdefault("_linepack_other_code", {})
+    key = tuple(s.index for s in secs)
+    if key not in done:
+        from ..relayout.rewriter import _Table
+        done[key] = disassemble(image, _Table([s.addr for s in secs], [s.size for s in secs]),
+                                jobs=1)
+    other = done[key]
+    addr = np.concatenate([unit_dis.addr, other.addr])
+    o = np.argsort(addr, kind="stable")
+    cat = lambda a, b: np.concatenate([a, b])[o]        # noqa: E731
+    return Disassembly(addr[o], cat(unit_dis.size, other.size),
+                       cat(unit_dis.func, np.full(len(other), -1, unit_dis.func.dtype)),
+                       cat(unit_dis.raw, other.raw), list(unit_dis.undecodable) +
+                       list(other.undecodable))
+
+
+def recover(image, kaslr, units=None, log=None, dis=None):
     """References of a kernel image without link relocations: KASLR table
     (``kaslr``: abs64, abs32, inv32 arrays of field addresses), disassembly and
     kernel tables. With ``units`` (relayout's UnitTable), data values that look
@@ -317,7 +346,9 @@ def recover(image, kaslr, units=None, log=None):
     from ..kernel.base import ImageContext
     log = log or (lambda m: None)
     ctx = ImageContext.of(image, log=log)
-    dis = ctx.disasm
+    # ``dis``: relayout's unit disassembly (the rest of the code is swept here);
+    # without it, the context's full decode
+    dis = ctx.disasm if dis is None or units is None else code_disassembly(image, units, dis)
     cf, ce, ct, co, ci = code_references(dis)
     kf, kt, ktg, ko = kaslr_references(image, kaslr)
     tf, tw, tw_which, tnames = table_references(ctx)
@@ -344,8 +375,8 @@ def recover(image, kaslr, units=None, log=None):
     refs.stats["references.percpu_pc32"] = int(len(inv))
     refs.stats["references.percpu_pc32_not_in_code"] = int((~found).sum())
     if units is not None:
-        pin_boundary_targets(image, refs, units, log)
-        scan_unexplained(image, ctx, refs, units, log)
+        pin_boundary_targets(image, refs, units, dis, log)
+        scan_unexplained(image, refs, units, dis, log)
     return refs
 
 
@@ -367,7 +398,7 @@ def _boundary_labels(image, units):
     return val[o], lab[o]
 
 
-def pin_boundary_targets(image, refs, units, log=None):
+def pin_boundary_targets(image, refs, units, d, log=None):
     """A region-boundary label (``__sched_text_start``, ``__lock_text_end``...)
     that is also the start of a function is one address with two meanings: the
     link names which (the label stays at the region boundary, the function may
@@ -382,10 +413,94 @@ def pin_boundary_targets(image, refs, units, log=None):
     u = np.unique(u[u >= 0])
     u = u[np.isin(units.start[u], t)]           # a unit starts right there
     u = u[~units.pinned[u]]
-    pin_units(units, u)
-    refs.stats["references.boundary_units_pinned"] = int(len(u))
-    if len(u) and log:
-        log(f"{len(u)} units at a region boundary that references name: pinned")
+    # an absolute or RIP-relative target inside movable code but at no
+    # instruction start or end is arithmetic on a label (``PFN_ALIGN(_text)``
+    # is ``_text + 0xfff``), not a code address: the link's symbol says it
+    # stays with the label; recovered, its unit stays where it is instead
+    m = np.isin(refs.origin, (KASLR64, KASLR32, CODE_RIP))
+    t = refs.target[m]
+    k = units.find(t)
+    t, k = t[k >= 0], k[k >= 0]
+    at = d.is_boundary(t)
+    prev = d.containing(t - np.uint64(1))
+    pc = np.maximum(prev, 0)
+    at |= (prev >= 0) & (d.addr[pc] + d.size[pc].astype(np.uint64) == t)
+    mid = np.unique(k[~at])
+    mid = mid[~units.pinned[mid]]
+    mid = np.setdiff1d(mid, u).astype(np.int64)
+    pin_units(units, mid)
+    refs.pinned_units = _add_units(refs.pinned_units, units, mid)
+    # a unit at a region start may still move with its region, as long as it
+    # stays first: then the label and the function are one address again
+    first = [int(i) for i in u.tolist()
+             if units.start[i] == units.regions[int(units.region[i])].start]
+    keep_first(units, first)
+    refs.kept_first = _add_units(refs.kept_first, units, first)
+    rest = np.setdiff1d(u, np.array(first, np.int64)).astype(np.int64)
+    pin_units(units, rest)
+    refs.pinned_units = _add_units(refs.pinned_units, units, rest)
+    refs.stats["references.boundary_units_kept_first"] = len(first)
+    refs.stats["references.boundary_units_pinned"] = int(len(rest))
+    refs.stats["references.mid_instruction_units_pinned"] = int(len(mid))
+    if (len(u) or len(mid)) and log:
+        log(f"{len(u)} units at a region boundary that references name (kept first in their "
+            f"region) and {len(mid)} holding a target inside an instruction (label "
+            "arithmetic, pinned)")
+
+
+def _add_units(have, units, idx):
+    """``have`` plus "name@0xstart" of units ``idx`` (names repeat: statics)."""
+    return sorted(set(have) | {f"{units.name[i]}@{int(units.start[i]):#x}"
+                               for i in np.asarray(idx, np.int64).tolist()})
+
+
+def units_named(units, keys):
+    """Indices of the units listed as "name@0xstart"."""
+    want = {int(k.rsplit("@", 1)[1], 16) for k in keys}
+    return np.array([i for i, a in enumerate(units.start.tolist()) if a in want], np.int64)
+
+
+def keep_first(units, idx):
+    """Give each unit of ``idx`` (the first of its region) a region of its own
+    at its region's start: the planner places a region's units from the
+    region's new start, so the unit and the region's label stay one address
+    while both shift (``check_plan`` proves it for the plan made)."""
+    from ..relayout.units import Region
+    if not len(idx):
+        return
+    idx = set(int(i) for i in idx)
+    regions, region = [], units.region.copy()
+    for ri, reg in enumerate(units.regions):
+        members = np.nonzero(units.region == ri)[0]
+        members = members[np.argsort(units.start[members], kind="stable")]
+        if len(members) < 2 or int(members[0]) not in idx or reg.pinned:
+            region[members] = len(regions)
+            regions.append(reg)
+            continue
+        head = int(members[0])
+        region[head] = len(regions)
+        regions.append(Region(reg.name, reg.start, int(units.end[head]), reg.section, False))
+        region[members[1:]] = len(regions)
+        regions.append(Region(f"{reg.name}+rest", int(units.end[head]), reg.end, reg.section,
+                              False))
+    units.regions[:] = regions
+    units.region[:] = region
+
+
+def check_plan(refs, plan):
+    """LayoutError unless every kept-first unit starts its region in ``plan``."""
+    from ..relayout.plan import LayoutError
+    keys = getattr(refs, "kept_first", ())
+    if not keys:
+        return
+    u = plan.units
+    for i in units_named(u, keys).tolist():
+        n = u.name[i]
+        if int(plan.new_start[i]) != int(plan.region_new_start[int(u.region[i])]):
+            raise LayoutError(f"{n} must stay first in its region (a recovered reference to "
+                              f"the region's label may mean it) but the layout put it at "
+                              f"{int(plan.new_start[i]):#x}, after "
+                              f"{int(plan.region_new_start[int(u.region[i])]):#x}")
 
 
 def movable_ranges(units):
@@ -432,14 +547,15 @@ def pin_units(units, idx):
     units.region[:] = region
 
 
-def scan_unexplained(image, ctx, refs, units, log=None, examples=10):
+def scan_unexplained(image, refs, units, d, log=None, examples=10):
     """Every allocated non-code section: 8-byte values (8-aligned) inside
     movable code, and s32 values (4-aligned) whose field + value lands there at
     an instruction boundary, that no reference explains and that lie in no
     kernel table of known layout: their units are pinned (``pin_units``)."""
     log = log or (lambda m: None)
     mlo, mhi, midx = movable_ranges(units)
-    tlo, thi = _table_ranges(ctx)
+    from ..kernel.base import ImageContext
+    tlo, thi = _table_ranges(ImageContext.of(image))
     hits_field, hits_target, hits_kind = [], [], []
     for s in image.sections:
         if not s.is_alloc or s.is_code or s.type == 8 or s.size < 4:
@@ -464,10 +580,10 @@ def scan_unexplained(image, ctx, refs, units, log=None, examples=10):
                 # a PC-relative reference reaches an instruction (or the end of
                 # one: ``foo + size``); random data mostly lands inside one
                 hit = np.nonzero(k >= 0)[0]
-                at = ctx.disasm.is_boundary(t[hit])
-                prev = ctx.disasm.containing(t[hit] - np.uint64(1))
+                at = d.is_boundary(t[hit])
+                prev = d.containing(t[hit] - np.uint64(1))
                 pc = np.maximum(prev, 0)
-                at |= (prev >= 0) & (ctx.disasm.addr[pc] + ctx.disasm.size[pc].astype(np.uint64)
+                at |= (prev >= 0) & (d.addr[pc] + d.size[pc].astype(np.uint64)
                                      == t[hit])
                 k[hit[~at]] = -1
             sel = np.nonzero(k >= 0)[0]
@@ -491,6 +607,7 @@ def scan_unexplained(image, ctx, refs, units, log=None, examples=10):
     newly = np.unique(u[(u >= 0)])
     newly = newly[~units.pinned[newly]]
     pin_units(units, newly)
+    refs.pinned_units = _add_units(refs.pinned_units, units, newly)
     ex = []
     for i in range(min(examples, len(f))):
         ui = int(u[i])
@@ -535,9 +652,9 @@ def as_relocations(image, refs, skip=None, named=None):
         ft = function_table(image)
         virt = target[phys] + np.uint64(START_KERNEL_MAP)
         fi = ft.find(virt)
-        named = fi >= 0
+        in_fn = fi >= 0
         p = np.nonzero(phys)[0]
-        sym[p[named]] = np.asarray(ft.sym_index)[fi[named]]
+        sym[p[in_fn]] = np.asarray(ft.sym_index)[fi[in_fn]]
     if named is not None:
         nm = np.asarray(named, np.int64)[keep]
         sym = np.where(nm >= 0, nm, sym)
@@ -584,7 +701,7 @@ def install(image, refs, functions=None, units=None):
     return image._relocs
 
 
-def load_recovered(image, vmlinuz_path, units=None, log=None):
+def load_recovered(image, vmlinuz_path, units=None, log=None, dis=None):
     """Read the KASLR table of ``vmlinuz_path`` (same build as ``image``) and
     recover the image's references (image/references.py)."""
     from ..errors import BadInput
@@ -595,7 +712,7 @@ def load_recovered(image, vmlinuz_path, units=None, log=None):
     if bid and image.build_id and bid.lower() != image.build_id.lower():
         raise BadInput(f"{vmlinuz_path}: another build than {image.path} (build-id "
                        f"{bid[:16]}..., the vmlinux has {image.build_id[:16]}...)")
-    return recover(image, z.kaslr, units=units, log=log)
+    return recover(image, z.kaslr, units=units, log=log, dis=dis)
 
 
 # -- completeness against the truth --------------------------------------------
@@ -669,8 +786,8 @@ def use_vmlinuz(image, vmlinuz_path, log=None):
     serve the recovered ones (link relocations the image may have are ignored).
     Returns the References (``summary()`` for relayout's report)."""
     from .shared import function_units
-    units, functions, _ = function_units(image, log)
-    refs = load_recovered(image, vmlinuz_path, units=units, log=log)
+    units, functions, dis = function_units(image, log)
+    refs = load_recovered(image, vmlinuz_path, units=units, log=log, dis=dis)
     install(image, refs, functions=functions, units=units)
     if log:
         log(f"references recovered from {vmlinuz_path}: {len(refs)} fields "
@@ -685,4 +802,6 @@ def summary_of(refs):
     """The relayout summary's ``references`` entry."""
     out = {k.split(".", 1)[1]: v for k, v in refs.stats.items()}
     out["unexplained"] = refs.unexplained
+    out["pinned_units"] = list(refs.pinned_units)
+    out["kept_first"] = list(refs.kept_first)
     return {"references": out}

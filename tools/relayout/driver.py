@@ -185,6 +185,9 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
                          if split else None, log=log)
     except LayoutError as e:
         raise LayoutError(_no_fit_message(e, strat, units, heat, calls, functions, log)) from None
+    if recovered is not None:
+        from ..image.references import check_plan
+        check_plan(recovered, plan)
     timings.phase("rewrite: parts, code, relocations")
     if split:
         from .block_rewriter import BlockRewriter
