@@ -171,9 +171,14 @@ def test_table_fields_in_allocated_sections(boot, vmlinux):
     zero-based per-CPU area, fields in .data..percpu appear at its load address."""
     from linepack.image.elf import ElfImage
     img = ElfImage(vmlinux)
-    secs = [s for s in img.sections if s.is_alloc and s.size and s.addr >= B.START_KERNEL_MAP]
-    lo = np.array([s.addr for s in secs], np.uint64)
-    hi = np.array([s.addr + s.size for s in secs], np.uint64)
+    spans = [(s.addr, s.addr + s.size) for s in img.sections
+             if s.is_alloc and s.size and s.addr >= B.START_KERNEL_MAP]
+    percpu = img.section(".data..percpu")
+    if percpu is not None and percpu.addr == 0:       # zero-based: where it is loaded
+        load = img.symbol_address("__per_cpu_load")
+        spans.append((load, load + percpu.size))
+    lo = np.array([a for a, _ in spans], np.uint64)
+    hi = np.array([b for _, b in spans], np.uint64)
     order = np.argsort(lo)
     lo, hi = lo[order], hi[order]
     for g in boot.kaslr.layout.groups:
@@ -186,24 +191,35 @@ def test_table_fields_in_allocated_sections(boot, vmlinux):
 
 def link_relocation_fields(img):
     """{kind: sorted uint64 field addresses} of an ElfImage's link relocations in
-    allocated sections, as arch/x86/tools/relocs sees them: "abs64" the R_X86_64_64
-    fields (those in a zero-based .data..percpu at its load address __per_cpu_load,
-    .notes left out), "abs32" the R_X86_64_32/32S fields, "pcrel" the PC32/PLT32 ones."""
+    allocated sections, as arch/x86/tools/relocs takes them: "abs64" the R_X86_64_64
+    fields, less those against a zero-based per-CPU symbol (an offset, not an
+    address) or an absolute one, less .notes; a field inside a zero-based
+    .data..percpu at its load address __per_cpu_load. "abs32" the R_X86_64_32/32S
+    fields, "pcrel" the PC32/PLT32 ones."""
     from linepack.image.elf import (R_X86_64_32, R_X86_64_32S, R_X86_64_64, R_X86_64_PC32,
                                     R_X86_64_PLT32)
     kinds = {R_X86_64_64: "abs64", R_X86_64_32: "abs32", R_X86_64_32S: "abs32",
              R_X86_64_PC32: "pcrel", R_X86_64_PLT32: "pcrel"}
-    per_cpu_load = img.symbol_address("__per_cpu_load")
+    percpu = img.section(".data..percpu")
+    zero_based = percpu is not None and percpu.addr == 0
+    per_cpu_load = img.symbol_address("__per_cpu_load") if zero_based else 0
+    shndx = img.symtab["shndx"]
+    skip_sym = shndx == 0xfff1                                        # SHN_ABS
+    if zero_based:
+        skip_sym |= shndx == percpu.index
     out = {"abs64": [], "abs32": [], "pcrel": []}
     for name, rel in img.relocations.items():
         if not rel.target.is_alloc:
             continue
         t = rel.type
         for ty, kind in kinds.items():
-            f = rel.offset[t == ty].astype(np.uint64)
-            if kind == "abs64" and name == ".notes":
-                continue
-            if kind == "abs64" and name == ".data..percpu" and rel.target.addr == 0:
+            sel = t == ty
+            if kind == "abs64":
+                if name == ".notes":
+                    continue
+                sel &= ~skip_sym[rel.sym]
+            f = rel.offset[sel].astype(np.uint64)
+            if zero_based and name == ".data..percpu":
                 f = f + np.uint64(per_cpu_load)
             out[kind].append(f)
     return {k: np.unique(np.concatenate(v)) for k, v in out.items()}
