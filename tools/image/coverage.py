@@ -213,8 +213,10 @@ class CodeCoverage:
         Instruction lengths do not depend on the address, so pieces with the
         same bytes (alignment nops between functions, mostly) are decoded once.
         """
-        key = bytes(data[pos:min(b, stop + 15)]) + (stop - pos).to_bytes(2, "little")
-        hit = self._memo.get(key) if b - pos <= 64 else None
+        # only short pieces are memoised (a 7.3 gap between cuts can exceed 64 KiB)
+        key = bytes(data[pos:min(b, stop + 15)]) + (stop - pos).to_bytes(2, "little") \
+            if b - pos <= 64 else None
+        hit = self._memo.get(key) if key is not None else None
         if hit is not None:
             rel, sizes, end = hit
             parts.append((pos + rel, sizes, reason))
