@@ -59,7 +59,7 @@ def test_verify_clean(report, series):
     # call-depth tracking: >100k direct calls listed; IBT: thousands of sealed ENDBRs
     assert tables[".call_sites"]["entries"] > 100_000
     assert tables[".ibt_endbr_seal"]["entries"] > 1_000
-    pf = r["extra"]["function_prefixes"]
+    pf = r["function_prefixes"]
     assert pf["count"] > 40_000 and pf["bytes"] == [16]
     assert pf["detached"] == 0 and pf["not_nop"] == 0
 

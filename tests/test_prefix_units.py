@@ -140,3 +140,23 @@ def test_against_endbr_entry_kept(prog, tmp_path):
         assert check_endbr_entries(octx, nctx, oi, ni, findings, counter, _add) == 1
         assert counter["equiv.ibt-entry"] == lost
         assert [f.address for f in findings] == [b] * lost
+
+
+def test_address_at_a_moved_piece_end_that_a_staying_unit_starts():
+    """Contiguous units (6.12: each function's prefix right after the previous
+    function's end): region 0 moves, region 1 (pinned, e.g. cut around a unit
+    with an unexplained reference) stays. Its start is its own address, not the
+    end of the moved unit before it."""
+    from types import SimpleNamespace
+    from linepack.image.addrmap import AddressMap
+    from linepack.relayout.units import Region, UnitTable
+    regs = [Region("r0", 0x1000, 0x1060, 1), Region("r1", 0x1060, 0x1080, 1, pinned=True)]
+    units = UnitTable([0x1000, 0x1030, 0x1060], [0x30, 0x30, 0x20], [0, 0, 1], regs)
+    # r0's two units swap; the second (old 0x1030..0x1060) now ends at 0x1030
+    plan = SimpleNamespace(units=units, new_start=np.array([0x1030, 0x1000, 0x1060], np.uint64),
+                           moved=np.array([True, True, False]),
+                           region_new_start=[0x1000, 0x1060])
+    amap = AddressMap.from_plan(plan)
+    new, ok = amap.map(np.array([0x1060, 0x1065, 0x1030, 0x1000], np.uint64))
+    assert ok.all()
+    assert new.tolist() == [0x1060, 0x1065, 0x1000, 0x1030]

@@ -58,3 +58,27 @@ def test_bug_table_size_must_fit_the_version():
     with pytest.raises(TableFormatError, match="section of 100 bytes"):
         BugTable().locate(_Ctx((7, 3, 4), 16 * 6, section_size=100))
     assert issubclass(TableFormatError, BadInput)        # exit 2, one line
+
+
+class _SymImage:
+    def __init__(self, *names):
+        self.names = set(names)
+
+    def symbol_address(self, name, default=None):
+        return 0x2000 if name in self.names else default
+
+
+class _SymCtx:
+    def __init__(self, version, *names):
+        self.version, self.image = version, _SymImage(*names)
+
+
+def test_kallsyms_offsets_format_by_version_and_image():
+    from linepack.kernel.kallsyms import BASE_RELATIVE, PC_RELATIVE, offsets_format
+    assert offsets_format(_SymCtx((6, 12, 118), "kallsyms_relative_base")) == BASE_RELATIVE
+    assert offsets_format(_SymCtx((7, 3, 4))) == PC_RELATIVE
+    # the image says otherwise than its version: refused
+    with pytest.raises(TableFormatError, match="kallsyms: kernel 7.3.4 should use pc-relative"):
+        offsets_format(_SymCtx((7, 3, 4), "kallsyms_relative_base"))
+    with pytest.raises(TableFormatError, match="has no kallsyms_relative_base"):
+        offsets_format(_SymCtx((6, 12, 118)))
