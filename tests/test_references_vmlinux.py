@@ -81,7 +81,7 @@ def test_relayout_pack_same_as_link(vmlinuz, stripped, profile, tmp_path):
     # values are data that merely looks like s32 offsets: the link has no
     # relocation there, test_nothing_missing), and they are a small share
     assert len(ref["pinned_units"]) == (ref["unexplained"]["functions_pinned"] +
-                                        ref["mid_instruction_units_pinned"] +
+                                        ref["label_arithmetic_units_pinned"] +
                                         ref["boundary_units_pinned"])
     assert 0 < len(ref["pinned_units"]) < 0.01 * sb["units"]
 

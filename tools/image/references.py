@@ -416,15 +416,26 @@ def pin_boundary_targets(image, refs, units, d, log=None):
     # an absolute or RIP-relative target inside movable code but at no
     # instruction start or end is arithmetic on a label (``PFN_ALIGN(_text)``
     # is ``_text + 0xfff``), not a code address: the link's symbol says it
-    # stays with the label; recovered, its unit stays where it is instead
+    # stays with the label; recovered, its unit stays where it is instead.
+    # The same for a target at no symbol at all (``core_restore_code + 4084``,
+    # 6.1's hibernation code; a symbol there is what the link would name, and
+    # mapping it is right). References from inside the target's own unit move
+    # with it either way; known tables list code.
+    from ..kernel.base import ImageContext
     m = np.isin(refs.origin, (KASLR64, KASLR32, CODE_RIP))
-    t = refs.target[m]
+    t, f = refs.target[m], refs.field[m]
     k = units.find(t)
-    t, k = t[k >= 0], k[k >= 0]
+    tlo, thi = _table_ranges(ImageContext.of(image))
+    keep = (k >= 0) & (units.find(f) != k) & (containing(tlo, thi, f) < 0)
+    t, k = t[keep], k[keep]
     at = d.is_boundary(t)
     prev = d.containing(t - np.uint64(1))
     pc = np.maximum(prev, 0)
     at |= (prev >= 0) & (d.addr[pc] + d.size[pc].astype(np.uint64) == t)
+    names, syms = image.symbol_table()
+    styp = syms["info"] & 0xF
+    named = np.unique(syms["value"][(styp != STT_SECTION) & (styp != 4)].astype(np.uint64))
+    at &= np.isin(t, named)
     mid = np.unique(k[~at])
     mid = mid[~units.pinned[mid]]
     mid = np.setdiff1d(mid, u).astype(np.int64)
@@ -441,7 +452,7 @@ def pin_boundary_targets(image, refs, units, d, log=None):
     refs.pinned_units = _add_units(refs.pinned_units, units, rest)
     refs.stats["references.boundary_units_kept_first"] = len(first)
     refs.stats["references.boundary_units_pinned"] = int(len(rest))
-    refs.stats["references.mid_instruction_units_pinned"] = int(len(mid))
+    refs.stats["references.label_arithmetic_units_pinned"] = int(len(mid))
     if (len(u) or len(mid)) and log:
         log(f"{len(u)} units at a region boundary that references name (kept first in their "
             f"region) and {len(mid)} holding a target inside an instruction (label "
@@ -646,7 +657,9 @@ def as_relocations(image, refs, skip=None, named=None):
     sec_index = np.array([s.index for s in secs], np.int64)
     sym_of_sec = np.array([by_shndx.get(int(i), any_sec) for i in sec_index], np.int64)
     sym = np.where(ks >= 0, sym_of_sec[np.maximum(ks, 0)], any_sec)
-    phys = (rtype == R_X86_64_32) & (target < np.uint64(1 << 31)) & (ks < 0)
+    # (``__pa_symbol(fn)``: 6.1's hibernation code stores restore_registers +
+    # 0x80000000 in a 64-bit field)
+    phys = np.isin(rtype, (R_X86_64_32, R_X86_64_64)) & (target < np.uint64(1 << 31)) & (ks < 0)
     if phys.any():
         from .shared import function_table
         ft = function_table(image)
