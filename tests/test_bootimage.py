@@ -193,7 +193,7 @@ def link_relocation_fields(img):
     """{kind: sorted uint64 field addresses} of an ElfImage's link relocations in
     allocated sections, as arch/x86/tools/relocs takes them: "abs64" the R_X86_64_64
     fields, less those against a zero-based per-CPU symbol (an offset, not an
-    address) or an absolute one, less .notes; a field inside a zero-based
+    address), less .notes; a field inside a zero-based
     .data..percpu at its load address __per_cpu_load. "abs32" the R_X86_64_32/32S
     fields, "pcrel" the PC32/PLT32 ones."""
     from linepack.image.elf import (R_X86_64_32, R_X86_64_32S, R_X86_64_64, R_X86_64_PC32,
@@ -203,10 +203,15 @@ def link_relocation_fields(img):
     percpu = img.section(".data..percpu")
     zero_based = percpu is not None and percpu.addr == 0
     per_cpu_load = img.symbol_address("__per_cpu_load") if zero_based else 0
-    shndx = img.symtab["shndx"]
-    skip_sym = shndx == 0xfff1                                        # SHN_ABS
+    # relocs.c's is_percpu_sym(): in the per-CPU section, but not these names
+    skip_sym = np.zeros(len(img.symtab), bool)
     if zero_based:
-        skip_sym |= shndx == percpu.index
+        names, syms = img.symbol_table()
+        skip_sym = syms["shndx"] == percpu.index
+        for i in np.flatnonzero(skip_sym):
+            n = names[i]
+            if n == "__init_begin" or n.startswith(("__per_cpu_load", "init_per_cpu__")):
+                skip_sym[i] = False
     out = {"abs64": [], "abs32": [], "pcrel": []}
     for name, rel in img.relocations.items():
         if not rel.target.is_alloc:
