@@ -69,7 +69,9 @@ class Section:
 
     @property
     def is_code(self):
-        return bool(self.flags & SHF_EXECINSTR)
+        # a writable section is data even with SHF_EXECINSTR: 7.3's .data carries
+        # it for kexec's relocate_kernel code, which only ever runs from a copy
+        return bool(self.flags & SHF_EXECINSTR) and not self.flags & SHF_WRITE
 
     @property
     def is_alloc(self):
