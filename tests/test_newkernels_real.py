@@ -90,3 +90,61 @@ def test_units_keep_prefixes(vmlinux):
     # every prefix of a laid-out function is in its function's unit, at its start
     assert (pu[moved] == fu[moved]).all()
     assert (units.start[pu[moved]] <= addr[inside][moved]).all()
+
+
+# -- Debian 13's 6.12 as shipped, end to end ------------------------------------------
+
+@pytest.fixture(scope="module")
+def shipped_612(tmp_path_factory):
+    try:
+        vmlinux = targets.debian_vmlinux(series="6.12")
+        vmlinuz = targets.debian_vmlinuz(series="6.12")
+    except LinepackError as e:
+        pytest.skip(f"Debian 6.12 kernel unavailable: {e}")
+    d = tmp_path_factory.mktemp("ship612")
+    prof, out, tsv = d / "vfs.prof", d / "vmlinux.pack", d / "layout.tsv"
+    r = run_linepack("profile", "--kernel", vmlinux, "--workload", "vfs-mix", "--loops", 20,
+                     "-o", prof, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_linepack("relayout", vmlinux, "--vmlinuz", vmlinuz, "--profile", prof, "--strategy",
+                     "pack", "-o", out, "--layout-map", tsv, "-q", timeout=1800)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return {"vmlinux": vmlinux, "vmlinuz": vmlinuz, "out": out, "tsv": tsv, "dir": d}
+
+
+def test_612_relayout_verify_against_clean(shipped_612):
+    s = shipped_612
+    rep = s["dir"] / "against.json"
+    p = run_linepack("verify", "-q", s["out"], "--against", s["vmlinux"], "--layout-map", s["tsv"],
+                     "--json", rep, timeout=1800)
+    r = json.loads(rep.read_text())
+    errors = [f for f in r["findings"] if f["severity"] == "error"]
+    assert p.returncode == 0 and not errors, errors[:5]
+    assert r["equivalence_moved_functions"] > 10_000
+    assert r["ibt_entries_checked"] > 10_000
+    pf = r["function_prefixes"]
+    assert pf["count"] > 40_000 and pf["detached"] == 0 and pf["not_nop"] == 0
+
+
+@pytest.mark.qemu
+def test_612_bzimage_boots_with_stock_result(shipped_612):
+    import shutil
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("no qemu-system-x86_64")
+    from linepack.profile.qemu import run_workload
+    from linepack.ship import kaslr
+    s = shipped_612
+    new = s["dir"] / "vmlinuz.pack"
+    r = run_linepack("bzimage", s["out"], "--vmlinuz", s["vmlinuz"], "--layout-map", s["tsv"],
+                     "-o", new, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+    def boot(k):
+        return run_workload(str(k), "vfs-mix", loops=5, icount=False, timeout=600,
+                            env={"lp_kallsyms": "_text"})
+    stock, res = boot(s["vmlinuz"]), boot(new)
+    assert res.result_line == stock.result_line
+    off = kaslr.kaslr_offset(res.serial, kaslr.bzimage_link_text(str(new)))
+    assert off is not None and off % (2 << 20) == 0
+    for bad in ("Oops", "BUG:", "WARNING:", "Invalid padding area"):
+        assert bad not in res.serial

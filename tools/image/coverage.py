@@ -116,9 +116,8 @@ class CodeCoverage:
         sym_values = np.unique(syms["value"][sym_ok].astype(np.uint64))
         dec = _Decoder()
         try:
-            for sec in image.sections:
-                if not (sec.is_code and sec.is_alloc and sec.size) or sec.type == 8:
-                    continue
+            from .elf import code_sections
+            for sec in code_sections(image):
                 parts.append(self._section(sec, functions, function_disasm, sym_values, dec))
         finally:
             dec.close()

@@ -129,10 +129,15 @@ class ImageContext:
         """True where an address lies in an executable allocated section."""
         addrs = np.asarray(addrs, dtype=np.uint64)
         ok = np.zeros(len(addrs), dtype=bool)
-        for s in self.image.sections:
-            if s.is_code and s.is_alloc and s.size:
-                ok |= (addrs >= np.uint64(s.addr)) & (addrs < np.uint64(s.end))
+        for s in self._code_sections():
+            ok |= (addrs >= np.uint64(s.addr)) & (addrs < np.uint64(s.end))
         return ok
+
+    def _code_sections(self):
+        if getattr(self, "_code_secs", None) is None:
+            from ..image.elf import code_sections
+            self._code_secs = code_sections(self.image)
+        return self._code_secs
 
     def symbol_addresses(self):
         """{name: set of addresses} over the ELF symtab (names repeat for statics)."""
@@ -148,7 +153,7 @@ class ImageContext:
     def code_section_ends(self, addrs):
         """True where an address is exactly the end of a code section (terminators)."""
         addrs = np.asarray(addrs, dtype=np.uint64)
-        ends = [s.end for s in self.image.sections if s.is_code and s.is_alloc and s.size]
+        ends = [s.end for s in self._code_sections()]
         return np.isin(addrs, np.array(ends, dtype=np.uint64))
 
     def in_patch_site(self, addrs):
