@@ -28,9 +28,12 @@ def relayout_both(vmlinux, stripped, vmlinuz, profile, strategy, tmp_path):
     units, _, _ = function_units(image)
     keep_first(units, units_named(units, sb["references"]["kept_first"]))
     pin_units(units, units_named(units, pins))
-    hot = json.loads(open(profile).read())["functions"]
+    from linepack.relayout import strategies
+    from linepack.relayout.driver import load_profile_full
+    lp = load_profile_full(str(profile), vmlinux)
     a = tmp_path / f"link.{strategy}"
-    sa, _, _ = relayout(vmlinux, str(a), strategy, hotness=hot, debug="strip")
+    sa, _, _ = relayout(vmlinux, str(a), strategies.get({"strategy": strategy}),
+                        hotness=lp.hotness, calls=lp.calls, blocks=lp.blocks, debug="strip")
     ia, ib = ElfImage(str(a)), ElfImage(str(b))
     differ = [s.name for s in ia.alloc_sections() if s.type != 8 and
               bytes(ia.section_bytes(s)) != bytes(ib.section_bytes(ib.section(s.name)))]

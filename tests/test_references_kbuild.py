@@ -65,6 +65,9 @@ def test_relayout_pack_same_as_link(build, tmp_path):
     sa, sb, differ = relayout_both(vmlinux, stripped, bz, str(prof), "pack", tmp_path)
     assert sa["units_moved"] == sb["units_moved"] > 1000
     assert differ == []
+    # and verify proves it against the stripped input it came from
+    r = helpers.run_linepack("verify", tmp_path / "recovered.pack", "--against", stripped, "-q")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
 
 def test_vmlinuz_of_another_build_refused(build, tmp_path):

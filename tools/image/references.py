@@ -30,7 +30,7 @@ relocation there as "do not split".
 
 import numpy as np
 
-from .elf import (RELA, STT_FUNC, STT_SECTION, R_X86_64_32, R_X86_64_32S, R_X86_64_64,
+from .elf import (RELA, STT_SECTION, R_X86_64_32, R_X86_64_32S, R_X86_64_64,
                   R_X86_64_PC32, R_X86_64_PC64, R_X86_64_PLT32, Relocations)
 from .intervals import containing
 
@@ -66,6 +66,7 @@ class References:
         self.unexplained = None
         self.pinned_units = []       # names of the units pinned for these references
         self.kept_first = []         # names of units kept first in their region
+        self.drag = {}               # reference index -> symbol its target moves with
 
     def __len__(self):
         return len(self.field)
@@ -77,13 +78,6 @@ class References:
         ic = np.minimum(i, max(len(self.field) - 1, 0))
         return (i < len(self.field)) & (self.field[ic] == a) if len(self.field) else \
             np.zeros(a.shape, bool)
-
-    def select(self, mask):
-        out = References.__new__(References)
-        for k in ("field", "rtype", "end", "target", "origin", "table"):
-            setattr(out, k, getattr(self, k)[mask])
-        out.table_names, out.stats, out.unexplained = self.table_names, {}, None
-        return out
 
 
 # -- reading fields ------------------------------------------------------------
@@ -277,10 +271,8 @@ def _table_ranges(ctx):
         hi = np.maximum.accumulate(hi)
         keep = np.ones(len(lo), bool)
         keep[1:] = lo[1:] >= hi[:-1]
-        grp = np.cumsum(keep) - 1
         lo = lo[keep]
         hi = np.maximum.reduceat(hi, np.nonzero(keep)[0])
-        del grp
     return lo, hi
 
 
@@ -423,20 +415,46 @@ def pin_boundary_targets(image, refs, units, d, log=None):
     # with it either way; known tables list code.
     from ..kernel.base import ImageContext
     m = np.isin(refs.origin, (KASLR64, KASLR32, CODE_RIP))
+    ridx = np.nonzero(m)[0]
     t, f = refs.target[m], refs.field[m]
     k = units.find(t)
+    uf = units.find(f)
     tlo, thi = _table_ranges(ImageContext.of(image))
-    keep = (k >= 0) & (units.find(f) != k) & (containing(tlo, thi, f) < 0)
-    t, k = t[keep], k[keep]
+    keep = (k >= 0) & (uf != k) & (containing(tlo, thi, f) < 0)
+    t, k, kf, ridx = t[keep], k[keep], uf[keep], ridx[keep]
     at = d.is_boundary(t)
     prev = d.containing(t - np.uint64(1))
     pc = np.maximum(prev, 0)
     at |= (prev >= 0) & (d.addr[pc] + d.size[pc].astype(np.uint64) == t)
     names, syms = image.symbol_table()
     styp = syms["info"] & 0xF
-    named = np.unique(syms["value"][(styp != STT_SECTION) & (styp != 4)].astype(np.uint64))
-    at &= np.isin(t, named)
-    mid = np.unique(k[~at])
+    sym_ok = (styp != STT_SECTION) & (styp != 4) & (syms["shndx"] > 0) & (syms["shndx"] < 0xFF00)
+    sv = syms["value"][sym_ok].astype(np.uint64)
+    si = np.nonzero(sym_ok)[0]
+    o = np.argsort(sv, kind="stable")
+    sv, si = sv[o], si[o]
+    at &= np.isin(t, sv)
+    # The base of the arithmetic is, as the compiler wrote it, a symbol the
+    # same code names elsewhere (``__memcpy(dst, core_restore_code, PAGE_SIZE)``
+    # reads the page's last 8 bytes at core_restore_code + 4088 and starts at
+    # core_restore_code): the nearest such target at or below, within 64 KiB,
+    # names the reference, which then moves with that symbol as the link's
+    # does. With no base in sight, the target's unit stays.
+    drag = refs.drag
+    arith = np.nonzero(~at)[0]
+    if len(arith):
+        src_u = units.find(refs.field)
+        for j in arith[kf[arith] >= 0].tolist():        # from code only
+            same = (src_u == kf[j]) & (refs.origin != CODE_BRANCH) & (refs.target <= t[j]) & \
+                (refs.target + np.uint64(1 << 16) > t[j])
+            cand = np.unique(refs.target[same])
+            cand = cand[np.isin(cand, sv)]
+            if len(cand):
+                base = cand[-1]
+                drag[int(ridx[j])] = int(si[np.searchsorted(sv, base)])
+    refs.drag = drag
+    based = np.isin(ridx, np.array(list(drag), np.int64))
+    mid = np.unique(k[~at & ~based])
     mid = mid[~units.pinned[mid]]
     mid = np.setdiff1d(mid, u).astype(np.int64)
     pin_units(units, mid)
@@ -453,6 +471,7 @@ def pin_boundary_targets(image, refs, units, d, log=None):
     refs.stats["references.boundary_units_kept_first"] = len(first)
     refs.stats["references.boundary_units_pinned"] = int(len(rest))
     refs.stats["references.label_arithmetic_units_pinned"] = int(len(mid))
+    refs.stats["references.label_arithmetic_based"] = int(based.sum())
     if (len(u) or len(mid)) and log:
         log(f"{len(u)} units at a region boundary that references name (kept first in their "
             f"region) and {len(mid)} holding a target inside an instruction (label "
@@ -709,6 +728,11 @@ def install(image, refs, functions=None, units=None):
                 (refs.origin != TABLE) & ~np.isin(refs.target, units.start)
             named = np.where(hit, lab[jc], -1)
             refs.stats["references.boundary_labels"] = int(hit.sum())
+    drag = getattr(refs, "drag", None)
+    if drag:
+        if named is None:
+            named = np.full(len(refs), -1, np.int64)
+        named[np.array(list(drag), np.int64)] = np.array(list(drag.values()), np.int64)
     image._relocs = as_relocations(image, refs, skip, named)
     image._linepack_recovered = refs
     return image._relocs
