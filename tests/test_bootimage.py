@@ -196,7 +196,7 @@ def link_relocation_fields(img):
     address), less .notes; a field inside a zero-based
     .data..percpu at its load address __per_cpu_load. "abs32" the R_X86_64_32/32S
     fields, "pcrel" the PC32/PLT32 ones."""
-    from linepack.image.elf import (R_X86_64_32, R_X86_64_32S, R_X86_64_64, R_X86_64_PC32,
+    from linepack.image.relocs import (R_X86_64_32, R_X86_64_32S, R_X86_64_64, R_X86_64_PC32,
                                     R_X86_64_PLT32)
     kinds = {R_X86_64_64: "abs64", R_X86_64_32: "abs32", R_X86_64_32S: "abs32",
              R_X86_64_PC32: "pcrel", R_X86_64_PLT32: "pcrel"}

@@ -77,5 +77,4 @@ class BzImage:
 
 
 def log_of(args):
-    return (lambda m: None) if args.quiet else \
-        (lambda m: print(f"bzimage: {m}", file=sys.stderr, flush=True))
+    return stderr_log("bzimage", args.quiet)

@@ -157,10 +157,21 @@ class AddressMap:
         """One piece per unit of every rewritten extent of a LayoutPlan."""
         u = plan.units
         extents, anchors = plan_extents(plan)
-        keep = np.zeros(len(u), bool)
-        for lo, hi in extents:
-            keep |= (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi))
+        keep = units_of_extents(u, extents)
         return cls(u.start[keep], u.end[keep], plan.new_start[keep], extents, anchors)
+
+
+def units_of_extents(units, extents):
+    """Units whose start lies in a rewritten extent, and the unit starting right
+    at an extent's end: when functions are contiguous (6.12's 16-byte prefixes
+    leave no padding between them) the last piece of an extent ends where a
+    unit that stays starts, and that address is the staying unit's start
+    (its symbol, branches and ORC entry), not the moved piece's end."""
+    keep = np.zeros(len(units), bool)
+    his = np.array([hi for _, hi in extents], np.uint64)
+    for lo, hi in extents:
+        keep |= (units.start >= np.uint64(lo)) & (units.start < np.uint64(hi))
+    return keep | np.isin(units.start, his)
 
 
 def plan_extents(plan):

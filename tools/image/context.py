@@ -62,6 +62,10 @@ class cached:
 class ImageContext:
     """What the layers share about one image, computed lazily once."""
 
+    # image/references.py References when the image's relocations were recovered
+    # (relayout --vmlinuz) instead of read from its link relocations
+    recovered = None
+
     @classmethod
     def of(cls, image, log=None):
         """The one context of an image object (built on first use, then shared)."""
@@ -123,10 +127,16 @@ class ImageContext:
         """True where an address lies in an executable allocated section."""
         addrs = np.asarray(addrs, dtype=np.uint64)
         ok = np.zeros(len(addrs), dtype=bool)
-        for s in self.image.sections:
-            if s.is_code and s.is_alloc and s.size:
-                ok |= (addrs >= np.uint64(s.addr)) & (addrs < np.uint64(s.end))
+        for s in self.code_sections:
+            ok |= (addrs >= np.uint64(s.addr)) & (addrs < np.uint64(s.end))
         return ok
+
+    @cached
+    def code_sections(self):
+        """The allocated sections holding code (image/elf.py code_sections: 7.x kexec
+        code inside a writable, executable .data counts; the rest of it does not)."""
+        from .elf import code_sections
+        return code_sections(self.image)
 
     @cached
     def sym_addrs(self):
@@ -144,7 +154,7 @@ class ImageContext:
     def code_section_ends(self, addrs):
         """True where an address is exactly the end of a code section (terminators)."""
         addrs = np.asarray(addrs, dtype=np.uint64)
-        ends = [s.end for s in self.image.sections if s.is_code and s.is_alloc and s.size]
+        ends = [s.end for s in self.code_sections]
         return np.isin(addrs, np.array(ends, dtype=np.uint64))
 
     @cached

@@ -116,9 +116,8 @@ class CodeCoverage:
         sym_values = np.unique(syms["value"][sym_ok].astype(np.uint64))
         dec = _Decoder()
         try:
-            for sec in image.sections:
-                if not (sec.is_code and sec.is_alloc and sec.size) or sec.type == 8:
-                    continue
+            from .elf import code_sections
+            for sec in code_sections(image):
                 parts.append(self._section(sec, functions, function_disasm, sym_values, dec))
         finally:
             dec.close()
@@ -215,8 +214,10 @@ class CodeCoverage:
         Instruction lengths do not depend on the address, so pieces with the
         same bytes (alignment nops between functions, mostly) are decoded once.
         """
-        key = bytes(data[pos:min(b, stop + 15)]) + (stop - pos).to_bytes(2, "little")
-        hit = self._memo.get(key) if b - pos <= 64 else None
+        # only short pieces are memoised (a 7.3 gap between cuts can exceed 64 KiB)
+        key = bytes(data[pos:min(b, stop + 15)]) + (stop - pos).to_bytes(2, "little") \
+            if b - pos <= 64 else None
+        hit = self._memo.get(key) if key is not None else None
         if hit is not None:
             rel, sizes, end = hit
             parts.append((pos + rel, sizes, reason))

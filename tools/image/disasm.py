@@ -178,6 +178,13 @@ KNOWN_UNDECODED = (
     # 6.12: FRED's LKGS %di (native_lkgs, native_load_gs_index) and TDX's TDCALL
     (bytes.fromhex("f20f00f7"), 4, "lkgs"),
     (bytes.fromhex("660f01cc"), 4, "tdcall"),
+    # 7.3: WRMSRNS (alternatives of wrmsr), AMD's INVLPGB / TLBSYNC (flush_tlb_mm_range),
+    # and UDB (0xd6, the kernel's one-byte BUG_UDB: speculation stops after indirect
+    # branches in the ITS thunks)
+    (bytes.fromhex("0f01c6"), 3, "wrmsrns"),
+    (bytes.fromhex("0f01fe"), 3, "invlpgb"),
+    (bytes.fromhex("0f01ff"), 3, "tlbsync"),
+    (bytes.fromhex("d6"), 1, "udb"),
 )
 
 
@@ -300,4 +307,77 @@ def disassemble(image, functions, jobs=None):
     raw = np.concatenate([p[3] for p in parts])
     bad = [b for p in parts for b in p[4]]
     order = np.argsort(addr, kind="stable")
-    return Disassembly(addr[order], size[order], func[order], raw[order], bad)
+    addr, size, func, raw = addr[order], size[order], func[order], raw[order]
+    addr, size, func, raw = _redecode_ud1(image, starts, sizes, addr, size, func, raw)
+    return Disassembly(addr, size, func, raw, bad)
+
+
+_PREFIXES = frozenset((0x26, 0x2E, 0x36, 0x3E, 0x64, 0x65, 0x66, 0x67, 0xF0, 0xF2, 0xF3))
+
+
+def ud1_length(code):
+    """Length of a UD1 (``0f b9 /r``) at the start of ``code``, 0 if it is none.
+
+    Capstone 5 decodes UD1 without its ModRM byte; the CPU and the kernel
+    (7.3's ``__WARN_trap``: ``ud1 (%edx), %rdi``) read it with one, so the
+    instruction is longer and what follows starts elsewhere."""
+    i = 0
+    while i < len(code) and code[i] in _PREFIXES:
+        i += 1
+    if i < len(code) and 0x40 <= code[i] <= 0x4F:          # REX
+        i += 1
+    if code[i:i + 2] != b"\x0f\xb9" or len(code) < i + 3:
+        return 0
+    modrm = code[i + 2]
+    mod, rm = modrm >> 6, modrm & 7
+    n = i + 3
+    if mod != 3 and rm == 4:                                 # SIB
+        if len(code) <= n:
+            return 0
+        base = code[n] & 7
+        n += 1
+        if mod == 0 and base == 5:
+            n += 4
+    if mod == 0 and rm == 5:
+        n += 4                                               # RIP-relative disp32
+    elif mod == 1:
+        n += 1
+    elif mod == 2:
+        n += 4
+    return n if n <= len(code) else 0
+
+
+def _redecode_ud1(image, starts, sizes, addr, size, func, raw):
+    """Decode again, one instruction at a time, the functions where Capstone
+    cut a UD1 short (rare: a handful of functions)."""
+    b9 = (raw[:, :-1] == 0x0F) & (raw[:, 1:] == 0xB9)
+    cand = np.nonzero(b9.any(axis=1))[0]
+    funcs = sorted({int(func[i]) for i in cand.tolist()
+                    if ud1_length(bytes(raw[i])) > int(size[i])})
+    if not funcs:
+        return addr, size, func, raw
+    dec = _Decoder()
+    rows = []
+    try:
+        for f in funcs:
+            start, n = int(starts[f]), int(sizes[f])
+            code = bytes(image.read(start, n))
+            pos = 0
+            while pos < n:
+                length = ud1_length(code[pos:pos + 16])
+                if not length:
+                    ins = dec.decode(code[pos:pos + 16], start + pos)
+                    length = int(ins["size"][0]) if len(ins) else (_known_length(code[pos:pos + 8]) or 1)
+                row = np.zeros(RAW, np.uint8)
+                row[:min(length, RAW)] = np.frombuffer(code[pos:pos + min(length, RAW)], np.uint8)
+                rows.append((start + pos, length, f, row))
+                pos += length
+    finally:
+        dec.close()
+    keep = ~np.isin(func, funcs)
+    addr = np.concatenate([addr[keep], np.array([r[0] for r in rows], np.uint64)])
+    size = np.concatenate([size[keep], np.array([r[1] for r in rows], size.dtype)])
+    func = np.concatenate([func[keep], np.array([r[2] for r in rows], func.dtype)])
+    raw = np.concatenate([raw[keep], np.stack([r[3] for r in rows])])
+    order = np.argsort(addr, kind="stable")
+    return addr[order], size[order], func[order], raw[order]

@@ -40,6 +40,32 @@ SYM = np.dtype([
 RELA = np.dtype([("offset", "<u8"), ("info", "<u8"), ("addend", "<i8")])
 
 
+# Code inside a writable section, by its bounding symbols: 7.3 links kexec's
+# relocate_kernel into .data (arch/x86/kernel/relocate_kernel_64.S); objtool lists
+# its call sites, alternatives and ORC entries like any code's.
+EMBEDDED_CODE = (("__relocate_kernel_start", "__relocate_kernel_end"),)
+
+
+def code_sections(image):
+    """Allocated executable sections, plus each EMBEDDED_CODE range as a
+    section-like piece of its (writable) section: what is decoded as code."""
+    out = [s for s in image.sections if s.is_code and s.is_alloc and s.size and s.type != SHT_NOBITS]
+    for lo_name, hi_name in EMBEDDED_CODE:
+        lo, hi = image.symbol_address(lo_name), image.symbol_address(hi_name)
+        parent = image.section_at(lo) if lo is not None else None
+        if parent is None or hi is None or not (parent.flags & SHF_EXECINSTR) or parent.is_code \
+                or not lo < hi <= parent.end:
+            continue
+        piece = object.__new__(Section)
+        for f in Section.__slots__:
+            setattr(piece, f, getattr(parent, f))
+        piece.addr, piece.size = lo, hi - lo
+        piece.offset = parent.offset + (lo - parent.addr)
+        piece.flags = parent.flags & ~SHF_WRITE
+        out.append(piece)
+    return out
+
+
 class Section:
     """One section header, with its name resolved."""
 
@@ -59,7 +85,10 @@ class Section:
 
     @property
     def is_code(self):
-        return bool(self.flags & SHF_EXECINSTR)
+        # a writable section is data even with SHF_EXECINSTR: 7.3's .data carries
+        # it for kexec's relocate_kernel, code bounded by its own symbols
+        # (EMBEDDED_CODE, code_sections)
+        return bool(self.flags & SHF_EXECINSTR) and not self.flags & SHF_WRITE
 
     @property
     def is_alloc(self):

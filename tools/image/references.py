@@ -736,6 +736,8 @@ def install(image, refs, functions=None, units=None):
             named = np.full(len(refs), -1, np.int64)
         named[np.array(list(drag), np.int64)] = np.array(list(drag.values()), np.int64)
     image._relocs = as_relocations(image, refs, skip, named)
+    from .context import ImageContext
+    ImageContext.of(image).recovered = refs
     return image._relocs
 
 

@@ -11,7 +11,8 @@ Layouts (arch/x86/include/asm/alternative.h):
   (``ALT_FLAG_NOT``, 6.12 also ``ALT_FLAG_DIRECT_CALL``), so
   ``{s32 instr; s32 repl; u16 cpuid; u16 flags; u8 instrlen; u8 replacementlen}``
   (14 bytes, packed). Debian 6.12's table is 129,948 bytes: a multiple of both 12
-  and 14, so the size alone cannot tell the layouts apart.
+  and 14, so the size alone cannot tell the layouts apart. 7.3 keeps the 14-byte
+  record and the same two flags.
 """
 
 import numpy as np

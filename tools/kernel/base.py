@@ -18,6 +18,13 @@ import numpy as np
 # the table modules and their callers
 from ..image.context import ImageContext, kernel_version_of  # noqa: F401
 from ..image.relocs import link_field_mismatches
+from ..errors import BadInput
+
+
+class TableFormatError(BadInput):
+    """A kernel table whose size does not fit the record format of the image's
+    kernel version: relayout and verify refuse the image (exit 2) rather than
+    misread it."""
 
 
 class Finding:
@@ -141,9 +148,18 @@ class KernelTable:
         if a is None or b is None:
             return None
         size = b - a
-        if size % self.dtype.itemsize:
-            raise ValueError(f"{self.name}: size {size} is not a multiple of {self.dtype.itemsize}")
-        return a, size // self.dtype.itemsize
+        item = self.dtype.itemsize
+        ver = "unknown version" if ctx.version is None else ".".join(map(str, ctx.version))
+        if size % item:
+            raise TableFormatError(f"{self.name}: {size} bytes are not whole {item}-byte records "
+                                   f"(the format of kernel {ver}): unknown table format")
+        # a table that fills its own output section: the section's size agrees
+        sec = ctx.image.section(self.name)
+        if sec is not None and sec.addr == a and sec.size != size and sec.size % item:
+            raise TableFormatError(f"{self.name}: section of {sec.size} bytes is not whole "
+                                   f"{item}-byte records (the format of kernel {ver}): "
+                                   "unknown table format")
+        return a, size // item
 
     def ranges(self, ctx):
         """[(start address, count, item size)] of the table's storage."""

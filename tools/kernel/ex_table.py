@@ -2,12 +2,16 @@
 
 insn and fixup are relative to their fields; data holds the handler type and
 register (not an address). Sorted by insn at build time (sorttable) because
-the kernel binary-searches it. Unchanged in 6.12 (arch/x86/include/asm/extable.h).
+the kernel binary-searches it. Unchanged in 6.12 and 7.3 (arch/x86/include/asm/extable.h; handler types
+end at EX_TYPE_ERETU = 21 in both).
 """
 
 import numpy as np
 
 from .base import KernelTable
+
+
+EX_TYPE_ERETU = 21
 
 
 class ExTable(KernelTable):
@@ -26,7 +30,10 @@ class ExTable(KernelTable):
         self.check_sorted(ctx, findings, entries["insn"], "faulting instructions")
         self.check_code_refs(ctx, findings, "insn", entries["insn"])
         self.check_code_refs(ctx, findings, "fixup", entries["fixup"])
-        self.check_same_code(ctx, findings, "fixup", entries["insn"], entries["fixup"])
+        # an ERETU (FRED's return to user) that faults resumes at the FRED user
+        # entry point (arch/x86/entry/entry_64_fred.S): its fixup is other code
+        local = (entries["data"] & 0xFF) != EX_TYPE_ERETU
+        self.check_same_code(ctx, findings, "fixup", entries["insn"][local], entries["fixup"][local])
         # data = type (low byte) | reg:4 flags:4 | imm:16 (asm/extable_fixup_types.h):
         # EX_TYPE_NONE (0) never appears in the table; 6.1 ends at EX_TYPE_ZEROPAD
         # (20), 6.12 at EX_TYPE_ERETU (21)

@@ -5,7 +5,7 @@ own address; key bit 0 = branch default, bit 1 = init. The kernel decodes the
 live bytes at ``code`` to learn the site size and BUG()s unless they are one of
 nop2 ``66 90``, nop5 ``0f 1f 44 00 00``, ``eb rel8`` or ``e9 rel32``.
 Before 5.14 the patcher wrote 5 bytes only, so a 2-byte site there is fatal.
-Unchanged in 6.12 (include/linux/jump_label.h, arch/x86/kernel/jump_label.c).
+Unchanged in 6.12 and 7.3 (include/linux/jump_label.h, arch/x86/kernel/jump_label.c).
 """
 
 import numpy as np

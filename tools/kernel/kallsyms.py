@@ -15,11 +15,37 @@ are emitted in another order: num_syms, names, markers, token_table,
 token_index, offsets, relative_base, seqs_of_names. The parse finds each by
 its symbol and only relies on names preceding markers and token_table
 preceding token_index, true in both.
+
+7.3 (kernel/kallsyms.c ``kallsyms_sym_address``: ``offset_to_ptr``): no
+``kallsyms_relative_base``; each ``kallsyms_offsets`` entry is an s32 relative
+to its own address (x86-64 per-CPU symbols are no longer zero-based, so none is
+absolute). The format is decided by the kernel version (6.12 and before:
+base-relative; 7.0 and later: PC-relative) and cross-checked against the
+image: base-relative needs the ``kallsyms_relative_base`` symbol, PC-relative
+must not have it; a disagreement is refused in one line (exit 2). relayout
+re-encodes each offset against the entry's final address.
 """
 
 import numpy as np
 
-from .base import Finding, KernelTable
+from .base import Finding, KernelTable, TableFormatError, for_version
+
+BASE_RELATIVE, PC_RELATIVE = "base-relative", "pc-relative"
+# between 6.12 (base-relative, measured) and 7.3 (PC-relative, measured) the
+# image's own kallsyms_relative_base symbol must agree with this choice
+FORMATS = [((0, 0), BASE_RELATIVE), ((7, 0), PC_RELATIVE)]
+
+
+def offsets_format(ctx):
+    """How ``kallsyms_offsets`` encodes addresses for this image's kernel."""
+    fmt = for_version(FORMATS, ctx.version)
+    has_base = ctx.image.symbol_address("kallsyms_relative_base") is not None
+    if has_base != (fmt == BASE_RELATIVE):
+        ver = "unknown version" if ctx.version is None else ".".join(map(str, ctx.version))
+        raise TableFormatError(f"kallsyms: kernel {ver} should use {fmt} offsets, but the image "
+                               f"{'has' if has_base else 'has no'} kallsyms_relative_base: "
+                               "unknown table format")
+    return fmt
 
 
 def _linker_provided(name):
@@ -49,10 +75,16 @@ class Kallsyms(KernelTable):
             return np.zeros(0, dtype=[("addr", "<u8"), ("offset", "<i4")])
         off_addr, n = loc
         offsets = im.view(off_addr, n, "<i4")
-        base = int(im.view(im.symbol_address("kallsyms_relative_base"), 1, "<u8")[0])
-        self.relative_base = base
-        addr = np.where(offsets >= 0, offsets.astype(np.int64).astype(np.uint64),
-                        (np.int64(base - (1 << 64)) - 1 - offsets.astype(np.int64)).astype(np.uint64))
+        self.format = offsets_format(ctx)
+        if self.format == PC_RELATIVE:
+            self.relative_base = None
+            field = np.uint64(off_addr) + np.arange(n, dtype=np.uint64) * np.uint64(4)
+            addr = (field.astype(np.int64) + offsets.astype(np.int64)).astype(np.uint64)
+        else:
+            base = int(im.view(im.symbol_address("kallsyms_relative_base"), 1, "<u8")[0])
+            self.relative_base = base
+            addr = np.where(offsets >= 0, offsets.astype(np.int64).astype(np.uint64),
+                            (np.int64(base - (1 << 64)) - 1 - offsets.astype(np.int64)).astype(np.uint64))
         names_addr = im.symbol_address("kallsyms_names")
         tt_addr = im.symbol_address("kallsyms_token_table")
         ti_addr = im.symbol_address("kallsyms_token_index")
@@ -191,6 +223,9 @@ class Kallsyms(KernelTable):
         out = np.zeros(len(entries), dtype=[("addr", "<u8"), ("offset", "<i4"), ("old_index", "<i8")])
         out["addr"] = new_addr[order]
         out["old_index"] = order
+        if self.format == PC_RELATIVE:
+            # offsets depend on where the array ends up: arrays() encodes them
+            return out
         rel = ~absolute[order]
         base = self.relative_base
         if (out["addr"][rel] < np.uint64(base)).any():
@@ -205,12 +240,20 @@ class Kallsyms(KernelTable):
     # The arrays whose size follows the symbol count, in the order they are laid out.
     GROWING = ("kallsyms_offsets", "kallsyms_names", "kallsyms_markers", "kallsyms_seqs_of_names")
 
-    def arrays(self, ctx, entries):
+    def arrays(self, ctx, entries, at=None):
         """{array symbol: bytes} of the arrays ``write`` stores for ``entries``
-        (only those the image has)."""
+        (only those the image has); ``at`` as for ``write``."""
         n = len(entries)
         old_index = entries["old_index"].tolist()
-        out = {"kallsyms_offsets": entries["offset"].astype("<i4").tobytes()}
+        offsets = entries["offset"]
+        if self.format == PC_RELATIVE:
+            base = (at or {}).get("kallsyms_offsets", ctx.image.symbol_address("kallsyms_offsets"))
+            field = np.uint64(base) + np.arange(n, dtype=np.uint64) * np.uint64(4)
+            rel = entries["addr"].astype(np.int64) - field.astype(np.int64)
+            if len(rel) and (rel.min() < -(1 << 31) or rel.max() >= (1 << 31)):
+                raise ValueError("kallsyms: a symbol is out of s32 reach of kallsyms_offsets")
+            offsets = rel
+        out = {"kallsyms_offsets": np.asarray(offsets).astype("<i4").tobytes()}
         bounds = self._record_bounds
         blob = self._names_blob
         b = np.asarray(bounds, np.int64)
@@ -242,7 +285,7 @@ class Kallsyms(KernelTable):
                                  f"arrays (sized for {n_old})")
             out.write(im.symbol_address("kallsyms_num_syms"),
                       np.array([len(entries)], "<u4").view(np.uint8))
-        for nm, data in self.arrays(ctx, entries).items():
+        for nm, data in self.arrays(ctx, entries, at).items():
             addr = (at or {}).get(nm, im.symbol_address(nm))
             out.write(addr, np.frombuffer(data, np.uint8))
 

@@ -4,6 +4,10 @@ resolve exports by binary search on the name, so each table is name-sorted;
 every value must be the address the ELF symbol table gives that name.
 6.12 emits the entries from asm (include/linux/export-internal.h, __KSYMTAB)
 but the record is the same ``.long sym - .; .long name - .; .long ns - .``.
+7.3 keeps that record but has no ``__ksymtab_gpl`` (nor ``__kcrctab_gpl``): every
+export is in ``__ksymtab`` and its GPL-only bit is one byte per entry, in the
+same order, in ``__kflagstab`` (include/linux/export-internal.h); the GPL table
+is then absent and skipped, and ``__kflagstab`` must have one byte per export.
 """
 
 import numpy as np
@@ -66,6 +70,11 @@ class Ksymtab(KernelTable):
         if len(wrong) > self.max_findings_per_check:
             findings.append(Finding("error", f"{self.name}.value", None,
                                     f"{len(wrong)} exports disagree with the symbol table"))
+        fa = ctx.image.symbol_address("__start___kflagstab")
+        fb = ctx.image.symbol_address("__stop___kflagstab")
+        if self.name == "__ksymtab" and fa is not None and fb is not None and fb - fa != len(entries):
+            findings.append(Finding("error", "__kflagstab.count", fa,
+                                    f"__kflagstab has {fb - fa} flag bytes for {len(entries)} exports"))
         return findings
 
 

@@ -13,6 +13,9 @@ but the bits changed (arch/x86/include/asm/orc_types.h):
   ``type == ORC_TYPE_UNDEFINED`` (the all-zero entry is undefined in both).
   6.4+ also carries ``.orc_header`` (a 20-byte hash of orc_types.h that module
   loading compares), outside this table.
+- 7.3 keeps the 6.4 bits but renumbered the registers (ORC_REG_AX = 1 is new,
+  ORC_REG_BP_INDIRECT moved to 10, the highest): the check only bounds them by
+  ORC_REG_MAX, relayout never reads them.
 """
 
 import numpy as np

@@ -4,6 +4,13 @@
 accounting thunks) and ``.ibt_endbr_seal`` (CONFIG_X86_KERNEL_IBT: ENDBR64
 instructions of functions never called indirectly, poisoned at boot). Each
 entry is the address of one instruction the kernel patches at boot.
+
+The record is the same in 6.1, 6.12 and 7.3; 7.3 has no ``.smp_locks`` (no
+``__smp_locks`` symbol: the table is absent and skipped). ``.call_sites`` lists
+the direct calls whose destination callthunks.c redirects, at boot, to the
+accounting thunk it writes into the callee's 16-byte padding (``__pfx_``,
+kernel/prefixes.py): relayout keeps each padding with its function
+(relayout/units.py) and rewrites these fields like every PC-relative reference.
 """
 
 import numpy as np

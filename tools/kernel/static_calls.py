@@ -5,7 +5,7 @@ INIT at boot, so the image has it clear). The key is a ``__SCK__<name>``
 symbol and the site calls or jumps to the ``__SCT__<name>`` trampoline. Each site is a 5-byte ``call``/``jmp``
 rel32 (or a nop5/ret once patched) the kernel rewrites at boot; a tail-call
 site may also be a 6-byte ``Jcc rel32`` (``0f 80..8f``: __static_call_validate
-accepts it in 6.1 and 6.12 alike). Same layout in 6.1 and 6.12
+accepts it in 6.1 and 6.12 alike). Same layout in 6.1, 6.12 and 7.3
 (include/linux/static_call_types.h).
 """
 

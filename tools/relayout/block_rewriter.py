@@ -12,7 +12,7 @@ reads the new bytes.
 import numpy as np
 
 from ..image import blockmap as bm
-from ..image.addrmap import AddressMap, plan_extents
+from ..image.addrmap import AddressMap, plan_extents, units_of_extents
 from .rewriter import Rewriter, RewriteError
 
 
@@ -26,11 +26,7 @@ class BlockRewriter(Rewriter):
     def address_map(self):
         u, plan, rows, split_mask = self.units, self.plan, self.rows, self.split_mask
         extents, anchors = plan_extents(plan)
-        keep = ~split_mask
-        inside = np.zeros(len(u), bool)
-        for lo, hi in extents:
-            inside |= (u.start >= np.uint64(lo)) & (u.start < np.uint64(hi))
-        keep &= inside
+        keep = ~split_mask & units_of_extents(u, extents)
         base = AddressMap(u.start[keep], u.end[keep], plan.new_start[keep], extents, anchors)
         amap = bm.address_map(rows, base=base)
         ins = rows[rows["kind"] == bm.KIND_JMP_INSERTED]

@@ -397,6 +397,7 @@ def references(run):
     rw.fix_relocations()
     rw.fix_branches()
     rw.fix_rip_relative()
+    rw.refresh_leftover_relocations()
     return S.ReferenceStats(count.counters())
 
 

@@ -23,8 +23,9 @@ from ..image.addrmap import AddressMap
 from ..image.context import ImageContext
 from ..image.disasm import disassemble
 from ..image.elf import RELA, SHT_SYMTAB, STT_SECTION, SYM
-from ..image.relocs import (ABS_TYPES, GOT_TYPES, PC_TYPES, RECIPES, RELOC_NAMES, R_X86_64_NONE,
-                            R_X86_64_32, R_X86_64_32S)
+from ..image.relocs import (ABS_TYPES, GOT_TYPES, PC_TYPES, RECIPES, RELOC_NAMES, R_X86_64_32,
+                             R_X86_64_32S, R_X86_64_64, R_X86_64_NONE, R_X86_64_PC32,
+                             R_X86_64_PLT32)
 
 STT_GNU_IFUNC = 10
 
@@ -129,9 +130,9 @@ class Rewriter:
 
     def _other_code_disasm(self):
         """Linear-sweep disassembly of code sections the layout does not touch."""
+        from ..image.elf import code_sections
         laid = {r.section for r in self.units.regions}
-        secs = [s for s in self.image.sections if s.is_code and s.is_alloc and s.size
-                and s.index not in laid]
+        secs = [s for s in code_sections(self.image) if s.index not in laid]
         if not secs:
             return None
         # the same for every layout of an image: decoded once per image object
@@ -166,7 +167,52 @@ class Rewriter:
         self.fix_branches()
         self.fix_rip_relative()
         self.check_static_keys()
+        self.refresh_leftover_relocations()
         return self
+
+    def refresh_leftover_relocations(self):
+        """References recovered from a vmlinuz: the few link relocation sections
+        the kernel's build left in the vmlinux (Debian 6.12: those of the
+        runtime-constant tables, ``.relaruntime_ptr_*``) were not used, so their
+        addends still describe the old layout. Each gets the addend that says
+        what its data field now holds (the field itself was rewritten from the
+        recovered references)."""
+        if ImageContext.of(self.image).recovered is None:
+            return
+        from ..image.elf import RELA, SHT_RELA
+        fields = {R_X86_64_64: (8, False), R_X86_64_PC32: (4, True), R_X86_64_PLT32: (4, True),
+                  R_X86_64_32: (4, False), R_X86_64_32S: (4, False)}
+        fixed = 0
+        for rs in self.image.sections:
+            if rs.type != SHT_RELA or not rs.size:
+                continue
+            tgt = self.image.sections[rs.info]
+            if not tgt.is_alloc or tgt.is_code or tgt.type == 8:
+                continue
+            rows = np.array(self.image.section_bytes(rs)).view(RELA).copy()
+            data = self.buf(tgt)
+            sym = (rows["info"] >> np.uint64(32)).astype(np.int64)
+            rtype = (rows["info"] & np.uint64(0xFFFFFFFF)).astype(np.int64)
+            changed = False
+            for k in range(len(rows)):
+                f = fields.get(int(rtype[k]))
+                off = int(rows["offset"][k]) - tgt.addr
+                if f is None or sym[k] == 0 or not 0 <= off <= tgt.size - f[0]:
+                    continue
+                size, pcrel = f
+                signed = size == 4 and (pcrel or rtype[k] == R_X86_64_32S)
+                val = int.from_bytes(bytes(data[off:off + size]), "little", signed=signed)
+                S = int(self.sym_new[sym[k]])
+                want = (val + (int(rows["offset"][k]) if pcrel else 0) - S) % (1 << 64)
+                want = want - (1 << 64) if want >= 1 << 63 else want
+                if want != int(rows["addend"][k]):
+                    rows["addend"][k] = want
+                    changed = True
+                    fixed += 1
+            if changed:
+                self.patched[rs.index] = rows.view(np.uint8)
+        if fixed:
+            self.stats["relocations.leftover_refreshed"] = fixed
 
     def check_static_keys(self):
         """Re-check every ``__jump_table`` site against its new target.

@@ -7,6 +7,14 @@ function of a region that is not padding becomes a unit of its own (e.g. the
 kernel's ``startup_64``). Padding between units (int3, zero bytes, NOP runs)
 is dropped and re-created by the layout.
 
+A function's prefix (``__pfx_<fn>``: the 16 NOP bytes before each function of
+a kernel built with CONFIG_FUNCTION_PADDING_BYTES=16 / CONFIG_PREFIX_SYMBOLS,
+where call-depth tracking writes its accounting thunk at boot and the kernel
+refuses a padding that is not NOPs) is the first member of its function's unit
+and the unit is named after the function: the padding moves with it, verbatim,
+and the unit's alignment applies to the prefix start (the function keeps its
+offset from its padding, so its own alignment too).
+
 Units joined by a rel8 branch (or an assumed fall-through) are glued into one
 unit so their relative placement survives; a unit keeps the bytes between its
 members verbatim.
@@ -46,6 +54,7 @@ PINNED_SYMBOLS = ("srso_alias_untrain_ret", "srso_alias_safe_ret", "srso_untrain
 PIN_ALIGNMENT = 1 << 21
 
 _PAD_BYTES = bytes((0xCC, 0x00))
+PREFIX = "__pfx_"
 
 
 def inferred_align(addrs, cap=MAX_INFERRED_ALIGN):
@@ -177,7 +186,17 @@ def build_units(image, functions, disasm_fn=None, sections=(".text",), pin_head=
                 continue
             fs_eff = max(fs, pos)
             gap_is_code = not is_padding(bytes(code[pos - sec.addr:fs_eff - sec.addr]))
-            if cur is None and gap_is_code:
+            # the function right after a prefix symbol (its own: by name, or an
+            # alias's when aliases collapsed to another name): one unit
+            own_prefix = (cur is not None and fs == pos and cur[2]
+                          and functions.name[cur[2][-1][0]].startswith(PREFIX)
+                          and fend[cur[2][-1][0]] == fs)
+            if own_prefix:
+                if len(cur[2]) == 1 and cur[0] == fstart[cur[2][0][0]]:
+                    cur[3] = functions.name[fi]          # the unit is the function
+                cur[2].append((fi, fs - cur[0]))
+                cur[1] = fe
+            elif cur is None and gap_is_code:
                 # Code before the first function (e.g. startup_64): its own unit,
                 # which may fall into this function: keep them together.
                 cur = [pos, fe, [(fi, fs - pos)], _label_at(image, pos) or f"code@{pos:#x}"]
@@ -264,9 +283,11 @@ def glue(units, dis, log=None):
     tail_ok = ok & (dis.addr[lc] + dis.size[lc] == ends)
     first = dis.raw[lc, 0]
     second = dis.raw[lc, 1]
-    # ret (c3, c2), jmp (e9, eb), ud2 (0f 0b), int3 (cc), jmp* (ff /4 /5), hlt (f4)
+    # ret (c3, c2), jmp (e9, eb), ud2 (0f 0b), udb (d6), ud1 (0f b9), int3 (cc),
+    # jmp* (ff /4 /5), hlt (f4)
     stop = ((first == 0xC3) | (first == 0xC2) | (first == 0xE9) | (first == 0xEB) |
             (first == 0xCC) | (first == 0xF4) | ((first == 0x0F) & (second == 0x0B)) |
+            (first == 0xD6) | ((first == 0x0F) & (second == 0xB9)) |      # udb, ud1: #UD
             ((first == 0xFF) & (((second >> 3) & 7) >= 4) & (((second >> 3) & 7) <= 5)) |
             ((first == 0x2E) & (second == 0xE9)) | ((first == 0x3E) & (second == 0xFF)) |
             ((first == 0xF3) & (second == 0xC3)) | ((first == 0x41) & (second == 0xFF)))

@@ -83,6 +83,15 @@ def _check_functions(ctx, out):
                        f"{int(of.size[oi[k]])} -> {int(nf.size[ni[k]])}"))
 
 
+def _check_ibt_entries(ctx, out):
+    """IBT kernels: every function that began with ENDBR64 still does (kernel/prefixes.py)."""
+    from ..kernel.prefixes import check_endbr_entries
+    n = check_endbr_entries(ctx.octx, ctx.nctx, ctx.oi, ctx.ni, out.findings, out.counter,
+                            add_findings)
+    if n:
+        out.extra["ibt_entries_checked"] = n
+
+
 def _check_code_fields(ctx, out):
     """Switch tables and PC-relative data fields into code, in any executable (pie.py)."""
     check_code_fields(ctx.old, ctx.new, ctx.amap, ctx.octx, out.findings, out.counter, out,
@@ -102,6 +111,7 @@ def _check_debuginfo(ctx, out):
 CHECKS = [
     Check("build-id", _check_build_id),
     Check("functions", _check_functions),
+    Check("ibt-entries", _check_ibt_entries, when=lambda ctx: ctx.octx.is_kernel),
     Check("data-symbols", data.check_data_symbols),
     Check("code", code.check_code),
     Check("blocks", split.add_block_findings, forked=split.block_results,

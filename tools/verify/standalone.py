@@ -15,8 +15,13 @@ from ..kernel.jump_table import JumpTable
 from .report import VerifyReport
 
 
-def _code_checks(ctx, findings):
+def _code_checks(ctx, findings, report=None):
     ft = ctx.functions
+    if ctx.is_kernel:
+        from ..kernel.prefixes import check_prefixes
+        census = check_prefixes(ctx, findings)
+        if census is not None and report is not None:
+            report.extra["function_prefixes"] = census
     for i, j in ft.overlaps()[:20]:
         findings.append(Finding("error", "functions.overlap", int(ft.start[j]),
                                 f"function {ft.name[i]} runs into {ft.name[j]}"))
@@ -84,7 +89,7 @@ def verify_image(path, log=None, tables=None, fork_tables=False):
     report.context = ctx          # reused by verify --against (no second decode of NEW)
     findings = report.findings
     log(f"{len(ctx.functions)} functions; decoding instructions")
-    _code_checks(ctx, findings)
+    _code_checks(ctx, findings, report)
     report.functions = len(ctx.functions)
     report.instructions = len(ctx.disasm)
     report.known_undecoded = {name: 0 for _, _, name in KNOWN_UNDECODED}

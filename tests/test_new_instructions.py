@@ -1,0 +1,90 @@
+"""Instructions 7.3 uses that Capstone 5 does not decode (WRMSRNS, INVLPGB,
+TLBSYNC, UDB) or decodes too short (UD1 with its ModRM byte, __WARN_trap):
+function decoding keeps every boundary."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from linepack.image.disasm import disassemble, ud1_length
+from linepack.image.elf import ElfImage
+from linepack.image.functions import FunctionTable
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+
+ASM = """
+    .section .note.GNU-stack,"",@progbits
+    .text
+    .globl f
+    .type f, @function
+f:  .byte 0x67, 0x48, 0x0f, 0xb9, 0x3a      # ud1 (%edx), %rdi
+    jmp g
+    .byte 0x0f, 0x01, 0xc6                  # wrmsrns
+    .byte 0x0f, 0x01, 0xfe                  # invlpgb
+    .byte 0x0f, 0x01, 0xff                  # tlbsync
+    ret
+    .byte 0xd6                              # udb
+    .size f, .-f
+    .globl g
+    .type g, @function
+g:  ret
+    .size g, .-g
+"""
+
+
+def test_ud1_length():
+    assert ud1_length(bytes.fromhex("67480fb93a")) == 5
+    assert ud1_length(bytes.fromhex("0fb9c0")) == 3            # register operand
+    assert ud1_length(bytes.fromhex("0fb9442408")) == 5        # SIB + disp8
+    assert ud1_length(bytes.fromhex("0fb90501000000")) == 7    # RIP-relative
+    assert ud1_length(bytes.fromhex("0f0b")) == 0
+
+
+def test_function_boundaries(tmp_path):
+    (tmp_path / "f.s").write_text(ASM)
+    (tmp_path / "m.c").write_text("void f(void); int main(void) { return 0; }\n")
+    exe = tmp_path / "prog"
+    subprocess.run(["gcc", "-no-pie", "-o", str(exe), str(tmp_path / "m.c"), str(tmp_path / "f.s")],
+                   check=True)
+    im = ElfImage(str(exe))
+    fn = FunctionTable(im)
+    d = disassemble(im, fn)
+    f = im.symbol_address("f")
+    i = fn.index_of("f")
+    got = [(int(a) - f, int(s)) for a, s, k in zip(d.addr, d.size, d.func) if k == i]
+    assert got == [(0, 5), (5, 2), (7, 3), (10, 3), (13, 3), (16, 1), (17, 1)]
+    assert not d.undecodable
+
+
+def test_embedded_code_range(tmp_path):
+    """Code inside a writable+executable section, bounded by the kernel's
+    __relocate_kernel_start/_end (7.3's .data): decoded as code, the rest of the
+    section is data."""
+    from linepack.image.elf import code_sections
+    from linepack.kernel.base import ImageContext
+    (tmp_path / "d.s").write_text("""
+    .section .note.GNU-stack,"",@progbits
+    .section .wxdata,"awx",@progbits
+    .quad 0x1122334455667788
+    .globl __relocate_kernel_start
+__relocate_kernel_start:
+    mov $1, %eax
+    ret
+    .globl __relocate_kernel_end
+__relocate_kernel_end:
+    .quad 0x8877665544332211
+""")
+    (tmp_path / "m.c").write_text("int main(void) { return 0; }\n")
+    exe = tmp_path / "prog"
+    subprocess.run(["gcc", "-no-pie", "-o", str(exe), str(tmp_path / "m.c"), str(tmp_path / "d.s")],
+                   check=True)
+    im = ElfImage(str(exe))
+    sec = im.section(".wxdata")
+    assert not sec.is_code
+    lo, hi = im.symbol_address("__relocate_kernel_start"), im.symbol_address("__relocate_kernel_end")
+    pieces = [s for s in code_sections(im) if s.name == ".wxdata"]
+    assert [(p.addr, p.size) for p in pieces] == [(lo, hi - lo)]
+    ctx = ImageContext(im)
+    assert ctx.in_code([lo, lo + 5]).all() and not ctx.in_code([sec.addr, hi]).any()
+    assert ctx.disasm.is_boundary([lo, lo + 5]).all()

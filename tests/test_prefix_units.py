@@ -1,0 +1,163 @@
+"""Function prefixes (``__pfx_<fn>``, CONFIG_FUNCTION_PADDING_BYTES=16): the 16
+NOP bytes before a function are one unit with it, the unit starts at the
+prefix and is named after the function; a prefix symbol that is not right
+before a function stays a unit of its own."""
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from linepack.image.disasm import disassemble
+from linepack.image.elf import ElfImage
+from linepack.image.functions import FunctionTable
+from linepack.relayout.units import build_units
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+
+# a: no prefix; b: 16 NOPs (__pfx_b) then b (ENDBR64 first) at a 64-byte boundary; c: a stray
+# __pfx_ symbol followed by int3 fill before c (not c's prefix).
+ASM = r"""
+    .section .text.hot,"ax",@progbits
+    .p2align 6
+    .globl a
+    .type a, @function
+a:  mov $1, %eax
+    ret
+    .size a, .-a
+    .p2align 6
+    .fill 48, 1, 0xcc
+    .type __pfx_b, @function
+__pfx_b:
+    .fill 16, 1, 0x90
+    .size __pfx_b, 16
+    .globl b
+    .type b, @function
+b:  endbr64
+    mov $2, %eax
+    ret
+    .size b, .-b
+    .p2align 5
+    .type __pfx_stray, @function
+__pfx_stray:
+    .fill 16, 1, 0x90
+    .size __pfx_stray, 16
+    .fill 16, 1, 0xcc
+    .globl c
+    .type c, @function
+c:  mov $3, %eax
+    ret
+    .size c, .-c
+"""
+MAIN = "int a(void), b(void), c(void);\nint main(void) { return a() + b() + c() - 6; }\n"
+
+
+@pytest.fixture(scope="module")
+def prog(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pfx")
+    (d / "f.s").write_text(ASM)
+    (d / "main.c").write_text(MAIN)
+    exe = d / "prog"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-o", str(exe), str(d / "main.c"),
+                    str(d / "f.s")], check=True)
+    assert subprocess.run([str(exe)]).returncode == 0
+    return str(exe)
+
+
+def _unit_of(im, units, name):
+    return int(units.find([im.symbol_address(name)])[0])
+
+
+def test_prefix_joins_its_function(prog):
+    im = ElfImage(prog)
+    fn = FunctionTable(im)
+    units, _ = build_units(im, fn, lambda u: disassemble(im, u), sections=(".text",))
+    pfx, b = im.symbol_address("__pfx_b"), im.symbol_address("b")
+    assert b - pfx == 16 and b % 64 == 0
+    u = _unit_of(im, units, "b")
+    assert u == _unit_of(im, units, "__pfx_b")
+    assert int(units.start[u]) == pfx and units.name[u] == "b"
+    # alignment is taken at the prefix start: b stays 16 bytes after it
+    assert int(units.align[u]) == 16 and int(units.phase[u]) == 0
+    assert [fn.name[i] for i, _ in units.members[u]] == ["__pfx_b", "b"]
+    assert [o for _, o in units.members[u]] == [0, 16]
+    assert units.funcs[fn.index_of("__pfx_b")] == units.funcs[fn.index_of("b")] == u
+
+
+def test_unrelated_prefix_symbol_is_not_joined(prog):
+    im = ElfImage(prog)
+    fn = FunctionTable(im)
+    units, _ = build_units(im, fn, lambda u: disassemble(im, u), sections=(".text",))
+    # int3 fill between __pfx_stray and c: not c's prefix, its own unit
+    assert _unit_of(im, units, "__pfx_stray") != _unit_of(im, units, "c")
+    assert units.name[_unit_of(im, units, "c")] == "c"
+    assert _unit_of(im, units, "a") not in (_unit_of(im, units, "b"), _unit_of(im, units, "c"))
+
+
+def test_verify_prefix_check(prog, tmp_path):
+    from linepack.kernel.base import ImageContext
+    from linepack.kernel.prefixes import check_prefixes
+    im = ElfImage(prog)
+    findings = []
+    census = check_prefixes(ImageContext(im), findings)
+    assert census["count"] == 2 and census["bytes"] == [16]
+    # __pfx_stray names no function at its end: detached; __pfx_b is fine
+    assert census["detached"] == 1 and census["not_nop"] == 0
+    assert [f.address for f in findings if f.check == "prefix.detached"] == \
+        [im.symbol_address("__pfx_stray")]
+    # b's padding overwritten by int3 (a layout that re-created the fill)
+    bad = tmp_path / "prog"
+    data = bytearray(open(prog, "rb").read())
+    sec = im.section_at(im.symbol_address("__pfx_b"))
+    off = sec.offset + im.symbol_address("__pfx_b") - sec.addr
+    data[off:off + 16] = b"\xcc" * 16
+    bad.write_bytes(bytes(data))
+    findings = []
+    census = check_prefixes(ImageContext(ElfImage(str(bad))), findings)
+    assert census["not_nop"] == 1
+    assert any(f.check == "prefix.padding" and f.address == im.symbol_address("__pfx_b")
+               for f in findings)
+
+
+def test_against_endbr_entry_kept(prog, tmp_path):
+    from linepack.kernel.base import ImageContext
+    from linepack.kernel.prefixes import check_endbr_entries
+    from linepack.verify.addrmap import match_functions
+    from linepack.verify.findings import add_findings as _add
+    b = ElfImage(prog).symbol_address("b")
+    im = ElfImage(prog)
+    sec = im.section_at(b)
+    data = bytearray(open(prog, "rb").read())
+    off = sec.offset + b - sec.addr
+    assert data[off:off + 4] == b"\xf3\x0f\x1e\xfa"
+    data[off:off + 4] = b"\x0f\x1f\x40\x00"          # nop4: what IBT sealing writes
+    bad = tmp_path / "prog"
+    bad.write_bytes(bytes(data))
+    for new, lost in ((prog, 0), (str(bad), 1)):
+        octx, nctx = ImageContext(ElfImage(prog)), ImageContext(ElfImage(new))
+        oi, ni, _ = match_functions(octx, nctx)
+        findings, counter = [], {}
+        assert check_endbr_entries(octx, nctx, oi, ni, findings, counter, _add) == 1
+        assert counter["equiv.ibt-entry"] == lost
+        assert [f.address for f in findings] == [b] * lost
+
+
+def test_address_at_a_moved_piece_end_that_a_staying_unit_starts():
+    """Contiguous units (6.12: each function's prefix right after the previous
+    function's end): region 0 moves, region 1 (pinned, e.g. cut around a unit
+    with an unexplained reference) stays. Its start is its own address, not the
+    end of the moved unit before it."""
+    from types import SimpleNamespace
+    from linepack.image.addrmap import AddressMap
+    from linepack.relayout.units import Region, UnitTable
+    regs = [Region("r0", 0x1000, 0x1060, 1), Region("r1", 0x1060, 0x1080, 1, pinned=True)]
+    units = UnitTable([0x1000, 0x1030, 0x1060], [0x30, 0x30, 0x20], [0, 0, 1], regs)
+    # r0's two units swap; the second (old 0x1030..0x1060) now ends at 0x1030
+    plan = SimpleNamespace(units=units, new_start=np.array([0x1030, 0x1000, 0x1060], np.uint64),
+                           moved=np.array([True, True, False]),
+                           region_new_start=[0x1000, 0x1060])
+    amap = AddressMap.from_plan(plan)
+    new, ok = amap.map(np.array([0x1060, 0x1065, 0x1030, 0x1000], np.uint64))
+    assert ok.all()
+    assert new.tolist() == [0x1060, 0x1065, 0x1000, 0x1030]
