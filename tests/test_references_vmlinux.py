@@ -90,3 +90,21 @@ def test_stripped_refused_without_vmlinuz(stripped, tmp_path):
     r = helpers.run_linepack("relayout", stripped, "--strategy", "stock", "-o", tmp_path / "o")
     assert r.returncode == 2 and "--vmlinuz" in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_blocks_from_vmlinuz_refused_when_kallsyms_must_grow(vmlinuz, stripped, tmp_path):
+    """blocks from recovered references: kallsyms' arrays would have to grow past
+    __end_rodata, whose uses (PFN_ALIGN arithmetic) the KASLR table does not all list,
+    so __end_rodata may not move: relayout says so in one line and writes nothing
+    (a kernel without .cold kallsyms entries fails verify)."""
+    prof = tmp_path / "vfs.prof"
+    r = helpers.run_linepack("profile", "--kernel", VMLINUX, "--workload", "vfs-mix",
+                             "--loops", 20, "-o", prof, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = tmp_path / "o"
+    r = helpers.run_linepack("relayout", stripped, "--vmlinuz", vmlinuz, "--profile", prof,
+                             "--strategy", "blocks", "--strip-debug", "-q", "-o", out)
+    assert r.returncode == 2, r.stdout + r.stderr[-2000:]
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "__end_rodata" in err[0] and "nothing written" in err[0], err
+    assert not out.exists()

@@ -52,6 +52,7 @@ class RelayoutRun:
     orig_units: Any = None           # the image's units (before a split)
     dis: Any = None
     heat: Any = None
+    orig_heat: Any = None            # block level: the heat of the image's units (before a split)
     split: Optional[dict] = None     # block level: cfg, splits, reasons, planning, ...
     split_stats: Optional[S.SplitStats] = None
     plan: Any = None
@@ -265,6 +266,7 @@ def split(run):
                  "eh_split": eh_split, "reasons": reason_summary(reason, heat, strat.min_count,
                                                        userspace=run.target.kind == "userspace"),
                  "planning": planning_units(units, heat, splits)}
+    run.orig_heat = heat
     run.units, run.heat, _, _ = run.split["planning"]
     run.split_stats = st = _split_stats(run.split, run.orig_units)
     return st
@@ -309,21 +311,27 @@ def plan(run):
             f"({int((heat > 0).sum())} hot) in {len(units.regions)} regions")
     timings.phase("plan")
     block_level = run.split is not None
-    hot_ranges = _split_hot_ranges(run.orig_units, run.split, strat,
-                                   run.blocks) if block_level else None
 
     def plan_(relocate=None):
-        return make_plan(units, strat, heat, calls=run.calls, functions=run.functions,
+        hot_ranges = _split_hot_ranges(run.orig_units, run.split, strat,
+                                       run.blocks) if block_level else None
+        return make_plan(run.units, strat, run.heat, calls=run.calls, functions=run.functions,
                          blocks=None if block_level else run.blocks, hot_ranges=hot_ranges,
                          log=run.log, relocate=relocate)
-    if run.segment is None:
+    while run.segment is None:
         try:
             run.plan = plan_()
+            break
         except LayoutError as e:
+            # a kernel at block level: split functions that grew before pinned code move
+            # whole instead (userspace gets a new segment below)
+            if block_level and run.target.kind == "kernel" and \
+                    _unsplit_before(run, getattr(e, "pinned_region", None)):
+                continue
             # the target may offer room elsewhere (userspace: a new segment)
             run.segment = run.target.new_segment(run)
             if run.segment is None:
-                raise LayoutError(_no_fit_message(e, strat, units, heat, run.calls,
+                raise LayoutError(_no_fit_message(e, strat, run.units, run.heat, run.calls,
                                                   run.functions, run.log)) from None
             run.log(f"{e}: the moved code goes to a new segment at {run.segment.vaddr:#x}")
     if run.segment is not None:
@@ -332,6 +340,38 @@ def plan(run):
         from ..image.references import check_plan
         check_plan(run.recovered, run.plan)     # units kept first in their region stayed first
     return S.PlanStats(**run.plan.summary())
+
+
+def _unsplit_before(run, pinned_region):
+    """Block level, when the code before pinned region ``pinned_region`` does not fit
+    even with its regions at their original layout (the split functions there grew:
+    re-encoded branches, appended jmps): those functions move whole instead (reason
+    R_NO_ROOM) and the plan is made again. False when none is left to unsplit."""
+    from ..image.cfg import R_NO_ROOM
+    from .blocks import planning_units, reason_summary
+    if pinned_region is None:
+        return False
+    regs, orig = run.orig_units.regions, run.orig_units
+    run_regions = []
+    for i in range(pinned_region - 1, -1, -1):
+        if regs[i].section != regs[pinned_region].section or regs[i].pinned:
+            break
+        run_regions.append(i)
+    sp = run.split
+    inside = np.isin(orig.region, run_regions)
+    drop = {sf.unit for sf in sp["splits"] if inside[sf.unit]}
+    if not drop:
+        return False
+    sp["reason"][sorted(drop)] = R_NO_ROOM
+    sp["splits"] = [sf for sf in sp["splits"] if sf.unit not in drop]
+    sp["reasons"] = reason_summary(sp["reason"], run.orig_heat, run.strategy.min_count,
+                                   userspace=run.target.kind == "userspace")
+    sp["planning"] = planning_units(orig, run.orig_heat, sp["splits"])
+    run.units, run.heat, _, _ = sp["planning"]
+    run.split_stats.__dict__.update(_split_stats(sp, orig).__dict__)   # the split pass's stats
+    run.log(f"{len(drop)} split functions before pinned {regs[pinned_region].name} moved whole "
+            "(their growth does not fit there)")
+    return True
 
 
 def _start_rewrite(run, rw):

@@ -159,7 +159,9 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
                     cand = i
                     break
             if cand is None:
-                raise LayoutError(str(e)) from None
+                err = LayoutError(str(e))
+                err.pinned_region = e.index     # block level: relayout/passes.py retries
+                raise err from None
             keep.add(cand)
             if log:
                 log(f"{regs[cand].name}: keeps its original layout (the new one does not fit "

@@ -83,6 +83,13 @@ class KernelTarget(Target):
         try:
             grown = add_cold_kallsyms(rw, self.image, run.log)
         except NoRoom as e:
+            if self.ctx.recovered is not None:
+                # references recovered from a vmlinuz: a kernel whose .cold parts have
+                # no kallsyms entries fails verify (equiv.kallsyms-cold): write nothing
+                from .rewriter import RewriteError
+                raise RewriteError(f"{self.image.path}: no kallsyms entries for the .cold "
+                                   f"parts: {e}; nothing written (a function-level strategy "
+                                   "such as pack works from a vmlinuz)") from None
             grown = None
             rw.problems.append(("kallsyms-cold", 0, f"no kallsyms entries for the .cold parts: {e}"))
             run.log(f"warning: no kallsyms entries for the .cold parts: {e}")

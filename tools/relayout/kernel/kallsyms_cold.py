@@ -124,6 +124,14 @@ def add_cold_kallsyms(rw, image, log=None):
     moved = {nm: a for nm, a in at.items() if a != old_at[nm]}
     end_rodata = image.symbol_address("__end_rodata")
     if gap_end > start and end_rodata is not None and end_rodata < _align(gap_end, PAGE):
+        if ImageContext.of(image).recovered is not None:
+            # references recovered from a vmlinuz: the code's arithmetic on __end_rodata
+            # (PFN_ALIGN(__end_rodata) in mark_rodata_ro: a field the KASLR table does not
+            # list) cannot all be found, so it may not move, and the new section past it
+            # would be freed at boot
+            raise NoRoom(f"kallsyms with {len(cold)} .cold entries needs {gap_end - start} "
+                         "bytes past __end_rodata, which may not move when the references "
+                         "are recovered from a vmlinuz (not every use of it is listed)")
         moved["__end_rodata"] = _align(gap_end, PAGE)
     new = table.update(ctx, entries, rw.amap, extra_addr=[c[1] for c in cold],
                        retarget={k: v for k, v in moved.items() if k == "__end_rodata"})
@@ -235,6 +243,40 @@ def _move_symbols(rw, image, moved, new_shndx):
                 v &= (1 << 64) - 1
             elif not (-(1 << 31) <= v < (1 << 31) if signed else 0 <= v < (1 << 32)):
                 raise ValueError(f"kallsyms: field at {addr:#x} overflows after the move")
+            buf[off:off + size] = np.frombuffer(
+                v.to_bytes(size, "little", signed=bool(signed) and size == 4), np.uint8)
+            count += 1
+    refs = ImageContext.of(image).recovered
+    if refs is not None and delta_of:
+        count += _move_recovered_fields(rw, image, refs, moved)
+    return count
+
+
+def _move_recovered_fields(rw, image, refs, moved):
+    """References recovered from a vmlinuz name no symbol (image/references.py): a
+    field whose target is a moved symbol's old value (the arrays' starts,
+    ``__end_rodata``) gets the symbol's move, at the field's new address."""
+    names, syms = image.symbol_table()
+    count = 0
+    for nm, value in moved.items():
+        i = next(k for k, x in enumerate(names) if x == nm and syms["shndx"][k] != 0)
+        old = int(syms["value"][i])
+        delta = value - old
+        sel = np.nonzero(refs.target == np.uint64(old))[0]
+        if not delta or not len(sel):
+            continue
+        new_field, _ = rw.amap.map(refs.field[sel])
+        for k, addr in zip(sel.tolist(), new_field.tolist()):
+            recipe = RECIPES.get(int(refs.rtype[k]))
+            size, signed = recipe.width, recipe.signed
+            sec = image.section_at(int(addr))
+            buf = rw.buf(sec)
+            off = int(addr) - sec.addr
+            v = int.from_bytes(bytes(buf[off:off + size]), "little", signed=bool(signed)) + delta
+            if size == 8:
+                v &= (1 << 64) - 1
+            elif not (-(1 << 31) <= v < (1 << 31) if signed else 0 <= v < (1 << 32)):
+                raise ValueError(f"kallsyms: field at {int(addr):#x} overflows after the move")
             buf[off:off + size] = np.frombuffer(
                 v.to_bytes(size, "little", signed=bool(signed) and size == 4), np.uint8)
             count += 1
