@@ -25,16 +25,22 @@ def relayout_both(vmlinux, stripped, vmlinuz, profile, strategy, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     sb = json.loads(jb.read_text())
     pins = sb["references"]["pinned_units"]
-    image = elf_image(vmlinux)
-    units, _, _ = units_of(image)
-    keep_first(units, units_named(units, sb["references"]["kept_first"]))
-    pin_units(units, units_named(units, pins))
+    from linepack.image import shared
     from linepack.relayout import strategies
     from linepack.relayout.driver import load_profile_full
-    lp = load_profile_full(str(profile), vmlinux)
-    a = tmp_path / f"link.{strategy}"
-    sa, _, _ = relayout(vmlinux, str(a), strategies.get({"strategy": strategy}),
-                        hotness=lp.hotness, calls=lp.calls, blocks=lp.blocks, debug="strip")
+    # the pins go into the shared image's cached units, which relayout() reads; the
+    # image is dropped from the cache afterwards so later tests see the vmlinux as it is
+    try:
+        image = elf_image(vmlinux)
+        units, _, _ = units_of(image)
+        keep_first(units, units_named(units, sb["references"]["kept_first"]))
+        pin_units(units, units_named(units, pins))
+        lp = load_profile_full(str(profile), vmlinux)
+        a = tmp_path / f"link.{strategy}"
+        sa, _, _ = relayout(vmlinux, str(a), strategies.get({"strategy": strategy}),
+                            hotness=lp.hotness, calls=lp.calls, blocks=lp.blocks, debug="strip")
+    finally:
+        shared._images.clear()
     ia, ib = ElfImage(str(a)), ElfImage(str(b))
     differ = [s.name for s in ia.alloc_sections() if s.type != 8 and
               bytes(ia.section_bytes(s)) != bytes(ib.section_bytes(ib.section(s.name)))]

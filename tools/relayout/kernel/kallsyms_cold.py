@@ -232,19 +232,7 @@ def _move_symbols(rw, image, moved, new_shndx):
             recipe = RECIPES.get(typ)
             if recipe is None or recipe.via_got:
                 raise ValueError(f"kallsyms: relocation type {typ} against a moved symbol")
-            size, signed = recipe.width, recipe.signed
-            addr = int(r["offset"][k])
-            sec = image.section_at(addr)
-            buf = rw.buf(sec)
-            off = addr - sec.addr
-            v = int.from_bytes(bytes(buf[off:off + size]), "little", signed=bool(signed))
-            v += delta_of[int(sym[k])]
-            if size == 8:
-                v &= (1 << 64) - 1
-            elif not (-(1 << 31) <= v < (1 << 31) if signed else 0 <= v < (1 << 32)):
-                raise ValueError(f"kallsyms: field at {addr:#x} overflows after the move")
-            buf[off:off + size] = np.frombuffer(
-                v.to_bytes(size, "little", signed=bool(signed) and size == 4), np.uint8)
+            _add_to_field(rw, image, int(r["offset"][k]), recipe, delta_of[int(sym[k])])
             count += 1
     refs = ImageContext.of(image).recovered
     if refs is not None and delta_of:
@@ -267,17 +255,21 @@ def _move_recovered_fields(rw, image, refs, moved):
             continue
         new_field, _ = rw.amap.map(refs.field[sel])
         for k, addr in zip(sel.tolist(), new_field.tolist()):
-            recipe = RECIPES.get(int(refs.rtype[k]))
-            size, signed = recipe.width, recipe.signed
-            sec = image.section_at(int(addr))
-            buf = rw.buf(sec)
-            off = int(addr) - sec.addr
-            v = int.from_bytes(bytes(buf[off:off + size]), "little", signed=bool(signed)) + delta
-            if size == 8:
-                v &= (1 << 64) - 1
-            elif not (-(1 << 31) <= v < (1 << 31) if signed else 0 <= v < (1 << 32)):
-                raise ValueError(f"kallsyms: field at {int(addr):#x} overflows after the move")
-            buf[off:off + size] = np.frombuffer(
-                v.to_bytes(size, "little", signed=bool(signed) and size == 4), np.uint8)
+            _add_to_field(rw, image, int(addr), RECIPES[int(refs.rtype[k])], delta)
             count += 1
     return count
+
+
+def _add_to_field(rw, image, addr, recipe, delta):
+    """Add ``delta`` to the field at ``addr`` (width and sign from its relocation recipe)."""
+    size, signed = recipe.width, recipe.signed
+    sec = image.section_at(addr)
+    buf = rw.buf(sec)
+    off = addr - sec.addr
+    v = int.from_bytes(bytes(buf[off:off + size]), "little", signed=bool(signed)) + delta
+    if size == 8:
+        v &= (1 << 64) - 1
+    elif not (-(1 << 31) <= v < (1 << 31) if signed else 0 <= v < (1 << 32)):
+        raise ValueError(f"kallsyms: field at {addr:#x} overflows after the move")
+    buf[off:off + size] = np.frombuffer(
+        v.to_bytes(size, "little", signed=bool(signed) and size == 4), np.uint8)
