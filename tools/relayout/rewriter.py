@@ -158,17 +158,7 @@ class Rewriter:
             found |= ok
         return end, found
 
-    # -- the rewrite -----------------------------------------------------------
-    def run(self):
-        self.other_dis = self._other_code_disasm()
-        self.move_code()
-        self.new_symbols()
-        self.fix_relocations()
-        self.fix_branches()
-        self.fix_rip_relative()
-        self.check_static_keys()
-        self.refresh_leftover_relocations()
-        return self
+    # -- the rewrite: steps the relayout passes call in order (relayout/passes.py) --
 
     def refresh_leftover_relocations(self):
         """References recovered from a vmlinuz: the few link relocation sections
