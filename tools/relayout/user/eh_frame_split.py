@@ -493,21 +493,31 @@ def check_split_cfi(old_image, new_image, rows, parsed=None):
     except EhFrameError as e:
         return [(None, str(e))], 0
     seen = 0
+    locs = {}               # FDE start -> its rows' locations (sorted)
+    kinds, olds, news = rows["kind"].tolist(), rows["old"].tolist(), rows["new"].tolist()
+    lens, new_lens = rows["old_len"].tolist(), rows["new_len"].tolist()
     for k in range(len(rows)):
-        kind = int(rows["kind"][k])
-        if kind == bm.KIND_JMP_REMOVED or not int(rows["new_len"][k]):
+        kind = kinds[k]
+        if kind == bm.KIND_JMP_REMOVED or not new_lens[k]:
             continue
-        o, nw, ln = int(rows["old"][k]), int(rows["new"][k]), int(rows["old_len"][k])
+        o, nw, ln = olds[k], news[k], lens[k]
         ofde = old.fde_containing(o)
         if ofde is None:
             continue
         orows = old.rows_of(ofde)
         if kind == bm.KIND_JMP_INSERTED:
             checks = [(o - 1, nw)]
-        else:
+        elif kind == bm.KIND_COPIED:
+            # the piece's start and every original row strictly inside it
+            at = locs.get(ofde.start)
+            if at is None:
+                at = locs[ofde.start] = [loc for loc, _ in orows]
+            lo = bisect.bisect_right(at, o - ofde.pc_begin)
+            hi = bisect.bisect_left(at, o + ln - ofde.pc_begin)
             checks = [(o, nw)] + [(ofde.pc_begin + loc, nw + ofde.pc_begin + loc - o)
-                                  for loc, _ in orows
-                                  if o < ofde.pc_begin + loc < o + ln and kind == bm.KIND_COPIED]
+                                  for loc in at[lo:hi]]
+        else:
+            checks = [(o, nw)]
         for oa, na in checks:
             want = state_at(orows, oa - ofde.pc_begin)
             try:
