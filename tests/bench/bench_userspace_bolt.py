@@ -148,7 +148,13 @@ def _run_rusage(cmd):
     err = p.stderr.read()
     _, status, ru = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
+    CPU_SECONDS[cmd[0] if cmd[0] != "linepack" else f"linepack {cmd[1]}"] = \
+        CPU_SECONDS.get(cmd[0] if cmd[0] != "linepack" else f"linepack {cmd[1]}", []) + \
+        [ru.ru_utime + ru.ru_stime]
     return time.monotonic() - t0, ru.ru_maxrss, p.returncode, err
+
+
+CPU_SECONDS = {}    # command -> CPU seconds (user + system, with its children) of each run
 
 
 def _timed_rss(cmd, reps):
@@ -355,6 +361,9 @@ PROGRAMS = {
 }
 
 
+EXE_NAME = {"lua": "lua", "zstd": "zstd", "sqlite": "speedtest1"}
+
+
 def make_layouts(exe, args, work, reps=3, log=print):
     """Profile, fdata, linepack pack and blocks, BOLT's instrumentation profile, BOLT
     functions-only and full (its profile) and full fed linepack's fdata.
@@ -493,6 +502,38 @@ def table(res, binaries, models=MODELS):
     return "\n".join(rows)
 
 
+def cost_only(exe, train, work, reps, log):
+    """Print the tool cost line alone: profiles made if --work has none."""
+    from linepack.profile.user import record_user
+    name = os.path.basename(exe)
+    prof_path = os.path.join(work, name + ".lpprof")
+    if not os.path.exists(prof_path):
+        record_user(exe, list(train), output=prof_path, log=log)
+    fdata = os.path.join(work, name + ".instr.fdata")
+    if not os.path.exists(fdata):
+        fdata = bolt_instrument_profile(exe, train, work, log=log)[0]
+    skip = []
+    while True:
+        try:
+            (lp_s, lp_rss), (b_s, b_rss) = tool_cost(
+                exe, prof_path, fdata, work, reps=reps,
+                bolt_extra=[f"--skip-funcs={','.join(skip)}"] if skip else [])
+            break
+        except RuntimeError as e:
+            m = re.search(r"in function (\S+?)\. Consider adding this function to "
+                          r"--skip-funcs", str(e))
+            if not m or m.group(1) in skip or len(skip) >= 5:
+                raise
+            skip.append(m.group(1))
+    print(f"{name}: relayout blocks + verify --against {lp_s:.2f} s, {lp_rss / 1024:.0f} MiB; "
+          f"llvm-bolt full {b_s:.2f} s, {b_rss / 1024:.0f} MiB; {lp_s / b_s:.2f}x time, "
+          f"{lp_rss / b_rss:.2f}x memory (medians of {reps})"
+          + (f"; BOLT skipped {','.join(skip)}" if skip else ""))
+    print("  CPU seconds (medians): " + ", ".join(
+        f"{k} {statistics.median(v[-reps:]):.2f}" for k, v in CPU_SECONDS.items()))
+    return 0
+
+
 @contextlib.contextmanager
 def heavy_lock(path, log=print):
     if not path:
@@ -516,6 +557,8 @@ def main(argv=None):
     ap.add_argument("--lock", metavar="FILE",
                     help="hold an exclusive flock on FILE during the evaluate runs only "
                          "(the QEMU measurements; a shared machine's heavy-job lock)")
+    ap.add_argument("--cost-only", action="store_true",
+                    help="the tool cost alone (reuses --work's profiles when there)")
     ap.add_argument("--no-cross", action="store_true", help="skip the cross-input run")
     a = ap.parse_args(argv)
     if not shutil.which(BOLT) or not shutil.which("qemu-x86_64"):
@@ -525,8 +568,11 @@ def main(argv=None):
     os.makedirs(work, exist_ok=True)
     log = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
     build, inputs, masks = PROGRAMS[a.program]
-    exe = build(work, log=log, pie=a.pie)
+    built = os.path.join(work, EXE_NAME[a.program])
+    exe = built if a.cost_only and os.path.exists(built) else build(work, log=log, pie=a.pie)
     train, cross = inputs(work, exe, log)
+    if a.cost_only:
+        return cost_only(exe, train, work, a.reps, log)
     binaries, cost, prof = make_layouts(exe, train, work, reps=a.reps, log=log)
     name = os.path.basename(exe)
     ok = True
