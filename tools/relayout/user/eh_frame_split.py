@@ -177,6 +177,7 @@ class EhSplit:
         self.lsda, self.lsda_refused = {}, {}
         self._begins = np.sort(np.array([r.pc_begin for r in self.fdes if r.pc_range], np.uint64))
         self._begins_list = None
+        self._costs = {}          # (id(split), start) -> (split, cost): see accept
         self.segment = None
 
     def use_segment(self, segment):
@@ -277,7 +278,11 @@ class EhSplit:
         order = sorted(range(len(splits)), key=lambda k: (-float(heat[splits[k].unit]), k))
         for k in order:
             sf = splits[k]
-            c, progs = self.cost(sf, int(starts[sf.unit]))
+            # a second accept (after the new segment freed the room) reuses the programs
+            key = (id(sf), int(starts[sf.unit]))
+            if key not in self._costs:
+                self._costs[key] = (sf, self.cost(sf, key[1]))
+            c, progs = self._costs[key][1]
             if c > free:
                 reason[sf.unit] = R_EH_ROOM
                 continue
