@@ -1,38 +1,37 @@
-"""linepack against BOLT 19 on a real userspace program, same binary, same profile.
+"""linepack against BOLT 19 on real userspace programs, same binary, same profile.
 
-    python3 tests/bench/bench_userspace_bolt.py [--work DIR] [--reps 3] [--pie]
+    python3 tests/bench/bench_userspace_bolt.py [--program lua|zstd|sqlite] [--pie]
+        [--work DIR] [--reps 3] [--lock FILE] [--no-cross] [--cost-only]
 
-1. Debian's lua5.4 source (``apt-get source lua5.4``, cached under
-   ~/.cache/linepack/userspace) built as people build it: ``-O2`` (gcc's
-   default PIE code), linked ``-no-pie -Wl,--emit-relocs`` against the system
-   libc (dynamic), nothing else: a layout that does not fit in place goes to a
-   new segment (docs/userspace.md). BOLT gets the same binary.
-2. A Lua workload (sort, string patterns, gsub, closures, coroutines, pcall)
-   runs under qemu-x86_64 with linepack's plugin (mode=user, edges=on): the
-   profile. It is exported as BOLT .fdata with linepack's exporter.
-3. Layouts: linepack ``pack``; linepack ``blocks`` (hot/cold splitting, each
-   cold part with its own FDE), and explicitly with its hot blocks in original
-   order (``blocks-original``) and in ext-TSP order (``blocks-ext-tsp``). BOLT at
-   its best: its own profile, made by its instrumentation (``llvm-bolt
-   -instrument``, the instrumented lua run natively on the same workload), and its
-   best flags: functions only (``-reorder-functions=cdsort -reorder-blocks=none``)
-   and full (``-reorder-blocks=ext-tsp -reorder-functions=cdsort -split-functions
-   -split-all-cold -split-eh``); and BOLT full fed linepack's exported ``.fdata``
-   (``BOLT full, linepack fdata``), the same profile linepack uses.
-4. Each binary runs the workload under the plugin (cache=on, mode=user) with
-   several L1i models, as ``evaluate --program`` runs it (fixed environment, one
-   path and argv[0] for all); misses of every user-mode fetch (program + libc +
-   ld.so) and of the program's own code; instructions; the output must be identical.
-   Medians of ``--reps`` runs (Lua hashes some objects by address, so
-   instruction counts vary by ~0.1% between runs).
-5. Rewriting time: median of ``--reps`` wall times of ``linepack relayout`` (CLI)
-   and ``llvm-bolt-19`` on the same input.
+1. A real program from Debian's source package (``apt-get source``, cached under
+   ~/.cache/linepack/userspace), built as people build it: its default flags (gcc's
+   default PIE code), ``-Wl,--emit-relocs``, linked ``-no-pie`` or (``--pie``) ``-pie``,
+   nothing else (a layout that does not fit goes to a new segment: docs/userspace.md):
+   - ``lua``: lua 5.4 (``-O2``), a Lua script (sort, string patterns, gsub, closures,
+     coroutines, pcall); cross-input: a second script (objects, string building,
+     closures, table.insert/remove);
+   - ``zstd``: zstd 1.5.4's CLI by its own Makefile (``-O3``, its Huffman assembly),
+     its benchmark mode ``zstd -q -b3 -i0 FILE`` on zstd's own lib sources (2.25 MB of
+     C); cross-input: the zstd executable itself (a binary file);
+   - ``sqlite``: SQLite 3.40's own benchmark, ``speedtest1 --memdb --size 2``, over the
+     amalgamation (``-O2``); cross-input: ``--testset orm``.
+2. The training input runs under qemu-x86_64 with linepack's plugin: the profile
+   (exported as BOLT .fdata too).
+3. Layouts: linepack ``pack`` and ``blocks``; BOLT at its best: its own profile, made
+   by its instrumentation (``llvm-bolt -instrument``, the instrumented program run
+   natively on the training input), and its best flags: functions only
+   (``-reorder-functions=cdsort -reorder-blocks=none``) and full
+   (``-reorder-blocks=ext-tsp -reorder-functions=cdsort -split-functions
+   -split-all-cold -split-eh``); and BOLT full fed linepack's exported ``.fdata``.
+4. ``verify --against`` on both linepack outputs; every output run natively on both
+   inputs: stdout (timings masked) and exit status as the original's.
+5. Tool cost: medians of ``--reps`` rounds of relayout blocks + verify --against
+   against llvm-bolt full, interleaved (wall seconds, peak RSS, CPU seconds).
+6. ``evaluate --program`` (evaluate_programs) on each input with the intel-32k-8w and
+   amd-64k-2w models, ``--reps`` repeats: L1i misses of every user-mode fetch. With
+   ``--lock FILE`` only these QEMU runs hold an exclusive flock on FILE.
 
-``--pie``: the same with lua built ``-fpie`` and linked ``-pie -Wl,--emit-relocs``
-(a position-independent executable; qemu-x86_64 loads it at its own base, which
-the profile takes off: tools/profile/user.py). BOLT gets the same PIE.
-
-Prints a markdown table. Training and measured runs use the same workload.
+Prints the evaluate command lines and markdown tables.
 """
 
 import argparse
