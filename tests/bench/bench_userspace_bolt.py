@@ -189,12 +189,25 @@ def bolt_instrument_profile(exe, args, work, log=print, timeout=600):
     if os.path.exists(fdata):
         os.unlink(fdata)
     t0 = time.monotonic()
-    p = subprocess.run([BOLT, exe, "-instrument", "-o", instr,
-                        f"-instrumentation-file={fdata}",
-                        f"-runtime-instrumentation-lib={bolt_runtime_lib()}"],
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"{BOLT} -instrument failed: {p.stderr.strip()[-500:]}")
+    skip = []
+    while True:
+        # as for the optimizing runs: a function BOLT names as one it cannot rewrite
+        # (lua's PIE: luaV_execute) is skipped, and only that one
+        extra = [f"--skip-funcs={','.join(skip)}"] if skip else []
+        p = subprocess.run([BOLT, exe, "-instrument", "-o", instr,
+                            f"-instrumentation-file={fdata}",
+                            f"-runtime-instrumentation-lib={bolt_runtime_lib()}", *extra],
+                           capture_output=True, text=True)
+        if p.returncode == 0:
+            break
+        m = re.search(r"in function (\S+?)\. Consider adding this function to --skip-funcs",
+                      p.stderr)
+        if not m or m.group(1) in skip or len(skip) >= 5:
+            raise RuntimeError(f"{BOLT} -instrument failed: {p.stderr.strip()[-500:]}")
+        skip.append(m.group(1))
+        log(f"BOLT -instrument cannot rewrite {m.group(1)}; retrying with --skip-funcs")
+    if skip:
+        BOLT_SKIPPED["BOLT instrumentation"] = skip
     r = subprocess.run([instr, *map(str, args)], capture_output=True, timeout=timeout,
                        stdin=subprocess.DEVNULL)
     secs = time.monotonic() - t0
