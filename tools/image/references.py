@@ -68,6 +68,7 @@ class References:
         self.pinned_units = []       # names of the units pinned for these references
         self.kept_first = []         # names of units kept first in their region
         self.drag = {}               # reference index -> symbol its target moves with
+        self.padding_unattributed = np.zeros(0, np.uint64)   # attribute_padding_targets
 
     def __len__(self):
         return len(self.field)
@@ -368,10 +369,145 @@ def recover(image, kaslr, units=None, log=None, dis=None):
     found = refs.contains(inv)
     refs.stats["references.percpu_pc32"] = int(len(inv))
     refs.stats["references.percpu_pc32_not_in_code"] = int((~found).sum())
+    attribute_padding_targets(image, refs, dis)
     if units is not None:
         pin_boundary_targets(image, refs, units, dis, log)
         scan_unexplained(image, refs, units, dis, log)
     return refs
+
+
+# -- arithmetic on the symbols that bound padding -------------------------------
+def _padding(image):
+    """(starts, ends) of the gaps between consecutive allocated sections of the
+    kernel's address range (.data..percpu, at 0, left out): no object lies there."""
+    secs = sorted((s for s in image.sections if s.is_alloc and s.size and s.addr),
+                  key=lambda s: s.addr)
+    lo, hi = [], []
+    end = None
+    for s in secs:
+        if end is not None and s.addr > end:
+            lo.append(end)
+            hi.append(s.addr)
+        end = s.end if end is None else max(end, s.end)
+    return np.array(lo, np.uint64), np.array(hi, np.uint64)
+
+
+def padding_around(image, addr):
+    """[start, end] of the padding that holds ``addr`` or has it at an edge
+    (``__end_rodata``, past .BTF_ids), or None."""
+    lo, hi = _padding(image)
+    k = np.nonzero((lo <= np.uint64(addr)) & (np.uint64(addr) <= hi))[0]
+    return (int(lo[k[0]]), int(hi[k[0]])) if len(k) else None
+
+
+def _symbol_addresses(image):
+    """(sorted values, symbol index) of the symbols a field may name: defined
+    in a section, not SECTION or FILE."""
+    names, syms = image.symbol_table()
+    typ = syms["info"] & 0xF
+    ok = (typ != STT_SECTION) & (typ != 4) & (syms["shndx"] > 0) & (syms["shndx"] < 0xFF00)
+    si = np.nonzero(ok)[0]
+    sv = syms["value"][si].astype(np.uint64)
+    o = np.argsort(sv, kind="stable")
+    return sv[o], si[o]
+
+
+def virtual_target(refs):
+    """Targets as kernel virtual addresses: a 32-bit R_X86_64_32 (or 64-bit)
+    value below 2 GiB is ``sym - __START_KERNEL_map`` (``__pa_symbol``)."""
+    t = refs.target.copy()
+    phys = np.isin(refs.rtype, (R_X86_64_32, R_X86_64_64)) & (t < np.uint64(1 << 31))
+    t[phys] += np.uint64(START_KERNEL_MAP)
+    return t
+
+
+def _round_up_mask(dis, field):
+    """The ``and $-2**k`` that rounds the value the instruction holding ``field``
+    loads, or 0: that instruction is ``mov $imm32, %r64`` (REX.W C7 /0, the
+    field its immediate) and one of the next instructions ands the same register
+    with a negative power of two (REX.W 81 /4 id, or REX.W 25 id for %rax)."""
+    i = int(dis.containing(np.array([field], np.uint64))[0])
+    if i < 0:
+        return 0
+    raw = dis.raw[i]
+    n = int(dis.size[i])
+    if n != 7 or raw[0] & 0xF8 != 0x48 or raw[1] != 0xC7 or raw[2] & 0xF8 != 0xC0 or \
+            int(dis.addr[i]) + 3 != field:
+        return 0
+    reg = (raw[2] & 7) | ((raw[0] & 1) << 3)
+    for j in range(i + 1, min(i + 9, len(dis))):
+        if int(dis.addr[j]) != int(dis.addr[j - 1]) + int(dis.size[j - 1]):
+            break                                   # the sweep left the function
+        r, m = dis.raw[j], int(dis.size[j])
+        imm = None
+        if m == 7 and r[0] & 0xF8 == 0x48 and r[1] == 0x81 and r[2] & 0xF8 == 0xE0 and \
+                (r[2] & 7) | ((r[0] & 1) << 3) == reg:
+            imm = bytes(r[3:7])
+        elif m == 6 and r[0] == 0x48 and r[1] == 0x25 and reg == 0:
+            imm = bytes(r[2:6])
+        if imm is not None:
+            v = int.from_bytes(imm, "little", signed=True)
+            return v if v < 0 and (-v) & (-v - 1) == 0 else 0
+    return 0
+
+
+def attribute_padding_targets(image, refs, dis):
+    """An absolute or RIP-relative reference whose target lies in padding between
+    sections (no object there to point at) is arithmetic on a symbol that bounds
+    the padding: the link names that symbol with an addend, and the field must
+    move with it (relayout/kernel/kallsyms_cold.py moves ``__end_rodata``). The
+    target alone does not tell which symbol; these idioms do, from evidence:
+
+    - at a symbol: that address (nothing to name here; who moves it checks that
+      no other symbol shares it);
+    - rounding up: the field is the immediate of ``mov $imm32, %r64`` and the
+      next instructions ``and`` that register with ``-2**k``: the compiler
+      folded ``sym + 2**k - 1`` (``PFN_ALIGN(__end_rodata)`` in 6.1's
+      mark_rodata_ro), so the symbol is at target - (2**k - 1), and must be one;
+    - an inclusive end: target + 1 is a symbol (``__pa_symbol(__end_rodata) - 1``,
+      setup_arch's ``rodata_resource.end``); one byte below a symbol in padding
+      can mean nothing else.
+
+    The reference then names that symbol (``refs.drag``, as the link's
+    relocation does). Any other target in padding is not provable: it is listed
+    (``refs.padding_unattributed``: virtual targets) and a move of a symbol
+    bounding that padding is refused."""
+    m = np.nonzero(np.isin(refs.origin, (KASLR64, KASLR32, CODE_RIP)))[0]
+    t = virtual_target(refs)[m]
+    lo, hi = _padding(image)
+    g = containing(lo, hi, t)
+    m, t = m[g >= 0], t[g >= 0]
+    sv, si = _symbol_addresses(image)
+
+    def symbol_at(a):
+        j = int(np.searchsorted(sv, np.uint64(a)))
+        return int(si[j]) if j < len(sv) and int(sv[j]) == a else None
+
+    exact = rounded = inclusive = 0
+    left = []
+    for r, v in zip(m.tolist(), t.tolist()):
+        if symbol_at(v) is not None:
+            exact += 1
+            continue
+        sym = None
+        if refs.origin[r] != CODE_RIP and refs.rtype[r] == R_X86_64_32S:
+            mask = _round_up_mask(dis, int(refs.field[r]))
+            if mask:
+                sym = symbol_at(v + mask + 1)      # v - (2**k - 1)
+                rounded += sym is not None
+        if sym is None:
+            sym = symbol_at(v + 1)
+            inclusive += sym is not None
+        if sym is None:
+            left.append(v)
+        else:
+            refs.drag[r] = sym
+    refs.padding_unattributed = np.array(sorted(left), np.uint64)
+    refs.stats["references.padding_targets"] = int(len(m))
+    refs.stats["references.padding_at_symbol"] = exact
+    refs.stats["references.padding_rounded_up"] = rounded
+    refs.stats["references.padding_inclusive_end"] = inclusive
+    refs.stats["references.padding_unattributed"] = len(left)
 
 
 def _boundaries(units):
