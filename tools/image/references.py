@@ -368,16 +368,20 @@ def recover(image, kaslr, log=None, dis=None):
 # -- arithmetic on the symbols that bound padding -------------------------------
 def _padding(image):
     """(starts, ends) of the gaps between consecutive allocated sections of the
-    kernel's address range (.data..percpu, at 0, left out): no object lies there."""
-    secs = sorted((s for s in image.sections if s.is_alloc and s.size and s.addr),
-                  key=lambda s: s.addr)
+    kernel's address range: no object lies there. .data..percpu counts at its
+    load address (``__per_cpu_load``), where the KASLR table's per-CPU fields
+    point (``early_gdt_descr``: ``init_per_cpu__gdt_page``)."""
+    spans = sorted((s.addr, s.end) for s in image.sections if s.is_alloc and s.size and s.addr)
+    sec, load = _percpu(image)
+    if sec is not None:
+        spans = sorted(spans + [(load, load + sec.size)])
     lo, hi = [], []
     end = None
-    for s in secs:
-        if end is not None and s.addr > end:
+    for a, e in spans:
+        if end is not None and a > end:
             lo.append(end)
-            hi.append(s.addr)
-        end = s.end if end is None else max(end, s.end)
+            hi.append(a)
+        end = e if end is None else max(end, e)
     return np.array(lo, np.uint64), np.array(hi, np.uint64)
 
 

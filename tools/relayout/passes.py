@@ -434,6 +434,9 @@ def references(run):
     rw = run.rewriter
     count = _Counting(rw)
     rw.new_symbols()
+    if run.recovered is not None:
+        from .kernel.recovered import check_named_symbols
+        check_named_symbols(run.image, run.recovered, rw.sym_new)
     rw.fix_relocations()
     rw.fix_branches()
     rw.fix_rip_relative()

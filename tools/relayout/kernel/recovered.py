@@ -32,6 +32,28 @@ def recover_for_layout(image, kaslr, units, log=None, dis=None):
     return refs
 
 
+def check_named_symbols(image, refs, sym_new):
+    """A recovered field named after a symbol (``refs.drag``: arithmetic on a
+    boundary symbol or a label) moves with that symbol. Where other symbols
+    share its address, the link may have named any of them: the layout must
+    give them all one new value, else the field's move is not proven and
+    relayout refuses (RewriteError)."""
+    if not refs.drag:
+        return
+    from ..rewriter import RewriteError
+    names, syms = image.symbol_table()
+    typ = syms["info"] & 0xF
+    nameable = (typ != STT_SECTION) & (typ != 4) & (syms["shndx"] > 0) & (syms["shndx"] < 0xFF00)
+    for s in sorted(set(refs.drag.values())):
+        same = np.nonzero(nameable & (syms["value"] == syms["value"][s]))[0]
+        moved_to = np.unique(np.asarray(sym_new)[same])
+        if len(moved_to) > 1:
+            raise RewriteError(f"{image.path}: a field recovered from the vmlinuz is arithmetic "
+                               f"on {names[s]} at {int(syms['value'][s]):#x}, but the symbols "
+                               f"there move apart ({len(moved_to)} new values) and the vmlinuz "
+                               "does not tell which one it means; nothing written")
+
+
 def load_for_layout(image, vmlinuz_path, units, log=None, dis=None):
     """``recover_for_layout`` from the KASLR table of ``vmlinuz_path``."""
     return recover_for_layout(image, read_kaslr(image, vmlinuz_path), units, log=log, dis=dis)
