@@ -13,9 +13,13 @@ find them again:
   per-CPU symbols: they must be among them, and are counted);
 - PC-relative fields in data: each kernel table's own ``references()``
   (linepack.kernel.REFERENCE_TABLES);
+- a value in padding between sections is arithmetic on a symbol bounding it:
+  named after that symbol only from evidence (``attribute_padding_targets``),
+  else listed as unattributed;
 - anything else in data that looks like a reference into movable code (an
   8-byte value there, or an s32 whose field + value lands there) is
-  *unexplained*: the function it points at is pinned, never moved on a guess.
+  *unexplained*: relayout pins the function it points at, never moves it on a
+  guess (relayout/kernel/recovered.py: what depends on relayout's units).
 
 One code path: ``install`` turns the recovered references into relocation
 arrays of the shape ``ElfImage.relocations`` returns (a SECTION symbol and the

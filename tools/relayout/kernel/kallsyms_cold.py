@@ -17,7 +17,10 @@ On Debian's 6.1 cloud vmlinux only the offsets (~350 KB) go there.
 The code reaches the arrays and ``__end_rodata`` only through relocated fields
 (``--emit-relocs``: R_X86_64_32S / PC32 against the symbols, also in
 .init.text), so each such field moves by its symbol's move and the symbols get
-their new values. ``kallsyms_relative_base`` (an absolute relocation KASLR
+their new values. References recovered from a vmlinuz name a symbol only where
+recovery proved it (``PFN_ALIGN(__end_rodata)``, ``__pa_symbol(__end_rodata) - 1``:
+image/references.py); the rest follow by value, and a move that is not provable
+is refused (``_recovered_moves``). ``kallsyms_relative_base`` (an absolute relocation KASLR
 adjusts), ``kallsyms_num_syms`` (updated in place) and the token table/index
 (names are encoded with the existing tokens) stay where they are. Old storage
 that no new array reuses is zeroed: nothing may read it any more.
