@@ -233,3 +233,44 @@ def test_shared_address_moving_apart_refused(recovered):
     new[i] += np.uint64(16)
     with pytest.raises(RewriteError, match="move apart"):
         check_named_symbols(image, refs, new)
+
+
+_UNPROVEN = """
+import sys
+import numpy as np
+import linepack.image.references as R
+from linepack.cli import main
+proven = R.attribute_padding_targets
+
+def unproven(image, refs, dis):
+    # as on a kernel whose code shows no evidence for PFN_ALIGN(__end_rodata):
+    # the field's value stays in padding, attributed to no symbol
+    proven(image, refs, dis)
+    er = image.symbol_address("__end_rodata")
+    t = R.virtual_target(refs)
+    for r in [r for r in refs.drag if int(t[r]) == er + 0xFFF]:
+        del refs.drag[r]
+        refs.padding_unattributed = np.append(refs.padding_unattributed, t[r])
+
+R.attribute_padding_targets = unproven
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_blocks_refused_when_end_rodata_use_unproven(vmlinuz, stripped, vfs_profile, tmp_path):
+    """The refusal that remains: were PFN_ALIGN(__end_rodata) in mark_rodata_ro
+    not recognised, __end_rodata could not move with the grown kallsyms, and a
+    kernel without .cold kallsyms entries fails verify: relayout says so in one
+    line (exit 2) and writes nothing."""
+    import subprocess
+    import sys
+    out = tmp_path / "o"
+    r = subprocess.run([sys.executable, "-c", _UNPROVEN, "relayout", stripped, "--vmlinuz",
+                        vmlinuz, "--profile", vfs_profile, "--strategy", "blocks",
+                        "--strip-debug", "-q", "-o", str(out)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
+    assert r.returncode == 2, r.stdout + r.stderr[-2000:]
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "__end_rodata" in err[0] and "nothing written" in err[0], err
+    assert "padding" in err[0]
+    assert not out.exists()
