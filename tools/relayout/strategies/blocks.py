@@ -75,9 +75,9 @@ class BlocksSets(Blocks):
     """``blocks`` with set-aware placement for one cache model, ``blocks-sets:MODEL``
     (a configs/cache name or TOML path): each region's hot area starts where its hot
     lines overflow the model's sets least (Pack._spread_over_sets). What-if on
-    Debian 6.1 VFS-mix (docs/evaluate.md): amd-64k-2w -47.6% -> -49.6% misses vs
-    stock, intel-32k-8w unchanged (-33.6% -> -34.0%), .text +0.44%; aimed at
-    intel-32k-8w it gains nothing (every set there holds ~23 loop lines for 8 ways)."""
+    Debian 6.1 VFS-mix (docs/evaluate.md), heat order: amd-64k-2w -47.6% -> -49.6%
+    misses vs stock, intel-32k-8w -33.6% -> -34.0%, .text +0.44%; with first-run
+    order: -54.4% -> -55.3% and -45.6% -> -46.2%."""
     name = "blocks-sets"
     positional = "set_spread"
 
