@@ -318,6 +318,10 @@ def test_planning_units_split_hot_align():
     assert kept.align.tolist() == [16, 16, 1, 16]
     one, _, _, _ = planning_units(t, heat, splits, hot_align=1)
     assert one.align.tolist() == [16, 1, 1, 16]       # only the split hot part changes
+    pfx = UnitTable(t.start, t.size, [0] * 3, t.regions,
+                    members=[[(0, 0)], [(1, 0), (2, 16)], [(3, 0)]])   # unit 1 has a prefix
+    kept1, _, _, _ = planning_units(pfx, heat, splits, hot_align=1)
+    assert kept1.align.tolist() == [16, 16, 1, 16]
     assert strategies.get("blocks").split_hot_align == 1
     assert strategies.get("blocks", split_hot_align="none").split_hot_align is None
 
