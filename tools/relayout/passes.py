@@ -146,10 +146,10 @@ def _split_first_runs(orig_units, split, blocks):
     addr = np.asarray(blocks[0], np.uint64)
     u = np.searchsorted(orig_units.start, addr, side="right").astype(np.int64) - 1
     ok = (u >= 0) & (addr < orig_units.end[np.maximum(u, 0)])
-    earliest = np.full(len(orig_units), np.iinfo(np.int64).max, np.int64)
-    np.minimum.at(earliest, u[ok], np.asarray(first, np.int64)[ok])
+    earliest = np.full(len(orig_units), np.inf)
+    np.minimum.at(earliest, u[ok], np.asarray(first, np.float64)[ok])
     _, _, parent, part = split["planning"]
-    hot = np.nonzero((part == 0) & (earliest[parent] < np.iinfo(np.int64).max))[0]
+    hot = np.nonzero((part == 0) & np.isfinite(earliest[parent]))[0]
     return dict(zip(hot.tolist(), earliest[parent[hot]].tolist()))
 
 
