@@ -285,3 +285,56 @@ def test_set_spread_needs_a_cache_model():
     from linepack.errors import LinepackError
     with pytest.raises(LinepackError, match="needs a cache model"):
         strategies.get("blocks-sets")
+
+
+def test_order_first_follows_first_runs_and_falls_back_to_heat():
+    # four hot units: heat says 3, 2, 1, 0; the window first ran 1, then 3, then 0;
+    # unit 2 never ran in the window (it goes after them, by heat)
+    t = table([100, 100, 100, 100])
+    heat = [5.0, 10.0, 20.0, 40.0]
+    strat = strategies.get("pack", order="first")
+    strat.first_run = {1: 10, 3: 25, 0: 70}
+    p = make_plan(t, strat, np.asarray(heat))
+    assert sorted(range(4), key=lambda k: int(p.new_start[k])) == [1, 3, 0, 2]
+    strat.first_run = None                      # no first runs: by heat, as order = "heat"
+    p2 = make_plan(t, strat, np.asarray(heat))
+    assert sorted(range(4), key=lambda k: int(p2.new_start[k])) == [3, 2, 1, 0]
+    assert strategies.get("blocks").order_by == "first"
+    from linepack.errors import LinepackError
+    with pytest.raises(LinepackError, match="'first'"):
+        strategies.get("pack", order="random")
+
+
+def test_planning_units_split_hot_align():
+    # unit 1 is split (hot part 40 B, cold part 60 B): its hot part keeps the
+    # function's 16 B alignment unless hot_align says otherwise; cold parts take 1
+    from types import SimpleNamespace
+    from linepack.relayout.blocks import planning_units
+    t = table([64, 100, 32])
+    splits = [SimpleNamespace(unit=1, sizes=(40, 60), name="u1")]
+    heat = np.array([2.0, 3.0, 0.0])
+    kept, _, parent, part = planning_units(t, heat, splits)
+    assert parent.tolist() == [0, 1, 1, 2] and part.tolist() == [0, 0, 1, 0]
+    assert kept.align.tolist() == [16, 16, 1, 16]
+    one, _, _, _ = planning_units(t, heat, splits, hot_align=1)
+    assert one.align.tolist() == [16, 1, 1, 16]       # only the split hot part changes
+    pfx = UnitTable(t.start, t.size, [0] * 3, t.regions,
+                    members=[[(0, 0)], [(1, 0), (2, 16)], [(3, 0)]])   # unit 1 has a prefix
+    kept1, _, _, _ = planning_units(pfx, heat, splits, hot_align=1)
+    assert kept1.align.tolist() == [16, 16, 1, 16]
+    assert strategies.get("blocks").split_hot_align == 1
+    assert strategies.get("blocks", split_hot_align="none").split_hot_align is None
+
+
+def test_blocks_from_trace_first_runs():
+    from linepack.evaluate.layouts import blocks_from_trace, hotness_hash
+    from linepack.evaluate.whatif import BlockTrace
+    b = np.zeros(3, dtype=[("vaddr", "<u8"), ("size", "<u4"), ("ninsns", "<u4")])
+    b["vaddr"], b["size"] = [0x1000, 0x2000, 0x3000], 8
+    # block 1 never runs in the window; block 2 runs first, block 0 second
+    bt = BlockTrace(b, np.array([1], np.uint32), np.array([2, 0, 2, 0], np.uint32), {"loops": 2})
+    blk = blocks_from_trace(bt)
+    assert blk[0].tolist() == [0x1000, 0x3000] and blk[2].tolist() == [1.0, 1.0]
+    assert blk.first.tolist() == [1, 0]
+    other = blocks_from_trace(BlockTrace(b, bt.warm, np.array([0, 2, 2, 0], np.uint32), bt.meta))
+    assert hotness_hash({"f": 1}, (), blk) != hotness_hash({"f": 1}, (), other)

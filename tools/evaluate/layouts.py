@@ -68,6 +68,8 @@ def hotness_hash(hotness, calls=(), blocks=None):
         h.update(np.ascontiguousarray(a).tobytes())
     for a in (getattr(blocks, "edges", None) or ()):      # a profile's branch edges
         h.update(np.ascontiguousarray(a).tobytes())
+    if getattr(blocks, "first", None) is not None:        # a trace's first executions
+        h.update(b"first" + np.ascontiguousarray(blocks.first).tobytes())
     return h.hexdigest()[:12]
 
 
@@ -86,13 +88,18 @@ def hotness_from_trace(bt, image_path):
 
 def blocks_from_trace(bt):
     """(address, size, count per iteration) of the blocks a BlockTrace ran: the
-    executed ranges a block-level layout needs when no profile is given."""
+    executed ranges a block-level layout needs when no profile is given, with
+    ``first``: where each first ran in the window (the order ``blocks`` lays hot
+    code in, see relayout/strategies/pack.py)."""
+    from ..relayout.block_order import ExecutedBlocks
+    from .dense import _first_seen
     counts = bt.block_counts()
     ran = counts > 0
     b = bt.blocks[ran]
     loops = float(bt.meta.get("loops") or 1)
-    return (b["vaddr"].astype(np.uint64), b["size"].astype(np.uint64),
-            counts[ran].astype(np.float64) / loops)
+    first = _first_seen(bt.ids, len(bt.blocks), ran)[ran]
+    return ExecutedBlocks((b["vaddr"].astype(np.uint64), b["size"].astype(np.uint64),
+                           counts[ran].astype(np.float64) / loops), first=first)
 
 
 class PlanMap:

@@ -65,8 +65,18 @@ def merge_blocks(blocks, factors):
     cnt = np.concatenate([np.asarray(b[2], np.float64) * f for b, f in zip(blocks, factors)])
     key = np.stack([addr, size], axis=1)
     uniq, inv = np.unique(key, axis=0, return_inverse=True)
-    total = np.bincount(inv.reshape(-1), weights=cnt, minlength=len(uniq))
-    return uniq[:, 0].copy(), uniq[:, 1].copy(), total
+    inv = inv.reshape(-1)
+    total = np.bincount(inv, weights=cnt, minlength=len(uniq))
+    if any(getattr(b, "first", None) is None for b in blocks):
+        return uniq[:, 0].copy(), uniq[:, 1].copy(), total
+    # first runs as a fraction of each trace's window; a block in several runs takes its
+    # earliest: code that runs early in any workload's iteration goes first
+    frac = np.concatenate([np.asarray(b.first, np.float64) / (float(np.max(b.first)) + 1.0)
+                           for b in blocks])
+    first = np.full(len(uniq), np.inf)
+    np.minimum.at(first, inv, frac)
+    from ..relayout.block_order import ExecutedBlocks
+    return ExecutedBlocks((uniq[:, 0].copy(), uniq[:, 1].copy(), total), first=first)
 
 
 def null_units(units, ran_addresses, count, seed):

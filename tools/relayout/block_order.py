@@ -52,13 +52,17 @@ class ExecutedBlocks(tuple):
     """(address, size, count per iteration) of a profile's executed ranges, as
     the block-level strategy takes them, plus ``edges``: (branch instruction,
     target, count per iteration) of the profile's intra-function taken branches,
-    or None when the profile has none (or records source blocks, not branches)."""
+    or None when the profile has none (or records source blocks, not branches);
+    ``first``: per range, where its first execution falls in the recorded window
+    (an index into the execution sequence), or None (a profile holds counts, not
+    order; evaluate's own traces have it)."""
 
     edges = None
+    first = None
 
-    def __new__(cls, blocks, edges=None):
+    def __new__(cls, blocks, edges=None, first=None):
         self = super().__new__(cls, blocks)
-        self.edges = edges
+        self.edges, self.first = edges, first
         return self
 
 

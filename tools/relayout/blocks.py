@@ -239,9 +239,12 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
     return splits, reason
 
 
-def planning_units(units, heat, splits):
+def planning_units(units, heat, splits, hot_align=None):
     """A UnitTable for placement: split units shrink to their hot part; each
     cold part is a new unit right after its parent (unit order = cold order).
+    ``hot_align``: the alignment of split hot parts (None: their function's; cold
+    parts take 1 either way: they are code the split made, which nothing aligns);
+    a unit with a prefix (more than one member) keeps its own.
     Returns (table, heat, parent index per planning unit, part per planning unit)."""
     n = len(units)
     by_unit = {sf.unit: sf for sf in splits}
@@ -261,6 +264,13 @@ def planning_units(units, heat, splits):
     pn = np.where(cold, False, units.pinned[par])
     al = np.where(cold, 1, units.align[par])
     ph = np.where(cold, 0, units.phase[par])
+    if hot_align is not None:
+        # a unit with a prefix member (6.12's __pfx_ padding, which call-depth tracking
+        # rewrites at boot) keeps its alignment: it applies to the padding's start
+        single = np.array([len(units.members[u]) <= 1 for u in range(n)], bool)
+        hot_split = ~cold & is_split[par] & single[par]
+        al = np.where(hot_split, int(hot_align), al)
+        ph = np.where(hot_split, 0, ph)
     ht = np.where(cold, 0.0, np.asarray(heat, np.float64)[par])
     nm, mem = [], []
     for u, c in zip(par.tolist(), cold.tolist()):

@@ -136,6 +136,23 @@ def _split_hot_ranges(orig_units, split, strat, blocks):
     return out
 
 
+def _split_first_runs(orig_units, split, blocks):
+    """{planning unit: earliest first execution of a block in it} for the hot units
+    of a block-level plan, when the executed blocks carry their first executions
+    (evaluate's traces); None otherwise."""
+    first = getattr(blocks, "first", None)
+    if first is None:
+        return None
+    addr = np.asarray(blocks[0], np.uint64)
+    u = np.searchsorted(orig_units.start, addr, side="right").astype(np.int64) - 1
+    ok = (u >= 0) & (addr < orig_units.end[np.maximum(u, 0)])
+    earliest = np.full(len(orig_units), np.inf)
+    np.minimum.at(earliest, u[ok], np.asarray(first, np.float64)[ok])
+    _, _, parent, part = split["planning"]
+    hot = np.nonzero((part == 0) & np.isfinite(earliest[parent]))[0]
+    return dict(zip(hot.tolist(), earliest[parent[hot]].tolist()))
+
+
 def _no_fit_message(err, strat, units, heat, calls, functions, log):
     """The planner's "does not fit" line; for ``align-all N`` also the largest
     alignment that does fit (found by planning smaller ones)."""
@@ -265,7 +282,8 @@ def split(run):
     run.split = {"cfg": cfg, "splits": splits, "reason": reason, "block_count": counts,
                  "eh_split": eh_split, "reasons": reason_summary(reason, heat, strat.min_count,
                                                        userspace=run.target.kind == "userspace"),
-                 "planning": planning_units(units, heat, splits)}
+                 "planning": planning_units(units, heat, splits,
+                                           getattr(strat, "split_hot_align", None))}
     run.orig_heat = heat
     run.units, run.heat, _, _ = run.split["planning"]
     run.split_stats = st = _split_stats(run.split, run.orig_units)
@@ -313,6 +331,9 @@ def plan(run):
     block_level = run.split is not None
 
     def plan_(relocate=None):
+        if block_level:
+            # the order hot units first ran in (pack's order = "first"; None: no such data)
+            strat.first_run = _split_first_runs(run.orig_units, run.split, run.blocks)
         hot_ranges = _split_hot_ranges(run.orig_units, run.split, strat,
                                        run.blocks) if block_level else None
         return make_plan(run.units, strat, run.heat, calls=run.calls, functions=run.functions,
@@ -366,7 +387,8 @@ def _unsplit_before(run, pinned_region):
     sp["splits"] = [sf for sf in sp["splits"] if sf.unit not in drop]
     sp["reasons"] = reason_summary(sp["reason"], run.orig_heat, run.strategy.min_count,
                                    userspace=run.target.kind == "userspace")
-    sp["planning"] = planning_units(orig, run.orig_heat, sp["splits"])
+    sp["planning"] = planning_units(orig, run.orig_heat, sp["splits"],
+                                    getattr(run.strategy, "split_hot_align", None))
     run.units, run.heat, _, _ = sp["planning"]
     run.split_stats.__dict__.update(_split_stats(sp, orig).__dict__)   # the split pass's stats
     run.log(f"{len(drop)} split functions before pinned {regs[pinned_region].name} moved whole "

@@ -24,10 +24,23 @@ class Blocks(Pack):
     block_order = "ext-tsp"
 
     def __init__(self, min_count=1, block_min_count=0.3, cold_min=8, use_blocks=True,
-                 strict=False, invert_jcc=True, block_order=None, **kw):
+                 strict=False, invert_jcc=True, block_order=None, order="first",
+                 split_hot_align=1, **kw):
         # strict = false: a hot part starts where it adds the fewest lines holding hot
         # bytes (it is hot throughout, so 64 B alignment mostly adds padding)
-        super().__init__(min_count=min_count, use_blocks=use_blocks, strict=strict, **kw)
+        # order = "first": hot units in the order they first ran, when the executed
+        # blocks say (evaluate's traces); else by heat / call edges as pack.
+        # What-if, Debian 6.1 vfs-mix (docs/evaluate.md, the gap to dense packing),
+        # misses vs stock intel-32k-8w / amd-64k-2w: heat order -33.6% / -47.6%,
+        # first-run order -44.5% / -51.8%
+        super().__init__(min_count=min_count, use_blocks=use_blocks, strict=strict, order=order,
+                         **kw)
+        # split_hot_align: alignment of a split function's hot part (None: the
+        # function's own, 16 B on x86-64 gcc). A hot part is new code, like the cold
+        # part (which was never aligned); the function's padding in the loop's lines
+        # costs lines: with first-run order, 1 gives -45.6% / -54.4% (what-if)
+        self.split_hot_align = None if split_hot_align in (None, "none", 0) \
+            else int(split_hot_align)
         # a block is hot when it runs at least this often per workload iteration; below 1:
         # a block that runs in a third of the iterations costs a miss each time it runs
         # from the cold area (measured: 0.3 -38.2% misses on intel-32k-8w, 1.0 -25.0%)
@@ -62,9 +75,9 @@ class BlocksSets(Blocks):
     """``blocks`` with set-aware placement for one cache model, ``blocks-sets:MODEL``
     (a configs/cache name or TOML path): each region's hot area starts where its hot
     lines overflow the model's sets least (Pack._spread_over_sets). What-if on
-    Debian 6.1 VFS-mix (docs/evaluate.md): amd-64k-2w -47.6% -> -49.6% misses vs
-    stock, intel-32k-8w unchanged (-33.6% -> -34.0%), .text +0.44%; aimed at
-    intel-32k-8w it gains nothing (every set there holds ~23 loop lines for 8 ways)."""
+    Debian 6.1 VFS-mix (docs/evaluate.md), heat order: amd-64k-2w -47.6% -> -49.6%
+    misses vs stock, intel-32k-8w -33.6% -> -34.0%, .text +0.44%; with first-run
+    order: -54.4% -> -55.3% and -45.6% -> -46.2%."""
     name = "blocks-sets"
     positional = "set_spread"
 

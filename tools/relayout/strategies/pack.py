@@ -13,7 +13,12 @@ Ordering (``order``):
   cluster stays under ``max_cluster`` bytes; clusters are then ordered by
   density (heat per byte);
 - without edges: by heat (``order = "heat"``, the default) or by density
-  (``order = "density"``, heat per byte).
+  (``order = "density"``, heat per byte);
+- ``order = "first"`` (block level, ``blocks``' default): in the order the hot
+  units first ran in the recorded window, when the executed blocks carry that
+  (evaluate's own traces: ``first_run``, set by relayout's plan pass); code that
+  runs one after the other then sits on consecutive cache sets instead of on
+  sets chosen by heat rank. Without it: as above.
 
 Placement (``layout``):
 - without block data (``view.hot_ranges`` is None): the rule above, big units
@@ -45,9 +50,9 @@ class Pack(Strategy):
         super().__init__(min_count)
         self.line = int(line)
         self.max_cluster = int(max_cluster)
-        if order not in ("density", "heat"):
+        if order not in ("density", "heat", "first"):
             from ...errors import LinepackError
-            raise LinepackError(f"pack: order must be 'density' or 'heat', got '{order}'")
+            raise LinepackError(f"pack: order must be 'density', 'heat' or 'first', got '{order}'")
         self.order_by = order
         self.use_blocks = bool(use_blocks)
         self.block_min = float(block_min)
@@ -60,6 +65,7 @@ class Pack(Strategy):
             from ...profile.trace import cache_config
             self.set_spread = cache_config(set_spread)
         self._set_placed = ([], [])      # lines and weights of earlier regions' hot code
+        self.first_run = None            # {unit index: first execution} (order = "first")
 
     # -- ordering -----------------------------------------------------------------
     def _key(self, view, heat, size):
@@ -70,6 +76,11 @@ class Pack(Strategy):
     def order(self, view):
         hot = self.hot_order(view)
         rank = {k: i for i, k in enumerate(hot)}
+        first = self.first_run if self.order_by == "first" else None
+        if first:
+            never = float("inf")       # hot, yet not seen in the window: after, by heat
+            idx = view.index
+            return sorted(hot, key=lambda k: (first.get(int(idx[k]), never), rank[k]))
         edges = [e for e in getattr(view, "edges", ()) or () if e[0] != e[1]]
         if not edges:
             return sorted(hot, key=lambda k: (self._key(view, float(view.heat[k]),
