@@ -119,6 +119,17 @@ def series_info(series=DEFAULT_SERIES):
     return s
 
 
+def build_of_release(text):
+    """(series, abi) of the first Debian cloud release named in ``text`` (a banner,
+    a boot image's version string, a uname -r), or (None, None)."""
+    for name, s in SERIES_TABLE.items():
+        pattern = re.escape(s.release_fmt).replace(re.escape("{abi}"), r"(\d+)")
+        m = re.search(r"(?<![\w.])" + pattern + r"(?![\w.+-])", text or "")
+        if m:
+            return name, int(m.group(1))
+    return None, None
+
+
 def cache_dir():
     base = os.environ.get("LINEPACK_CACHE")
     if not base:
@@ -316,6 +327,6 @@ def main_fetch(abi=None, series=DEFAULT_SERIES):
     return path
 
 
-__all__ = ["cache_dir", "available_abis", "debian_vmlinux", "debian_vmlinuz", "debian_module",
+__all__ = ["build_of_release", "cache_dir", "available_abis", "debian_vmlinux", "debian_vmlinuz", "debian_module",
            "resolve_abi", "release", "download_deb", "series_info", "update_apt_state",
            "SERIES_TABLE", "DEFAULT_SERIES"]
