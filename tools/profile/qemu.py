@@ -347,7 +347,8 @@ def disk_image(fs="ext4", size_mb=64, log=None):
     return dest
 
 
-# Load order of the virtio-blk stack (each after the modules it depends on).
+# Load order of the virtio-blk stack (each after the modules it depends on); those
+# the build has built in (Debian 13: all but virtio_blk) are left out.
 VIRTIO_BLK_MODULES = ("drivers/virtio/virtio_ring.ko", "drivers/virtio/virtio.ko",
                       "drivers/virtio/virtio_pci_modern_dev.ko",
                       "drivers/virtio/virtio_pci_legacy_dev.ko", "drivers/virtio/virtio_pci.ko",
@@ -403,7 +404,11 @@ def workload_boot(kernel, workload="vfs-mix", loops=None, modules=(), log=None, 
     modules = tuple(modules) + _workload_modules(wl, kernel)
     if wl.disk_fs and wl.disk_device == "virtio":
         # virtio-blk and its transport are modules in Debian's cloud kernel
-        modules = tuple(modules) + tuple(debian_module_for(kernel, m) for m in VIRTIO_BLK_MODULES)
+        from .. import targets
+        series, abi = kernel_build(kernel)
+        shipped = targets.debian_module_names(abi, series=series) if series else None
+        modules = tuple(modules) + tuple(debian_module_for(kernel, m) for m in VIRTIO_BLK_MODULES
+                                         if shipped is None or m in shipped)
     initrd = workload_initrd(wl, modules, files=files)
     if wl.disk_fs and wl.disk_device == "virtio":
         image = disk_image(wl.disk_fs, wl.disk_size_mb or 64, log=log)
