@@ -354,7 +354,6 @@ def main_fetch(abi=None, series=DEFAULT_SERIES):
     return path
 
 
-__all__ = ["build_of_release", "cache_dir", "available_abis", "debian_vmlinux", "debian_vmlinuz", "debian_module",
-           "debian_module_names",
-           "resolve_abi", "release", "download_deb", "series_info", "update_apt_state",
-           "SERIES_TABLE", "DEFAULT_SERIES"]
+__all__ = ["build_of_release", "cache_dir", "available_abis", "debian_vmlinux", "debian_vmlinuz",
+           "debian_module", "debian_module_names", "resolve_abi", "release", "download_deb",
+           "series_info", "update_apt_state", "SERIES_TABLE", "DEFAULT_SERIES"]
