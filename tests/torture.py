@@ -43,15 +43,29 @@ def build_initrd(work, modules):
 NO_OWN_ORC_ENTRY = "__x64_sys_mmap"
 
 
+# unlink(2)'s function below its syscall wrapper: do_unlinkat up to 6.x, filename_unlinkat in 7.x
+UNLINK_FUNCTIONS = ("do_unlinkat", "filename_unlinkat")
+
+
+def unlink_function(kernel):
+    """The first of UNLINK_FUNCTIONS that ``kernel`` (a vmlinux path) has."""
+    from linepack.image.elf import ElfImage
+    img = ElfImage(str(kernel))
+    try:
+        return next(n for n in UNLINK_FUNCTIONS if img.symbol_address(n) is not None)
+    finally:
+        img.close()
+
+
 def kprobe_specs(kernel):
-    """Three probes, all run on every VFS-mix iteration: do_unlinkat's entry (an
+    """Three probes, all run on every VFS-mix iteration: the unlink function's entry (an
     ftrace-based kprobe on its __fentry__ site), and int3 kprobes on an instruction
     at least 16 bytes into vfs_unlink and 8 bytes into NO_OWN_ORC_ENTRY."""
     import capstone
     from linepack.image.elf import ElfImage
+    specs = [unlink_function(kernel)]
     img = ElfImage(str(kernel))
     md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    specs = ["do_unlinkat"]
     for name, least in (("vfs_unlink", 16), (NO_OWN_ORC_ENTRY, 8)):
         addr = img.symbol_address(name)
         off = next(i.address - addr for i in md.disasm(bytes(img.read(addr, 64)), addr)
@@ -113,8 +127,15 @@ def stacks(serial, skip=()):
     return sorted(out)
 
 
+# A kernel message the console printed into the middle of /init's line (the two
+# write to the serial port independently): "...kyber-iosched.ko loaded[    1.36] io ..."
+_KERNEL_TAIL = re.compile(r"\[\s*\d+\.\d+\].*$")
+
+
 def lines(serial, prefix):
-    return [ln.strip() for ln in serial.splitlines() if ln.strip().startswith(prefix)]
+    """/init's lines starting with ``prefix``, a kernel message glued to the end cut off."""
+    return [_KERNEL_TAIL.sub("", ln).strip() for ln in serial.splitlines()
+            if ln.strip().startswith(prefix)]
 
 
 def problems(run, stock, may_miss=(), skip_stacks=()):
