@@ -55,6 +55,13 @@ PINNED_SYMBOLS = ("srso_alias_untrain_ret", "srso_alias_safe_ret", "srso_untrain
                   "__x86_return_thunk", "zen_untrain_ret", "srso_safe_ret")
 PIN_ALIGNMENT = 1 << 21
 
+# The entry text ends on a 2 MiB (PMD) boundary (ALIGN_ENTRY_TEXT_END, with PTI or
+# SRSO): PTI clones the whole PMDs of the entry text into the user page tables and
+# the SRSO alias pair sits at fixed bits in that PMD. Up to 6.x .text ends there;
+# from 7.x (the linker script puts the entry text first) the main text follows the
+# boundary: only the stretch before it stays, the rest is laid out.
+ENTRY_TEXT_END = "__entry_text_end"
+
 _PAD_BYTES = bytes((0xCC, 0x00))
 PREFIX = "__pfx_"
 # The padding call-depth tracking patches before each function (its thunk is smaller;
@@ -163,8 +170,20 @@ def build_regions(image, sections=(".text",), pin_head=True):
             continue
         label = r.name.split(":", 1)[1]
         pinned = r.start in pinned_starts or any(label == n for n in PINNED_REGION_LABELS)
+        pmd = -(-r.start // PIN_ALIGNMENT) * PIN_ALIGNMENT
+        if label == ENTRY_TEXT_END and r.start < pmd < r.end and _code_starts_at(image, pmd):
+            out.append(Region(r.name, r.start, pmd, r.section, True))
+            out.append(Region(f"{r.name}@{pmd:#x}", pmd, r.end, r.section))
+            continue
         out.append(Region(r.name, r.start, r.end, r.section, pinned))
     return out, head_end
+
+
+def _code_starts_at(image, addr):
+    """True when a function symbol starts at ``addr`` (the linker aligned code there)."""
+    _, syms = image.symbol_table()
+    at = syms["value"] == np.uint64(addr)
+    return bool((at & ((syms["info"] & 0xF) == 2)).any())
 
 
 def build_units(image, functions, disasm_fn=None, sections=(".text",), pin_head=True, log=None):
