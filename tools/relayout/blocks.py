@@ -37,7 +37,7 @@ import numpy as np
 from ..image import blockmap as bm
 from ..image.cfg import (R_GLUED, R_INDIRECT, R_NO_COLD, R_NOINSTR, R_NOT_HOT, R_PINNED, REASONS, TERM_JCC,
                          TERM_JMP, TERM_KEY)
-from .units import PREFIX, UnitTable, _func_map
+from .units import PADDING_BYTES, PREFIX, UnitTable, _func_map
 
 NOP2 = bytes.fromhex("6690")
 NOP5 = bytes.fromhex("0f1f440000")
@@ -193,11 +193,16 @@ def _relax(sf):
 
 def prefix_heads(units, functions):
     """Per unit: the length of its function's prefix when the unit is exactly a
-    prefix (``__pfx_<fn>``, at the unit's start) and the function right after it;
+    prefix (``__pfx_<fn>``, at the unit's start) and the function right after it, or
+    the function's padding without a prefix symbol (an assembly function: units.py);
     0 for every other unit."""
     head = np.zeros(len(units), np.int64)
     fstart, fend = functions.start, functions.end
     for u, mem in enumerate(units.members):
+        if len(mem) == 1 and mem[0][1] == PADDING_BYTES and \
+                units.name[u] == functions.name[mem[0][0]]:
+            head[u] = PADDING_BYTES      # an assembly function's padding, no prefix symbol
+            continue
         if len(mem) != 2 or mem[0][1] != 0:
             continue
         (p, _), (f, off) = mem
