@@ -4,7 +4,7 @@ link relocations and from recovered references, compared section by section."""
 import json
 
 from linepack.image.elf import ElfImage
-from linepack.image.references import keep_first, pin_units, units_named
+from linepack.relayout.kernel.recovered import keep_first, pin_units, units_named
 from linepack.image.shared import elf_image
 from linepack.relayout.units import units_of
 from linepack.relayout.driver import relayout

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from linepack.image import references as R
+from linepack.relayout.kernel import recovered as RK
 from linepack.image.elf import ElfImage
 from linepack.relayout.units import units_of
 from linepack.kernel.base import ImageContext
@@ -57,8 +58,8 @@ def _profile(tmp_path):
 def test_nothing_missing_against_the_link(exe):
     image = ElfImage(exe)
     units, functions, _ = units_of(image)
-    lo, hi, _ = R.movable_ranges(units)
-    refs = R.recover(image, _kaslr_of(image).kaslr, units=units)
+    lo, hi, _ = RK.movable_ranges(units)
+    refs = RK.recover_for_layout(image, _kaslr_of(image).kaslr, units)
     link = R.link_references(image, ImageContext.of(image).disasm)
     c = R.compare(image, refs, link, lo.copy(), hi.copy())
     # every link relocation of this program but the two absolute ones to data (.rodata,
@@ -124,8 +125,8 @@ def test_pin_cuts_regions_and_keep_first():
     start = [0x1000, 0x1020, 0x1040, 0x1060, 0x1100, 0x1130]
     u = UnitTable(start, [0x20, 0x20, 0x20, 0x20, 0x30, 0x30], [0, 0, 0, 0, 1, 1], regs,
                   name=[f"f{i}" for i in range(6)])
-    R.pin_units(u, np.array([2]))
-    R.keep_first(u, [4])
+    RK.pin_units(u, np.array([2]))
+    RK.keep_first(u, [4])
     names = [(r.name, r.start, r.end, r.pinned) for r in u.regions]
     assert names == [("r0", 0x1000, 0x1040, False), ("r0+1", 0x1040, 0x1060, True),
                      ("r0+2", 0x1060, 0x1100, False), ("r1", 0x1100, 0x1130, False),
@@ -134,5 +135,5 @@ def test_pin_cuts_regions_and_keep_first():
     plan = make_plan(u, strategies.get("hot64"), heat)
     assert int(plan.new_start[2]) == 0x1040                 # pinned stays
     refs = types.SimpleNamespace(kept_first=["f4@0x1100"])
-    R.check_plan(refs, plan)                               # f4 first in its region
+    RK.check_plan(refs, plan)                               # f4 first in its region
     assert int(plan.new_start[4]) == int(plan.region_new_start[3])

@@ -222,6 +222,13 @@ def test_copied_instruction_must_keep_its_meaning():
     new.patch(0x3006, b"\x02")                               # mov eax,2
     found, _ = run(rows, funcs, old, new, oo, on)
     assert checks(found) == ["equiv.block-instruction"]
+    # a copied plain branch is read from its bytes (no decode): another opcode with the
+    # right target is still named (the wrong target: the first case above)
+    rows, funcs, old, new, oo, on = case_a()
+    new.patch(0x3000, b"\xe9")                               # call became jmp, same target
+    found, _ = run(rows, funcs, old, new, oo, on)
+    assert checks(found) == ["equiv.block-instruction"]
+    assert "'call 0x5000' at 0x1007" in found[0].message and "found 'jmp" in found[0].message
 
 
 def test_piece_outside_its_part():

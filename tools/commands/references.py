@@ -30,6 +30,7 @@ class ReferencesVerb:
         from ..image import references as R
         from ..image.elf import ElfImage
         from ..progress import stderr_log
+        from ..relayout.kernel.recovered import load_for_layout, movable_ranges
         from ..relayout.units import units_of
         log = stderr_log("references", args.quiet, clock=True)
 
@@ -38,10 +39,10 @@ class ReferencesVerb:
         with outs:
             image = ElfImage(args.image)
             units, functions, dis = units_of(image, log)
-            lo, hi, _ = R.movable_ranges(units)
+            lo, hi, _ = movable_ranges(units)
             lo, hi = lo.copy(), hi.copy()          # before unexplained values pin more
             # the same decode relayout --vmlinuz recovers from
-            refs = R.load_recovered(image, args.vmlinuz, units=units, log=log, dis=dis)
+            refs = load_for_layout(image, args.vmlinuz, units, log=log, dis=dis)
             report = {"image": args.image, "vmlinuz": args.vmlinuz,
                       "recovered": R.summary_of(refs)["references"]}
             compared = None

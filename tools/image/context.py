@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from .disasm import disassemble
+from .disasm import disassemble, sweep_sections
 from .functions import FunctionTable
 
 def kernel_version_of(image):
@@ -90,6 +90,16 @@ class ImageContext:
             got = build()
             setattr(self, slot, got)
         return got
+
+    def swept(self, sections):
+        """Linear-sweep Disassembly of whole ``sections``, once per context: the
+        code sections relayout does not lay out (the rewriter and reference
+        recovery both read them)."""
+        done = self.derived("other_code", dict)
+        key = tuple(s.index for s in sections)
+        if key not in done:
+            done[key] = sweep_sections(self.image, sections)
+        return done[key]
 
     @property
     def is_kernel(self):

@@ -381,3 +381,18 @@ def _redecode_ud1(image, starts, sizes, addr, size, func, raw):
     raw = np.concatenate([raw[keep], np.stack([r[3] for r in rows])])
     order = np.argsort(addr, kind="stable")
     return addr[order], size[order], func[order], raw[order]
+
+
+class _Spans:
+    """Address ranges in the shape disassemble() reads (start/size)."""
+
+    def __init__(self, start, size):
+        self.start = np.asarray(start, dtype=np.uint64)
+        self.size = np.asarray(size, dtype=np.uint64)
+
+
+def sweep_sections(image, sections, jobs=1):
+    """Linear-sweep Disassembly of whole sections (code no function table
+    covers; ImageContext.swept caches it per image)."""
+    return disassemble(image, _Spans([s.addr for s in sections], [s.size for s in sections]),
+                       jobs=jobs)

@@ -13,9 +13,13 @@ find them again:
   per-CPU symbols: they must be among them, and are counted);
 - PC-relative fields in data: each kernel table's own ``references()``
   (linepack.kernel.REFERENCE_TABLES);
+- a value in padding between sections is arithmetic on a symbol bounding it:
+  named after that symbol only from evidence (``attribute_padding_targets``),
+  else listed as unattributed;
 - anything else in data that looks like a reference into movable code (an
   8-byte value there, or an s32 whose field + value lands there) is
-  *unexplained*: the function it points at is pinned, never moved on a guess.
+  *unexplained*: relayout pins the function it points at, never moves it on a
+  guess (relayout/kernel/recovered.py: what depends on relayout's units).
 
 One code path: ``install`` turns the recovered references into relocation
 arrays of the shape ``ElfImage.relocations`` returns (a SECTION symbol and the
@@ -68,6 +72,7 @@ class References:
         self.pinned_units = []       # names of the units pinned for these references
         self.kept_first = []         # names of units kept first in their region
         self.drag = {}               # reference index -> symbol its target moves with
+        self.padding_unattributed = np.zeros(0, np.uint64)   # attribute_padding_targets
 
     def __len__(self):
         return len(self.field)
@@ -308,20 +313,14 @@ def code_disassembly(image, units, unit_dis):
     disassembly plus a linear sweep of the code sections it does not lay out
     (the sweep the rewriter makes for them: left in its per-image cache), so
     recovery does not decode the kernel a second time."""
-    from .disasm import Disassembly, disassemble
+    from .disasm import Disassembly
     laid = {r.section for r in units.regions}
     secs = [s for s in image.sections if s.is_code and s.is_alloc and s.size
             and s.index not in laid]
     if not secs:
         return unit_dis
     from .context import ImageContext
-    done = ImageContext.of(image).derived("other_code", dict)   # shared with the rewriter
-    key = tuple(s.index for s in secs)
-    if key not in done:
-        from ..relayout.rewriter import _Table
-        done[key] = disassemble(image, _Table([s.addr for s in secs], [s.size for s in secs]),
-                                jobs=1)
-    other = done[key]
+    other = ImageContext.of(image).swept(secs)     # the rewriter's sweep, shared
     addr = np.concatenate([unit_dis.addr, other.addr])
     o = np.argsort(addr, kind="stable")
     cat = lambda a, b: np.concatenate([a, b])[o]        # noqa: E731
@@ -331,18 +330,16 @@ def code_disassembly(image, units, unit_dis):
                        list(other.undecodable))
 
 
-def recover(image, kaslr, units=None, log=None, dis=None):
+def recover(image, kaslr, log=None, dis=None):
     """References of a kernel image without link relocations: KASLR table
-    (``kaslr``: abs64, abs32, inv32 arrays of field addresses), disassembly and
-    kernel tables. With ``units`` (relayout's UnitTable), data values that look
-    like references into movable code and are none of these are found and their
-    units pinned (``References.unexplained``)."""
+    (``kaslr``: abs64, abs32, inv32 arrays of field addresses), disassembly
+    (``dis``: every code section's instructions; default the context's full
+    decode) and kernel tables. relayout adds what depends on its units (pins for
+    unexplained values and label arithmetic: relayout/kernel/recovered.py)."""
     from .context import ImageContext
     log = log or (lambda m: None)
     ctx = ImageContext.of(image, log=log)
-    # ``dis``: relayout's unit disassembly (the rest of the code is swept here);
-    # without it, the context's full decode
-    dis = ctx.disasm if dis is None or units is None else code_disassembly(image, units, dis)
+    dis = ctx.disasm if dis is None else dis
     cf, ce, ct, co, ci = code_references(dis)
     kf, kt, ktg, ko = kaslr_references(image, kaslr)
     tf, tw, tw_which, tnames = table_references(ctx)
@@ -368,10 +365,146 @@ def recover(image, kaslr, units=None, log=None, dis=None):
     found = refs.contains(inv)
     refs.stats["references.percpu_pc32"] = int(len(inv))
     refs.stats["references.percpu_pc32_not_in_code"] = int((~found).sum())
-    if units is not None:
-        pin_boundary_targets(image, refs, units, dis, log)
-        scan_unexplained(image, refs, units, dis, log)
+    attribute_padding_targets(image, refs, dis)
     return refs
+
+
+# -- arithmetic on the symbols that bound padding -------------------------------
+def _padding(image):
+    """(starts, ends) of the gaps between consecutive allocated sections of the
+    kernel's address range: no object lies there. .data..percpu counts at its
+    load address (``__per_cpu_load``), where the KASLR table's per-CPU fields
+    point (``early_gdt_descr``: ``init_per_cpu__gdt_page``)."""
+    spans = sorted((s.addr, s.end) for s in image.sections if s.is_alloc and s.size and s.addr)
+    sec, load = _percpu(image)
+    if sec is not None:
+        spans = sorted(spans + [(load, load + sec.size)])
+    lo, hi = [], []
+    end = None
+    for a, e in spans:
+        if end is not None and a > end:
+            lo.append(end)
+            hi.append(a)
+        end = e if end is None else max(end, e)
+    return np.array(lo, np.uint64), np.array(hi, np.uint64)
+
+
+def padding_around(image, addr):
+    """[start, end] of the padding that holds ``addr`` or has it at an edge
+    (``__end_rodata``, past .BTF_ids), or None."""
+    lo, hi = _padding(image)
+    k = np.nonzero((lo <= np.uint64(addr)) & (np.uint64(addr) <= hi))[0]
+    return (int(lo[k[0]]), int(hi[k[0]])) if len(k) else None
+
+
+def _symbol_addresses(image):
+    """(sorted values, symbol index) of the symbols a field may name: defined
+    in a section, not SECTION or FILE."""
+    names, syms = image.symbol_table()
+    typ = syms["info"] & 0xF
+    ok = (typ != STT_SECTION) & (typ != 4) & (syms["shndx"] > 0) & (syms["shndx"] < 0xFF00)
+    si = np.nonzero(ok)[0]
+    sv = syms["value"][si].astype(np.uint64)
+    o = np.argsort(sv, kind="stable")
+    return sv[o], si[o]
+
+
+def virtual_target(refs):
+    """Targets as kernel virtual addresses: a 32-bit R_X86_64_32 (or 64-bit)
+    value below 2 GiB is ``sym - __START_KERNEL_map`` (``__pa_symbol``)."""
+    t = refs.target.copy()
+    phys = np.isin(refs.rtype, (R_X86_64_32, R_X86_64_64)) & (t < np.uint64(1 << 31))
+    t[phys] += np.uint64(START_KERNEL_MAP)
+    return t
+
+
+def _round_up_mask(dis, field):
+    """The ``and $-2**k`` that rounds the value the instruction holding ``field``
+    loads, or 0: that instruction is ``mov $imm32, %r64`` (REX.W C7 /0, the
+    field its immediate) and one of the next instructions ands the same register
+    with a negative power of two (REX.W 81 /4 id, or REX.W 25 id for %rax)."""
+    i = int(dis.containing(np.array([field], np.uint64))[0])
+    if i < 0:
+        return 0
+    raw = dis.raw[i]
+    n = int(dis.size[i])
+    if n != 7 or raw[0] & 0xF8 != 0x48 or raw[1] != 0xC7 or raw[2] & 0xF8 != 0xC0 or \
+            int(dis.addr[i]) + 3 != field:
+        return 0
+    reg = (raw[2] & 7) | ((raw[0] & 1) << 3)
+    for j in range(i + 1, min(i + 9, len(dis))):
+        if int(dis.addr[j]) != int(dis.addr[j - 1]) + int(dis.size[j - 1]):
+            break                                   # the sweep left the function
+        r, m = dis.raw[j], int(dis.size[j])
+        imm = None
+        if m == 7 and r[0] & 0xF8 == 0x48 and r[1] == 0x81 and r[2] & 0xF8 == 0xE0 and \
+                (r[2] & 7) | ((r[0] & 1) << 3) == reg:
+            imm = bytes(r[3:7])
+        elif m == 6 and r[0] == 0x48 and r[1] == 0x25 and reg == 0:
+            imm = bytes(r[2:6])
+        if imm is not None:
+            v = int.from_bytes(imm, "little", signed=True)
+            return v if v < 0 and (-v) & (-v - 1) == 0 else 0
+    return 0
+
+
+def attribute_padding_targets(image, refs, dis):
+    """An absolute or RIP-relative reference whose target lies in padding between
+    sections (no object there to point at) is arithmetic on a symbol that bounds
+    the padding: the link names that symbol with an addend, and the field must
+    move with it (relayout/kernel/kallsyms_cold.py moves ``__end_rodata``). The
+    target alone does not tell which symbol; these idioms do, from evidence:
+
+    - at a symbol: that address (nothing to name here; who moves it checks that
+      no other symbol shares it);
+    - rounding up: the field is the immediate of ``mov $imm32, %r64`` and the
+      next instructions ``and`` that register with ``-2**k``: the compiler
+      folded ``sym + 2**k - 1`` (``PFN_ALIGN(__end_rodata)`` in 6.1's
+      mark_rodata_ro), so the symbol is at target - (2**k - 1), and must be one;
+    - an inclusive end: target + 1 is a symbol (``__pa_symbol(__end_rodata) - 1``,
+      setup_arch's ``rodata_resource.end``); one byte below a symbol in padding
+      can mean nothing else.
+
+    The reference then names that symbol (``refs.drag``, as the link's
+    relocation does). Any other target in padding is not provable: it is listed
+    (``refs.padding_unattributed``: virtual targets) and a move of a symbol
+    bounding that padding is refused."""
+    m = np.nonzero(np.isin(refs.origin, (KASLR64, KASLR32, CODE_RIP)))[0]
+    t = virtual_target(refs)[m]
+    lo, hi = _padding(image)
+    g = containing(lo, hi, t)
+    m, t = m[g >= 0], t[g >= 0]
+    sv, si = _symbol_addresses(image)
+
+    def symbol_at(a):
+        j = int(np.searchsorted(sv, np.uint64(a)))
+        return int(si[j]) if j < len(sv) and int(sv[j]) == a else None
+
+    exact = rounded = inclusive = 0
+    left = []
+    for r, v in zip(m.tolist(), t.tolist()):
+        if symbol_at(v) is not None:
+            exact += 1
+            continue
+        sym = None
+        if refs.origin[r] != CODE_RIP and refs.rtype[r] == R_X86_64_32S:
+            mask = _round_up_mask(dis, int(refs.field[r]))
+            if mask:
+                sym = symbol_at(v + mask + 1)      # v - (2**k - 1)
+                rounded += sym is not None
+        if sym is None:
+            sym = symbol_at(v + 1)
+            inclusive += sym is not None
+        if sym is None:
+            left.append(v)
+        else:
+            refs.drag[r] = sym
+    refs.padding_unattributed = np.array(sorted(left), np.uint64)
+    refs.stats["references.padding_targets"] = int(len(m))
+    refs.stats["references.padding_at_symbol"] = exact
+    refs.stats["references.padding_rounded_up"] = rounded
+    refs.stats["references.padding_inclusive_end"] = inclusive
+    refs.stats["references.padding_unattributed"] = len(left)
 
 
 def _boundaries(units):
@@ -390,272 +523,6 @@ def _boundary_labels(image, units):
     val = syms["value"][lab].astype(np.uint64)
     o = np.argsort(val, kind="stable")
     return val[o], lab[o]
-
-
-def pin_boundary_targets(image, refs, units, d, log=None):
-    """A region-boundary label (``__sched_text_start``, ``__lock_text_end``...)
-    that is also the start of a function is one address with two meanings: the
-    link names which (the label stays at the region boundary, the function may
-    move); a recovered absolute or RIP-relative reference does not. The unit
-    starting there is pinned, so both meanings stay the same address.
-    (Branches mean the function: they are left out.)"""
-    b = _boundary_labels(image, units)[0]
-    # kernel tables list code (a ksymtab entry means the function): no ambiguity
-    t = refs.target[(refs.origin != CODE_BRANCH) & (refs.origin != TABLE)]
-    t = np.unique(t[np.isin(t, b)])             # targets exactly at a boundary label
-    u = units.find(t)
-    u = np.unique(u[u >= 0])
-    u = u[np.isin(units.start[u], t)]           # a unit starts right there
-    u = u[~units.pinned[u]]
-    # an absolute or RIP-relative target inside movable code but at no
-    # instruction start or end is arithmetic on a label (``PFN_ALIGN(_text)``
-    # is ``_text + 0xfff``), not a code address: the link's symbol says it
-    # stays with the label; recovered, its unit stays where it is instead.
-    # The same for a target at no symbol at all (``core_restore_code + 4084``,
-    # 6.1's hibernation code; a symbol there is what the link would name, and
-    # mapping it is right). References from inside the target's own unit move
-    # with it either way; known tables list code.
-    from .context import ImageContext
-    m = np.isin(refs.origin, (KASLR64, KASLR32, CODE_RIP))
-    ridx = np.nonzero(m)[0]
-    t, f = refs.target[m], refs.field[m]
-    k = units.find(t)
-    uf = units.find(f)
-    tlo, thi = _table_ranges(ImageContext.of(image))
-    keep = (k >= 0) & (uf != k) & (containing(tlo, thi, f) < 0)
-    t, k, kf, ridx = t[keep], k[keep], uf[keep], ridx[keep]
-    at = d.is_boundary(t)
-    prev = d.containing(t - np.uint64(1))
-    pc = np.maximum(prev, 0)
-    at |= (prev >= 0) & (d.addr[pc] + d.size[pc].astype(np.uint64) == t)
-    names, syms = image.symbol_table()
-    styp = syms["info"] & 0xF
-    sym_ok = (styp != STT_SECTION) & (styp != 4) & (syms["shndx"] > 0) & (syms["shndx"] < 0xFF00)
-    sv = syms["value"][sym_ok].astype(np.uint64)
-    si = np.nonzero(sym_ok)[0]
-    o = np.argsort(sv, kind="stable")
-    sv, si = sv[o], si[o]
-    at &= np.isin(t, sv)
-    # The base of the arithmetic is, as the compiler wrote it, a symbol the
-    # same code names elsewhere (``__memcpy(dst, core_restore_code, PAGE_SIZE)``
-    # reads the page's last 8 bytes at core_restore_code + 4088 and starts at
-    # core_restore_code): the nearest such target at or below, within 64 KiB,
-    # names the reference, which then moves with that symbol as the link's
-    # does. With no base in sight, the target's unit stays.
-    drag = refs.drag
-    arith = np.nonzero(~at)[0]
-    if len(arith):
-        src_u = units.find(refs.field)
-        for j in arith[kf[arith] >= 0].tolist():        # from code only
-            same = (src_u == kf[j]) & (refs.origin != CODE_BRANCH) & (refs.target <= t[j]) & \
-                (refs.target + np.uint64(1 << 16) > t[j])
-            cand = np.unique(refs.target[same])
-            cand = cand[np.isin(cand, sv)]
-            if len(cand):
-                base = cand[-1]
-                drag[int(ridx[j])] = int(si[np.searchsorted(sv, base)])
-    refs.drag = drag
-    based = np.isin(ridx, np.array(list(drag), np.int64))
-    mid = np.unique(k[~at & ~based])
-    mid = mid[~units.pinned[mid]]
-    mid = np.setdiff1d(mid, u).astype(np.int64)
-    pin_units(units, mid)
-    refs.pinned_units = _add_units(refs.pinned_units, units, mid)
-    # a unit at a region start may still move with its region, as long as it
-    # stays first: then the label and the function are one address again
-    first = [int(i) for i in u.tolist()
-             if units.start[i] == units.regions[int(units.region[i])].start]
-    keep_first(units, first)
-    refs.kept_first = _add_units(refs.kept_first, units, first)
-    rest = np.setdiff1d(u, np.array(first, np.int64)).astype(np.int64)
-    pin_units(units, rest)
-    refs.pinned_units = _add_units(refs.pinned_units, units, rest)
-    refs.stats["references.boundary_units_kept_first"] = len(first)
-    refs.stats["references.boundary_units_pinned"] = int(len(rest))
-    refs.stats["references.label_arithmetic_units_pinned"] = int(len(mid))
-    refs.stats["references.label_arithmetic_based"] = int(based.sum())
-    if (len(u) or len(mid)) and log:
-        log(f"{len(u)} units at a region boundary that references name (kept first in their "
-            f"region) and {len(mid)} holding a target inside an instruction (label "
-            "arithmetic, pinned)")
-
-
-def _add_units(have, units, idx):
-    """``have`` plus "name@0xstart" of units ``idx`` (names repeat: statics)."""
-    return sorted(set(have) | {f"{units.name[i]}@{int(units.start[i]):#x}"
-                               for i in np.asarray(idx, np.int64).tolist()})
-
-
-def units_named(units, keys):
-    """Indices of the units listed as "name@0xstart"."""
-    want = {int(k.rsplit("@", 1)[1], 16) for k in keys}
-    return np.array([i for i, a in enumerate(units.start.tolist()) if a in want], np.int64)
-
-
-def keep_first(units, idx):
-    """Give each unit of ``idx`` (the first of its region) a region of its own
-    at its region's start: the planner places a region's units from the
-    region's new start, so the unit and the region's label stay one address
-    while both shift (``check_plan`` proves it for the plan made)."""
-    from ..relayout.units import Region
-    if not len(idx):
-        return
-    idx = set(int(i) for i in idx)
-    regions, region = [], units.region.copy()
-    for ri, reg in enumerate(units.regions):
-        members = np.nonzero(units.region == ri)[0]
-        members = members[np.argsort(units.start[members], kind="stable")]
-        if len(members) < 2 or int(members[0]) not in idx or reg.pinned:
-            region[members] = len(regions)
-            regions.append(reg)
-            continue
-        head = int(members[0])
-        region[head] = len(regions)
-        regions.append(Region(reg.name, reg.start, int(units.end[head]), reg.section, False))
-        region[members[1:]] = len(regions)
-        regions.append(Region(f"{reg.name}+rest", int(units.end[head]), reg.end, reg.section,
-                              False))
-    units.regions[:] = regions
-    units.region[:] = region
-
-
-def check_plan(refs, plan):
-    """LayoutError unless every kept-first unit starts its region in ``plan``."""
-    from ..relayout.plan import LayoutError
-    keys = getattr(refs, "kept_first", ())
-    if not keys:
-        return
-    u = plan.units
-    for i in units_named(u, keys).tolist():
-        n = u.name[i]
-        if int(plan.new_start[i]) != int(plan.region_new_start[int(u.region[i])]):
-            raise LayoutError(f"{n} must stay first in its region (a recovered reference to "
-                              f"the region's label may mean it) but the layout put it at "
-                              f"{int(plan.new_start[i]):#x}, after "
-                              f"{int(plan.region_new_start[int(u.region[i])]):#x}")
-
-
-def movable_ranges(units):
-    m = ~np.asarray(units.pinned, bool)
-    return units.start[m], units.end[m], np.nonzero(m)[0]
-
-
-def pin_units(units, idx):
-    """Pin units ``idx`` where they are. The planner keeps pinned code only as
-    a region's prefix, so a region with pinned units after movable ones is cut
-    into runs: each pinned run becomes a pinned region of its own, and the code
-    around it is laid out on either side, never across it."""
-    from ..relayout.units import Region
-    if not len(idx):
-        return
-    units.pinned[np.asarray(idx, np.int64)] = True
-    regions, region = [], units.region.copy()
-    for ri, reg in enumerate(units.regions):
-        members = np.nonzero(units.region == ri)[0]
-        members = members[np.argsort(units.start[members], kind="stable")]
-        pinned = units.pinned[members]
-        if reg.pinned or not len(members) or not pinned.any() or \
-                not pinned[int(np.argmin(pinned)):].any():
-            region[members] = len(regions)
-            regions.append(reg)
-            continue
-        cut = np.nonzero(pinned[1:] != pinned[:-1])[0] + 1
-        runs = np.split(np.arange(len(members)), cut)
-        for k, run in enumerate(runs):
-            first, last = members[run[0]], members[run[-1]]
-            start = reg.start if k == 0 else int(units.start[first])
-            end = reg.end if k == len(runs) - 1 else int(units.start[members[runs[k + 1][0]]])
-            if pinned[run[0]]:
-                end = int(units.end[last]) if k < len(runs) - 1 else end
-            region[members[run]] = len(regions)
-            regions.append(Region(f"{reg.name}+{k}" if k else reg.name, start, end,
-                                  reg.section, bool(pinned[run[0]])))
-    # a pinned run's end and the next run's start: the gap (padding) goes with the next
-    for k in range(len(regions) - 1):
-        if regions[k].pinned and regions[k + 1].section == regions[k].section and \
-                regions[k + 1].start > regions[k].end:
-            regions[k + 1].start = regions[k].end
-    units.regions[:] = regions
-    units.region[:] = region
-
-
-def scan_unexplained(image, refs, units, d, log=None, examples=10):
-    """Every allocated non-code section: 8-byte values (8-aligned) inside
-    movable code, and s32 values (4-aligned) whose field + value lands there at
-    an instruction boundary, that no reference explains and that lie in no
-    kernel table of known layout: their units are pinned (``pin_units``)."""
-    log = log or (lambda m: None)
-    mlo, mhi, midx = movable_ranges(units)
-    from .context import ImageContext
-    tlo, thi = _table_ranges(ImageContext.of(image))
-    hits_field, hits_target, hits_kind = [], [], []
-    for s in image.sections:
-        if not s.is_alloc or s.is_code or s.type == 8 or s.size < 4:
-            continue
-        data = image.section_bytes(s)
-        base = s.addr
-        for width in (8, 4):
-            if width == 4 and s.addr == 0:
-                continue             # per-CPU: its run-time address is not its ELF one
-            first = (-base) % width
-            n = (len(data) - first) // width
-            if n <= 0:
-                continue
-            vals = data[first:first + n * width].view("<u8" if width == 8 else "<i4")
-            addr = np.uint64(base + first) + np.arange(n, dtype=np.uint64) * np.uint64(width)
-            if width == 8:
-                t = vals.astype(np.uint64)
-            else:
-                t = (addr.astype(np.int64) + vals.astype(np.int64)).astype(np.uint64)
-            k = containing(mlo, mhi, t)
-            if width == 4:
-                # a PC-relative reference reaches an instruction (or the end of
-                # one: ``foo + size``); random data mostly lands inside one
-                hit = np.nonzero(k >= 0)[0]
-                at = d.is_boundary(t[hit])
-                prev = d.containing(t[hit] - np.uint64(1))
-                pc = np.maximum(prev, 0)
-                at |= (prev >= 0) & (d.addr[pc] + d.size[pc].astype(np.uint64)
-                                     == t[hit])
-                k[hit[~at]] = -1
-            sel = np.nonzero(k >= 0)[0]
-            if not len(sel):
-                continue
-            a = addr[sel]
-            known = refs.contains(a)
-            if width == 4:          # the s32 half of an 8-byte field is that field
-                known |= refs.contains(a - np.uint64(4))
-            if len(tlo):
-                j = containing(tlo, thi, a)
-                known |= j >= 0
-            sel = sel[~known]
-            hits_field.append(addr[sel])
-            hits_target.append(t[sel])
-            hits_kind.append(np.full(len(sel), width, np.uint8))
-    f = np.concatenate(hits_field) if hits_field else np.zeros(0, np.uint64)
-    t = np.concatenate(hits_target) if hits_target else np.zeros(0, np.uint64)
-    w = np.concatenate(hits_kind) if hits_kind else np.zeros(0, np.uint8)
-    u = units.find(t)
-    newly = np.unique(u[(u >= 0)])
-    newly = newly[~units.pinned[newly]]
-    pin_units(units, newly)
-    refs.pinned_units = _add_units(refs.pinned_units, units, newly)
-    ex = []
-    for i in range(min(examples, len(f))):
-        ui = int(u[i])
-        ex.append({"field": f"{int(f[i]):#x}",
-                   "section": getattr(image.section_at(int(f[i])), "name", "?"),
-                   "kind": "abs64" if w[i] == 8 else "pc32",
-                   "target": f"{int(t[i]):#x}",
-                   "function": units.name[ui] if ui >= 0 else None})
-    refs.unexplained = {"fields": int(len(f)), "functions_pinned": int(len(newly)),
-                        "examples": ex}
-    refs.stats["references.unexplained_fields"] = int(len(f))
-    refs.stats["references.unexplained_pinned_units"] = int(len(newly))
-    if len(f):
-        log(f"{len(f)} data values look like references into movable code and are no known "
-            f"reference: {len(newly)} units pinned (reason: unexplained reference)")
-    return refs.unexplained
 
 
 # -- one code path: relocation arrays ------------------------------------------
@@ -741,9 +608,9 @@ def install(image, refs, functions=None, units=None):
     return image._relocs
 
 
-def load_recovered(image, vmlinuz_path, units=None, log=None, dis=None):
-    """Read the KASLR table of ``vmlinuz_path`` (same build as ``image``) and
-    recover the image's references (image/references.py)."""
+def read_kaslr(image, vmlinuz_path):
+    """The KASLR table of ``vmlinuz_path`` (BadInput unless it is ``image``'s
+    build)."""
     from ..errors import BadInput
     from .bootimage import read_vmlinuz
     # a path, or an object with the table already read (``.kaslr``: tests)
@@ -752,7 +619,13 @@ def load_recovered(image, vmlinuz_path, units=None, log=None, dis=None):
     if bid and image.build_id and bid.lower() != image.build_id.lower():
         raise BadInput(f"{vmlinuz_path}: another build than {image.path} (build-id "
                        f"{bid[:16]}..., the vmlinux has {image.build_id[:16]}...)")
-    return recover(image, z.kaslr, units=units, log=log, dis=dis)
+    return z.kaslr
+
+
+def load_recovered(image, vmlinuz_path, log=None, dis=None):
+    """Read the KASLR table of ``vmlinuz_path`` (same build as ``image``) and
+    recover the image's references."""
+    return recover(image, read_kaslr(image, vmlinuz_path), log=log, dis=dis)
 
 
 # -- completeness against the truth --------------------------------------------
@@ -818,24 +691,6 @@ def compare(image, recovered, link, movable_lo, movable_hi):
             "absolute_in_movable_code_to_fixed_targets": int(abs_fixed.sum()),
             "absolute_in_movable_code_to_fixed_targets_recovered": int((abs_fixed & got).sum()),
             "by_section": by, "examples": examples}
-
-
-def use_vmlinuz(image, vmlinuz_path, log=None):
-    """relayout's hook: recover ``image``'s references from ``vmlinuz_path``,
-    pin the units of unexplained references, and make ``image.relocations``
-    serve the recovered ones (link relocations the image may have are ignored).
-    Returns the References (``summary()`` for relayout's report)."""
-    from ..relayout.units import units_of
-    units, functions, dis = units_of(image, log)
-    refs = load_recovered(image, vmlinuz_path, units=units, log=log, dis=dis)
-    install(image, refs, functions=functions, units=units)
-    if log:
-        log(f"references recovered from {vmlinuz_path}: {len(refs)} fields "
-            f"({refs.stats['references.kaslr-64']} + {refs.stats['references.kaslr-32']} "
-            f"absolute, {refs.stats['references.table']} in kernel tables, "
-            f"{refs.stats['references.code-branch'] + refs.stats['references.code-rip']} "
-            "in code)")
-    return refs
 
 
 def summary_of(refs):

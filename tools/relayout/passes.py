@@ -182,7 +182,7 @@ def load(run):
     # where references come from: link relocations, or recovered from the vmlinuz
     if run.vmlinuz is not None:
         from ..image.elf import ElfImage
-        from ..image.references import use_vmlinuz
+        from .kernel.recovered import use_vmlinuz
         image = run.image = ElfImage(path)     # its own object: its relocations are replaced
         run.recovered = use_vmlinuz(image, run.vmlinuz, run.log)
     if not image.has_link_relocations():
@@ -345,7 +345,7 @@ def plan(run):
     if run.segment is not None:
         run.plan = plan_(run.segment.relocate)
     if run.recovered is not None:
-        from ..image.references import check_plan
+        from .kernel.recovered import check_plan
         check_plan(run.recovered, run.plan)     # units kept first in their region stayed first
     return S.PlanStats(**run.plan.summary())
 
@@ -442,6 +442,9 @@ def references(run):
     rw = run.rewriter
     count = _Counting(rw)
     rw.new_symbols()
+    if run.recovered is not None:
+        from .kernel.recovered import check_named_symbols
+        check_named_symbols(run.image, run.recovered, rw.sym_new)
     rw.fix_relocations()
     rw.fix_branches()
     rw.fix_rip_relative()
@@ -598,7 +601,7 @@ def summary(run):
 
 def reference_source(run):
     """Where the references came from: with --vmlinuz, what was recovered and
-    what was pinned for want of an explanation (image/references.py)."""
+    what was pinned for want of an explanation (relayout/kernel/recovered.py)."""
     if run.recovered is None:
         return S.PassStats()
     from ..image.references import summary_of

@@ -21,7 +21,6 @@ import numpy as np
 from ..errors import LinepackError
 from ..image.addrmap import AddressMap
 from ..image.context import ImageContext
-from ..image.disasm import disassemble
 from ..image.elf import RELA, SHT_SYMTAB, STT_SECTION, SYM
 from ..image.relocs import (ABS_TYPES, GOT_TYPES, PC_TYPES, RECIPES, RELOC_NAMES, R_X86_64_32,
                              R_X86_64_32S, R_X86_64_64, R_X86_64_NONE, R_X86_64_PC32,
@@ -32,14 +31,6 @@ STT_GNU_IFUNC = 10
 
 class RewriteError(LinepackError):
     pass
-
-
-class _Table:
-    """A duck-typed function table (start/size) for disassemble()."""
-
-    def __init__(self, start, size):
-        self.start = np.asarray(start, dtype=np.uint64)
-        self.size = np.asarray(size, dtype=np.uint64)
 
 
 def _read_int(buf, pos, size, signed):
@@ -170,12 +161,7 @@ class Rewriter:
         if not secs:
             return None
         # the same for every layout of an image: decoded once per image object
-        done = ImageContext.of(self.image).derived("other_code", dict)
-        key = tuple(s.index for s in secs)
-        if key not in done:
-            done[key] = disassemble(self.image, _Table([s.addr for s in secs],
-                                                       [s.size for s in secs]), jobs=1)
-        return done[key]
+        return ImageContext.of(self.image).swept(secs)
 
     def insn_end(self, addrs, in_code):
         """End of the instruction holding each address (code), else the address itself."""

@@ -172,6 +172,34 @@ class _Light:
         self.address, self.size, self.bytes = address, size, code
         self.mnemonic, self.op_str = mnemonic, op_str
 
+    def group(self, g):
+        """Capstone's call/jump groups, for the plain branches ``_plain_branch`` reads
+        (the only _Light instructions that get a target)."""
+        b0 = self.bytes[0]
+        if g == capstone.CS_GRP_CALL:
+            return b0 == 0xE8
+        if g == capstone.CS_GRP_JUMP:
+            return b0 in (0xE9, 0xEB) or 0x70 <= b0 <= 0x7F or \
+                (b0 == 0x0F and 0x80 <= self.bytes[1] <= 0x8F)
+        return False
+
+
+def _plain_branch(ins):
+    """(opcode bytes, target) of a direct call/jmp/jcc without prefixes (E8/E9 rel32,
+    EB/7x rel8, 0F 8x rel32), read from its bytes; None for anything else. Most
+    branches a split copies are these: their check needs no detailed decode."""
+    b, n = ins.bytes, ins.size
+    if n == 5 and b[0] in (0xE8, 0xE9):
+        op = 1
+    elif n == 2 and (b[0] == 0xEB or 0x70 <= b[0] <= 0x7F):
+        op = 1
+    elif n == 6 and b[0] == 0x0F and 0x80 <= b[1] <= 0x8F:
+        op = 2
+    else:
+        return None
+    rel = int.from_bytes(bytes(b[op:n]), "little", signed=True)
+    return op, (ins.address + n + rel) & (2**64 - 1)
+
 
 def _full(cs, ins):
     """The detailed decode of a _Light instruction (anything else as it is)."""
@@ -207,6 +235,17 @@ def _decode_all(cs, code, addr, lite=None):
         out.append(ins)
         pos += ins.size
     return out
+
+
+def _same_plain_branch(ins, plain, new_bytes, new_addr, translate):
+    """The plain branch ``ins`` (``plain``: _plain_branch's answer) and the bytes at
+    ``new_addr`` are the same opcode with the translated target: what _same_meaning
+    finds for such a pair, without decoding. False sends the pair to the full check."""
+    op, target = plain
+    if new_bytes[:op] != bytes(ins.bytes[:op]):
+        return False
+    rel = int.from_bytes(new_bytes[op:ins.size], "little", signed=True)
+    return (new_addr + ins.size + rel) & (2**64 - 1) == translate(target)
 
 
 def _direct_target(ins):
@@ -402,10 +441,13 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
             a = ins.address
             kind = int(amap.kind[p])
             piece_start = int(amap.old[p]) == a
-            if kind != bm.KIND_COPIED or _maybe_branch(ins.mnemonic):
+            plain = _plain_branch(ins) if kind == bm.KIND_COPIED and \
+                isinstance(ins, _Light) else None
+            if plain is None and (kind != bm.KIND_COPIED or _maybe_branch(ins.mnemonic)):
                 ins = _full(cs, ins)
-            # a lite instruction is no direct branch (_maybe_branch said so)
-            target = None if isinstance(ins, _Light) else _direct_target(ins)
+            # a lite instruction is no direct branch (_maybe_branch said so) or a plain one
+            target = plain[1] if plain is not None else \
+                None if isinstance(ins, _Light) else _direct_target(ins)
             if kind == bm.KIND_COPIED:
                 n = int(amap.new[p]) + (a - int(amap.old[p]))
                 translate, data_moved = amap.map1, False
@@ -424,6 +466,9 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 if not data_moved and target is None and not rip and \
                         bytes(new_read(n, ins.size)) == bytes(ins.bytes):
                     new_ins = ins
+                elif plain is not None and not data_moved and \
+                        _same_plain_branch(ins, plain, bytes(new_read(n, ins.size)), n, translate):
+                    new_ins = ins       # same opcode, same length, the translated target
                 else:
                     ins = _full(cs, ins)
                     new_ins = _decode_one(cs, new_read, n)

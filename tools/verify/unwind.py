@@ -7,7 +7,8 @@ import numpy as np
 from ..errors import LinepackError
 from ..image import blockmap as bm
 from ..relayout.user.eh_frame import parse_eh_frame
-from ..relayout.user.eh_frame_split import check_split_cfi, check_split_lsda
+from ..relayout.user.eh_frame_split import (EhFrameError, check_split_cfi, check_split_lsda,
+                                            parse_for_check)
 
 
 def check_eh_frame(ctx, out):
@@ -41,9 +42,16 @@ def check_eh_frame(ctx, out):
         starts = {f: a for f, a in starts.items()
                   if ((lo <= fstart[f]) & (fstart[f] < hi)).any()}
         want = np.sort(np.concatenate([want, np.array(sorted(starts.values()), np.uint64)]))
-        bad_cfi, seen = check_split_cfi(old, new, block_rows)
+        try:
+            parsed = parse_for_check(old, new)
+        except EhFrameError as e:
+            parsed = None
+            bad_cfi = bad_lsda = [(None, str(e))]
+            seen = seen_lsda = 0
+        if parsed is not None:
+            bad_cfi, seen = check_split_cfi(old, new, block_rows, parsed)
+            bad_lsda, seen_lsda = check_split_lsda(old, new, block_rows, parsed)
         out.add("equiv.eh_frame-part", bad_cfi, lambda b: b)
-        bad_lsda, seen_lsda = check_split_lsda(old, new, block_rows)
         out.add("equiv.lsda-part", bad_lsda, lambda b: b)
         out.extra["equivalence_eh_frame_part_states"] = seen
         out.extra["equivalence_lsda_part_lookups"] = seen_lsda

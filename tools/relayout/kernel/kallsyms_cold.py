@@ -17,7 +17,10 @@ On Debian's 6.1 cloud vmlinux only the offsets (~350 KB) go there.
 The code reaches the arrays and ``__end_rodata`` only through relocated fields
 (``--emit-relocs``: R_X86_64_32S / PC32 against the symbols, also in
 .init.text), so each such field moves by its symbol's move and the symbols get
-their new values. ``kallsyms_relative_base`` (an absolute relocation KASLR
+their new values. References recovered from a vmlinuz name a symbol only where
+recovery proved it (``PFN_ALIGN(__end_rodata)``, ``__pa_symbol(__end_rodata) - 1``:
+image/references.py); the rest follow by value, and a move that is not provable
+is refused (``_recovered_moves``). ``kallsyms_relative_base`` (an absolute relocation KASLR
 adjusts), ``kallsyms_num_syms`` (updated in place) and the token table/index
 (names are encoded with the existing tokens) stay where they are. Old storage
 that no new array reuses is zeroed: nothing may read it any more.
@@ -124,15 +127,11 @@ def add_cold_kallsyms(rw, image, log=None):
     moved = {nm: a for nm, a in at.items() if a != old_at[nm]}
     end_rodata = image.symbol_address("__end_rodata")
     if gap_end > start and end_rodata is not None and end_rodata < _align(gap_end, PAGE):
-        if ImageContext.of(image).recovered is not None:
-            # references recovered from a vmlinuz: the code's arithmetic on __end_rodata
-            # (PFN_ALIGN(__end_rodata) in mark_rodata_ro: a field the KASLR table does not
-            # list) cannot all be found, so it may not move, and the new section past it
-            # would be freed at boot
-            raise NoRoom(f"kallsyms with {len(cold)} .cold entries needs {gap_end - start} "
-                         "bytes past __end_rodata, which may not move when the references "
-                         "are recovered from a vmlinuz (not every use of it is listed)")
         moved["__end_rodata"] = _align(gap_end, PAGE)
+    refs = ImageContext.of(image).recovered
+    # references recovered from a vmlinuz: which fields follow, decided (or
+    # refused) before anything is written
+    recovered_moves = _recovered_moves(image, refs, moved) if refs is not None else None
     new = table.update(ctx, entries, rw.amap, extra_addr=[c[1] for c in cold],
                        retarget={k: v for k, v in moved.items() if k == "__end_rodata"})
     out = _SectionOut(rw, start, gap_end - start)
@@ -140,7 +139,8 @@ def add_cold_kallsyms(rw, image, log=None):
         out.write(a, np.zeros(old_size[nm], np.uint8))
     table.write(ctx, new, out, at=at)
     in_gap = {nm for nm, a in at.items() if a >= start}
-    fields = _move_symbols(rw, image, moved, {nm: len(image.sections) for nm in in_gap})
+    fields = _move_symbols(rw, image, moved, {nm: len(image.sections) for nm in in_gap},
+                           recovered_moves)
     ph = image.phdrs
     size = gap_end - int(ph["vaddr"][seg])
     rw.stats["table.kallsyms"] = n_new
@@ -193,11 +193,12 @@ def _place(old_at, old_size, sizes, gap):
     return at, gap_pos
 
 
-def _move_symbols(rw, image, moved, new_shndx):
+def _move_symbols(rw, image, moved, new_shndx, recovered_moves=None):
     """Give each symbol in ``moved`` ({name: new value}) its new value (and the
     section index ``new_shndx`` names for it, if any), and add its move to every
-    relocated field in an allocated section that refers to it. Returns the
-    number of fields changed."""
+    relocated field in an allocated section that refers to it (and to the
+    recovered fields ``recovered_moves``: (reference indices, moves)). Returns
+    the number of fields changed."""
     names, syms = image.symbol_table()
     symsec = next(s for s in image.sections if s.type == SHT_SYMTAB)
     first_global, shift = getattr(rw, "sym_index_shift", (len(syms), 0))
@@ -234,30 +235,61 @@ def _move_symbols(rw, image, moved, new_shndx):
                 raise ValueError(f"kallsyms: relocation type {typ} against a moved symbol")
             _add_to_field(rw, image, int(r["offset"][k]), recipe, delta_of[int(sym[k])])
             count += 1
-    refs = ImageContext.of(image).recovered
-    if refs is not None and delta_of:
-        count += _move_recovered_fields(rw, image, refs, moved)
+    if recovered_moves is not None:
+        refs = ImageContext.of(image).recovered
+        sel, delta = recovered_moves
+        new_field, _ = rw.amap.map(refs.field[sel])
+        for k, addr, d in zip(sel.tolist(), new_field.tolist(), delta.tolist()):
+            _add_to_field(rw, image, int(addr), RECIPES[int(refs.rtype[k])], int(d))
+        count += len(sel)
     return count
 
 
-def _move_recovered_fields(rw, image, refs, moved):
-    """References recovered from a vmlinuz name no symbol (image/references.py): a
-    field whose target is a moved symbol's old value (the arrays' starts,
-    ``__end_rodata``) gets the symbol's move, at the field's new address."""
+def _recovered_moves(image, refs, moved):
+    """References recovered from a vmlinuz (image/references.py) name a symbol
+    only where recovery proved one (``refs.drag``: ``PFN_ALIGN(__end_rodata)``,
+    ``__pa_symbol(__end_rodata) - 1``); the others name their target. A field
+    whose symbol is a moved one, or whose target is a moved symbol's old value,
+    gets that symbol's move. Returns (reference indices, moves). NoRoom where
+    that is not provable: a symbol that stays shares a moved one's old address
+    and some field targets it, or a target in the padding that a moved symbol
+    bounds (past .BTF_ids for ``__end_rodata``) was attributed to no symbol."""
+    from ...image.references import padding_around, virtual_target
     names, syms = image.symbol_table()
-    count = 0
+    base = virtual_target(refs)
+    named = np.full(len(refs), -1, np.int64)
+    if refs.drag:
+        idx = np.array(list(refs.drag), np.int64)
+        named[idx] = np.array(list(refs.drag.values()), np.int64)
+        base[idx] = syms["value"][named[idx]].astype(np.uint64)
+    typ = syms["info"] & 0xF
+    nameable = (typ != 3) & (typ != 4) & (syms["shndx"] > 0) & (syms["shndx"] < 0xFF00)
+    sel, delta = [], []
     for nm, value in moved.items():
         i = next(k for k, x in enumerate(names) if x == nm and syms["shndx"][k] != 0)
         old = int(syms["value"][i])
-        delta = value - old
-        sel = np.nonzero(refs.target == np.uint64(old))[0]
-        if not delta or not len(sel):
+        if value == old:
             continue
-        new_field, _ = rw.amap.map(refs.field[sel])
-        for k, addr in zip(sel.tolist(), new_field.tolist()):
-            _add_to_field(rw, image, int(addr), RECIPES[int(refs.rtype[k])], delta)
-            count += 1
-    return count
+        hit = np.nonzero(base == np.uint64(old))[0]
+        at_old = np.nonzero(nameable & (syms["value"] == old))[0]
+        staying = [names[k] for k in at_old.tolist() if names[k] not in moved]
+        if staying and len(hit) and not (named[hit] == i).all():
+            raise NoRoom(f"{nm} would move but {staying[0]} shares its address {old:#x} and "
+                         "the references recovered from the vmlinuz do not tell which of "
+                         "them a field means")
+        gap = padding_around(image, old)
+        if gap is not None:
+            u = refs.padding_unattributed
+            loose = u[(u >= np.uint64(gap[0])) & (u <= np.uint64(gap[1]))]
+            if len(loose):
+                raise NoRoom(f"{nm} would move, but {len(loose)} field(s) recovered from the "
+                             f"vmlinuz point into the padding around it (e.g. "
+                             f"{int(loose[0]):#x}) and no symbol is proven for them")
+        sel.append(hit)
+        delta.append(np.full(len(hit), value - old, np.int64))
+    if not sel:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(sel), np.concatenate(delta)
 
 
 def _add_to_field(rw, image, addr, recipe, delta):

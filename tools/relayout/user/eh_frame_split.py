@@ -35,6 +35,7 @@ whole (R_EH_LSDA), as does an FDE that does not cover exactly its function's
 range or whose CFI uses an opcode cfi.py does not evaluate (R_EH_FRAME).
 """
 
+import bisect
 import struct
 
 import numpy as np
@@ -138,7 +139,9 @@ def _fde_size(enc, aug, prog):
 class EhSplit:
     """Parsed unwind sections of a userspace image, for splitting."""
 
-    def __init__(self, image):
+    def __init__(self, image, compact=True):
+        """``compact``: programs compacted (what a rebuild writes) and the room that frees
+        counted; verify reads the original programs as they are, and needs neither."""
         self.image = image
         self.sec = image.section(".eh_frame")
         self.hsec = image.section(".eh_frame_hdr")
@@ -164,14 +167,17 @@ class EhSplit:
             raise EhFrameError(".eh_frame_hdr does not precede .eh_frame")
         self.hdr = hdr
         self.end = self.sec.addr + self.sec.size
-        for r in self.fdes:
-            r.prog = _compact(r.prog, self.cie_info.get(r.cie))
+        if compact:
+            for r in self.fdes:
+                r.prog = _compact(r.prog, self.cie_info.get(r.cie))
         size = sum(_pad(r.end - r.start) if r.is_cie else _fde_size(r.enc, r.aug, r.prog)
                    for r in self.records)
         self.free = self.end - self._eh_start(len(self.fdes)) - size - 4
         self.rows = {}
         self.lsda, self.lsda_refused = {}, {}
         self._begins = np.sort(np.array([r.pc_begin for r in self.fdes if r.pc_range], np.uint64))
+        self._begins_list = None
+        self._costs = {}          # (id(split), start) -> (split, cost): see accept
         self.segment = None
 
     def use_segment(self, segment):
@@ -185,7 +191,10 @@ class EhSplit:
         return (self.hsec.addr + HDR_HEAD + 8 * n + 7) // 8 * 8
 
     def fde_containing(self, addr):
-        i = int(np.searchsorted(self._begins, addr, side="right")) - 1
+        # bisect on a list: called per block-map piece, where numpy's per-call cost dominates
+        if self._begins_list is None:
+            self._begins_list = self._begins.tolist()
+        i = bisect.bisect_right(self._begins_list, addr) - 1
         if i < 0:
             return None
         for r in self.by_begin.get(int(self._begins[i]), []):
@@ -269,7 +278,11 @@ class EhSplit:
         order = sorted(range(len(splits)), key=lambda k: (-float(heat[splits[k].unit]), k))
         for k in order:
             sf = splits[k]
-            c, progs = self.cost(sf, int(starts[sf.unit]))
+            # a second accept (after the new segment freed the room) reuses the programs
+            key = (id(sf), int(starts[sf.unit]))
+            if key not in self._costs:
+                self._costs[key] = (sf, self.cost(sf, key[1]))
+            c, progs = self._costs[key][1]
             if c > free:
                 reason[sf.unit] = R_EH_ROOM
                 continue
@@ -473,7 +486,7 @@ def fix_section_symbols(rw, image):
     rw.patched[symsec.index] = rows.view(np.uint8)
 
 
-def check_split_cfi(old_image, new_image, rows):
+def check_split_cfi(old_image, new_image, rows, parsed=None):
     """Per-part unwind check of a blocks output: at every block-map piece of a
     split function (and at every original CFI row inside a copied piece), the
     state the new image's FDE gives equals the one the original's gives.
@@ -481,26 +494,35 @@ def check_split_cfi(old_image, new_image, rows):
     from ...image import blockmap as bm
     problems = []
     try:
-        old = EhSplit(old_image)
-        new = _FdeIndex(new_image)
+        old, new = parsed or parse_for_check(old_image, new_image)
     except EhFrameError as e:
         return [(None, str(e))], 0
     seen = 0
+    locs = {}               # FDE start -> its rows' locations (sorted)
+    kinds, olds, news = rows["kind"].tolist(), rows["old"].tolist(), rows["new"].tolist()
+    lens, new_lens = rows["old_len"].tolist(), rows["new_len"].tolist()
     for k in range(len(rows)):
-        kind = int(rows["kind"][k])
-        if kind == bm.KIND_JMP_REMOVED or not int(rows["new_len"][k]):
+        kind = kinds[k]
+        if kind == bm.KIND_JMP_REMOVED or not new_lens[k]:
             continue
-        o, nw, ln = int(rows["old"][k]), int(rows["new"][k]), int(rows["old_len"][k])
+        o, nw, ln = olds[k], news[k], lens[k]
         ofde = old.fde_containing(o)
         if ofde is None:
             continue
         orows = old.rows_of(ofde)
         if kind == bm.KIND_JMP_INSERTED:
             checks = [(o - 1, nw)]
-        else:
+        elif kind == bm.KIND_COPIED:
+            # the piece's start and every original row strictly inside it
+            at = locs.get(ofde.start)
+            if at is None:
+                at = locs[ofde.start] = [loc for loc, _ in orows]
+            lo = bisect.bisect_right(at, o - ofde.pc_begin)
+            hi = bisect.bisect_left(at, o + ln - ofde.pc_begin)
             checks = [(o, nw)] + [(ofde.pc_begin + loc, nw + ofde.pc_begin + loc - o)
-                                  for loc, _ in orows
-                                  if o < ofde.pc_begin + loc < o + ln and kind == bm.KIND_COPIED]
+                                  for loc in at[lo:hi]]
+        else:
+            checks = [(o, nw)]
         for oa, na in checks:
             want = state_at(orows, oa - ofde.pc_begin)
             try:
@@ -514,6 +536,12 @@ def check_split_cfi(old_image, new_image, rows):
                 problems.append((na, f"unwind state at {na:#x} (original {oa:#x}) differs: "
                                      f"{got} != {want}"))
     return problems, seen
+
+
+def parse_for_check(old_image, new_image):
+    """(original's unwind tables as they are, NEW's FDE index): what check_split_cfi and
+    check_split_lsda read; parse once, pass to both as ``parsed``."""
+    return EhSplit(old_image, compact=False), _FdeIndex(new_image)
 
 
 class _FdeIndex:
@@ -530,12 +558,12 @@ class _FdeIndex:
         hs = image.section(".eh_frame_hdr")
         hdr = EhFrameHdr(image.section_bytes(hs), hs.addr)
         by_off = {sec.addr + r.start: r for r in self.records if not r.is_cie}
-        self.loc = hdr.loc.astype(np.int64)
+        self.loc = hdr.loc.astype(np.int64).tolist()
         self.fde = [by_off.get(int(f)) for f in hdr.fde.tolist()]
         self.cache = {}
 
     def fde_at(self, addr):
-        i = int(np.searchsorted(self.loc, addr, side="right")) - 1
+        i = bisect.bisect_right(self.loc, addr) - 1
         if i < 0 or self.fde[i] is None:
             return None
         r = self.fde[i]
@@ -554,7 +582,7 @@ class _FdeIndex:
 
 
 
-def check_split_lsda(old_image, new_image, rows):
+def check_split_lsda(old_image, new_image, rows, parsed=None):
     """Exception tables of split functions: at every byte of every copied piece
     of a split function that has an LSDA (at the start of every interval on
     which neither table's answer can change), the personality's lookup in NEW (the
@@ -563,8 +591,7 @@ def check_split_lsda(old_image, new_image, rows):
     the same action chain with the same catch types. Returns (problems, checked)."""
     from ...image import blockmap as bm
     try:
-        old = EhSplit(old_image)
-        new = _FdeIndex(new_image)
+        old, new = parsed or parse_for_check(old_image, new_image)
     except EhFrameError as e:
         return [(None, str(e))], 0
     cp = rows[(rows["kind"] == bm.KIND_COPIED) & (rows["old_len"] > 0)]
