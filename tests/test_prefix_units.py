@@ -17,7 +17,8 @@ from linepack.relayout.units import build_units
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
 # a: no prefix; b: 16 NOPs (__pfx_b) then b (ENDBR64 first) at a 64-byte boundary; c: a stray
-# __pfx_ symbol followed by int3 fill before c (not c's prefix).
+# __pfx_ symbol followed by int3 fill before c (not c's prefix); d: 16 NOPs and no prefix
+# symbol (an assembly function of a padded kernel).
 ASM = r"""
     .section .text.hot,"ax",@progbits
     .p2align 6
@@ -49,8 +50,17 @@ __pfx_stray:
 c:  mov $3, %eax
     ret
     .size c, .-c
+    .p2align 5
+    .fill 16, 1, 0xcc
+    .fill 16, 1, 0x90
+    .globl d
+    .type d, @function
+d:  mov $4, %eax
+    ret
+    .size d, .-d
 """
-MAIN = "int a(void), b(void), c(void);\nint main(void) { return a() + b() + c() - 6; }\n"
+MAIN = ("int a(void), b(void), c(void), d(void);\n"
+        "int main(void) { return a() + b() + c() + d() - 10; }\n")
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +103,21 @@ def test_unrelated_prefix_symbol_is_not_joined(prog):
     assert _unit_of(im, units, "__pfx_stray") != _unit_of(im, units, "c")
     assert units.name[_unit_of(im, units, "c")] == "c"
     assert _unit_of(im, units, "a") not in (_unit_of(im, units, "b"), _unit_of(im, units, "c"))
+
+
+def test_padding_without_prefix_symbol_joins_its_function(prog):
+    """In a kernel with prefix symbols, an assembly function has the 16 NOPs of padding
+    but no symbol for them (7.3's memcpy, __tdcall...): they move with it, else the
+    kernel finds int3 fill where call-depth tracking writes its thunk."""
+    im = ElfImage(prog)
+    fn = FunctionTable(im)
+    units, _ = build_units(im, fn, lambda u: disassemble(im, u), sections=(".text",))
+    d, c = im.symbol_address("d"), im.symbol_address("c")
+    u = _unit_of(im, units, "d")
+    assert int(units.start[u]) == d - 16 and units.name[u] == "d"
+    assert [(fn.name[i], o) for i, o in units.members[u]] == [("d", 16)]
+    # c follows int3 fill: its unit starts at c
+    assert int(units.start[_unit_of(im, units, "c")]) == c
 
 
 def test_verify_prefix_check(prog, tmp_path):

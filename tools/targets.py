@@ -119,6 +119,17 @@ def series_info(series=DEFAULT_SERIES):
     return s
 
 
+def build_of_release(text):
+    """(series, abi) of the first Debian cloud release named in ``text`` (a banner,
+    a boot image's version string, a uname -r), or (None, None)."""
+    for name, s in SERIES_TABLE.items():
+        pattern = re.escape(s.release_fmt).replace(re.escape("{abi}"), r"(\d+)")
+        m = re.search(r"(?<![\w.])" + pattern + r"(?![\w.+-])", text or "")
+        if m:
+            return name, int(m.group(1))
+    return None, None
+
+
 def cache_dir():
     base = os.environ.get("LINEPACK_CACHE")
     if not base:
@@ -307,6 +318,33 @@ def debian_module(name, abi=None, log=None, *, series=DEFAULT_SERIES):
                         f"{s.moddir}/{name}" + (".xz" if xz else ""), xz=xz)
 
 
+def debian_module_names(abi=None, log=None, *, series=DEFAULT_SERIES):
+    """Paths (e.g. 'drivers/block/brd.ko') of every module the build's modules package
+    ships, listed once into the cache; what the kernel has built in is not there (Debian
+    13 builds in the virtio core and PCI transport that 6.1 has as modules)."""
+    s = series_info(series)
+    abi = resolve_abi(abi, series)
+    rel = release(abi, series)
+    dest = os.path.join(cache_dir(), "kernels", rel, "modules.list")
+    if not os.path.exists(dest):
+        deb = download_deb(s.modules.format(rel=rel), log=log, apt=s.apt)
+        deb_proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", deb], stdout=subprocess.PIPE)
+        tar = subprocess.run(["tar", "-t"], stdin=deb_proc.stdout, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        deb_proc.stdout.close()
+        if deb_proc.wait() or tar.returncode:
+            raise ExternalToolError(f"cannot list {os.path.basename(deb)}: "
+                                    f"{(tar.stderr.strip().splitlines() or ['?'])[0]}")
+        prefix = "./" + s.moddir.format(rel=rel) + "/"
+        names = sorted(n[len(prefix):].removesuffix(".xz") for n in tar.stdout.splitlines()
+                       if n.startswith(prefix) and n.endswith((".ko", ".ko.xz")))
+        from .io import write_atomic
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        write_atomic(dest, "".join(n + "\n" for n in names))
+    with open(dest) as f:
+        return {ln.strip() for ln in f if ln.strip()}
+
+
 _log = stderr_log("linepack")
 
 
@@ -316,6 +354,6 @@ def main_fetch(abi=None, series=DEFAULT_SERIES):
     return path
 
 
-__all__ = ["cache_dir", "available_abis", "debian_vmlinux", "debian_vmlinuz", "debian_module",
-           "resolve_abi", "release", "download_deb", "series_info", "update_apt_state",
-           "SERIES_TABLE", "DEFAULT_SERIES"]
+__all__ = ["build_of_release", "cache_dir", "available_abis", "debian_vmlinux", "debian_vmlinuz",
+           "debian_module", "debian_module_names", "resolve_abi", "release", "download_deb",
+           "series_info", "update_apt_state", "SERIES_TABLE", "DEFAULT_SERIES"]

@@ -29,8 +29,9 @@ class Evaluate:
     @staticmethod
     def add_arguments(p):
         p.add_argument("--kernel", action="append", metavar="VMLINUX",
-                       help="a kernel image (repeat; the first is the baseline); LABEL=PATH names "
-                       "it. With --layout/--sweep: the one base image")
+                       help="a kernel image (repeat; the first is the baseline, the first of "
+                       "each build when they are of several builds, e.g. 6.12 and 7.3); "
+                       "LABEL=PATH names it. With --layout/--sweep: the one base image")
         p.add_argument("--program", action="append", metavar="[LABEL=]PATH",
                        help="instead of --kernel: a userspace program (PIE or not) run under "
                        "qemu-x86_64 (repeat; the first is the baseline); its arguments go "

@@ -32,10 +32,11 @@ BLOCK_LEVEL_TOLERANCE = 2e-2
 
 
 def instruction_tolerance(strategy):
-    """How far a layout of ``strategy`` (a spec such as 'blocks:0.5') may move the
-    kernel instruction count of the same work."""
+    """How far a layout of ``strategy`` (a spec such as 'blocks:0.5', or a label whose
+    last word is one: '7.3 blocks') may move the kernel instruction count of the same work."""
     from .layouts import BLOCK_LEVEL
-    return BLOCK_LEVEL_TOLERANCE if str(strategy).split(":")[0] in BLOCK_LEVEL \
+    words = str(strategy).split() or [""]
+    return BLOCK_LEVEL_TOLERANCE if words[-1].split(":")[0] in BLOCK_LEVEL \
         else INSTRUCTION_TOLERANCE
 
 

@@ -327,16 +327,43 @@ class KernelsMode(_KernelMode):
                 for r in rs:
                     r["workload"] = w
                 rows += rs
+        # Kernels of several builds (say 6.12 and 7.3, each stock and rewritten) share one
+        # table: each row's baseline is the first image of its own build (build-id), which
+        # the change, the cross-checks and the .text growth are measured against.
+        base_of = _baselines([path for path, _ in images])
+        by_image = {}
+        for r in rows:
+            by_image.setdefault((r["image"], r["workload"], r["cache"]), r)
+        for r in rows:
+            b = by_image[(base_of[r["image"]], r["workload"], r["cache"])]
+            if len(set(base_of.values())) > 1:
+                r["baseline"] = b["layout"]
         # .text growth as relayout reports it: how far each region's code end moved
-        # (the section sizes never change), in % of the base's _stext.._etext
-        base_ts, base_path = rows[0]["text_size"], rows[0]["image"]
+        # (the section sizes never change), in % of the baseline's _stext.._etext
         growth = {}
         for r in rows:
+            base_path = base_of[r["image"]]
+            base_ts = by_image[(base_path, r["workload"], r["cache"])]["text_size"]
             if r["image"] not in growth:
                 growth[r["image"]] = code_growth(base_path, r["image"])
             g = r["text_growth_bytes"] = growth[r["image"]]
             r["text_growth_pct"] = None if g is None else 100.0 * g / base_ts if base_ts else 0
         return rows, {}
+
+
+def _baselines(paths):
+    """{path: the first of ``paths`` with its build-id} (a path whose build-id cannot be
+    read is its own baseline only when it comes first: the first path otherwise)."""
+    from ..errors import LinepackError
+    from ..image.elf import ElfImage
+    first, out = {}, {}
+    for p in paths:
+        try:
+            bid = ElfImage(p).build_id
+        except LinepackError:
+            bid = None
+        out[p] = first.setdefault(bid, p) if bid else paths[0]
+    return out
 
 
 class LayoutsMode(_KernelMode):

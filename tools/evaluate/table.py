@@ -34,9 +34,15 @@ def format_rows(rows):
                f"{'MPKI':>7} {'kernel insns':>14} {'hot lines':>9} {'.text':>8} {'time s':>7}")
         if dense:
             hdr += f" {'to ' + dense['layout']:>14}"
-        out += [f"kernel-mode L1i, {cache} ({mode})", hdr, "-" * len(hdr)]
+        out += [f"kernel-mode L1i, {cache} ({mode})"]
+        bases = list(dict.fromkeys(r["baseline"] for r in rs if r.get("baseline")))
+        if bases:
+            out.append(f"(vs base: against the first kernel of the same build: {', '.join(bases)})")
+        out += [hdr, "-" * len(hdr)]
+        by_label = {r["layout"]: r for r in rs}
         for r in rs:
-            bm = base["misses"]
+            # rows of several builds: each against the first image of its build
+            bm = by_label.get(r.get("baseline"), base)["misses"]
             sp = r.get("misses_spread")
             spread = f" ±{sp:.3%}" if sp else ""
             out.append(
@@ -84,8 +90,11 @@ def _cross_check_workload(rows):
         rs = [r for r in rows if r["cache"] == cache and r["mode"] == "booted"]
         if not rs:
             continue
-        b = rs[0]
+        by_label = {r["layout"]: r for r in rs}
         for r in rs[1:]:
+            b = by_label.get(r.get("baseline"), rs[0])
+            if b is r:
+                continue
             bi, mi = b["instructions"], r["instructions"]
             tol = instruction_tolerance(r["layout"])
             if bi and abs(mi - bi) / bi > tol:

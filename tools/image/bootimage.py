@@ -271,7 +271,7 @@ def decompress_payload(payload, compression, path="image"):
 
 # Settings tried in turn when a payload must fit the room the decompressor has: the
 # kernel build's own first (Debian's payloads come out byte for byte), then smaller.
-EFFORTS = {"zstd": ("cli", "ldm"), "lz4": (9, 12)}
+EFFORTS = {"zstd": ("cli", "ldm", "search"), "lz4": (9, 12)}
 
 
 def compress_payload(data, compression, effort=None):
@@ -282,6 +282,15 @@ def compress_payload(data, compression, effort=None):
         import zstandard
         params = zstandard.ZstdCompressionParameters.from_level(
             22, window_log=27, enable_ldm=True, threads=1, write_checksum=True)
+        c = zstandard.ZstdCompressor(compression_params=params).compressobj()
+        z = c.compress(data) + c.flush()
+    elif compression == "zstd" and effort == "search":
+        # level 22 searching deeper (search log 16 instead of 9): the same window, so any
+        # decompressor of the build reads it; ~300 bytes smaller on 7.3's 62 MB payload,
+        # where a pack rewrite came out 248 bytes over the room
+        import zstandard
+        params = zstandard.ZstdCompressionParameters.from_level(
+            22, window_log=27, search_log=16, threads=1, write_checksum=True)
         c = zstandard.ZstdCompressor(compression_params=params).compressobj()
         z = c.compress(data) + c.flush()
     elif compression == "zstd":

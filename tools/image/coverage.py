@@ -77,7 +77,8 @@ def _is_padding_insn(raw, size):
     """int3 and the nop encodings (90, 66 90, 0f 1f /0, with prefixes) as a mask."""
     rows = np.arange(len(raw))
     skip = np.zeros(len(raw), np.int64)
-    for _ in range(6):            # operand-size / cs prefixes in long nops
+    for _ in range(14):           # operand-size / cs prefixes in long nops (clang/rustc
+        # pad with up to 15-byte ones: six 66 and a 2e before 0f 1f 84)
         b = raw[rows, np.minimum(skip, RAW - 1)]
         more = ((b == 0x66) | (b == 0x2E)) & (skip + 1 < size)
         if not more.any():

@@ -276,13 +276,37 @@ def workload_initrd(workload, modules=(), log=None, files=()):
     return _initramfs.build_initramfs(binary, extra)
 
 
+def kernel_build(kernel):
+    """(series, abi) of a Debian cloud kernel image, from an ELF vmlinux's banner or a
+    boot image's version string (6.1, 6.12, 7.3: targets.SERIES_TABLE), or (None, None)."""
+    from .. import targets
+    from ..errors import LinepackError
+    try:
+        if check_kernel(kernel) == "bzimage":
+            from ..image.bootimage import read_setup_header
+            text = read_setup_header(kernel).kernel_version
+        else:
+            from ..image.elf import ElfImage
+            from ..kernel.base import kernel_version_of
+            text = kernel_version_of(ElfImage(kernel))[1]
+    except LinepackError:
+        return None, None
+    return targets.build_of_release(text)
+
+
 def kernel_abi(kernel):
     """The Debian ABI number of a 6.1 cloud kernel image, from its banner (or None)."""
-    from ..image.elf import ElfImage
-    from ..kernel.base import kernel_version_of
-    _, banner = kernel_version_of(ElfImage(kernel))
-    m = re.search(r"Linux version 6\.1\.0-(\d+)-cloud-amd64", banner or "")
-    return int(m.group(1)) if m else None
+    series, abi = kernel_build(kernel)
+    return abi if series == "6.1" else None
+
+
+def debian_module_for(kernel, name):
+    """Module ``name`` (e.g. 'drivers/block/brd.ko') of the Debian build ``kernel`` is
+    (a rewrite keeps its banner), fetched once; a kernel of no known build: the 6.1
+    series' newest, as before."""
+    from .. import targets
+    series, abi = kernel_build(kernel)
+    return targets.debian_module(name, abi=abi, series=series or targets.DEFAULT_SERIES)
 
 
 # Fixed identity for reproducible file-system images.
@@ -323,7 +347,8 @@ def disk_image(fs="ext4", size_mb=64, log=None):
     return dest
 
 
-# Load order of the virtio-blk stack (each after the modules it depends on).
+# Load order of the virtio-blk stack (each after the modules it depends on); those
+# the build has built in (Debian 13: all but virtio_blk) are left out.
 VIRTIO_BLK_MODULES = ("drivers/virtio/virtio_ring.ko", "drivers/virtio/virtio.ko",
                       "drivers/virtio/virtio_pci_modern_dev.ko",
                       "drivers/virtio/virtio_pci_legacy_dev.ko", "drivers/virtio/virtio_pci.ko",
@@ -369,8 +394,7 @@ def workload_boot(kernel, workload="vfs-mix", loops=None, modules=(), log=None, 
         # A RAM disk (brd, from the same Debian build) filled from an image in the
         # initramfs: ext4, jbd2 and the block layer run with no host-timed I/O.
         image = disk_image(wl.disk_fs, wl.disk_size_mb or 16)
-        from .. import targets
-        brd = targets.debian_module("drivers/block/brd.ko", abi=kernel_abi(kernel))
+        brd = debian_module_for(kernel, "drivers/block/brd.ko")
         modules = tuple(modules) + (("lib/modules/brd.ko", brd,
                                      f"rd_nr=1 rd_size={(wl.disk_size_mb or 16) * 1024}"),)
         files.append(("disk.img", image))
@@ -381,9 +405,10 @@ def workload_boot(kernel, workload="vfs-mix", loops=None, modules=(), log=None, 
     if wl.disk_fs and wl.disk_device == "virtio":
         # virtio-blk and its transport are modules in Debian's cloud kernel
         from .. import targets
-        abi = kernel_abi(kernel)
-        modules = tuple(modules) + tuple(targets.debian_module(m, abi=abi)
-                                         for m in VIRTIO_BLK_MODULES)
+        series, abi = kernel_build(kernel)
+        shipped = targets.debian_module_names(abi, series=series) if series else None
+        modules = tuple(modules) + tuple(debian_module_for(kernel, m) for m in VIRTIO_BLK_MODULES
+                                         if shipped is None or m in shipped)
     initrd = workload_initrd(wl, modules, files=files)
     if wl.disk_fs and wl.disk_device == "virtio":
         image = disk_image(wl.disk_fs, wl.disk_size_mb or 64, log=log)
@@ -458,8 +483,7 @@ def dump_at_hold(kernel, workload, dump, loops=None, timeout=300, env=None, sett
     words["hold"] = 1
     # the fw_cfg driver (a module in Debian's cloud kernel) hands the kernel's
     # VMCOREINFO to the vmcoreinfo device, which puts it into the dump
-    from .. import targets
-    fw_cfg = targets.debian_module("drivers/firmware/qemu_fw_cfg.ko", abi=kernel_abi(kernel))
+    fw_cfg = debian_module_for(kernel, "drivers/firmware/qemu_fw_cfg.ko")
     initrd = workload_initrd(wl, modules=(fw_cfg,))
     sockdir = tempfile.mkdtemp(prefix="lp-qmp-")
     sock = os.path.join(sockdir, "qmp")

@@ -1,5 +1,6 @@
 """Symbols of a block-level layout: every split function's symbol keeps its
-name at its hot part with the hot part's size, and its cold part gets a
+name at its hot part with the hot part's size (from its entry: a prefix before
+it keeps its own symbol), and its cold part gets a
 ``name.cold`` STT_FUNC symbol (local, sized), as gcc names its own cold parts.
 
 New local symbols must precede the globals (``sh_info`` of .symtab is the
@@ -28,7 +29,7 @@ def cold_symbols(rw, image, log=None):
     for sf in splits:
         if not sf.sizes[1]:
             continue
-        rows["size"][sf.sym] = sf.sizes[0]
+        rows["size"][sf.sym] = sf.hot_size
         new["name"][k] = len(strtab)
         strtab += (names[sf.sym] + ".cold").encode("latin-1") + b"\0"
         new["info"][k] = (STB_LOCAL << 4) | STT_FUNC
@@ -41,7 +42,7 @@ def cold_symbols(rw, image, log=None):
     old_size = image.symtab["size"]
     hot_size = {}                  # (new value, original size) -> hot size; the last split wins
     for sf in splits:
-        hot_size[(int(rows["value"][sf.sym]), int(old_size[sf.sym]))] = sf.sizes[0]
+        hot_size[(int(rows["value"][sf.sym]), int(old_size[sf.sym]))] = sf.hot_size
     vals = np.array(sorted({v for v, _ in hot_size}), np.uint64)
     cand = np.nonzero(np.isin(rows["value"], vals) & ((rows["info"] & 0xF) == STT_FUNC))[0]
     for i, v, sz in zip(cand.tolist(), rows["value"][cand].tolist(), old_size[cand].tolist()):

@@ -22,6 +22,14 @@ on kernels >= 5.14 (arch/x86/kernel/jump_label.c accepts nop2/jmp8 there).
 The hot part replaces the function's unit in the normal (pack) placement; the
 cold part is a new cold unit right after it in unit order, so the strategy
 puts it in the region's cold area after the hot text.
+
+A function with a prefix (``__pfx_<fn>``, 6.2+ kernels: the 16 NOP bytes where
+call-depth tracking writes the function's accounting thunk at boot) is one unit
+of prefix + function (relayout/units.py). It splits like a lone function: the
+prefix is the hot part's first block (``SplitFunction.head`` bytes) and the
+entry block follows it, so the padding still ends at the entry; the cold part
+gets none (it is only reached by jumps from its hot part: no call lands there,
+so no thunk is patched before it, and no ENDBR is needed at its start).
 """
 
 import numpy as np
@@ -29,7 +37,7 @@ import numpy as np
 from ..image import blockmap as bm
 from ..image.cfg import (R_GLUED, R_INDIRECT, R_NO_COLD, R_NOINSTR, R_NOT_HOT, R_PINNED, REASONS, TERM_JCC,
                          TERM_JMP, TERM_KEY)
-from .units import UnitTable, _func_map
+from .units import PADDING_BYTES, PREFIX, UnitTable, _func_map
 
 NOP2 = bytes.fromhex("6690")
 NOP5 = bytes.fromhex("0f1f440000")
@@ -65,6 +73,12 @@ class SplitFunction:
         self.new_start = [0, 0]
         self.block_part = {}
         self.order_score = None       # ext-TSP objective (original, chosen order), if ordered
+        self.head = 0                 # bytes of the hot part before the function's entry (prefix)
+
+    @property
+    def hot_size(self):
+        """Bytes of the function's own hot part (its symbol's new size)."""
+        return self.sizes[0] - self.head
 
 
 def _cond(raw, skip):
@@ -177,17 +191,42 @@ def _relax(sf):
         sf.first[part] = first
 
 
+def prefix_heads(units, functions):
+    """Per unit: the length of its function's prefix when the unit is exactly a
+    prefix (``__pfx_<fn>``, at the unit's start) and the function right after it, or
+    the function's padding without a prefix symbol (an assembly function: units.py);
+    0 for every other unit."""
+    head = np.zeros(len(units), np.int64)
+    fstart, fend = functions.start, functions.end
+    for u, mem in enumerate(units.members):
+        if len(mem) == 1 and mem[0][1] == PADDING_BYTES and \
+                units.name[u] == functions.name[mem[0][0]]:
+            head[u] = PADDING_BYTES      # an assembly function's padding, no prefix symbol
+            continue
+        if len(mem) != 2 or mem[0][1] != 0:
+            continue
+        (p, _), (f, off) = mem
+        if functions.name[p].startswith(PREFIX) and int(fend[p]) == int(fstart[f]) and \
+                int(fstart[p]) == int(units.start[u]) and off == int(fend[p] - fstart[p]):
+            head[u] = off
+    return head
+
+
 def choose_splits(cfg, units, heat, block_count, min_count, functions, short_keys, cold_min=8,
-                  invert_jcc=False, block_order="original", edges=None, log=None):
+                  invert_jcc=False, block_order="original", edges=None, log=None, heads=None):
     """SplitFunction list and per-unit reason codes (REASONS) for every unit.
 
     ``block_order``: "original" keeps the hot blocks in their original order,
     "ext-tsp" orders them by the ext-TSP objective (relayout/block_order.py)
-    from ``block_count`` and ``edges`` (the profile's taken branches, or None)."""
+    from ``block_count`` and ``edges`` (the profile's taken branches, or None).
+    ``heads``: per unit, the length of a prefix before its function (prefix_heads):
+    such a unit splits with its prefix block first in the hot part, its entry
+    block right after."""
     nu = len(units)
     reason = np.array(cfg.reason, dtype=np.int8)
     reason = reason.copy()
-    single = np.array([len(m) == 1 for m in units.members])
+    heads = np.zeros(nu, np.int64) if heads is None else np.asarray(heads, np.int64)
+    single = np.array([len(m) == 1 for m in units.members]) | (heads > 0)
     noinstr = np.array(["noinstr" in units.regions[int(r)].name for r in units.region])
     pinned = units.pinned.copy()
     for i, reg in enumerate(units.regions):
@@ -204,8 +243,17 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
     hot_block = block_count >= min_count
     # the entry block of every function is hot (it stays at the symbol)
     hot_block[cfg.func_first[cfg.func_nblocks > 0]] = True
-    splits = []
     falls = cfg.falls_through()
+    # a prefix unit: the prefix is its first block; the function's entry block too
+    for u in np.nonzero((heads > 0) & (reason == 0))[0].tolist():
+        a, z = cfg.blocks_of(u)
+        entry = int(units.start[u]) + int(heads[u])
+        if z - a < 2 or int(cfg.end[a]) != entry or int(cfg.start[a + 1]) != entry or \
+                not falls[a]:
+            reason[u] = R_GLUED          # the prefix is not one block falling into the entry
+            continue
+        hot_block[a + 1] = True
+    splits = []
     weights = None
     if block_order == "ext-tsp":
         from .block_order import BranchWeights
@@ -223,11 +271,14 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
         if cold_bytes < cold_min:
             reason[u] = R_NO_COLD
             continue
-        fi = units.members[u][0][0]
+        head = int(heads[u])
+        fi = units.members[u][-1][0]           # the function (after its prefix, if any)
         order, score = None, None
         if weights is not None:
             from .block_order import hot_block_order
-            order, before, after = hot_block_order(cfg, a, z, hot_block, weights, block_count)
+            e = a + 1 if head else a           # ordered from the entry; the prefix stays first
+            order, before, after = hot_block_order(cfg, e, z, hot_block, weights, block_count)
+            order = list(range(a, e)) + list(order)
             score = (before, after)
         sf = build_parts(cfg, u, u, functions.name[fi], hot_block, short_keys,
                          int(functions.sym_index[fi]), falls, invert_jcc, order)
@@ -235,6 +286,7 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
             reason[u] = R_NO_COLD
             continue
         sf.order_score = score
+        sf.head = head
         splits.append(sf)
     return splits, reason
 

@@ -118,19 +118,19 @@ def check_profile(image, functions, hotness, build_id, allow_missing=False):
 
 def _split_hot_ranges(orig_units, split, strat, blocks):
     """pack's per-unit hot byte ranges for the planning table: a split function's
-    hot part is hot throughout; a unit moved whole keeps its blocks' ranges."""
+    hot part is hot throughout (after its prefix); a unit moved whole keeps its blocks' ranges."""
     from .plan import unit_hot_ranges
     if not strat.use_blocks:
         return None
     orig = unit_hot_ranges(orig_units, blocks, strat.block_min)
     _, _, parent, part = split["planning"]
-    sizes = {sf.unit: sf.sizes[0] for sf in split["splits"]}
+    hot = {sf.unit: (sf.head, sf.sizes[0]) for sf in split["splits"]}
     out = {}
     for k, (u, p) in enumerate(zip(parent.tolist(), part.tolist())):
         if p:
             continue
-        if u in sizes:
-            out[k] = [(0, sizes[u])]
+        if u in hot:
+            out[k] = [hot[u]]         # from the entry: a prefix is padding, never run
         elif u in orig:
             out[k] = orig[u]
     return out
@@ -234,7 +234,7 @@ def split(run):
     """Block level: the CFG of every unit, block counts from the profile, which hot
     functions split into a hot and a cold part, and the planning units (relayout/blocks.py)."""
     from ..image.cfg import CFG, NORETURN, block_counts
-    from .blocks import choose_splits, planning_units, reason_summary
+    from .blocks import choose_splits, planning_units, prefix_heads, reason_summary
     timings.phase("CFG, block counts, split")
     image, units, dis, heat, strat, log = (run.image, run.units, run.dis, run.heat,
                                            run.strategy, run.log)
@@ -245,6 +245,14 @@ def split(run):
     if ctx._disasm is None:
         ctx._disasm = dis
     sites, indirect_ok = run.target.table_sites(run)
+    # a function's entry after its prefix padding starts a block (the prefix stays
+    # before it in the hot part)
+    heads = prefix_heads(units, run.functions)
+    if heads.any():
+        import copy
+        sites = copy.copy(sites)
+        entries = (units.start + heads.astype(np.uint64))[heads > 0]
+        sites.leaders = np.unique(np.concatenate([sites.leaders, entries]))
     noret = [a for a in (image.symbol_address(n) for n in NORETURN) if a is not None]
     reloc_insn = np.zeros(len(dis), bool)
     for r in image.relocations.values():
@@ -257,7 +265,7 @@ def split(run):
     splits, reason = choose_splits(cfg, units, heat, counts, strat.block_min_count,
                                    run.functions, run.target.short_static_keys(), strat.cold_min,
                                    strat.invert_jcc, strat.block_order,
-                                   getattr(run.blocks, "edges", None), log)
+                                   getattr(run.blocks, "edges", None), log, heads=heads)
     if eh_split is not None:
         n = len(splits)
         kept = eh_split.accept(splits, units.start, heat, reason)

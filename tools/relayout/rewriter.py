@@ -75,6 +75,40 @@ class Rewriter:
         # code stays there) are in ``self.orig``
         self.relocated = {}
         self.orig = {}
+        self._anchor_padding_labels()
+
+    def _anchor_padding_labels(self):
+        """A symbol whose value lies in padding the layout drops names no byte: a
+        label of code configured out (7.3 without CONFIG_FINEIBT_BHI: the empty
+        array ``__bhi_args`` .. ``__bhi_args_end`` between two functions). It keeps
+        its distance from the function before it, as ``verify --against`` maps code
+        between functions, so labels of one gap keep their differences (an empty
+        range stays empty) and fields that designate it follow it."""
+        amap, v = self.amap, self.sym_value
+        shndx = self.image.symtab["shndx"]
+        sel = (self.sym_type != STT_SECTION) & (shndx != 0) & (shndx < 0xFF00)
+        v = np.unique(v[sel])
+        v = v[amap.in_extent(v)]
+        _, ok = amap.map(v)
+        lost = v[~ok]
+        if not len(lost):
+            return
+        fstart = ImageContext.of(self.image).functions.start
+        i = np.searchsorted(fstart, lost, side="right").astype(np.int64) - 1
+        has = i >= 0
+        lost, base = lost[has], fstart[i[has]]
+        new_base, ok = amap.map(base)
+        lost, base, new_base = lost[ok], base[ok], new_base[ok]
+        if not len(lost):
+            return
+        anchors = dict(zip(amap.anchor_old.tolist(), amap.anchor_new.tolist()))
+        delta = new_base.astype(np.int64) - base.astype(np.int64)
+        moved = (lost.astype(np.int64) + delta).view(np.uint64)
+        anchors.update(zip(lost.tolist(), moved.tolist()))
+        keys = sorted(anchors)
+        amap.anchor_old = np.array(keys, dtype=np.uint64)
+        amap.anchor_new = np.array([anchors[k] for k in keys], dtype=np.uint64)
+        self.stats["padding_labels"] = int(len(lost))
 
     # -- helpers -------------------------------------------------------------
     def address_map(self):

@@ -13,7 +13,9 @@ where call-depth tracking writes its accounting thunk at boot and the kernel
 refuses a padding that is not NOPs) is the first member of its function's unit
 and the unit is named after the function: the padding moves with it, verbatim,
 and the unit's alignment applies to the prefix start (the function keeps its
-offset from its padding, so its own alignment too).
+offset from its padding, so its own alignment too). An assembly function of such
+a kernel has the padding (16 single-byte NOPs) without the symbol: its unit starts
+at its padding all the same.
 
 Units joined by a rel8 branch (or an assumed fall-through) are glued into one
 unit so their relative placement survives; a unit keeps the bytes between its
@@ -53,8 +55,19 @@ PINNED_SYMBOLS = ("srso_alias_untrain_ret", "srso_alias_safe_ret", "srso_untrain
                   "__x86_return_thunk", "zen_untrain_ret", "srso_safe_ret")
 PIN_ALIGNMENT = 1 << 21
 
+# The entry text ends on a 2 MiB (PMD) boundary (ALIGN_ENTRY_TEXT_END, with PTI or
+# SRSO): PTI clones the whole PMDs of the entry text into the user page tables and
+# the SRSO alias pair sits at fixed bits in that PMD. Up to 6.x .text ends there;
+# from 7.x (the linker script puts the entry text first) the main text follows the
+# boundary: only the stretch before it stays, the rest is laid out.
+ENTRY_TEXT_END = "__entry_text_end"
+
 _PAD_BYTES = bytes((0xCC, 0x00))
 PREFIX = "__pfx_"
+# The padding call-depth tracking patches before each function (its thunk is smaller;
+# the kernel refuses a padding that is not single-byte NOPs)
+PADDING_BYTES = 16
+PADDING_NOPS = b"\x90" * PADDING_BYTES
 
 
 def inferred_align(addrs, cap=MAX_INFERRED_ALIGN):
@@ -157,8 +170,20 @@ def build_regions(image, sections=(".text",), pin_head=True):
             continue
         label = r.name.split(":", 1)[1]
         pinned = r.start in pinned_starts or any(label == n for n in PINNED_REGION_LABELS)
+        pmd = -(-r.start // PIN_ALIGNMENT) * PIN_ALIGNMENT
+        if label == ENTRY_TEXT_END and r.start < pmd < r.end and _code_starts_at(image, pmd):
+            out.append(Region(r.name, r.start, pmd, r.section, True))
+            out.append(Region(f"{r.name}@{pmd:#x}", pmd, r.end, r.section))
+            continue
         out.append(Region(r.name, r.start, r.end, r.section, pinned))
     return out, head_end
+
+
+def _code_starts_at(image, addr):
+    """True when a function symbol starts at ``addr`` (the linker aligned code there)."""
+    _, syms = image.symbol_table()
+    at = syms["value"] == np.uint64(addr)
+    return bool((at & ((syms["info"] & 0xF) == 2)).any())
 
 
 def build_units(image, functions, disasm_fn=None, sections=(".text",), pin_head=True, log=None):
@@ -169,6 +194,8 @@ def build_units(image, functions, disasm_fn=None, sections=(".text",), pin_head=
     """
     log = log or (lambda m: None)
     regs, head_end = build_regions(image, sections, pin_head)
+    # CONFIG_FUNCTION_PADDING_BYTES of a kernel with prefix symbols (0: none)
+    pad = PADDING_BYTES if any(n.startswith(PREFIX) for n in functions.name) else 0
     starts, sizes, regidx, names, members = [], [], [], [], []
     fstart_u = np.asarray(functions.start, dtype=np.uint64)
     fstart = fstart_u.tolist()
@@ -207,7 +234,12 @@ def build_units(image, functions, disasm_fn=None, sections=(".text",), pin_head=
                 if cur is not None:
                     starts.append(cur[0]); sizes.append(cur[1] - cur[0])
                     regidx.append(ri); names.append(cur[3]); members.append(cur[2])
-                cur = [fs, fe, [(fi, 0)], functions.name[fi]]
+                # an assembly function of a padded kernel has its NOP padding but no
+                # prefix symbol: the padding moves with it all the same
+                lead = pad if (pad and fs - pad >= pos
+                               and bytes(code[fs - pad - sec.addr:fs - sec.addr]) == PADDING_NOPS
+                               and not functions.name[fi].startswith(PREFIX)) else 0
+                cur = [fs - lead, fe, [(fi, lead)], functions.name[fi]]
             pos = max(pos, fe)
         tail_is_code = not is_padding(bytes(code[pos - sec.addr:reg.end - sec.addr]))
         if tail_is_code:
