@@ -273,9 +273,10 @@ def test_layouts_disassemble_the_base_once(tmp_path, monkeypatch):
         if os.path.realpath(str(path)) == str(exe.resolve()):
             calls["parse"] += 1
         return real_init(self, path, *a, **k)
-    from linepack.relayout import rewriter
+    from linepack.image import context
+    # the functions (image/context.py) and the sweep of other code (disasm.sweep_sections)
     monkeypatch.setattr(disasm, "disassemble", counting_dis)
-    monkeypatch.setattr(rewriter, "disassemble", counting_dis)
+    monkeypatch.setattr(context, "disassemble", counting_dis)
     monkeypatch.setattr(elf.ElfImage, "__init__", counting_init)
     L = Layouts(str(exe))
     seen = []
