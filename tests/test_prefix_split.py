@@ -145,3 +145,39 @@ def test_split_program_runs_same(prog, tmp_path):
     verify_against(rep, str(out), str(exe))
     errors = [f for f in rep.findings if f.severity == "error"]
     assert not errors, errors[:5]
+
+
+# a call to g's hot block (not its entry): call-depth tracking would patch a thunk
+# into the 16 bytes before that block, so g is not split
+CALLER = r"""
+    .text
+    .globl callmid
+    .type callmid, @function
+callmid:
+    mov $1, %edi
+    call g_hot
+    ret
+    .size callmid, .-callmid
+"""
+
+
+def test_call_after_the_entry_keeps_it_whole(tmp_path):
+    from linepack.image.cfg import R_CALL_INSIDE, TableSites
+    (tmp_path / "g.s").write_text(ASM.replace('    .section .note.GNU-stack', CALLER +
+                                              '    .section .note.GNU-stack'))
+    (tmp_path / "main.c").write_text(MAIN)
+    exe = tmp_path / "prog"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
+                    str(tmp_path / "main.c"), str(tmp_path / "g.s")], check=True)
+    im = ElfImage(str(exe))
+    fn = FunctionTable(im)
+    units, dis = build_units(im, fn, lambda u: disassemble(im, u))
+    heads = B.prefix_heads(units, fn)
+    cfg = CFG(dis, units.start, units.end,
+              TableSites(leaders=(units.start + heads.astype(np.uint64))[heads > 0]))
+    u = int(units.find([im.symbol_address("g")])[0])
+    heat = np.zeros(len(units))
+    heat[u] = 100.0
+    splits, reason = B.choose_splits(cfg, units, heat, block_counts(cfg, *_ranges(im)), 1.0, fn,
+                                     True, heads=heads)
+    assert reason[u] == R_CALL_INSIDE and not splits

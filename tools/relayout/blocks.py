@@ -35,7 +35,7 @@ so no thunk is patched before it, and no ENDBR is needed at its start).
 import numpy as np
 
 from ..image import blockmap as bm
-from ..image.cfg import (R_GLUED, R_INDIRECT, R_NO_COLD, R_NOINSTR, R_NOT_HOT, R_PINNED, REASONS, TERM_JCC,
+from ..image.cfg import (R_CALL_INSIDE, R_GLUED, R_INDIRECT, R_NO_COLD, R_NOINSTR, R_NOT_HOT, R_PINNED, REASONS, TERM_JCC,
                          TERM_JMP, TERM_KEY)
 from .units import PADDING_BYTES, PREFIX, UnitTable, _func_map
 
@@ -244,6 +244,17 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
     # the entry block of every function is hot (it stays at the symbol)
     hot_block[cfg.func_first[cfg.func_nblocks > 0]] = True
     falls = cfg.falls_through()
+    if heads.any():
+        # a direct call into a prefixed function after its entry: the kernel would patch
+        # a call thunk into the 16 bytes before that block (callthunks.c), which a cold
+        # part does not have
+        bi, bt, _ = cfg.dis.branch_targets()
+        call = cfg.dis.raw[bi, 0] == 0xE8
+        t = bt[call]
+        tu = units.find(t)
+        inside = (tu >= 0) & (t != units.start[np.maximum(tu, 0)] +
+                              heads[np.maximum(tu, 0)].astype(np.uint64))
+        mark(np.isin(np.arange(nu), tu[inside]) & (heads > 0), R_CALL_INSIDE)
     # a prefix unit: the prefix is its first block; the function's entry block too
     for u in np.nonzero((heads > 0) & (reason == 0))[0].tolist():
         a, z = cfg.blocks_of(u)
