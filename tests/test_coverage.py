@@ -76,3 +76,22 @@ def test_debian_61_has_no_unexplained_byte():
     found = alt.check(ctx, bad)
     assert any(f.check == ".altinstructions.repl-boundary" for f in found) or \
         any(f.check == ".altinstructions.repl-not-instruction" for f in found), found
+
+
+def test_long_nops_are_padding_instructions():
+    """rustc/clang pad with NOPs of up to 15 bytes: six 66 and a 2e before 0f 1f 84
+    (7.3's Rust code); each encoding, int3 and single NOPs are padding, a real
+    instruction with the same prefixes is not."""
+    from linepack.image.coverage import _is_padding_insn
+    from linepack.image.disasm import RAW
+    hexes = ["90", "cc", "6690", "0f1f440000", "662e0f1f840000000000",
+             "66666666662e0f1f840000000000", "6666666666662e0f1f840000000000",
+             "66660f1fc0", "6689c8", "662e8b0500000000"]
+    raw = np.zeros((len(hexes), RAW), np.uint8)
+    size = np.zeros(len(hexes), np.int64)
+    for k, h in enumerate(hexes):
+        b = bytes.fromhex(h)
+        raw[k, :len(b)] = np.frombuffer(b, np.uint8)
+        size[k] = len(b)
+    got = _is_padding_insn(raw, size).tolist()
+    assert got == [True] * 8 + [False, False]
