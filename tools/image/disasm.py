@@ -306,8 +306,11 @@ def disassemble(image, functions, jobs=None):
     func = np.concatenate([p[2] for p in parts])
     raw = np.concatenate([p[3] for p in parts])
     bad = [b for p in parts for b in p[4]]
-    order = np.argsort(addr, kind="stable")
-    addr, size, func, raw = addr[order], size[order], func[order], raw[order]
+    del parts                   # the rows are in the arrays now: not held twice
+    if len(addr) > 1 and (addr[1:] < addr[:-1]).any():
+        # (functions in address order decode in address order: no second copy then)
+        order = np.argsort(addr, kind="stable")
+        addr, size, func, raw = addr[order], size[order], func[order], raw[order]
     addr, size, func, raw = _redecode_ud1(image, starts, sizes, addr, size, func, raw)
     return Disassembly(addr, size, func, raw, bad)
 
