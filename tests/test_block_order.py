@@ -294,7 +294,7 @@ def test_evaluate_allows_fewer_jmps_for_block_layouts_only():
     assert len(cross_check_rows([base, row("blocks", 105_407_024, result="other")])) == 1
 
 
-def _random_graph(rng, n):
+def _graph_with_ties(rng, n):
     """Sizes and edges of a CFG-like graph with many equal weights (ties decide
     between merges of equal gain)."""
     sizes = [rng.choice((2, 5, 6, 16, 40, 300)) for _ in range(n)]
@@ -315,7 +315,7 @@ def test_order_same_as_sorted_scan():
     rng = random.Random(22)
     for trial in range(300):
         n = rng.randint(2, 70)
-        sizes, edges = _random_graph(rng, n)
+        sizes, edges = _graph_with_ties(rng, n)
         entry = rng.randrange(n) if trial % 3 == 0 else 0
         split_max = rng.choice((4, 128))
         got = ext_tsp_order(sizes, edges, entry=entry, split_max=split_max)
