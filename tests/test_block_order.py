@@ -292,3 +292,32 @@ def test_evaluate_allows_fewer_jmps_for_block_layouts_only():
     assert len(cross_check_rows([base, row("pack", 104_837_508)])) == 1
     assert len(cross_check_rows([base, row("blocks:1", 100_000_000)])) == 1        # -5%
     assert len(cross_check_rows([base, row("blocks", 105_407_024, result="other")])) == 1
+
+
+def _graph_with_ties(rng, n):
+    """Sizes and edges of a CFG-like graph with many equal weights (ties decide
+    between merges of equal gain)."""
+    sizes = [rng.choice((2, 5, 6, 16, 40, 300)) for _ in range(n)]
+    edges = []
+    for a in range(n):
+        for _ in range(rng.randint(0, 2)):
+            edges.append((a, rng.randrange(n), float(rng.choice((1, 1, 2, 10, 100))),
+                          rng.random() < 0.3))
+        if a + 1 < n and rng.random() < 0.7:
+            edges.append((a, a + 1, float(rng.choice((1, 2, 10))), False))
+    return sizes, edges
+
+
+def test_order_same_as_sorted_scan():
+    """The heap of chain pairs picks the merges the first search (a scan of the
+    sorted pairs after every merge, tests/ext_tsp_reference.py) picked."""
+    from ext_tsp_reference import ext_tsp_order as reference_order
+    rng = random.Random(22)
+    for trial in range(300):
+        n = rng.randint(2, 70)
+        sizes, edges = _graph_with_ties(rng, n)
+        entry = rng.randrange(n) if trial % 3 == 0 else 0
+        split_max = rng.choice((4, 128))
+        got = ext_tsp_order(sizes, edges, entry=entry, split_max=split_max)
+        want = reference_order(sizes, edges, entry=entry, split_max=split_max)
+        assert got == want, (trial, n)

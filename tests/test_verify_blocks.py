@@ -559,3 +559,49 @@ def test_jmp_ending_a_patch_site_keeps_its_fall_through(with_jmp):
     else:
         assert checks(found) == ["equiv.edge"] and found[0].address == 0x2205
         assert "fall-through from 'jmp" in found[0].message
+
+
+# -- case C: RIP-relative copies (their displacement changes with the move) -------------
+#   1200 mov eax,[rip] -> 5100 (moved whole to 6100); 1206 cmp dword [rip] -> 4000, 5
+#   (stays); 120d ret. Copied to 2300.
+OLD_C = {0x1200: hx("8b05fa3e0000 833df32d000005 c3")}
+NEW_C = {0x2300: hx("8b05fa3d0000 833df31c000005 c3")}
+
+
+def case_c():
+    h = SplitFunction("h", 0x1200, 0x120e, [(HOT, 0x2300, 0x230e)])
+    rows = rows_of((0x1200, 14, 0x2300, 14, C, HOT))
+    return rows, [h], Memory(OLD_C), Memory(NEW_C)
+
+
+def test_rip_relative_copies_checked_from_their_bytes(monkeypatch):
+    """A copied RIP-relative instruction whose bytes differ only in the displacement,
+    which names the translated target, passes without a decode of NEW; any other
+    change still gets the full check and is named."""
+    from linepack.verify import blocks as vb
+    decodes = []
+    real_decode_one = vb._decode_one
+    monkeypatch.setattr(vb, "_decode_one", lambda *a: decodes.append(a[2]) or real_decode_one(*a))
+    rows, funcs, old, new = case_c()
+    found, stats = run(rows, funcs, old, new)
+    assert found == [] and stats["instructions"] == 3 and decodes == []
+    for at, patch, where in ((0x2302, b"\xfb", 0x1200),     # mov from 6101: wrong target
+                             (0x230c, b"\x06", 0x1206),     # cmp with 6: an immediate changed
+                             (0x2301, b"\x0d", 0x1200)):    # mov ecx: the register changed
+        rows, funcs, old, new = case_c()
+        new.patch(at, patch)
+        found, _ = run(rows, funcs, old, new)
+        assert checks(found) == ["equiv.block-instruction"], hex(at)
+        assert f"at {where:#x} has no counterpart" in found[0].message
+
+
+def test_reencoded_plain_branch_checked_from_its_bytes(monkeypatch):
+    """A jcc relaxed to rel32 with the same condition and the translated target passes
+    without a decode of NEW (the wrong ones: test_relaxation_wrong_displacement_and_form)."""
+    from linepack.verify import blocks as vb
+    decodes = []
+    real_decode_one = vb._decode_one
+    monkeypatch.setattr(vb, "_decode_one", lambda *a: decodes.append(a[2]) or real_decode_one(*a))
+    rows, funcs, old, new, oo, on = case_a()
+    found, stats = run(rows, funcs, old, new, oo, on)
+    assert found == [] and stats["branches_reencoded"] == 1 and decodes == []

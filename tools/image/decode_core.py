@@ -92,4 +92,7 @@ def decode_ranges(lib, handle, code, starts, sizes, first_index, stuck):
             k, pos = k + 1, 0
         state[0], state[1] = k, pos
     n = int(state[2])
-    return addr[:n].copy(), size[:n].copy(), func[:n].copy(), raw[:n].copy()
+    # trimmed in place (the allocator shrinks the block) rather than copied
+    for a in (addr, size, func, raw):
+        a.resize((n,) + a.shape[1:], refcheck=False)
+    return addr, size, func, raw

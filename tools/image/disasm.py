@@ -301,13 +301,19 @@ def disassemble(image, functions, jobs=None):
         with ctx.Pool(jobs) as pool:
             parts = pool.starmap(_decode_range, [(image.path, starts[a:b], sizes[a:b], a)
                                                  for a, b in chunks])
-    addr = np.concatenate([p[0] for p in parts])
-    size = np.concatenate([p[1] for p in parts])
-    func = np.concatenate([p[2] for p in parts])
-    raw = np.concatenate([p[3] for p in parts])
+    if len(parts) == 1:         # one range (fewer than 2000 functions): no copy
+        addr, size, func, raw = parts[0][:4]
+    else:
+        addr = np.concatenate([p[0] for p in parts])
+        size = np.concatenate([p[1] for p in parts])
+        func = np.concatenate([p[2] for p in parts])
+        raw = np.concatenate([p[3] for p in parts])
     bad = [b for p in parts for b in p[4]]
-    order = np.argsort(addr, kind="stable")
-    addr, size, func, raw = addr[order], size[order], func[order], raw[order]
+    del parts                   # the rows are in the arrays now: not held twice
+    if len(addr) > 1 and (addr[1:] < addr[:-1]).any():
+        # (functions in address order decode in address order: no second copy then)
+        order = np.argsort(addr, kind="stable")
+        addr, size, func, raw = addr[order], size[order], func[order], raw[order]
     addr, size, func, raw = _redecode_ud1(image, starts, sizes, addr, size, func, raw)
     return Disassembly(addr, size, func, raw, bad)
 
@@ -350,8 +356,11 @@ def ud1_length(code):
 def _redecode_ud1(image, starts, sizes, addr, size, func, raw):
     """Decode again, one instruction at a time, the functions where Capstone
     cut a UD1 short (rare: a handful of functions)."""
-    b9 = (raw[:, :-1] == 0x0F) & (raw[:, 1:] == 0xB9)
-    cand = np.nonzero(b9.any(axis=1))[0]
+    has_0f_b9 = np.zeros(len(raw), bool)
+    for lo in range(0, len(raw), 1 << 15):      # in slices: no (rows, 15) temporaries
+        part = raw[lo:lo + (1 << 15)]
+        has_0f_b9[lo:lo + len(part)] = ((part[:, :-1] == 0x0F) & (part[:, 1:] == 0xB9)).any(axis=1)
+    cand = np.nonzero(has_0f_b9)[0]
     funcs = sorted({int(func[i]) for i in cand.tolist()
                     if ud1_length(bytes(raw[i])) > int(size[i])})
     if not funcs:

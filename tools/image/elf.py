@@ -168,6 +168,7 @@ class ElfImage:
         self._strtab_cache = {}
         self._relocs = None
         self._alloc = None
+        self._last_section = None      # (lo, hi, section): section_at's last answer
 
     # -- header and sections ------------------------------------------------
     def _parse_header(self):
@@ -233,8 +234,15 @@ class ElfImage:
         """The allocated section holding virtual address addr, or None."""
         if self._alloc is None:
             self.alloc_sections()
-        for lo, hi, s in self._alloc:
+        last = self._last_section
+        if last is not None and last[0] <= addr < last[1]:
+            return last[2]              # reads come in runs within one section
+        for k, (lo, hi, s) in enumerate(self._alloc):
             if lo <= addr < hi:
+                # kept only where no earlier section overlaps it (.tbss does), so the
+                # answer stays the first match in header order
+                if not any(lo2 < hi and lo < hi2 for lo2, hi2, _ in self._alloc[:k]):
+                    self._last_section = (lo, hi, s)
                 return s
         return None
 

@@ -32,6 +32,9 @@ traces) splits it in proportion to the two successors' own counts (exact when
 one of them never runs).
 """
 
+import heapq
+import itertools
+
 import numpy as np
 
 from ..image.cfg import TERM_FALL, TERM_JCC, TERM_JMP, TERM_KEY
@@ -213,9 +216,21 @@ def ext_tsp_order(sizes, edges, counts=None, entry=0, split_max=SPLIT_MAX):
     gain_cache = {}
 
     def cross_score(edges_, addr):
+        # edge_score's expressions inlined (the same floats): this runs for every
+        # edge of every arrangement tried, where a call per edge was a third of it
         s = 0.0
         for a, b, w, u in edges_:
-            s += edge_score(w, u, addr(a) + sizes[a], addr(b))
+            src_end, dst_start = addr(a) + sizes[a], addr(b)
+            if dst_start == src_end:
+                s += w * (FALL_WEIGHT_UNCOND if u else FALL_WEIGHT)
+            elif dst_start > src_end:
+                d = dst_start - src_end
+                if d < FORWARD_DISTANCE:
+                    s += w * JUMP_WEIGHT * (1.0 - d / FORWARD_DISTANCE)
+            else:
+                d = src_end - dst_start
+                if d < BACKWARD_DISTANCE:
+                    s += w * JUMP_WEIGHT * (1.0 - d / BACKWARD_DISTANCE)
         return s
 
     def best_merge(x, y):
@@ -273,21 +288,33 @@ def ext_tsp_order(sizes, edges, counts=None, entry=0, split_max=SPLIT_MAX):
         return {"XY": lambda: X + Y, "YX": lambda: Y + X, "X1YX2": lambda: X[:k] + Y + X[k:],
                 "YX2X1": lambda: Y + X[k:] + X[:k], "X2X1Y": lambda: X[k:] + X[:k] + Y}[kind]()
 
-    while True:
-        best = None
-        for key in sorted(between):
-            if key not in gain_cache:
-                a, b = key
-                g1 = best_merge(a, b)
-                g2 = best_merge(b, a)
-                gain_cache[key] = (g1[0], (a, b, g1[1])) if g1[0] >= g2[0] else \
-                    (g2[0], (b, a, g2[1]))
-            g, how = gain_cache[key]
-            if how[2] is not None and (best is None or g > best[0]):
-                best = (g, how)
-        if best is None:
-            break
-        x, y, how = best[1]
+    # the pairs of chains that share edges, by chain: a merge touches only its
+    # two chains' pairs, not every pair
+    partners = {i: set() for i in range(n)}
+    for a, b in between:
+        partners[a].add(b)
+        partners[b].add(a)
+    # the best pair by a heap of (-gain, pair): the largest gain, the smallest pair
+    # among equal gains (what a scan of the sorted pairs picks); entries of pairs
+    # changed since are skipped by their stamp
+    heap, stamp = [], itertools.count()
+
+    def rate(key):
+        a, b = key
+        g1 = best_merge(a, b)
+        g2 = best_merge(b, a)
+        got = (g1[0], (a, b, g1[1])) if g1[0] >= g2[0] else (g2[0], (b, a, g2[1]))
+        gain_cache[key] = got + (next(stamp),)
+        if got[1][2] is not None:
+            heapq.heappush(heap, (-got[0], key, gain_cache[key][2]))
+
+    for key in sorted(between):
+        rate(key)
+    while heap:
+        neg_gain, key, st = heapq.heappop(heap)
+        if key not in between or gain_cache[key][2] != st:
+            continue                        # a pair since merged or re-rated
+        x, y, how = gain_cache[key][1]
         seq = arrange(x, y, how)
         keep, gone = min(x, y), max(x, y)
         merged_edges = inner[x] + inner[y] + between.pop((keep, gone))
@@ -298,16 +325,20 @@ def ext_tsp_order(sizes, edges, counts=None, entry=0, split_max=SPLIT_MAX):
         for v in seq:
             chain[v], off[v] = keep, pos
             pos += sizes[v]
-        # pairs with the merged chains now pair with ``keep``
-        for key in list(between):
-            if gone in key or keep in key:
-                gain_cache.pop(key, None)
-            if gone in key:
-                other = key[0] if key[1] == gone else key[1]
-                es = between.pop(key)
-                nk = (min(keep, other), max(keep, other))
-                between.setdefault(nk, []).extend(es)
-                gain_cache.pop(nk, None)
+        gain_cache.pop((keep, gone), None)
+        partners[keep].discard(gone)
+        partners[gone].discard(keep)
+        # pairs with the merged chains now pair with ``keep``: their edges join
+        # keep's with that chain (keep's first, as before)
+        for other in partners.pop(gone):
+            es = between.pop((min(gone, other), max(gone, other)))
+            gain_cache.pop((min(gone, other), max(gone, other)), None)
+            partners[other].discard(gone)
+            partners[other].add(keep)
+            partners[keep].add(other)
+            between.setdefault((min(keep, other), max(keep, other)), []).extend(es)
+        for other in sorted(partners[keep]):
+            rate((min(keep, other), max(keep, other)))
     first = chain[entry]
 
     def density(c):

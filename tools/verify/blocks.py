@@ -30,7 +30,7 @@ The core works on byte readers and arrays so that tests can hand it small
 synthetic functions; ``verify --against`` feeds it the two images.
 """
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +39,7 @@ import capstone
 from capstone import x86 as cx86
 
 from ..image import blockmap as bm
+from ..image.operands import rip_relative
 
 NOP2 = bytes.fromhex("6690")
 NOP5 = bytes.fromhex("0f1f440000")
@@ -248,6 +249,74 @@ def _same_plain_branch(ins, plain, new_bytes, new_addr, translate):
     return (new_addr + ins.size + rel) & (2**64 - 1) == translate(target)
 
 
+def _rip_disp_offsets(insns):
+    """{address: offset of the disp32} of the RIP-relative ones among ``insns``
+    (_Light instructions), read from one batched detailed decode
+    (image/operands.py) rather than one wrapper decode each."""
+    if not insns:
+        return {}
+    raw = np.zeros((len(insns), 16), np.uint8)
+    for k, ins in enumerate(insns):
+        raw[k, :ins.size] = np.frombuffer(bytes(ins.bytes), np.uint8)
+    has, disp_offset = rip_relative(raw, [ins.size for ins in insns])
+    return {ins.address: d for ins, h, d in zip(insns, has.tolist(), disp_offset.tolist())
+            if h and d > 0}
+
+
+def _same_rip_relative(ins, disp_offset, new_read, new_addr, translate):
+    """The RIP-relative ``ins`` (its disp32 at ``disp_offset``) and the bytes at
+    ``new_addr`` are the same but for the displacement, which designates the
+    translated target: what _same_meaning finds for such a pair, without
+    decoding. False sends the pair to the full check."""
+    size, end = ins.size, disp_offset + 4
+    if end > size:
+        return False
+    try:
+        new = bytes(new_read(new_addr, size))
+    except ValueError:
+        return False
+    old = bytes(ins.bytes)
+    if new[:disp_offset] != old[:disp_offset] or new[end:] != old[end:]:
+        return False
+    old_disp = int.from_bytes(old[disp_offset:end], "little", signed=True)
+    new_disp = int.from_bytes(new[disp_offset:end], "little", signed=True)
+    mask = 2**64 - 1
+    return (new_addr + size + new_disp) & mask == \
+        translate((ins.address + size + old_disp) & mask)
+
+
+def _plain_form(code):
+    """(kind, condition, length, opcode length) of a direct call/jmp/jcc without
+    prefixes at the start of ``code``, else None; short and long jmp and jcc are
+    one kind."""
+    if len(code) >= 5 and code[0] in (0xE8, 0xE9):
+        return ("call" if code[0] == 0xE8 else "jmp"), None, 5, 1
+    if len(code) >= 2 and code[0] == 0xEB:
+        return "jmp", None, 2, 1
+    if len(code) >= 2 and 0x70 <= code[0] <= 0x7F:
+        return "jcc", code[0] & 0xF, 2, 1
+    if len(code) >= 6 and code[0] == 0x0F and 0x80 <= code[1] <= 0x8F:
+        return "jcc", code[1] & 0xF, 6, 2
+    return None
+
+
+def _same_plain_relaxed(ins, new_read, new_addr, new_len, want):
+    """The plain branch ``ins`` re-encoded at ``new_addr`` as the same kind of plain
+    branch (jcc: the same condition) of ``new_len`` bytes to ``want``: what the
+    re-encoded branch check (_relaxation_problem) passes, without decoding. False
+    sends the pair to the full check."""
+    try:
+        new = bytes(new_read(new_addr, new_len))
+    except ValueError:
+        return False
+    old_form, new_form = _plain_form(bytes(ins.bytes)), _plain_form(new)
+    if old_form is None or new_form is None or old_form[:2] != new_form[:2] or \
+            new_form[2] != new_len:
+        return False
+    rel = int.from_bytes(new[new_form[3]:new_len], "little", signed=True)
+    return (new_addr + new_len + rel) & (2**64 - 1) == want
+
+
 def _direct_target(ins):
     """Target of a direct jmp/jcc/call, else None."""
     if len(ins.operands) == 1 and ins.operands[0].type == cx86.X86_OP_IMM and (
@@ -388,6 +457,14 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
         return np.where(i >= 0, keys[np.maximum(i, 0)], -1)
 
     orc_pairs = []          # (old addr, new addr, is piece start)
+    # the pieces' columns and the moved data fields as lists: the loop below reads
+    # them per instruction, where one-element numpy indexing costs more than the check
+    piece_kind, piece_old, piece_old_end = amap.kind.tolist(), amap.old.tolist(), \
+        amap.old_end.tolist()
+    piece_new, piece_new_len = amap.new.tolist(), amap.new_len.tolist()
+    moved_field_addrs, moved_field_deltas = (np.asarray(data_moves[0]).tolist(),
+                                             np.asarray(data_moves[1]).tolist()) \
+        if data_moves is not None and len(data_moves[0]) else ([], [])
     for fidx, f in enumerate(functions):
         sel = np.nonzero(inside & (fic == fidx))[0]
         fr = rows[sel]
@@ -395,6 +472,8 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
         stats["pieces"] += int(len(fr))
         code = bytes(old_read(f.old_start, f.old_end - f.old_start))
         insns = _decode_all(cs, code, f.old_start, lite)
+        rip_disp_offsets = _rip_disp_offsets(
+            [i for i in insns if isinstance(i, _Light) and "rip" in i.op_str])
         starts = {i.address for i in insns}
         decoded_end = insns[-1].address + insns[-1].size if insns else f.old_start
         if decoded_end != f.old_end:
@@ -439,9 +518,9 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 continue                        # reported as lost above
             stats["instructions"] += 1
             a = ins.address
-            kind = int(amap.kind[p])
-            piece_start = int(amap.old[p]) == a
-            plain = _plain_branch(ins) if kind == bm.KIND_COPIED and \
+            kind = piece_kind[p]
+            piece_start = piece_old[p] == a
+            plain = _plain_branch(ins) if kind in (bm.KIND_COPIED, bm.KIND_BRANCH) and \
                 isinstance(ins, _Light) else None
             if plain is None and (kind != bm.KIND_COPIED or _maybe_branch(ins.mnemonic)):
                 ins = _full(cs, ins)
@@ -449,29 +528,36 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
             target = plain[1] if plain is not None else \
                 None if isinstance(ins, _Light) else _direct_target(ins)
             if kind == bm.KIND_COPIED:
-                n = int(amap.new[p]) + (a - int(amap.old[p]))
+                n = piece_new[p] + (a - piece_old[p])
                 translate, data_moved = amap.map1, False
-                if data_moves is not None and len(data_moves[0]):
-                    k = int(np.searchsorted(data_moves[0], a))
-                    if k < len(data_moves[0]) and int(data_moves[0][k]) < a + ins.size:
-                        d = int(data_moves[1][k])
+                if moved_field_addrs:
+                    k = bisect_left(moved_field_addrs, a)
+                    if k < len(moved_field_addrs) and moved_field_addrs[k] < a + ins.size:
+                        d = moved_field_deltas[k]
                         translate = lambda v, d=d: (v + d) & (2**64 - 1)   # noqa: E731
                         data_moved = True
                 # the same bytes mean the same unless an operand is relative to the
                 # instruction's address (RIP operand, direct branch) or refers to a
                 # moved data symbol: no decode needed
-                if isinstance(ins, _Light) and "rip" in ins.op_str:
-                    ins = _full(cs, ins)            # decoded once, kept for below
-                rip = not isinstance(ins, _Light) and _rip_relative(ins)
-                if not data_moved and target is None and not rip and \
-                        bytes(new_read(n, ins.size)) == bytes(ins.bytes):
-                    new_ins = ins
-                elif plain is not None and not data_moved and \
-                        _same_plain_branch(ins, plain, bytes(new_read(n, ins.size)), n, translate):
-                    new_ins = ins       # same opcode, same length, the translated target
+                rip_disp_offset = rip_disp_offsets.get(a) \
+                    if isinstance(ins, _Light) and not data_moved else None
+                if rip_disp_offset is not None and \
+                        _same_rip_relative(ins, rip_disp_offset, new_read, n, translate):
+                    new_ins = ins       # same bytes but the displacement, the translated target
                 else:
-                    ins = _full(cs, ins)
-                    new_ins = _decode_one(cs, new_read, n)
+                    if isinstance(ins, _Light) and "rip" in ins.op_str:
+                        ins = _full(cs, ins)            # decoded once, kept for below
+                    rip = not isinstance(ins, _Light) and _rip_relative(ins)
+                    if not data_moved and target is None and not rip and \
+                            bytes(new_read(n, ins.size)) == bytes(ins.bytes):
+                        new_ins = ins
+                    elif plain is not None and not data_moved and \
+                            _same_plain_branch(ins, plain, bytes(new_read(n, ins.size)), n,
+                                               translate):
+                        new_ins = ins   # same opcode, same length, the translated target
+                    else:
+                        ins = _full(cs, ins)
+                        new_ins = _decode_one(cs, new_read, n)
                 if new_ins is None or new_ins.size != ins.size or \
                         (new_ins is not ins and not _same_meaning(ins, new_ins, translate)):
                     add("equiv.block-instruction", n, f"{f.name}: '{ins.mnemonic} {ins.op_str}' "
@@ -481,39 +567,44 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 n_end = n + ins.size
             elif kind == bm.KIND_BRANCH:
                 stats["branches_reencoded"] += 1
-                n = int(amap.new[p])
-                new_len = int(amap.new_len[p])
-                if int(amap.old[p]) != a or int(amap.old_end[p]) != a + ins.size:
-                    add("equiv.block-map", a, f"{f.name}: branch piece {int(amap.old[p]):#x} is "
+                n = piece_new[p]
+                new_len = piece_new_len[p]
+                if piece_old[p] != a or piece_old_end[p] != a + ins.size:
+                    add("equiv.block-map", a, f"{f.name}: branch piece {piece_old[p]:#x} is "
                         f"not exactly the instruction at {a:#x}")
                     continue
-                new_ins = _decode_one(cs, new_read, n)
-                # an opposite condition to the original target is a flipped jcc
-                # (relaxation); to anywhere else it claims to be an inversion
-                if _inverted_jcc(ins, new_ins) and target is not None and \
-                        _direct_target(new_ins) != amap.map1(target):
-                    why = _inversion_problem(ins, new_ins, new_len, target, amap)
+                if plain is not None and \
+                        _same_plain_relaxed(ins, new_read, n, new_len, amap.map1(plain[1])):
+                    n_end = n + new_len     # the full check below finds nothing for it
+                else:
+                    ins = _full(cs, ins)
+                    new_ins = _decode_one(cs, new_read, n)
+                    # an opposite condition to the original target is a flipped jcc
+                    # (relaxation); to anywhere else it claims to be an inversion
+                    if _inverted_jcc(ins, new_ins) and target is not None and \
+                            _direct_target(new_ins) != amap.map1(target):
+                        why = _inversion_problem(ins, new_ins, new_len, target, amap)
+                        if why:
+                            add("equiv.jcc-inversion", n, f"{f.name}: '{ins.mnemonic}' at "
+                                f"{a:#x} inverted to '{new_ins.mnemonic}' wrongly: {why}")
+                        else:
+                            stats["jcc_inverted"] = stats.get("jcc_inverted", 0) + 1
+                            if orc_ok:
+                                orc_pairs.append((a, n, piece_start, p))
+                        continue                # both edges checked by the inversion
+                    why = _relaxation_problem(ins, new_ins, new_len, target, amap)
                     if why:
-                        add("equiv.jcc-inversion", n, f"{f.name}: '{ins.mnemonic}' at {a:#x} "
-                            f"inverted to '{new_ins.mnemonic}' wrongly: {why}")
-                    else:
-                        stats["jcc_inverted"] = stats.get("jcc_inverted", 0) + 1
-                        if orc_ok:
-                            orc_pairs.append((a, n, piece_start, p))
-                    continue                    # both edges checked by the inversion
-                why = _relaxation_problem(ins, new_ins, new_len, target, amap)
-                if why:
-                    add("equiv.relaxation", n, f"{f.name}: branch at {a:#x} re-encoded wrongly: "
-                        f"{why}")
-                    continue
-                n_end = n + new_len
+                        add("equiv.relaxation", n, f"{f.name}: branch at {a:#x} re-encoded "
+                            f"wrongly: {why}")
+                        continue
+                    n_end = n + new_len
             elif kind == bm.KIND_JMP_REMOVED:
                 stats["jmps_removed"] += 1
                 if ins.mnemonic != "jmp" or target is None:
-                    add("equiv.edge", int(amap.new[p]), f"{f.name}: removed '{ins.mnemonic} "
+                    add("equiv.edge", piece_new[p], f"{f.name}: removed '{ins.mnemonic} "
                         f"{ins.op_str}' at {a:#x} is not an unconditional direct jmp")
-                elif amap.map1(target) != int(amap.new[p]):
-                    place, now = int(amap.new[p]), amap.map1(target)
+                elif amap.map1(target) != piece_new[p]:
+                    place, now = piece_new[p], amap.map1(target)
                     add("equiv.edge", place, f"{f.name}: removed jmp at {a:#x} went to "
                         f"{target:#x} (now {now:#x}), but its place leads to {place:#x}: the "
                         "target must be the next instruction"
@@ -541,7 +632,7 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
             if ins_row is not None and int(ins_row["old"]) == succ:
                 continue                        # checked with the inserted jmps below
             sp = int(amap.piece([succ])[0])
-            removed = sp >= 0 and int(amap.kind[sp]) == bm.KIND_JMP_REMOVED
+            removed = sp >= 0 and piece_kind[sp] == bm.KIND_JMP_REMOVED
             add("equiv.edge", n_end, f"{f.name}: fall-through from '{ins.mnemonic} {ins.op_str}' at "
                 f"{a:#x} to {succ:#x} is broken: NEW continues at {n_end:#x}, the successor "
                 + ("is a removed jmp whose target is" if removed else "is") + f" at {want:#x}"

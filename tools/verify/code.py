@@ -11,6 +11,9 @@ from .. import timings
 from ..image.disasm import Disassembly
 from .findings import add_findings as _add
 
+# rows per slice when OLD's and NEW's instruction bytes are compared
+_COMPARE_ROWS = 1 << 15
+
 
 def check_code(ctx, out):
     """Steps 1 and 2 (compare_instructions) on the instructions of OLD outside
@@ -61,11 +64,18 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
     # 2. differing bytes must be translated address fields
     o_idx_all = np.nonzero(use)[0][found]          # old disasm index
     n_idx_all = nic[found]
-    o_raw, n_raw = od.raw[o_idx_all], nd.raw[n_idx_all]
     sizes = od.size[o_idx_all].astype(np.int64)
     col = np.arange(16)[None, :]
-    differs = ((o_raw != n_raw) & (col < sizes[:, None])).any(axis=1)
+    differs = np.zeros(len(o_idx_all), bool)
+    # compared in slices: the whole (rows, 16) byte matrices would be a transient
+    # of several times the decoded code (zstd: 18 MiB over the peak)
+    for lo in range(0, len(o_idx_all), _COMPARE_ROWS):
+        hi = lo + _COMPARE_ROWS
+        differs[lo:hi] = ((od.raw[o_idx_all[lo:hi]] != nd.raw[n_idx_all[lo:hi]]) &
+                          (col < sizes[lo:hi, None])).any(axis=1)
     k_diff = np.nonzero(differs)[0]
+    # only the changed rows' bytes are looked at again
+    o_raw, n_raw, sizes_diff = od.raw[o_idx_all[k_diff]], nd.raw[n_idx_all[k_diff]], sizes[k_diff]
     # branches: compare decoded targets, all at once (most changed instructions are
     # calls and jumps to moved functions)
     ob_i, ob_t, _ = od.branch_targets()
@@ -92,8 +102,8 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
     # comes from Capstone, once per distinct instruction header (fields.py)
     from .fields import FieldLayouts, field_values
     rows = k_diff[~is_br]
-    r_raw_o, r_raw_n = o_raw[rows], n_raw[rows]
-    r_size = sizes[rows]
+    r_raw_o, r_raw_n = o_raw[~is_br], n_raw[~is_br]
+    r_size = sizes_diff[~is_br]
     r_oa = od.addr[o_idx_all[rows]]
     r_na = nd.addr[n_idx_all[rows]]
     decoded, d_off, d_sz, i_off, i_sz, rip = FieldLayouts().layouts(r_raw_o, r_size, r_oa)
