@@ -306,8 +306,12 @@ def disassemble(image, functions, jobs=None):
     func = np.concatenate([p[2] for p in parts])
     raw = np.concatenate([p[3] for p in parts])
     bad = [b for p in parts for b in p[4]]
-    order = np.argsort(addr, kind="stable")
-    addr, size, func, raw = addr[order], size[order], func[order], raw[order]
+    del parts
+    if len(addr) and not (addr[1:] >= addr[:-1]).all():
+        # (functions in address order decode in address order: nothing to sort, and
+        # no second copy of the rows)
+        order = np.argsort(addr, kind="stable")
+        addr, size, func, raw = addr[order], size[order], func[order], raw[order]
     addr, size, func, raw = _redecode_ud1(image, starts, sizes, addr, size, func, raw)
     return Disassembly(addr, size, func, raw, bad)
 
@@ -350,8 +354,7 @@ def ud1_length(code):
 def _redecode_ud1(image, starts, sizes, addr, size, func, raw):
     """Decode again, one instruction at a time, the functions where Capstone
     cut a UD1 short (rare: a handful of functions)."""
-    b9 = (raw[:, :-1] == 0x0F) & (raw[:, 1:] == 0xB9)
-    cand = np.nonzero(b9.any(axis=1))[0]
+    cand = _ud1_candidates(raw)
     funcs = sorted({int(func[i]) for i in cand.tolist()
                     if ud1_length(bytes(raw[i])) > int(size[i])})
     if not funcs:
@@ -375,9 +378,46 @@ def _redecode_ud1(image, starts, sizes, addr, size, func, raw):
     finally:
         dec.close()
     keep = ~np.isin(func, funcs)
-    addr = np.concatenate([addr[keep], np.array([r[0] for r in rows], np.uint64)])
-    size = np.concatenate([size[keep], np.array([r[1] for r in rows], size.dtype)])
-    func = np.concatenate([func[keep], np.array([r[2] for r in rows], func.dtype)])
-    raw = np.concatenate([raw[keep], np.stack([r[3] for r in rows])])
-    order = np.argsort(addr, kind="stable")
-    return addr[order], size[order], func[order], raw[order]
+    new_addr = np.array([r[0] for r in rows], np.uint64)
+    o = np.argsort(new_addr, kind="stable")
+    # each new row after the kept rows of its address: the order a stable sort of
+    # kept + new gives, without sorting all rows again
+    kaddr = addr[keep]
+    at = np.searchsorted(kaddr, new_addr[o], side="right")
+    addr = np.insert(kaddr, at, new_addr[o])
+    size = np.insert(size[keep], at, np.array([r[1] for r in rows], size.dtype)[o])
+    func = np.insert(func[keep], at, np.array([r[2] for r in rows], func.dtype)[o])
+    raw = np.insert(raw[keep], at, np.stack([r[3] for r in rows])[o], axis=0)
+    return addr, size, func, raw
+
+
+def _ud1_candidates(raw):
+    """Rows whose bytes can start a UD1 (``0f b9`` after legacy prefixes and a
+    REX byte): the only rows ud1_length can measure. Column tests on the rows
+    without a prefix, gathers only on the few with one (no rows x 16 temporaries)."""
+    pref = np.array(sorted(_PREFIXES), np.uint8)
+
+    def at_start(c0, c1, c2):
+        rex = (c0 >= 0x40) & (c0 <= 0x4F)
+        return np.where(rex, (c1 == 0x0F) & (c2 == 0xB9), (c0 == 0x0F) & (c1 == 0xB9))
+    c0 = raw[:, 0]
+    plain = ~np.isin(c0, pref)
+    hit = plain & at_start(c0, raw[:, 1], raw[:, 2])
+    rows = np.nonzero(~plain)[0]
+    width = raw.shape[1]
+    sub = raw[rows]
+    lead = np.zeros(len(rows), np.int64)
+    active = np.arange(len(rows))
+    for col in range(width):
+        active = active[np.isin(sub[active, col], pref)]
+        if not len(active):
+            break
+        lead[active] += 1
+    # the UD1 opcode ends within the kept bytes: REX (if any) at lead, 0f b9 after
+    k = np.arange(len(rows))
+    g = lambda j: sub[k, np.minimum(lead + j, width - 1)]      # noqa: E731
+    fits = lead + 2 < width
+    rex = (g(0) >= 0x40) & (g(0) <= 0x4F)
+    hit[rows] = fits & np.where(rex, (g(1) == 0x0F) & (g(2) == 0xB9),
+                                (lead + 1 < width) & (g(0) == 0x0F) & (g(1) == 0xB9))
+    return np.nonzero(hit)[0]

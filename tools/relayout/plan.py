@@ -145,6 +145,7 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
     another from there, their pinned regions stay where they are.
     """
     keep = set()
+    calls = _call_units(units, calls, functions)     # by name once, not once per region
     while True:
         try:
             plan = _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep,
@@ -175,7 +176,7 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
 def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep, relocate):
     """make_plan with the regions in ``keep`` (indexes) at their original layout.
 
-    ``calls``: [(caller, callee, count)] by function name (call edges);
+    ``calls``: _call_units' arrays of the call edges (by unit);
     ``blocks``: optional (address, size, count per iteration) arrays of the
     profile's executed blocks; strategies that look at bytes inside units
     (``pack``) get them as ``view.hot_ranges`` (see ``unit_hot_ranges``).
@@ -430,20 +431,33 @@ def block_line_metric_amap(amap, start, end, counts, min_count=1.0, line=LINE):
             "block_lines_after": hot_lines(new, size, line)}
 
 
-def _edges(view, units, calls, functions):
-    """Call edges [(caller k, callee k, count)] between units of one region view."""
-    if not calls or functions is None:
+def _call_units(units, calls, functions):
+    """(caller unit, callee unit, count) arrays of the call edges [(caller,
+    callee, count)] by function name whose both ends are functions of
+    ``units``, in the order of ``calls``."""
+    ua, ub, w = [], [], []
+    if calls and functions is not None:
+        for a, b, c in calls:
+            ia, ib = functions.index_of(a), functions.index_of(b)
+            if ia is None or ib is None or units.funcs[ia] < 0 or units.funcs[ib] < 0:
+                continue
+            ua.append(int(units.funcs[ia]))
+            ub.append(int(units.funcs[ib]))
+            w.append(float(c))
+    return (np.array(ua, np.int64), np.array(ub, np.int64), np.array(w, np.float64))
+
+
+def _edges(view, units, call_units, functions):
+    """Call edges [(caller k, callee k, count)] between units of one region view
+    (``call_units``: _call_units' arrays)."""
+    ua, ub, w = call_units
+    if not len(ua):
         return []
-    local = {int(u): k for k, u in enumerate(view.index.tolist())}
-    out = []
-    for a, b, w in calls:
-        ia, ib = functions.index_of(a), functions.index_of(b)
-        if ia is None or ib is None:
-            continue
-        ka, kb = local.get(int(units.funcs[ia])), local.get(int(units.funcs[ib]))
-        if ka is not None and kb is not None:
-            out.append((ka, kb, float(w)))
-    return out
+    local = np.full(len(units.start), -1, np.int64)
+    local[view.index] = np.arange(len(view.index))
+    ka, kb = local[ua], local[ub]
+    m = np.nonzero((ka >= 0) & (kb >= 0))[0]
+    return list(zip(ka[m].tolist(), kb[m].tolist(), w[m].tolist()))
 
 
 def _movable_runs(plan):
