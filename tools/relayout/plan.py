@@ -42,9 +42,12 @@ def place(cursor, unit_align, phase, want_align=1):
 class RegionView:
     """What a strategy sees of one region: its units and their heat."""
 
-    def __init__(self, units, region_index, heat, skip=0):
+    def __init__(self, units, region_index, heat, skip=0, members=None):
         self.region = units.regions[region_index]
-        self.index = np.nonzero(units.region == region_index)[0][skip:]
+        # ``members``: the region's unit indices in ascending order, when the caller
+        # has them (_make_plan: all regions' at once)
+        self.index = (np.nonzero(units.region == region_index)[0] if members is None
+                      else members)[skip:]
         self.start = units.start[self.index].astype(object)
         self.size = units.size[self.index].astype(np.int64)
         self.align = units.align[self.index]
@@ -189,6 +192,8 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
         ranges = unit_hot_ranges(units, blocks, getattr(strategy, "block_min", 0.0))
     new_start = units.start.copy()
     region_new_start = [r.start for r in regs]
+    by_region = np.argsort(units.region, kind="stable")       # ascending within a region
+    cuts = np.searchsorted(units.region[by_region], np.arange(len(regs) + 1))
     prev_section, cursor = None, None
     for ri, reg in enumerate(regs):
         if reg.section != prev_section:
@@ -210,7 +215,8 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
         rstart = align_up(cursor, _region_align(reg.start)) if moved_away else \
             max(reg.start, align_up(cursor, _region_align(reg.start)))
         region_new_start[ri] = rstart
-        view = RegionView(units, ri, heat)
+        members = by_region[cuts[ri]:cuts[ri + 1]]
+        view = RegionView(units, ri, heat, members=members)
         if not len(view):
             cursor = rstart            # an empty region: its labels only
             continue
@@ -245,7 +251,7 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
                 cursor = int(units.end[view.index[npin - 1]])
             if npin == len(pinned):
                 continue
-            view = RegionView(units, ri, heat, skip=npin)
+            view = RegionView(units, ri, heat, skip=npin, members=members)
             rstart = cursor if not moved_away else rstart
         view.edges = _edges(view, units, calls, functions)
         if ranges is not None:
@@ -254,9 +260,10 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
         idx = [p[0] for p in placed]
         if sorted(idx) != list(range(len(view))):
             raise RuntimeError(f"strategy {strategy.name} did not place every unit of {reg.name}")
-        for k, addr in placed:
-            new_start[view.index[k]] = addr
-        region_end = max(int(addr) + int(view.size[k]) for k, addr in placed)
+        ks = np.array(idx, np.int64)
+        addrs = np.array([int(p[1]) for p in placed], np.uint64)
+        new_start[view.index[ks]] = addrs
+        region_end = int((addrs + view.size[ks].astype(np.uint64)).max())
         cursor = max(region_end, rstart)
     if regs and regs[-1].section not in relocate:
         _check_section_end(regs[-1], cursor)
