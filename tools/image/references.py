@@ -168,22 +168,28 @@ def code_references(dis):
     bi = idx[b]
     b_end = dis.addr[bi] + dis.size[bi].astype(np.uint64)
     # candidates: mod=00 rm=101 ModRM right before a disp32 (0, 1, 2 or 4
-    # immediate bytes after it); Capstone confirms and gives the offset
-    raw, size = dis.raw, dis.size.astype(np.int64)
-    branch = np.zeros(len(dis), bool)
-    branch[idx] = True
+    # immediate bytes after it); Capstone confirms and gives the offset. Rows
+    # are taken by length (the ModRM's column is fixed for one length): no
+    # per-row index arrays over the whole disassembly
+    raw = dis.raw
     cand = np.zeros(len(dis), bool)
-    rows = np.arange(len(dis))
-    for imm in (0, 1, 2, 4):
-        mpos = size - 5 - imm
-        ok = (mpos >= 0) & ~branch
-        modrm = raw[rows, np.clip(mpos, 0, 15)]
-        cand |= ok & ((modrm & 0xC7) == 0x05)
+    for length in range(5, raw.shape[1] + 1):
+        rows = np.nonzero(dis.size == length)[0]
+        if not len(rows):
+            continue
+        hit = np.zeros(len(rows), bool)
+        for imm in (0, 1, 2, 4):
+            col = length - 5 - imm
+            if col >= 0:
+                hit |= (raw[rows, col] & 0xC7) == 0x05
+        cand[rows[hit]] = True
+    cand[idx] = False                       # branches
     ci = np.nonzero(cand)[0]
-    rip, doff = rip_relative(raw[ci], size[ci])
-    ri, doff = ci[rip], doff[rip]
+    size = dis.size[ci].astype(np.int64)
+    rip, doff = rip_relative(raw[ci], size)
+    ri, doff, size = ci[rip], doff[rip], size[rip]
     r_field = dis.addr[ri] + doff.astype(np.uint64)
-    r_end = dis.addr[ri] + size[ri].astype(np.uint64)
+    r_end = dis.addr[ri] + size.astype(np.uint64)
     disp = np.zeros(len(ri), np.int64)
     for k in range(4):
         disp |= raw[ri, np.clip(doff + k, 0, 15)].astype(np.int64) << (8 * k)
@@ -304,16 +310,18 @@ def _kallsyms_ranges(image):
 
 
 def code_disassembly(image, units, unit_dis):
-    """Every instruction of every code section from relayout's own unit
-    disassembly plus a linear sweep of the code sections it does not lay out
-    (the sweep the rewriter makes for them: left in its per-image cache), so
-    recovery does not decode the kernel a second time."""
+    """(parts, boundaries): every instruction of every code section, as
+    relayout's own unit disassembly plus a linear sweep of the code sections it
+    does not lay out (the sweep the rewriter makes for them: left in its
+    per-image cache), so recovery does not decode the kernel a second time; and
+    one Disassembly of both by address with only ``addr`` and ``size`` (what the
+    checks on targets read: the rows' bytes are not copied again)."""
     from .disasm import Disassembly, disassemble
     laid = {r.section for r in units.regions}
     secs = [s for s in image.sections if s.is_code and s.is_alloc and s.size
             and s.index not in laid]
     if not secs:
-        return unit_dis
+        return [unit_dis], unit_dis
     from .context import ImageContext
     done = ImageContext.of(image).derived("other_code", dict)   # shared with the rewriter
     key = tuple(s.index for s in secs)
@@ -324,11 +332,8 @@ def code_disassembly(image, units, unit_dis):
     other = done[key]
     addr = np.concatenate([unit_dis.addr, other.addr])
     o = np.argsort(addr, kind="stable")
-    cat = lambda a, b: np.concatenate([a, b])[o]        # noqa: E731
-    return Disassembly(addr[o], cat(unit_dis.size, other.size),
-                       cat(unit_dis.func, np.full(len(other), -1, unit_dis.func.dtype)),
-                       cat(unit_dis.raw, other.raw), list(unit_dis.undecodable) +
-                       list(other.undecodable))
+    return [unit_dis, other], Disassembly(addr[o], np.concatenate([unit_dis.size, other.size])[o],
+                                          None, None, [])
 
 
 def recover(image, kaslr, units=None, log=None, dis=None):
@@ -341,9 +346,14 @@ def recover(image, kaslr, units=None, log=None, dis=None):
     log = log or (lambda m: None)
     ctx = ImageContext.of(image, log=log)
     # ``dis``: relayout's unit disassembly (the rest of the code is swept here);
-    # without it, the context's full decode
-    dis = ctx.disasm if dis is None or units is None else code_disassembly(image, units, dis)
-    cf, ce, ct, co, ci = code_references(dis)
+    # without it, the context's full decode. Each part's fields on their own
+    # (instructions of different parts never share a field)
+    if dis is None or units is None:
+        dis = ctx.disasm
+        parts = [dis]
+    else:
+        parts, dis = code_disassembly(image, units, dis)
+    cf, ce, ct, co = (np.concatenate(c) for c in zip(*(code_references(p)[:4] for p in parts)))
     kf, kt, ktg, ko = kaslr_references(image, kaslr)
     tf, tw, tw_which, tnames = table_references(ctx)
     t_type = np.where(tw == 8, R_X86_64_PC64, R_X86_64_PC32).astype(np.uint32)
