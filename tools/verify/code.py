@@ -61,11 +61,8 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
     # 2. differing bytes must be translated address fields
     o_idx_all = np.nonzero(use)[0][found]          # old disasm index
     n_idx_all = nic[found]
-    o_raw, n_raw = od.raw[o_idx_all], nd.raw[n_idx_all]
-    sizes = od.size[o_idx_all].astype(np.int64)
     col = np.arange(16)[None, :]
-    differs = ((o_raw != n_raw) & (col < sizes[:, None])).any(axis=1)
-    k_diff = np.nonzero(differs)[0]
+    k_diff = np.nonzero(_rows_differ(od, o_idx_all, nd, n_idx_all))[0]
     # branches: compare decoded targets, all at once (most changed instructions are
     # calls and jumps to moved functions)
     ob_i, ob_t, _ = od.branch_targets()
@@ -92,8 +89,8 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
     # comes from Capstone, once per distinct instruction header (fields.py)
     from .fields import FieldLayouts, field_values
     rows = k_diff[~is_br]
-    r_raw_o, r_raw_n = o_raw[rows], n_raw[rows]
-    r_size = sizes[rows]
+    r_raw_o, r_raw_n = od.raw[o_idx_all[rows]], nd.raw[n_idx_all[rows]]
+    r_size = od.size[o_idx_all[rows]].astype(np.int64)
     r_oa = od.addr[o_idx_all[rows]]
     r_na = nd.addr[n_idx_all[rows]]
     decoded, d_off, d_sz, i_off, i_sz, rip = FieldLayouts().layouts(r_raw_o, r_size, r_oa)
@@ -145,6 +142,18 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
     return {"equivalence_instructions": int(found.sum()),
             "equivalence_translated_branches": branch_fixed,
             "equivalence_translated_fields": field_fixed}
+
+
+def _rows_differ(od, o_idx, nd, n_idx, chunk=1 << 19):
+    """True where OLD's row ``o_idx`` and NEW's row ``n_idx`` differ within the
+    instruction's length; in chunks, so no copy of all compared rows' bytes (two
+    rows x 16 arrays and their masks were most of verify's peak memory)."""
+    out = np.zeros(len(o_idx), bool)
+    col = np.arange(od.raw.shape[1])[None, :]
+    for a in range(0, len(o_idx), chunk):
+        oi, ni = o_idx[a:a + chunk], n_idx[a:a + chunk]
+        out[a:a + chunk] = ((od.raw[oi] != nd.raw[ni]) & (col < od.size[oi][:, None])).any(axis=1)
+    return out
 
 
 def fill_instructions(octx, od):
