@@ -149,10 +149,13 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
     """
     keep = set()
     calls = _call_units(units, calls, functions)     # by name once, not once per region
+    # a retry lays out again every region the kept one does not change: a region's
+    # layout is a function of the region and where it starts, kept from try to try
+    memo = {} if _regions_independent(strategy) else None
     while True:
         try:
             plan = _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep,
-                              relocate or {})
+                              relocate or {}, memo)
         except _PinnedOverflow as e:
             regs = units.regions
             cand = None
@@ -176,8 +179,18 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
         return plan
 
 
-def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep, relocate):
+def _regions_independent(strategy):
+    """True when the strategy's layout of a region depends on that region alone (no
+    state carried from region to region: pack's is for set-aware placement only)."""
+    return not hasattr(strategy, "begin_plan") or getattr(strategy, "set_spread", True) is None
+
+
+def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep, relocate,
+               memo=None):
     """make_plan with the regions in ``keep`` (indexes) at their original layout.
+
+    ``memo``: {(region, pinned prefix, start): placements} of earlier tries (None:
+    lay out every region).
 
     ``calls``: _call_units' arrays of the call edges (by unit);
     ``blocks``: optional (address, size, count per iteration) arrays of the
@@ -253,10 +266,17 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
                 continue
             view = RegionView(units, ri, heat, skip=npin, members=members)
             rstart = cursor if not moved_away else rstart
-        view.edges = _edges(view, units, calls, functions)
-        if ranges is not None:
-            view.hot_ranges = [ranges.get(int(i)) for i in view.index.tolist()]
-        placed = strategy.layout(view, rstart)
+        else:
+            npin = 0
+        key = (ri, npin, int(rstart))
+        placed = memo.get(key) if memo is not None else None
+        if placed is None:
+            view.edges = _edges(view, units, calls, functions)
+            if ranges is not None:
+                view.hot_ranges = [ranges.get(int(i)) for i in view.index.tolist()]
+            placed = strategy.layout(view, rstart)
+            if memo is not None:
+                memo[key] = placed
         idx = [p[0] for p in placed]
         if sorted(idx) != list(range(len(view))):
             raise RuntimeError(f"strategy {strategy.name} did not place every unit of {reg.name}")
