@@ -42,9 +42,12 @@ def place(cursor, unit_align, phase, want_align=1):
 class RegionView:
     """What a strategy sees of one region: its units and their heat."""
 
-    def __init__(self, units, region_index, heat, skip=0):
+    def __init__(self, units, region_index, heat, skip=0, members=None):
         self.region = units.regions[region_index]
-        self.index = np.nonzero(units.region == region_index)[0][skip:]
+        # ``members``: the region's unit indices in ascending order, when the caller
+        # has them (_make_plan: all regions' at once)
+        self.index = (np.nonzero(units.region == region_index)[0] if members is None
+                      else members)[skip:]
         self.start = units.start[self.index].astype(object)
         self.size = units.size[self.index].astype(np.int64)
         self.align = units.align[self.index]
@@ -145,10 +148,14 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
     another from there, their pinned regions stay where they are.
     """
     keep = set()
+    calls = _call_units(units, calls, functions)     # by name once, not once per region
+    # a retry lays out again every region the kept one does not change: a region's
+    # layout is a function of the region and where it starts, kept from try to try
+    memo = {} if _regions_independent(strategy) else None
     while True:
         try:
             plan = _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep,
-                              relocate or {})
+                              relocate or {}, memo)
         except _PinnedOverflow as e:
             regs = units.regions
             cand = None
@@ -172,10 +179,20 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
         return plan
 
 
-def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep, relocate):
+def _regions_independent(strategy):
+    """True when the strategy's layout of a region depends on that region alone (no
+    state carried from region to region: pack's is for set-aware placement only)."""
+    return not hasattr(strategy, "begin_plan") or getattr(strategy, "set_spread", True) is None
+
+
+def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep, relocate,
+               memo=None):
     """make_plan with the regions in ``keep`` (indexes) at their original layout.
 
-    ``calls``: [(caller, callee, count)] by function name (call edges);
+    ``memo``: {(region, pinned prefix, start): placements} of earlier tries (None:
+    lay out every region).
+
+    ``calls``: _call_units' arrays of the call edges (by unit);
     ``blocks``: optional (address, size, count per iteration) arrays of the
     profile's executed blocks; strategies that look at bytes inside units
     (``pack``) get them as ``view.hot_ranges`` (see ``unit_hot_ranges``).
@@ -188,6 +205,8 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
         ranges = unit_hot_ranges(units, blocks, getattr(strategy, "block_min", 0.0))
     new_start = units.start.copy()
     region_new_start = [r.start for r in regs]
+    by_region = np.argsort(units.region, kind="stable")       # ascending within a region
+    cuts = np.searchsorted(units.region[by_region], np.arange(len(regs) + 1))
     prev_section, cursor = None, None
     for ri, reg in enumerate(regs):
         if reg.section != prev_section:
@@ -209,7 +228,8 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
         rstart = align_up(cursor, _region_align(reg.start)) if moved_away else \
             max(reg.start, align_up(cursor, _region_align(reg.start)))
         region_new_start[ri] = rstart
-        view = RegionView(units, ri, heat)
+        members = by_region[cuts[ri]:cuts[ri + 1]]
+        view = RegionView(units, ri, heat, members=members)
         if not len(view):
             cursor = rstart            # an empty region: its labels only
             continue
@@ -244,18 +264,26 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
                 cursor = int(units.end[view.index[npin - 1]])
             if npin == len(pinned):
                 continue
-            view = RegionView(units, ri, heat, skip=npin)
+            view = RegionView(units, ri, heat, skip=npin, members=members)
             rstart = cursor if not moved_away else rstart
-        view.edges = _edges(view, units, calls, functions)
-        if ranges is not None:
-            view.hot_ranges = [ranges.get(int(i)) for i in view.index.tolist()]
-        placed = strategy.layout(view, rstart)
+        else:
+            npin = 0
+        key = (ri, npin, int(rstart))
+        placed = memo.get(key) if memo is not None else None
+        if placed is None:
+            view.edges = _edges(view, units, calls, functions)
+            if ranges is not None:
+                view.hot_ranges = [ranges.get(int(i)) for i in view.index.tolist()]
+            placed = strategy.layout(view, rstart)
+            if memo is not None:
+                memo[key] = placed
         idx = [p[0] for p in placed]
         if sorted(idx) != list(range(len(view))):
             raise RuntimeError(f"strategy {strategy.name} did not place every unit of {reg.name}")
-        for k, addr in placed:
-            new_start[view.index[k]] = addr
-        region_end = max(int(addr) + int(view.size[k]) for k, addr in placed)
+        ks = np.array(idx, np.int64)
+        addrs = np.array([int(p[1]) for p in placed], np.uint64)
+        new_start[view.index[ks]] = addrs
+        region_end = int((addrs + view.size[ks].astype(np.uint64)).max())
         cursor = max(region_end, rstart)
     if regs and regs[-1].section not in relocate:
         _check_section_end(regs[-1], cursor)
@@ -430,20 +458,33 @@ def block_line_metric_amap(amap, start, end, counts, min_count=1.0, line=LINE):
             "block_lines_after": hot_lines(new, size, line)}
 
 
-def _edges(view, units, calls, functions):
-    """Call edges [(caller k, callee k, count)] between units of one region view."""
-    if not calls or functions is None:
+def _call_units(units, calls, functions):
+    """(caller unit, callee unit, count) arrays of the call edges [(caller,
+    callee, count)] by function name whose both ends are functions of
+    ``units``, in the order of ``calls``."""
+    ua, ub, w = [], [], []
+    if calls and functions is not None:
+        for a, b, c in calls:
+            ia, ib = functions.index_of(a), functions.index_of(b)
+            if ia is None or ib is None or units.funcs[ia] < 0 or units.funcs[ib] < 0:
+                continue
+            ua.append(int(units.funcs[ia]))
+            ub.append(int(units.funcs[ib]))
+            w.append(float(c))
+    return (np.array(ua, np.int64), np.array(ub, np.int64), np.array(w, np.float64))
+
+
+def _edges(view, units, call_units, functions):
+    """Call edges [(caller k, callee k, count)] between units of one region view
+    (``call_units``: _call_units' arrays)."""
+    ua, ub, w = call_units
+    if not len(ua):
         return []
-    local = {int(u): k for k, u in enumerate(view.index.tolist())}
-    out = []
-    for a, b, w in calls:
-        ia, ib = functions.index_of(a), functions.index_of(b)
-        if ia is None or ib is None:
-            continue
-        ka, kb = local.get(int(units.funcs[ia])), local.get(int(units.funcs[ib]))
-        if ka is not None and kb is not None:
-            out.append((ka, kb, float(w)))
-    return out
+    local = np.full(len(units.start), -1, np.int64)
+    local[view.index] = np.arange(len(view.index))
+    ka, kb = local[ua], local[ub]
+    m = np.nonzero((ka >= 0) & (kb >= 0))[0]
+    return list(zip(ka[m].tolist(), kb[m].tolist(), w[m].tolist()))
 
 
 def _movable_runs(plan):

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from ..plan import LINE, place
+from ..plan import LINE, align_up
 
 
 class Strategy:
@@ -35,11 +35,21 @@ class Strategy:
         """Place units one after another; want_align(k) -> extra alignment."""
         out = [] if out is None else out
         cur = base
+        # place() inlined over plain lists (numpy scalars per unit cost more than
+        # the arithmetic; a cold region is tens of thousands of units)
+        aligns, phases, sizes = view.align.tolist(), view.phase.tolist(), view.size.tolist()
         for k in order:
-            a = want_align(k) if want_align else 1
-            pos = place(cur, view.align[k], view.phase[k], a)
+            ph = phases[k]
+            cur = int(cur)
+            if ph:
+                pos = align_up(cur - ph, 16) + ph
+                if pos < cur:
+                    pos += 16
+            else:
+                m = max(aligns[k], 1, int(want_align(k)) if want_align else 1)
+                pos = (cur + m - 1) // m * m
             out.append((k, pos))
-            cur = pos + int(view.size[k])
+            cur = pos + sizes[k]
         return out, cur
 
     @staticmethod
