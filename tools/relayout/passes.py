@@ -355,7 +355,7 @@ def plan(run):
             # a kernel at block level: split functions that grew before pinned code move
             # whole instead (userspace gets a new segment below)
             if block_level and run.target.kind == "kernel" and \
-                    _unsplit_before(run, getattr(e, "pinned_region", None)):
+                    _unsplit_before(run, getattr(e, "pinned_regions", None)):
                 continue
             # the target may offer room elsewhere (userspace: a new segment)
             run.segment = run.target.new_segment(run)
@@ -371,21 +371,25 @@ def plan(run):
     return S.PlanStats(**run.plan.summary())
 
 
-def _unsplit_before(run, pinned_region):
-    """Block level, when the code before pinned region ``pinned_region`` does not fit
-    even with its regions at their original layout (the split functions there grew:
-    re-encoded branches, appended jmps): those functions move whole instead (reason
-    R_NO_ROOM) and the plan is made again. False when none is left to unsplit."""
+def _unsplit_before(run, pinned_regions):
+    """Block level, when the code before pinned regions ``pinned_regions`` does not
+    fit even with its regions at their original layout (the split functions there
+    grew: re-encoded branches, appended jmps): those functions move whole instead
+    (reason R_NO_ROOM) and the plan is made again. make_plan names every such
+    region of one plan (each run between pinned regions is laid out on its own),
+    so they are all un-split at once: the same functions as one region per
+    re-plan, in one re-plan. False when none is left to unsplit."""
     from ..image.cfg import R_NO_ROOM
     from .blocks import planning_units, reason_summary
-    if pinned_region is None:
+    if not pinned_regions:
         return False
     regs, orig = run.orig_units.regions, run.orig_units
     run_regions = []
-    for i in range(pinned_region - 1, -1, -1):
-        if regs[i].section != regs[pinned_region].section or regs[i].pinned:
-            break
-        run_regions.append(i)
+    for pinned_region in pinned_regions:
+        for i in range(pinned_region - 1, -1, -1):
+            if regs[i].section != regs[pinned_region].section or regs[i].pinned:
+                break
+            run_regions.append(i)
     sp = run.split
     inside = np.isin(orig.region, run_regions)
     drop = {sf.unit for sf in sp["splits"] if inside[sf.unit]}
@@ -399,7 +403,9 @@ def _unsplit_before(run, pinned_region):
                                     getattr(run.strategy, "split_hot_align", None))
     run.units, run.heat, _, _ = sp["planning"]
     run.split_stats.__dict__.update(_split_stats(sp, orig).__dict__)   # the split pass's stats
-    run.log(f"{len(drop)} split functions before pinned {regs[pinned_region].name} moved whole "
+    where = regs[pinned_regions[0]].name if len(pinned_regions) == 1 else \
+        f"{len(pinned_regions)} pinned regions"
+    run.log(f"{len(drop)} split functions before {where} moved whole "
             "(their growth does not fit there)")
     return True
 

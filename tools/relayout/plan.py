@@ -152,27 +152,40 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
     # a retry lays out again every region the kept one does not change: a region's
     # layout is a function of the region and where it starts, kept from try to try
     memo = {} if _regions_independent(strategy) else None
+    # Each run of movable regions between pinned ones is laid out on its own then
+    # too: all runs' overflows are found in one plan and each run gets its next
+    # kept region at once (the same keep sets as one run at a time, fewer plans)
+    together = memo is not None
     while True:
+        over = [] if together else None
         try:
             plan = _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep,
-                              relocate or {}, memo)
+                              relocate or {}, memo, overflows=over)
         except _PinnedOverflow as e:
+            over = [(e.index, str(e))]
+        if over:
             regs = units.regions
-            cand = None
-            for i in range(e.index - 1, -1, -1):
-                if regs[i].section != regs[e.index].section or regs[i].pinned:
-                    break
-                if i not in keep and (units.region == i).any():
-                    cand = i
-                    break
-            if cand is None:
-                err = LayoutError(str(e))
-                err.pinned_region = e.index     # block level: relayout/passes.py retries
+            stuck = []
+            for index, msg in over:
+                cand = None
+                for i in range(index - 1, -1, -1):
+                    if regs[i].section != regs[index].section or regs[i].pinned:
+                        break
+                    if i not in keep and (units.region == i).any():
+                        cand = i
+                        break
+                if cand is None:
+                    stuck.append((index, msg))
+                    continue
+                keep.add(cand)
+                if log:
+                    log(f"{regs[cand].name}: keeps its original layout (the new one does not "
+                        f"fit before pinned {regs[index].name})")
+            if stuck and len(stuck) == len(over):
+                err = LayoutError(stuck[0][1])
+                err.pinned_region = stuck[0][0]     # block level: relayout/passes.py retries
+                err.pinned_regions = [i for i, _ in stuck]
                 raise err from None
-            keep.add(cand)
-            if log:
-                log(f"{regs[cand].name}: keeps its original layout (the new one does not fit "
-                    f"before pinned {regs[e.index].name})")
             continue
         plan.kept_regions = sorted(units.regions[i].name for i in keep)
         plan.relocated = set(relocate or ())
@@ -186,8 +199,11 @@ def _regions_independent(strategy):
 
 
 def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep, relocate,
-               memo=None):
+               memo=None, overflows=None):
     """make_plan with the regions in ``keep`` (indexes) at their original layout.
+    ``overflows``: None (an outgrown pinned region raises _PinnedOverflow) or a
+    list that collects (index, message) of every outgrown one; a plan with
+    any is not returned (None).
 
     ``memo``: {(region, pinned prefix, start): placements} of earlier tries (None:
     lay out every region).
@@ -219,10 +235,12 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
             continue                   # stays; the movable code is elsewhere
         if reg.pinned:
             if cursor > reg.start:
-                raise _PinnedOverflow(
-                    f"layout does not fit: the code before {reg.name} needs "
-                    f"{cursor - reg.start} more bytes than the space before it "
-                    f"(pinned at {reg.start:#x}); use a strategy with less padding", ri)
+                msg = (f"layout does not fit: the code before {reg.name} needs "
+                       f"{cursor - reg.start} more bytes than the space before it "
+                       f"(pinned at {reg.start:#x}); use a strategy with less padding")
+                if overflows is None:
+                    raise _PinnedOverflow(msg, ri)
+                overflows.append((ri, msg))
             cursor = reg.end
             continue
         rstart = align_up(cursor, _region_align(reg.start)) if moved_away else \
@@ -285,6 +303,8 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
         new_start[view.index[ks]] = addrs
         region_end = int((addrs + view.size[ks].astype(np.uint64)).max())
         cursor = max(region_end, rstart)
+    if overflows:
+        return None                 # overlaps are expected where it overflowed
     if regs and regs[-1].section not in relocate:
         _check_section_end(regs[-1], cursor)
     _check_overlaps(units, new_start)
