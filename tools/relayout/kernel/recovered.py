@@ -251,10 +251,13 @@ def scan_unexplained(image, refs, units, d, log=None, examples=10):
     log = log or (lambda m: None)
     mlo, mhi, midx = movable_ranges(units)
     tlo, thi = _table_ranges(ImageContext.of(image))
+    olo, ohi = _c_objects(image)
+    dropped = {"crc_table": 0, "c_object": 0}
     hits_field, hits_target, hits_kind = [], [], []
     for s in image.sections:
         if not s.is_alloc or s.is_code or s.type == 8 or s.size < 4:
             continue
+        crcs = s.name in _CRC_SECTIONS
         data = image.section_bytes(s)
         base = s.addr
         for width in (8, 4):
@@ -291,6 +294,17 @@ def scan_unexplained(image, refs, units, d, log=None, examples=10):
             if len(tlo):
                 j = containing(tlo, thi, a)
                 known |= j >= 0
+            if width == 4:
+                # no PC-relative field can be here (see _c_objects, _CRC_SECTIONS)
+                crc = np.full(len(a), crcs)
+                dropped["crc_table"] += int((crc & ~known).sum())
+                known |= crc
+                if len(olo):
+                    j = containing(olo, ohi, a)
+                    jc = np.maximum(j, 0)
+                    obj = (j >= 0) & (a + np.uint64(4) <= ohi[jc])
+                    dropped["c_object"] += int((obj & ~known).sum())
+                    known |= obj
             sel = sel[~known]
             hits_field.append(addr[sel])
             hits_target.append(t[sel])
@@ -314,11 +328,53 @@ def scan_unexplained(image, refs, units, d, log=None, examples=10):
     refs.unexplained = {"fields": int(len(f)), "functions_pinned": int(len(newly)),
                         "examples": ex}
     refs.stats["references.unexplained_fields"] = int(len(f))
+    refs.stats["references.not_pc32_crc_table"] = dropped["crc_table"]
+    refs.stats["references.not_pc32_c_object"] = dropped["c_object"]
     refs.stats["references.unexplained_pinned_units"] = int(len(newly))
     if len(f):
         log(f"{len(f)} data values look like references into movable code and are no known "
             f"reference: {len(newly)} units pinned (reason: unexplained reference)")
     return refs.unexplained
+
+
+# Sections of symbol CRCs (genksyms: ``.long`` checksums, one per export): no
+# references at all.
+_CRC_SECTIONS = ("__kcrctab", "__kcrctab_gpl")
+
+
+def _c_objects(image):
+    """[start], [end) (sorted, disjoint) of the sized STT_OBJECT symbols of
+    allocated data when GCC built the kernel (``.comment``), else nothing.
+
+    A 4-byte value inside one is no PC-relative field: GCC refuses a
+    PC-relative value in a C initializer ("initializer element is not
+    constant" for ``(int)((long)&f - (long)&x)``, GCC 12), so the kernel's
+    PC-relative data is written by the assembler (``.long sym - .``), in the
+    tables it iterates between start/stop labels (kernel/, each known by
+    layout, or still scanned), which carry no object symbols. On Debian 6.1
+    every PC32/PLT32 link relocation in .rodata is in such a table, none in
+    an object. Absolute fields in objects are the KASLR table's, not this
+    scan's. Clang folds such differences, so a kernel it built keeps the
+    scan as it is."""
+    sec = image.section(".comment")
+    text = bytes(image.section_bytes(sec)) if sec is not None else b""
+    if b"GCC:" not in text or b"clang" in text.lower():
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    names, syms = image.symbol_table()
+    data = np.array([x.index for x in image.sections if x.is_alloc and not x.is_code
+                     and x.addr], np.int64)
+    m = ((syms["info"] & 0xF) == 1) & (syms["size"] > 0) & \
+        np.isin(syms["shndx"].astype(np.int64), data)
+    lo = syms["value"][m].astype(np.uint64)
+    hi = lo + syms["size"][m].astype(np.uint64)
+    o = np.argsort(lo, kind="stable")
+    lo, hi = lo[o], hi[o]
+    if len(lo):                  # nested or overlapping objects merged (containing())
+        hi = np.maximum.accumulate(hi)
+        keep = np.ones(len(lo), bool)
+        keep[1:] = lo[1:] >= hi[:-1]
+        lo, hi = lo[keep], np.maximum.reduceat(hi, np.nonzero(keep)[0])
+    return lo, hi
 
 
 def use_vmlinuz(image, vmlinuz_path, log=None):
