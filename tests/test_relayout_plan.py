@@ -171,3 +171,28 @@ def test_addressmap_from_plan_kernel_addresses():
     m = AddressMap.from_plan(p)
     assert m.map1(base + 0x35) == base + 0x45
     assert m.map1(base + 0x60) == base + 0x70   # end of the moved function
+
+
+def test_overflows_of_separate_runs_found_in_one_plan():
+    """Two runs of movable regions, each before its pinned region: each keeps the
+    regions it alone needs (one run's keeps do not touch the other); when code
+    outgrows its space even at its original layout (a block-level split grew it),
+    the error names every such pinned region, so blocks un-splits them together."""
+    B2 = BASE + 0x200
+    regs = [Region("a", BASE, BASE + 0x100, 1), Region("c", BASE + 0x100, BASE + 0x140, 1),
+            Region("b", BASE + 0x140, BASE + 0x200, 1, True),
+            Region("d", B2, B2 + 0x100, 1), Region("e", B2 + 0x100, B2 + 0x140, 1),
+            Region("f", B2 + 0x140, B2 + 0x200, 1, True)]
+    starts = [BASE, BASE + 0x30, BASE + 0x100, BASE + 0x120, BASE + 0x140]
+    sizes = [0x30, 0x30, 0x20, 0x20, 0x10]
+    t = UnitTable(starts + [s + 0x200 for s in starts], sizes * 2,
+                  [0, 0, 1, 1, 2, 3, 3, 4, 4, 5], regs)
+    p = lay(t, "align-all 64")
+    assert p.kept_regions == ["c", "e"]
+    assert p.new_start.tolist()[5:] == [B2, B2 + 0x40, B2 + 0x100, B2 + 0x120, B2 + 0x140]
+    # the last unit before each pinned region grew past it
+    t = UnitTable(starts + [s + 0x200 for s in starts], [0x30, 0x30, 0x20, 0x30, 0x10] * 2,
+                  [0, 0, 1, 1, 2, 3, 3, 4, 4, 5], regs)
+    with pytest.raises(LinepackError) as e:
+        lay(t, "align-all 16")
+    assert e.value.pinned_regions == [2, 5] and e.value.pinned_region == 2
