@@ -67,6 +67,7 @@ class LayoutPlan:
         self.strategy = strategy
         self.heat = heat
         self.kept_regions = []        # regions that kept their original layout (make_plan)
+        self.compact_regions = []     # regions in the strategy's order, unpadded (make_plan)
         self.relocated = set()        # sections whose movable code went to a new segment
 
     @property
@@ -137,20 +138,30 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
     space they had, the movable region nearest to it keeps its original layout
     instead, then the next nearest, ... (a tightly linked kernel has no slack
     there: 6.12's lock text ends 8 bytes before its kprobes text, and 64 B
-    alignment of its hot spin locks needs more). ``plan.kept_regions`` names them.
+    alignment of its hot spin locks needs more). Then each such region, in
+    address order, gets back what now fits: the strategy's layout, or else its
+    order without the alignment padding ("compact": units one after another at
+    their own alignment, so the region needs no more room than its original
+    layout; with call-depth tracking's 16-byte padding before every function a
+    small kernel's main text has no slack for pack's 64 B alignment).
+    ``plan.kept_regions`` and ``plan.compact_regions`` name them.
 
     ``relocate``: {section index: new start} for sections whose movable code goes
     to a new place with no end (a userspace executable's new segment,
     relayout/user/segment.py): their movable regions are laid out one after
     another from there, their pinned regions stay where they are.
     """
-    keep = set()
+    regs = units.regions
+    keep, compact, pinned_by = set(), set(), {}
+
+    def attempt(keep, compact):
+        return _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep,
+                          relocate or {}, compact)
+
     while True:
         try:
-            plan = _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep,
-                              relocate or {})
+            plan = attempt(keep, compact)
         except _PinnedOverflow as e:
-            regs = units.regions
             cand = None
             for i in range(e.index - 1, -1, -1):
                 if regs[i].section != regs[e.index].section or regs[i].pinned:
@@ -163,17 +174,37 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
                 err.pinned_region = e.index     # block level: relayout/passes.py retries
                 raise err from None
             keep.add(cand)
-            if log:
-                log(f"{regs[cand].name}: keeps its original layout (the new one does not fit "
-                    f"before pinned {regs[e.index].name})")
+            pinned_by[cand] = regs[e.index].name
             continue
-        plan.kept_regions = sorted(units.regions[i].name for i in keep)
-        plan.relocated = set(relocate or ())
-        return plan
+        break
+    for r in sorted(keep):
+        tries = [compact]                      # the strategy's layout first
+        if strategy.compact_order(RegionView(units, r, heat)) is not None:
+            tries.append(compact | {r})
+        for c2 in tries:
+            k2 = keep - {r}
+            try:
+                plan = attempt(k2, c2)
+            except LayoutError:
+                continue
+            keep, compact = k2, c2
+            break
+    if log:
+        for r in sorted(keep | compact):
+            what = ("keeps its original layout" if r in keep else
+                    f"{strategy.name}'s order without its alignment padding")
+            log(f"{regs[r].name}: {what} (the {strategy.name} layout does not fit before "
+                f"pinned {pinned_by[r]})")
+    plan.kept_regions = sorted(regs[i].name for i in keep)
+    plan.compact_regions = sorted(regs[i].name for i in compact)
+    plan.relocated = set(relocate or ())
+    return plan
 
 
-def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep, relocate):
-    """make_plan with the regions in ``keep`` (indexes) at their original layout.
+def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep, relocate,
+               compact=()):
+    """make_plan with the regions in ``keep`` (indexes) at their original layout,
+    those in ``compact`` in the strategy's order without alignment padding.
 
     ``calls``: [(caller, callee, count)] by function name (call edges);
     ``blocks``: optional (address, size, count per iteration) arrays of the
@@ -249,7 +280,10 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
         view.edges = _edges(view, units, calls, functions)
         if ranges is not None:
             view.hot_ranges = [ranges.get(int(i)) for i in view.index.tolist()]
-        placed = strategy.layout(view, rstart)
+        if ri in compact:
+            placed, _ = strategy.sequential(view, strategy.compact_order(view), rstart)
+        else:
+            placed = strategy.layout(view, rstart)
         idx = [p[0] for p in placed]
         if sorted(idx) != list(range(len(view))):
             raise RuntimeError(f"strategy {strategy.name} did not place every unit of {reg.name}")
