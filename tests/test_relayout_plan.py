@@ -190,9 +190,9 @@ def test_no_room_for_alignment_gives_the_order_without_padding():
     assert p.kept_regions == ["a"] and p.compact_regions == [] and p.is_identity()
 
 
-def test_given_back_when_a_later_region_makes_room():
-    """Region c overflowed first and was kept; once a is compact, c's own layout
-    fits again and a needs its compact order only."""
+def test_no_room_nearest_region_first():
+    """Region c (nothing hot: no order of its own) overflows first and keeps its
+    layout; a gets pack's order unpadded."""
     regs = [Region("a", BASE, BASE + 0xa0, 1), Region("c", BASE + 0xa0, BASE + 0x100, 1),
             Region("b", BASE + 0x100, BASE + 0x200, 1, True)]
     t = UnitTable([BASE, BASE + 0x50, BASE + 0xa0, BASE + 0xc0, BASE + 0x100],
@@ -200,5 +200,13 @@ def test_given_back_when_a_later_region_makes_room():
     p = lay(t, "pack", [0, 9, 0, 0, 0])
     assert p.kept_regions == [] and p.compact_regions == []
     p = lay(t, "pack", [3, 9, 0, 0, 0])
-    assert p.compact_regions == ["a"] and p.kept_regions == []
+    assert p.compact_regions == ["a"] and p.kept_regions == ["c"]
     assert p.new_start.tolist() == [BASE + 0x50, BASE, BASE + 0xa0, BASE + 0xc0, BASE + 0x100]
+    # no room even unpadded: a keeps its layout too
+    t = UnitTable([BASE, BASE + 0x50, BASE + 0xa0, BASE + 0xc0, BASE + 0x100],
+                  [0x48, 0x48, 0x20, 0x20, 0x10], [0, 0, 1, 1, 2],
+                  [Region("a", BASE, BASE + 0xa0, 1), Region("c", BASE + 0xa0, BASE + 0x100, 1),
+                   Region("b", BASE + 0x100, BASE + 0x200, 1, True)],
+                  align=[64, 16, 16, 16, 16])
+    p = lay(t, "pack", [3, 9, 0, 0, 0])
+    assert p.kept_regions == ["a", "c"] and p.compact_regions == [] and p.is_identity()

@@ -135,16 +135,17 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
     """Lay out every region with ``strategy``; returns a LayoutPlan.
 
     When the regions before a pinned one (kprobes text, entry text) outgrow the
-    space they had, the movable region nearest to it keeps its original layout
-    instead, then the next nearest, ... (a tightly linked kernel has no slack
+    space they had (a tightly linked kernel has no slack
     there: 6.12's lock text ends 8 bytes before its kprobes text, and 64 B
-    alignment of its hot spin locks needs more). Then each such region, in
-    address order, gets back what now fits: the strategy's layout, or else its
-    order without the alignment padding ("compact": units one after another at
-    their own alignment, so the region needs no more room than its original
-    layout; with call-depth tracking's 16-byte padding before every function a
-    small kernel's main text has no slack for pack's 64 B alignment).
-    ``plan.kept_regions`` and ``plan.compact_regions`` name them.
+    alignment of its hot spin locks needs more; with call-depth tracking's
+    16-byte padding before every function a small kernel's main text has no
+    slack at all), the movable region nearest to it is laid out "compact" instead:
+    the strategy's order without its alignment padding (units one after another
+    at their own alignment, so it needs no more room than its original layout),
+    then the next nearest, ...; a region whose strategy has no order of its own
+    (or no hot unit) keeps its original layout, as does a compact one when all
+    are compact and the room is still short. ``plan.compact_regions`` and
+    ``plan.kept_regions`` name them.
 
     ``relocate``: {section index: new start} for sections whose movable code goes
     to a new place with no end (a userspace executable's new segment,
@@ -153,42 +154,36 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
     """
     regs = units.regions
     keep, compact, pinned_by = set(), set(), {}
-
-    def attempt(keep, compact):
-        return _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep,
-                          relocate or {}, compact)
-
     while True:
         try:
-            plan = attempt(keep, compact)
+            plan = _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep,
+                              relocate or {}, compact)
+            break
         except _PinnedOverflow as e:
-            cand = None
+            cands = []
             for i in range(e.index - 1, -1, -1):
                 if regs[i].section != regs[e.index].section or regs[i].pinned:
                     break
-                if i not in keep and (units.region == i).any():
-                    cand = i
-                    break
-            if cand is None:
-                err = LayoutError(str(e))
-                err.pinned_region = e.index     # block level: relayout/passes.py retries
-                raise err from None
-            keep.add(cand)
-            pinned_by[cand] = regs[e.index].name
-            continue
-        break
-    for r in sorted(keep):
-        tries = [compact]                      # the strategy's layout first
-        if strategy.compact_order(RegionView(units, r, heat)) is not None:
-            tries.append(compact | {r})
-        for c2 in tries:
-            k2 = keep - {r}
-            try:
-                plan = attempt(k2, c2)
-            except LayoutError:
-                continue
-            keep, compact = k2, c2
-            break
+                if (units.region == i).any():
+                    cands.append(i)
+            # each region nearest-first: its order without padding, or its original
+            # layout when the strategy has no order of its own; then, still no room,
+            # the original layout of the compact ones, nearest first
+            new = [i for i in cands if i not in keep and i not in compact]
+            if new:
+                i = new[0]
+                has_order = strategy.compact_order(RegionView(units, i, heat)) is not None
+                (compact if has_order else keep).add(i)
+            else:
+                again = [i for i in cands if i in compact]
+                if not again:
+                    err = LayoutError(str(e))
+                    err.pinned_region = e.index     # block level: relayout/passes.py retries
+                    raise err from None
+                i = again[0]
+                compact.discard(i)
+                keep.add(i)
+            pinned_by[i] = regs[e.index].name
     if log:
         for r in sorted(keep | compact):
             what = ("keeps its original layout" if r in keep else

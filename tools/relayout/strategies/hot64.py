@@ -21,5 +21,7 @@ class Hot64(Strategy):
 
     def compact_order(self, view):
         hot = self.hot_order(view)
+        if not hot:
+            return None          # no hot unit: the original order
         hs = set(hot)
         return hot + [k for k in range(len(view)) if k not in hs]

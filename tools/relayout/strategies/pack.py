@@ -115,6 +115,8 @@ class Pack(Strategy):
 
     def compact_order(self, view):
         hot = self.order(view)
+        if not hot:
+            return None          # no hot unit: the original order
         hs = set(hot)
         return hot + [k for k in range(len(view)) if k not in hs]
 
