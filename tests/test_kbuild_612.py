@@ -12,6 +12,13 @@ linux-source-6.12 (the newest apt has; proved on 6.12.117-1~deb12u1) with config
 4. Both bzImages boot with KASLR (decompressor, vmlinux.relocs, RDRAND):
    vfs-mix gives the stock build's result, the build's own modules load, and
    moved functions show in /proc/kallsyms at their new address + the offset.
+   The stock boot and one hooked boot run with call-depth tracking selected
+   (a Skylake CPU model, spectre_v2=retpoline retbleed=stuff): the kernel
+   patches its accounting thunks into the moved functions' 16-byte paddings.
+
+The config has call-depth tracking and IBT on, as Debian's 6.12 and 7.3 configs
+do (CALL_THUNKS -> CALL_PADDING: ``__pfx_`` padding before each function,
+``.call_sites``, ``.ibt_endbr_seal``).
 
 Runs in the default test command (tools/run-tests.sh): it is the only proof of the
 hook on a real kernel. A cold build of the small config is about 7 minutes of a
@@ -35,6 +42,10 @@ DEBIAN = "linux-source-6.12"
 PROFILE_LOOPS = 20
 BOOT_LOOPS = 20
 BOOTS = 3
+# The kernel selects call-depth tracking on a CPU model with the RETBleed bug
+# (Skylake) when asked; RDRAND for the decompressor's KASLR offset.
+CDT_ENV = {"spectre_v2": "retpoline", "retbleed": "stuff", "loglevel": "7"}
+CDT_QEMU = ("-cpu", "Skylake-Client-v1,+rdrand")
 pytestmark = [pytest.mark.kbuild, pytest.mark.slow, pytest.mark.qemu]
 
 
@@ -85,6 +96,26 @@ def _build_id(path):
 def _has_relocs(path):
     from linepack.image.elf import ElfImage
     return ElfImage(str(path)).has_link_relocations()
+
+
+def _config(d):
+    return dict(ln.split("=", 1) for ln in (d / "config").read_text().splitlines()
+                if ln.startswith("CONFIG_"))
+
+
+def test_config_keeps_call_depth_tracking(stock):
+    """olddefconfig kept what the test is for (a toolchain without
+    -fpatchable-function-entry would drop it silently)."""
+    cfg = _config(stock)
+    for opt in ("MITIGATION_CALL_DEPTH_TRACKING", "CALL_THUNKS", "CALL_PADDING",
+                "PREFIX_SYMBOLS", "X86_KERNEL_IBT", "MITIGATION_RETHUNK"):
+        assert cfg.get(f"CONFIG_{opt}") == "y", opt
+    assert cfg["CONFIG_FUNCTION_PADDING_BYTES"] == "16"
+    from linepack.image.elf import ElfImage
+    from linepack.kernel.prefixes import prefix_symbols
+    img = ElfImage(str(stock / "vmlinux.orig"))
+    assert img.section(".call_sites").size // 4 > 10_000
+    assert len(prefix_symbols(img)[0]) > 10_000
 
 
 def test_stock_build_strips_relocations(stock, tmp_path):
@@ -159,18 +190,29 @@ def _modules(d):
     return [str(d / "modules" / ko) for ko in order]
 
 
-def _boot(bzimage, names, modules=()):
+def _boot(bzimage, names, modules=(), cdt=False):
     from linepack.profile.qemu import run_workload
+    env = {"lp_kallsyms": ",".join(names), **(CDT_ENV if cdt else {})}
     return run_workload(str(bzimage), "vfs-mix", loops=BOOT_LOOPS, icount=False, timeout=900,
-                        modules=modules, env={"lp_kallsyms": ",".join(names)})
+                        modules=modules, env=env, extra_args=CDT_QEMU if cdt else ())
+
+
+def _call_depth_tracking(serial):
+    """The boot selected call-depth tracking and patched its thunks; returns the
+    functions whose padding it refused (asm functions the build left without NOPs)."""
+    assert "RETBleed: Mitigation: Stuffing" in serial, serial[-3000:]
+    assert "callthunks: Setting up call depth tracking" in serial, serial[-3000:]
+    return [ln.split("]", 1)[-1] for ln in serial.splitlines() if "Invalid padding" in ln]
 
 
 @pytest.fixture(scope="module")
 def stock_boot(stock):
+    """One boot of the stock build, with call-depth tracking."""
     from linepack.ship import kaslr
-    res = _boot(stock / "bzImage", ["_text"])
+    res = _boot(stock / "bzImage", ["_text"], cdt=True)
     off = kaslr.kaslr_offset(res.serial, kaslr.bzimage_link_text(str(stock / "bzImage")))
     assert off is not None and off % (2 << 20) == 0, res.serial[-2000:]
+    _call_depth_tracking(res.serial)
     return res
 
 
@@ -182,9 +224,12 @@ def test_hooked_bzimage_boots_with_kaslr(opt, stock_boot):
     mods = _modules(opt)
     assert mods, "the build made no modules"
     offsets = []
-    for _ in range(BOOTS):
-        res = _boot(opt / "bzImage", ["_text"] + sorted(sample), modules=mods)
+    for k in range(BOOTS):
+        res = _boot(opt / "bzImage", ["_text"] + sorted(sample), modules=mods, cdt=k == 0)
         assert res.result_line == stock_boot.result_line
+        if k == 0:
+            # every padding the stock boot patched, the hooked one patches too
+            assert _call_depth_tracking(res.serial) == _call_depth_tracking(stock_boot.serial)
         lines = [ln.strip() for ln in res.serial.splitlines()]
         for m in mods:
             assert f"linepack-module {os.path.basename(m)} loaded" in lines, res.serial[-2000:]

@@ -1,11 +1,13 @@
 """References recovered without link relocations on a 6.12 kernel the kbuild
-hook built (tests/test_kbuild_612.py; IBT on, 16-byte function padding): its
+hook built (tests/test_kbuild_612.py; IBT and call-depth tracking on: 16-byte
+``__pfx_`` padding before each function, ``.call_sites``): its
 ``vmlinux.linepack`` keeps the link relocations (the truth) and its bzImage
 carries the KASLR table of that same vmlinux. 0 missing; relayout from the
 recovered references writes the link's allocated sections. Skipped when no
-such build is cached."""
+build of configs/kbuild/x86_64-small.config (as it is now) is cached."""
 
 import glob
+import hashlib
 import os
 import shutil
 import subprocess
@@ -20,12 +22,17 @@ import helpers
 from references_same import relayout_both
 
 pytestmark = pytest.mark.skipif(shutil.which("objcopy") is None, reason="no objcopy")
+CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "configs", "kbuild", "x86_64-small.config")
 
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    """A private copy (the build directory may be rebuilt meanwhile)."""
-    for d in sorted(glob.glob(os.path.join(targets.cache_dir(), "kbuild", "6.12*"))):
+    """A private copy (the build directory may be rebuilt meanwhile) of the
+    object tree of this config (named by its hash: linepack/ship/kbuild.py)."""
+    with open(CONFIG, "rb") as f:
+        tag = hashlib.sha256(f.read()).hexdigest()[:16]
+    for d in sorted(glob.glob(os.path.join(targets.cache_dir(), "kbuild", f"6.12*-{tag}"))):
         v, z = os.path.join(d, "vmlinux.linepack"), os.path.join(d, "arch/x86/boot/bzImage")
         if not (os.path.exists(v) and os.path.exists(z)):
             continue
@@ -50,7 +57,7 @@ def test_nothing_missing(build, tmp_path):
     c = json.loads(out.read_text())["against_link_relocations"]
     assert c["missing"] == 0 and c["wrong_target"] == 0 and c["relevant"] > 100_000, c["examples"]
     # tables 6.12 adds, recovered by their own modules
-    for name in (".ibt_endbr_seal", ".return_sites", "runtime_ptr_USER_PTR_MAX"):
+    for name in (".ibt_endbr_seal", ".return_sites", ".call_sites", "runtime_ptr_USER_PTR_MAX"):
         assert c["by_section"][name]["relevant"] > 0 and c["by_section"][name]["missing"] == 0
 
 

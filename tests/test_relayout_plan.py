@@ -196,3 +196,42 @@ def test_overflows_of_separate_runs_found_in_one_plan():
     with pytest.raises(LinepackError) as e:
         lay(t, "align-all 16")
     assert e.value.pinned_regions == [2, 5] and e.value.pinned_region == 2
+
+
+def test_no_room_for_alignment_gives_the_order_without_padding():
+    """A region packed tight against pinned code (16-byte aligned units, as with
+    call-depth tracking's padding): pack's 64 B alignment does not fit, its order
+    does: hot units first, one after another, nothing past the pinned start."""
+    n, size = 6, 0x48
+    end = BASE + n * 0x50
+    regs = [Region("a", BASE, end, 1), Region("b", end, end + 0x100, 1, True)]
+    t = UnitTable([BASE + 0x50 * k for k in range(n)] + [end], [size] * n + [0x10],
+                  [0] * n + [1], regs)
+    p = lay(t, "pack", [0, 0, 0, 5, 0, 9, 0])
+    assert p.kept_regions == [] and p.compact_regions == ["a"]
+    assert p.new_start.tolist() == [BASE + 0x50 * k for k in (2, 3, 4, 1, 5, 0)] + [end]
+    # align-all has no order of its own: the region keeps its layout
+    p = lay(t, "align-all 64")
+    assert p.kept_regions == ["a"] and p.compact_regions == [] and p.is_identity()
+
+
+def test_no_room_nearest_region_first():
+    """Region c (nothing hot: no order of its own) overflows first and keeps its
+    layout; a gets pack's order unpadded."""
+    regs = [Region("a", BASE, BASE + 0xa0, 1), Region("c", BASE + 0xa0, BASE + 0x100, 1),
+            Region("b", BASE + 0x100, BASE + 0x200, 1, True)]
+    t = UnitTable([BASE, BASE + 0x50, BASE + 0xa0, BASE + 0xc0, BASE + 0x100],
+                  [0x48, 0x48, 0x20, 0x20, 0x10], [0, 0, 1, 1, 2], regs)
+    p = lay(t, "pack", [0, 9, 0, 0, 0])
+    assert p.kept_regions == [] and p.compact_regions == []
+    p = lay(t, "pack", [3, 9, 0, 0, 0])
+    assert p.compact_regions == ["a"] and p.kept_regions == ["c"]
+    assert p.new_start.tolist() == [BASE + 0x50, BASE, BASE + 0xa0, BASE + 0xc0, BASE + 0x100]
+    # no room even unpadded: a keeps its layout too
+    t = UnitTable([BASE, BASE + 0x50, BASE + 0xa0, BASE + 0xc0, BASE + 0x100],
+                  [0x48, 0x48, 0x20, 0x20, 0x10], [0, 0, 1, 1, 2],
+                  [Region("a", BASE, BASE + 0xa0, 1), Region("c", BASE + 0xa0, BASE + 0x100, 1),
+                   Region("b", BASE + 0x100, BASE + 0x200, 1, True)],
+                  align=[64, 16, 16, 16, 16])
+    p = lay(t, "pack", [3, 9, 0, 0, 0])
+    assert p.kept_regions == ["a", "c"] and p.compact_regions == [] and p.is_identity()

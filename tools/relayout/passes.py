@@ -619,6 +619,7 @@ def summary(run):
     tsize = text_size(run.image)
     return S.MetricsStats(
         **lines, **blocks, kept_regions=list(plan_.kept_regions),
+        compact_regions=list(plan_.compact_regions),
         # a program's profile counts the whole run (a workload's counts are per iteration)
         counted=("in the profiled run" if run.target.kind == "userspace"
                  else "per iteration"),

@@ -70,6 +70,7 @@ class LayoutPlan:
         self.strategy = strategy
         self.heat = heat
         self.kept_regions = []        # regions that kept their original layout (make_plan)
+        self.compact_regions = []     # regions in the strategy's order, unpadded (make_plan)
         self.relocated = set()        # sections whose movable code went to a new segment
 
     @property
@@ -137,17 +138,23 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
     """Lay out every region with ``strategy``; returns a LayoutPlan.
 
     When the regions before a pinned one (kprobes text, entry text) outgrow the
-    space they had, the movable region nearest to it keeps its original layout
-    instead, then the next nearest, ... (a tightly linked kernel has no slack
-    there: 6.12's lock text ends 8 bytes before its kprobes text, and 64 B
-    alignment of its hot spin locks needs more). ``plan.kept_regions`` names them.
+    space they had (a tightly linked kernel has no slack there: 6.12's lock text
+    ends 8 bytes before its kprobes text, and 64 B alignment of its hot spin locks
+    needs more; with call-depth tracking's 16-byte padding before every function a
+    small kernel's main text has no slack at all), the movable region nearest to
+    it is laid out "compact" instead: the strategy's order without its alignment
+    padding (units one after another at their own alignment, so it needs no more
+    room than its original layout), then the next nearest, ...; a region whose
+    strategy has no order of its own (or no hot unit) keeps its original layout,
+    as does a compact one when all are compact and the room is still short.
+    ``plan.compact_regions`` and ``plan.kept_regions`` name them.
 
     ``relocate``: {section index: new start} for sections whose movable code goes
     to a new place with no end (a userspace executable's new segment,
     relayout/user/segment.py): their movable regions are laid out one after
     another from there, their pinned regions stay where they are.
     """
-    keep = set()
+    keep, compact = set(), set()
     calls = _call_units(units, calls, functions)     # by name once, not once per region
     # a retry lays out again every region the kept one does not change: a region's
     # layout is a function of the region and where it starts, kept from try to try
@@ -160,27 +167,40 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
         over = [] if together else None
         try:
             plan = _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep,
-                              relocate or {}, memo, overflows=over)
+                              relocate or {}, memo, overflows=over, compact=compact)
         except _PinnedOverflow as e:
             over = [(e.index, str(e))]
         if over:
             regs = units.regions
             stuck = []
             for index, msg in over:
-                cand = None
+                cands = []
                 for i in range(index - 1, -1, -1):
                     if regs[i].section != regs[index].section or regs[i].pinned:
                         break
-                    if i not in keep and (units.region == i).any():
-                        cand = i
-                        break
-                if cand is None:
+                    if (units.region == i).any():
+                        cands.append(i)
+                # each region nearest-first: its order without padding, or its original
+                # layout when the strategy has no order of its own; then, still no
+                # room, the original layout of the compact ones, nearest first
+                new = [i for i in cands if i not in keep and i not in compact]
+                again = [i for i in cands if i in compact]
+                if new:
+                    i = new[0]
+                    has_order = strategy.compact_order(RegionView(units, i, heat)) is not None
+                    (compact if has_order else keep).add(i)
+                elif again:
+                    i = again[0]
+                    compact.discard(i)
+                    keep.add(i)
+                else:
                     stuck.append((index, msg))
                     continue
-                keep.add(cand)
                 if log:
-                    log(f"{regs[cand].name}: keeps its original layout (the new one does not "
-                        f"fit before pinned {regs[index].name})")
+                    what = ("keeps its original layout" if i in keep else
+                            f"{strategy.name}'s order without its alignment padding")
+                    log(f"{regs[i].name}: {what} (the {strategy.name} layout does not fit "
+                        f"before pinned {regs[index].name})")
             if stuck and len(stuck) == len(over):
                 err = LayoutError(stuck[0][1])
                 err.pinned_region = stuck[0][0]     # block level: relayout/passes.py retries
@@ -188,6 +208,7 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
                 raise err from None
             continue
         plan.kept_regions = sorted(units.regions[i].name for i in keep)
+        plan.compact_regions = sorted(units.regions[i].name for i in compact)
         plan.relocated = set(relocate or ())
         return plan
 
@@ -199,8 +220,9 @@ def _regions_independent(strategy):
 
 
 def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep, relocate,
-               memo=None, overflows=None):
-    """make_plan with the regions in ``keep`` (indexes) at their original layout.
+               memo=None, overflows=None, compact=()):
+    """make_plan with the regions in ``keep`` (indexes) at their original layout,
+    those in ``compact`` in the strategy's order without alignment padding.
     ``overflows``: None (an outgrown pinned region raises _PinnedOverflow) or a
     list that collects (index, message) of every outgrown one; a plan with
     any is not returned (None).
@@ -286,13 +308,16 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
             rstart = cursor if not moved_away else rstart
         else:
             npin = 0
-        key = (ri, npin, int(rstart))
+        key = (ri, npin, int(rstart), ri in compact)
         placed = memo.get(key) if memo is not None else None
         if placed is None:
             view.edges = _edges(view, units, calls, functions)
             if ranges is not None:
                 view.hot_ranges = [ranges.get(int(i)) for i in view.index.tolist()]
-            placed = strategy.layout(view, rstart)
+            if ri in compact:
+                placed, _ = strategy.sequential(view, strategy.compact_order(view), rstart)
+            else:
+                placed = strategy.layout(view, rstart)
             if memo is not None:
                 memo[key] = placed
         idx = [p[0] for p in placed]

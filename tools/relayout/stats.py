@@ -264,6 +264,7 @@ class MetricsStats(PassStats):
     block_lines_before: Optional[int] = None
     block_lines_after: Optional[int] = None
     kept_regions: list = field(default_factory=list)
+    compact_regions: list = field(default_factory=list)
     padding_bytes: int = 0
     text_growth_bytes: int = 0
     text_growth_pct: float = 0.0
@@ -277,8 +278,11 @@ class MetricsStats(PassStats):
         if self.blocks is not None:
             out.update({"blocks": self.blocks, "block_lines_before": self.block_lines_before,
                         "block_lines_after": self.block_lines_after})
-        # regions that kept their original layout (no room before pinned code)
-        out.update({"kept_regions": list(self.kept_regions), "padding_bytes": self.padding_bytes,
+        # regions that kept their original layout, or got the strategy's order without
+        # its alignment padding (no room for the padding before pinned code)
+        out.update({"kept_regions": list(self.kept_regions),
+                    "compact_regions": list(self.compact_regions),
+                    "padding_bytes": self.padding_bytes,
                     "text_growth_bytes": self.text_growth_bytes,
                     "text_growth_pct": self.text_growth_pct})
         if self.new_segment is not None:

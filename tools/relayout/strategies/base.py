@@ -21,6 +21,12 @@ class Strategy:
     def layout(self, view, base):
         raise NotImplementedError
 
+    def compact_order(self, view):
+        """The region's units in this strategy's order, for a layout without its
+        alignment padding (a region with no room for the padding before pinned code,
+        relayout/plan.py); None: the order is the original one (nothing to gain)."""
+        return None
+
     # -- helpers -------------------------------------------------------------
     def hot_mask(self, view):
         return view.heat >= self.min_count

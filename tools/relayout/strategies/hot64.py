@@ -18,3 +18,10 @@ class Hot64(Strategy):
         out, cur = self.sequential(view, hot, base, lambda k: self.align)
         out, _ = self.sequential(view, cold, cur, None, out)
         return out
+
+    def compact_order(self, view):
+        hot = self.hot_order(view)
+        if not hot:
+            return None          # no hot unit: the original order
+        hs = set(hot)
+        return hot + [k for k in range(len(view)) if k not in hs]

@@ -124,6 +124,13 @@ class Pack(Strategy):
         out, _ = self.sequential(view, cold, cur, None, out)
         return out
 
+    def compact_order(self, view):
+        hot = self.order(view)
+        if not hot:
+            return None          # no hot unit: the original order
+        hs = set(hot)
+        return hot + [k for k in range(len(view)) if k not in hs]
+
     def _layout_units(self, view, base, order):
         line = self.line
         out = []
