@@ -58,6 +58,18 @@ def test_compressors_round_trip(compression):
         B.decompress_payload(z[:len(z) // 2] + z[-4:], compression)
 
 
+@pytest.mark.parametrize("effort", B.EFFORTS["zstd"])
+def test_zstd_efforts_keep_the_builds_window(effort):
+    """Every setting tried to fit the room writes a stream the build's decompressor
+    reads: window at most 2**27 (the kernel's zstd default limit), same trailer."""
+    import zstandard
+    data = bytes(range(256)) * 3000 + os.urandom(5000) + b"\0" * (1 << 20)
+    z = B.compress_payload(data, "zstd", effort)
+    assert B.decompress_payload(z, "zstd") == data
+    assert zstandard.get_frame_parameters(z[:-4]).window_size <= 1 << 27
+    assert zstandard.ZstdDecompressor(max_window_size=1 << 27).decompressobj().decompress(z[:-4]) == data
+
+
 def test_reloc_layout_by_version():
     assert B.reloc_layout("6.1.0-56-cloud-amd64 (x)") is B.LAYOUT_3
     assert B.reloc_layout("6.12.118+deb13-cloud-amd64") is B.LAYOUT_3

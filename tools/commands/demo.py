@@ -63,6 +63,8 @@ class Demo:
                   "-o", prof]).returncode:
             raise ExternalToolError("profiling failed; see above")
         kernels = [f"stock={kernel}"]
+        from . import load_all
+        load_all()          # the command line named only 'demo' (cli.py loads that verb alone)
         if "relayout" not in VERBS:
             print("\n== relayout: not available in this build (skipped)")
         else:
