@@ -266,7 +266,8 @@ def split(run):
                                    run.functions, run.target.short_static_keys(), strat.cold_min,
                                    strat.invert_jcc, strat.block_order,
                                    getattr(run.blocks, "edges", None), log, heads=heads,
-                                   order_whole=run.target.kind == "userspace")
+                                   order_whole=getattr(strat, "order_whole", False) and
+                                   run.target.kind == "userspace")
     if eh_split is not None:
         n = len(splits)
         kept = eh_split.accept(splits, units.start, heat, reason)
