@@ -84,6 +84,7 @@ def _relayout_then_verify(args, strat, outs, log):
     the outputs, ``verify OUTPUT --against IMAGE`` here (commands/verify.py ``check``:
     the same checks and report as the separate command)."""
     import os
+    import signal
     import sys
     from ..cli import run_handled
     from ..verify.equivalence import _decoded_old
@@ -101,12 +102,15 @@ def _relayout_then_verify(args, strat, outs, log):
             sys.stderr.flush()
             os._exit(status)
     try:
-        old_decode = Computed(_decoded_old, args.image)
-    except BaseException:
-        os.kill(pid, 9)
+        try:
+            old_decode = Computed(_decoded_old, args.image)
+        except Exception:
+            old_decode = None      # verify decodes it again and says what is wrong with it
+        _, wstatus = os.waitpid(pid, 0)
+    except BaseException:          # interrupted: the rewrite stops too (it removes its temps)
+        os.kill(pid, signal.SIGTERM)
         os.waitpid(pid, 0)
         raise
-    _, wstatus = os.waitpid(pid, 0)
     status = os.waitstatus_to_exitcode(wstatus)
     if status != 0:
         return status if status > 0 else 128 - status    # it said why (or was killed)
