@@ -157,3 +157,16 @@ def test_relayout_verify_on_a_mutated_output(case, tmp_path):
     assert inproc["findings"], inproc
     assert any("mix" in json.dumps(f) or f.get("check", "").startswith("equiv")
                for f in inproc["findings"])
+
+
+def test_relayout_verify_bad_input_one_line(case, tmp_path):
+    d, exe, prof, out = case
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"garbage\n")
+    for args in (["relayout", str(junk), "--profile", prof],
+                 ["relayout", exe, "--profile", str(junk)]):
+        p = _linepack(*args, "--strategy", "blocks", "-o", str(tmp_path / "o"), "--verify",
+                      check=False)
+        assert p.returncode == 2, p.stderr
+        assert p.stderr.count("linepack: error:") == 1 and "Traceback" not in p.stderr
+        assert not (tmp_path / "o").exists()
