@@ -474,6 +474,8 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     fast = len(amap.old) < 2 or bool(np.all(amap.old[1:] >= amap.old_end[:-1]))
     piece_same = {}
     maybe_branch = {}
+    # where each piece's end maps (map1 of it, for all pieces at once)
+    end_new = amap.map(amap.old_end).tolist() if fast and len(amap.old) else []
 
     def same_piece(p):
         got = piece_same.get(p)
@@ -577,10 +579,12 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                         n = piece_new[p] + (a - piece_old[p])
                         if orc_ok:
                             orc_pairs.append((a, n, piece_old[p] == a, p))
-                        if succ < piece_old_end[p] and succ < f.old_end:
-                            # its successor is the piece's next byte, in NEW too
+                        if succ < piece_old_end[p] and succ < f.old_end or \
+                                end_new[p] == n + ins.size:
+                            # its successor is the piece's next byte, in NEW too, or
+                            # the piece's end maps to where the instruction ends
                             if ins.mnemonic not in _NO_FALLTHROUGH and \
-                                    a not in no_fallthrough:
+                                    a not in no_fallthrough and succ < f.old_end:
                                 stats["edges"] += 1
                         else:
                             fall_edge(f, ins, a, None, n + ins.size)
