@@ -331,7 +331,8 @@ def planning_units(units, heat, splits, hot_align=None):
     cold_size = np.zeros(n, np.int64)
     for u, sf in by_unit.items():
         # a function reordered whole (no cold part) gets no cold unit
-        is_split[u], hot_size[u], cold_size[u] = not sf.whole, sf.sizes[0], sf.sizes[1]
+        is_split[u], hot_size[u], cold_size[u] = not getattr(sf, "whole", False), sf.sizes[0], \
+            sf.sizes[1]
     # every unit, and right after a split one its cold part
     par = np.repeat(np.arange(n, dtype=np.int64), 1 + is_split)
     part = np.zeros(len(par), np.int8)
