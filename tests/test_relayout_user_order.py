@@ -170,3 +170,16 @@ def test_relayout_verify_bad_input_one_line(case, tmp_path):
         assert p.returncode == 2, p.stderr
         assert p.stderr.count("linepack: error:") == 1 and "Traceback" not in p.stderr
         assert not (tmp_path / "o").exists()
+
+
+def test_native_ext_tsp_writes_the_python_searchs_bytes(case, tmp_path, monkeypatch):
+    """The C ext-TSP changes nothing in the output: the same bytes with the Python search."""
+    import linepack.relayout.block_order as bo
+    from linepack.relayout.driver import load_profile_full, relayout
+    d, exe, prof, out = case
+    monkeypatch.setattr(bo, "_lib", None)          # no C core: the Python search
+    lp = load_profile_full(prof, exe)
+    py = str(tmp_path / "python-order")
+    relayout(exe, py, "blocks", hotness=lp.hotness, calls=lp.calls, blocks=lp.blocks,
+             profile_build_id=lp.build_id)
+    assert open(py, "rb").read() == open(out, "rb").read()
