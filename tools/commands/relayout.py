@@ -36,7 +36,8 @@ class Relayout:
         p.add_argument("--keep-debug", action="store_true", help=argparse.SUPPRESS)
         p.add_argument("--verify", action="store_true",
                        help="then run `verify OUTPUT --against IMAGE` in the same process (the "
-                       "same checks and report; exit 1 on findings)")
+                       "same checks and report, with --layout-map the map too; exit 1 on "
+                       "findings)")
         p.add_argument("--verify-json", metavar="FILE",
                        help="with --verify: write verify's report to FILE ('-' = stdout)")
         p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
@@ -114,8 +115,9 @@ def _relayout_then_verify(args, strat, outs, log):
     status = os.waitstatus_to_exitcode(wstatus)
     if status != 0:
         return status if status > 0 else 128 - status    # it said why (or was killed)
-    return check(args.output, args.image, json_path=args.verify_json, quiet=args.quiet,
-                 old_decode=old_decode)
+    # the layout map relayout wrote is checked too, as `verify --layout-map` does
+    return check(args.output, args.image, layout_map=args.layout_map, json_path=args.verify_json,
+                 quiet=args.quiet, old_decode=old_decode)
 
 
 def _relayout(args, strat, outs, log):
