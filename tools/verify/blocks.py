@@ -462,9 +462,11 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     piece_kind, piece_old, piece_old_end = amap.kind.tolist(), amap.old.tolist(), \
         amap.old_end.tolist()
     piece_new, piece_new_len = amap.new.tolist(), amap.new_len.tolist()
-    moved_field_addrs, moved_field_deltas = (np.asarray(data_moves[0]).tolist(),
-                                             np.asarray(data_moves[1]).tolist()) \
-        if data_moves is not None and len(data_moves[0]) else ([], [])
+    moved_field_addrs, moved_field_deltas = (data_moves.addrs.tolist(),
+                                             data_moves.deltas.tolist()) \
+        if data_moves is not None and len(data_moves.addrs) else ([], [])
+    # an image without relocations: fields designating a moved data symbol by value
+    moved_extents = data_moves if data_moves is not None and data_moves.extents else None
     # The common instruction, inside a copied piece whose bytes NEW holds unchanged,
     # neither a branch nor RIP-relative nor holding a moved data field, has the same
     # meaning without a read or a decode; with its successor in the same piece (the
@@ -488,6 +490,7 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 got = False
             piece_same[p] = got
         return got
+
     def fall_edge(f, ins, a, target, n_end):
         """The fall-through edge after ``ins`` (at ``a``, ending at ``n_end`` in NEW)."""
         succ = a + ins.size
@@ -606,6 +609,10 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                         d = moved_field_deltas[k]
                         translate = lambda v, d=d: (v + d) & (2**64 - 1)   # noqa: E731
                         data_moved = True
+                elif moved_extents is not None:
+                    def translate(v, base=amap.map1):
+                        m = moved_extents.moved_value(v)
+                        return base(v) if m is None else m
                 # the same bytes mean the same unless an operand is relative to the
                 # instruction's address (RIP operand, direct branch) or refers to a
                 # moved data symbol: no decode needed
