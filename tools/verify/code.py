@@ -31,23 +31,34 @@ def check_code(ctx, out):
     use &= ~((fidx >= 0) & ctx.split[np.maximum(fidx, 0)])     # split functions: block-level checks
     timings.phase("against: instructions")
     out.extra.update(compare_instructions(octx, ctx.nctx, ctx.amap, use, ctx.kernel, out.findings,
-                                          out.counter, ctx.data_moves))
+                                          out.counter, ctx.data_moves,
+                                          getattr(ctx, "data_moves_by_value", None)))
 
 
-def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_moves=None):
+def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_moves=None,
+                         by_value=None):
     """Steps 1 and 2 for the instructions of OLD selected by ``use``: each sits
     at its mapped address in NEW with the same length, and every byte that
     differs is a translated address field (or a field relocated against a moved
-    data symbol, ``data_moves`` from data.data_moves, that moved with it). Cost
+    data symbol, ``data_moves`` from data.data_moves, that moved with it; for an
+    OLD without relocations, a field holding such a symbol's value,
+    ``by_value`` from data.data_moves_by_value). Cost
     follows ``use``, so the mutation test runs it on one instruction at a time."""
     mv_addr, mv_delta = data_moves if data_moves is not None else (np.zeros(0, np.uint64), None)
 
     def moved_by(field_addr, old_value, new_value, size):
         """The field carries a relocation against a moved data symbol and moved with it."""
+        mask = (1 << (8 * size)) - 1 if size < 8 else (1 << 64) - 1
         k = int(np.searchsorted(mv_addr, field_addr))
         if k >= len(mv_addr) or int(mv_addr[k]) != field_addr:
+            if by_value:
+                # a 4-byte field holds the low half of a sign-extended kernel address
+                full = old_value & mask
+                if size < 8 and full >> (8 * size - 1):
+                    full |= ((1 << 64) - 1) ^ mask
+                d = by_value.get(full)
+                return d is not None and (new_value - old_value - d) & mask == 0
             return False
-        mask = (1 << (8 * size)) - 1 if size < 8 else (1 << 64) - 1
         return (new_value - old_value - int(mv_delta[k])) & mask == 0
     od, nd = octx.disasm, nctx.disasm
     o_addr = od.addr[use]

@@ -10,7 +10,7 @@ from ..image.elf import ElfImage
 from ..image.context import ImageContext
 from .addrmap import (BlockAwareMap, FunctionMap, code_labels, code_ranges, match_functions,
                       piece_ends, region_points)
-from .data import data_moves
+from .data import data_moves, data_moves_by_value
 from .symbols import cold_names
 
 
@@ -62,6 +62,7 @@ class AgainstContext:
         self.moved = int((of.start[oi] != nf.start[ni]).sum())
         log(f"{len(oi)} functions matched, {self.moved} moved")
         self.bad_data_symbols, self.moved_data, self.data_moves = data_moves(old, new)
+        self.data_moves_by_value = data_moves_by_value(old, new, self.moved_data)
 
     @cached_property
     def cold_names(self):

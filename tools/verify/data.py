@@ -8,10 +8,12 @@ from ..image.elf import STT_SECTION
 from .tables import sorted_table_ranges
 
 # Data symbols a rewrite may move (tools/relayout/kernel/kallsyms_cold.py: kallsyms'
-# arrays grown by the `.cold` entries of a block-level layout, and the end of the
+# arrays grown by the `.cold` entries of a block-level layout, the token arrays that
+# may move to join their free storage, and the end of the
 # read-only data behind them). Every other data symbol stays.
 MOVABLE_DATA = ("kallsyms_offsets", "kallsyms_names", "kallsyms_markers",
-                "kallsyms_seqs_of_names", "__end_rodata")
+                "kallsyms_seqs_of_names", "kallsyms_token_table", "kallsyms_token_index",
+                "__end_rodata")
 
 
 def data_moves(old, new):
@@ -54,6 +56,37 @@ def data_moves(old, new):
     o = np.argsort(np.array(addrs, np.uint64), kind="stable")
     return (bad, {nm: v for nm, _, v in moved.values()},
             (np.array(addrs, np.uint64)[o], np.array(deltas, np.int64)[o]))
+
+
+# The values a code field may hold for a symbol S of MOVABLE_DATA (S plus an
+# addend) in the idioms relayout proves for a relocation-stripped image
+# (image/references.py attribute_padding_targets): S itself, S - 1 (an
+# inclusive end) and S + 2**k - 1 (rounding up to 2**k, k <= 12: PFN_ALIGN),
+# each also as a physical address (__pa_symbol).
+_START_KERNEL_MAP = 0xffffffff80000000      # x86-64 __START_KERNEL_map
+_ADDENDS = (0, -1) + tuple((1 << k) - 1 for k in range(1, 13))
+
+
+def data_moves_by_value(old, new, moved_names):
+    """For an OLD without relocations in code (a distribution's stripped
+    vmlinux: relayout recovered its references from the vmlinuz), the fields
+    that follow a moved data symbol can only be told by value, as relayout told
+    them (relayout/kernel/kallsyms_cold.py ``_recovered_moves``): {field value
+    in OLD (S + addend, 64 bits): move}. None when OLD has such relocations
+    (data_moves lists the fields then) or nothing moved."""
+    if not moved_names or any(rel.target.is_code and rel.target.is_alloc and len(rel.offset)
+                              for rel in old.relocations.values()):
+        return None
+    out = {}
+    for nm in moved_names:
+        a, b = old.symbol_address(nm), new.symbol_address(nm)
+        if a is None or b is None or a == b:
+            continue
+        for add in _ADDENDS:
+            out[(a + add) & ((1 << 64) - 1)] = b - a
+            if a >= _START_KERNEL_MAP:       # __pa_symbol(S): the physical address
+                out[a + add - _START_KERNEL_MAP] = b - a
+    return out or None
 
 
 def _follows_its_section(old, new, oi, ni, ov, nv):
