@@ -235,3 +235,17 @@ def test_no_room_nearest_region_first():
                   align=[64, 16, 16, 16, 16])
     p = lay(t, "pack", [3, 9, 0, 0, 0])
     assert p.kept_regions == ["a", "c"] and p.compact_regions == [] and p.is_identity()
+
+
+def test_stuck_overflow_names_the_bytes_short():
+    """Code before a pinned region that does not fit even at its original layout
+    (a block-level layout's split functions grew): the error names the region and
+    how many bytes it is short, which the block-level retry un-splits just enough
+    of (relayout/passes.py _unsplit_before)."""
+    from linepack.relayout.plan import LayoutError
+    regs = [Region("a", BASE, BASE + 0x100, 1), Region("b", BASE + 0x100, BASE + 0x200, 1, True)]
+    t = UnitTable([BASE, BASE + 0x80, BASE + 0x100], [0x80, 0x90, 0x10], [0, 0, 1], regs)
+    with pytest.raises(LayoutError) as e:
+        lay(t, "align-all 64")
+    assert e.value.pinned_regions == [1]
+    assert e.value.shortfalls == {1: 0x10}
