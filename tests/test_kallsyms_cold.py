@@ -94,3 +94,65 @@ def test_placement_reuses_old_storage():
     # nothing grew: every array stays in the old storage, nothing in the gap
     at, end = _place(old_at, old_size, old_size, gap)
     assert end == gap and all(a < gap for a in at.values())
+
+
+def _check_placement(at, sizes, old_storage, gap, end, fixed):
+    """No two arrays overlap, none overlaps a fixed one (num_syms, relative_base),
+    each lies in the old storage or in [gap, end)."""
+    spans = sorted((a, a + sizes[nm], nm) for nm, a in at.items())
+    assert all(b <= c for (_, b, _), (c, _, _) in zip(spans, spans[1:])), spans
+    for a, b, nm in spans:
+        assert all(b <= lo or a >= hi for lo, hi in fixed), nm
+        assert (gap <= a and b <= end) or any(lo <= a and b <= hi for lo, hi in old_storage), nm
+
+
+def test_placement_6_12_order_moves_the_tokens():
+    """Debian 13's 6.12 (scripts/kallsyms.c order): num_syms | names markers |
+    token_table token_index | offsets | relative_base | seqs_of_names. The tokens
+    move so names..offsets is one area; relative_base stays, so seqs_of_names
+    (3 bytes a symbol) is all that goes to the gap (was: all of kallsyms_names)."""
+    from linepack.relayout.kernel.kallsyms_cold import _place
+    n_old, n_new = 157922, 158107
+    names_at, names_size = 0x82151f68, 0x82366fd0 - 0x82151f68 - 4
+    old_at = {"kallsyms_names": names_at, "kallsyms_markers": 0x82366fd0,
+              "kallsyms_offsets": 0x82367f78, "kallsyms_seqs_of_names": 0x82402308}
+    old_size = {"kallsyms_names": names_size, "kallsyms_markers": 4 * 617,
+                "kallsyms_offsets": 4 * n_old, "kallsyms_seqs_of_names": 3 * n_old}
+    sizes = {"kallsyms_names": names_size + 185 * 11, "kallsyms_markers": 4 * 618,
+             "kallsyms_offsets": 4 * n_new, "kallsyms_seqs_of_names": 3 * n_new,
+             "kallsyms_token_table": 0x400, "kallsyms_token_index": 0x200}
+    gap = 0x82ac1df0
+    at, end = _place(old_at, old_size, {k: v for k, v in sizes.items() if k in old_at}, gap,
+                     tokens=(0x82367978, 0x600))
+    assert at["kallsyms_seqs_of_names"] == gap and end == gap + 3 * n_new
+    assert at["kallsyms_token_table"] != 0x82367978
+    assert at["kallsyms_token_index"] == at["kallsyms_token_table"] + 0x400
+    assert at["kallsyms_names"] == names_at
+    _check_placement(at, sizes, [(names_at, 0x82402300), (0x82402308, 0x82402308 + 3 * n_old)],
+                     gap, end, [(0x82151f60, names_at), (0x82402300, 0x82402308)])
+
+
+def test_placement_7_3_order_leaves_only_markers_for_the_gap():
+    """trixie-backports' 7.3: num_syms | names markers | token_table token_index |
+    offsets seqs_of_names, no relative_base. With the tokens moved the old storage
+    is one area; the growth (~2 KB for 113 .cold entries) needs one small array
+    out of it: kallsyms_markers (3 KB) goes to the gap, not seqs_of_names
+    (593 KB) or the names (3.2 MB, as before)."""
+    from linepack.relayout.kernel.kallsyms_cold import _place
+    n_old, n_new = 197553, 197666
+    names_at = 0x8239f764                      # 4-aligned: after the u32 num_syms
+    old_at = {"kallsyms_names": names_at, "kallsyms_markers": 0x826b0780,
+              "kallsyms_offsets": 0x826b19e8, "kallsyms_seqs_of_names": 0x826b19e8 + 4 * n_old}
+    old_size = {"kallsyms_names": 0x826b0780 - names_at, "kallsyms_markers": 4 * 772,
+                "kallsyms_offsets": 4 * n_old, "kallsyms_seqs_of_names": 3 * n_old}
+    sizes = {"kallsyms_names": old_size["kallsyms_names"] + 1496, "kallsyms_markers": 4 * 773,
+             "kallsyms_offsets": 4 * n_new, "kallsyms_seqs_of_names": 3 * n_new,
+             "kallsyms_token_table": 0x458, "kallsyms_token_index": 0x200}
+    gap = 0x82f67b48
+    at, end = _place(old_at, old_size, {k: v for k, v in sizes.items() if k in old_at}, gap,
+                     tokens=(0x826b1390, 0x658))
+    assert at["kallsyms_names"] == names_at     # stays at the link's (4-byte) alignment
+    assert at["kallsyms_markers"] == gap and end == gap + sizes["kallsyms_markers"]
+    assert at["kallsyms_token_index"] == at["kallsyms_token_table"] + 0x458
+    old_end = old_at["kallsyms_seqs_of_names"] + 3 * n_old
+    _check_placement(at, sizes, [(names_at, old_end)], gap, end, [(0x8239f760, names_at)])

@@ -235,3 +235,50 @@ def test_no_room_nearest_region_first():
                   align=[64, 16, 16, 16, 16])
     p = lay(t, "pack", [3, 9, 0, 0, 0])
     assert p.kept_regions == ["a", "c"] and p.compact_regions == [] and p.is_identity()
+
+
+def test_stuck_overflow_names_the_bytes_short():
+    """Code before a pinned region that does not fit even at its original layout
+    (a block-level layout's split functions grew): the error names the region and
+    how many bytes it is short, which the block-level retry un-splits just enough
+    of (relayout/passes.py _unsplit_before)."""
+    from linepack.relayout.plan import LayoutError
+    regs = [Region("a", BASE, BASE + 0x100, 1), Region("b", BASE + 0x100, BASE + 0x200, 1, True)]
+    t = UnitTable([BASE, BASE + 0x80, BASE + 0x100], [0x80, 0x90, 0x10], [0, 0, 1], regs)
+    with pytest.raises(LayoutError) as e:
+        lay(t, "align-all 64")
+    assert e.value.pinned_regions == [1]
+    assert e.value.shortfalls == {1: 0x10}
+
+
+def test_unsplit_covers_the_shortfall_least_heat_per_byte_first(monkeypatch):
+    """Block level, code before a pinned region short by N bytes at its original
+    layout: the splits whose growth covers N move whole, least heat per byte of
+    growth first; splits elsewhere, and those that did not grow, stay split."""
+    from types import SimpleNamespace
+    from linepack.image.cfg import R_NO_ROOM
+    from linepack.relayout import blocks, passes
+    regs = [Region("a", BASE, BASE + 0x1000, 1), Region("p", BASE + 0x1000, BASE + 0x1100, 1, True),
+            Region("b", BASE + 0x1100, BASE + 0x2000, 1)]
+    # units 0-4 in region a, 5 in the pinned one, 6 in region b
+    starts = [BASE, BASE + 0x100, BASE + 0x200, BASE + 0x300, BASE + 0x400, BASE + 0x1000,
+              BASE + 0x1100]
+    orig = UnitTable(starts, [0x100] * 7, [0, 0, 0, 0, 0, 1, 2], regs)
+    heat = np.array([10.0, 1.0, 4.0, 100.0, 0.5, 0, 0.1])
+    # (unit, growth): heat per byte 10/20=.5, 1/10=.1, 4/10=.4, 100/20=5, 0.5/-4 (shrank)
+    grew = {0: 20, 1: 10, 2: 10, 3: 20, 4: -4, 6: 30}
+    splits = [SimpleNamespace(unit=u, sizes=(0x80, 0x80 + g)) for u, g in grew.items()]
+    run = SimpleNamespace(orig_units=orig, orig_heat=heat, split={
+        "splits": splits, "reason": np.zeros(7, np.int64)},
+        strategy=SimpleNamespace(min_count=0.0), target=SimpleNamespace(kind="kernel"),
+        split_stats=SimpleNamespace(), log=lambda m: None)
+    monkeypatch.setattr(blocks, "planning_units", lambda *a: (orig, heat, None, None))
+    monkeypatch.setattr(blocks, "reason_summary", lambda *a, **k: {})
+    monkeypatch.setattr(passes, "_split_stats", lambda sp, o: SimpleNamespace())
+    assert passes._unsplit_before(run, [1], {1: 15})
+    kept = sorted(sf.unit for sf in run.split["splits"])
+    assert kept == [0, 3, 4, 6]                 # units 1 and 2 (10 + 10 >= 15 bytes) moved whole
+    assert run.split["reason"].tolist() == [0, R_NO_ROOM, R_NO_ROOM, 0, 0, 0, 0]
+    # no shortfall known: every split before the pinned region moves whole
+    assert passes._unsplit_before(run, [1])
+    assert sorted(sf.unit for sf in run.split["splits"]) == [6]

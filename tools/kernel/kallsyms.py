@@ -56,6 +56,12 @@ def _linker_provided(name):
             or name.endswith("_end"))
 
 
+# every array scripts/kallsyms.c emits (those a version has)
+ARRAY_SYMBOLS = ("kallsyms_offsets", "kallsyms_relative_base", "kallsyms_num_syms",
+                 "kallsyms_names", "kallsyms_markers", "kallsyms_token_table",
+                 "kallsyms_token_index", "kallsyms_seqs_of_names")
+
+
 class Kallsyms(KernelTable):
     name = "kallsyms"
     start_symbol = "kallsyms_offsets"
@@ -94,8 +100,13 @@ class Kallsyms(KernelTable):
         tokens = [table[o:table.index(b"\0", o)].decode("latin-1") for o in token_index]
         expand = dict(enumerate(tokens))         # str.translate: token byte -> its text
         markers_addr = im.symbol_address("kallsyms_markers")
-        # names run up to the markers array
-        names = bytes(im.read(names_addr, markers_addr - names_addr))
+        # names run up to the next kallsyms array or their section's end (the
+        # records, walked below, say where they end: a block-level layout may
+        # place kallsyms_markers elsewhere, relayout/kernel/kallsyms_cold.py)
+        after = [a for a in (im.symbol_address(nm) for nm in ARRAY_SYMBOLS)
+                 if a is not None and a > names_addr]
+        sec = im.section_at(names_addr)
+        names = bytes(im.read(names_addr, min(after + [sec.addr + sec.size]) - names_addr))
         self.names, self.types, name_off = [], [], []
         pos = 0
         for _ in range(n):

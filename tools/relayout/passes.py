@@ -358,7 +358,8 @@ def plan(run):
             # a kernel at block level: split functions that grew before pinned code move
             # whole instead (userspace gets a new segment below)
             if block_level and run.target.kind == "kernel" and \
-                    _unsplit_before(run, getattr(e, "pinned_regions", None)):
+                    _unsplit_before(run, getattr(e, "pinned_regions", None),
+                                    getattr(e, "shortfalls", None)):
                 continue
             # the target may offer room elsewhere (userspace: a new segment)
             run.segment = run.target.new_segment(run)
@@ -374,28 +375,52 @@ def plan(run):
     return S.PlanStats(**run.plan.summary())
 
 
-def _unsplit_before(run, pinned_regions):
+def _unsplit_before(run, pinned_regions, shortfalls=None):
     """Block level, when the code before pinned regions ``pinned_regions`` does not
     fit even with its regions at their original layout (the split functions there
-    grew: re-encoded branches, appended jmps): those functions move whole instead
-    (reason R_NO_ROOM) and the plan is made again. make_plan names every such
-    region of one plan (each run between pinned regions is laid out on its own),
-    so they are all un-split at once: the same functions as one region per
-    re-plan, in one re-plan. False when none is left to unsplit."""
+    grew: re-encoded branches, appended jmps): some of those functions move whole
+    instead (reason R_NO_ROOM) and the plan is made again. ``shortfalls``:
+    {pinned region: bytes short} with every region before it at its original
+    layout, which is then the growth of its splits less the slack they found:
+    the splits with the least heat per byte of growth that cover it move
+    whole, the others stay split (without it, all of them). make_plan names every such region of one
+    plan (each run between pinned regions is laid out on its own), so they are
+    all handled in one re-plan; a run still short in the next plan loses its
+    next least hot splits. False when none is left to unsplit."""
     from ..image.cfg import R_NO_ROOM
     from .blocks import planning_units, reason_summary
     if not pinned_regions:
         return False
     regs, orig = run.orig_units.regions, run.orig_units
-    run_regions = []
+    sp = run.split
+    drop, short = set(), 0
     for pinned_region in pinned_regions:
+        run_regions = []
         for i in range(pinned_region - 1, -1, -1):
             if regs[i].section != regs[pinned_region].section or regs[i].pinned:
                 break
             run_regions.append(i)
-    sp = run.split
-    inside = np.isin(orig.region, run_regions)
-    drop = {sf.unit for sf in sp["splits"] if inside[sf.unit]}
+        inside = np.isin(orig.region, run_regions)
+        cands = [sf for sf in sp["splits"] if inside[sf.unit]]
+        need = (shortfalls or {}).get(pinned_region)
+        if need is None:
+            drop.update(sf.unit for sf in cands)
+            continue
+        short += need
+        # the least heat per byte of growth first (a split that did not grow frees
+        # nothing: it stays), ties in address order
+        growth = {sf.unit: int(sf.sizes[0] + sf.sizes[1]) - int(orig.size[sf.unit])
+                  for sf in cands}
+        covered = 0
+        for sf in sorted((sf for sf in cands if growth[sf.unit] > 0),
+                         key=lambda sf: (float(run.orig_heat[sf.unit]) / growth[sf.unit],
+                                         sf.unit)):
+            if covered >= need:
+                break
+            drop.add(sf.unit)
+            covered += growth[sf.unit]
+        if covered < need:          # growth is not all there is (alignment): all of them
+            drop.update(sf.unit for sf in cands)
     if not drop:
         return False
     sp["reason"][sorted(drop)] = R_NO_ROOM
@@ -409,7 +434,8 @@ def _unsplit_before(run, pinned_regions):
     where = regs[pinned_regions[0]].name if len(pinned_regions) == 1 else \
         f"{len(pinned_regions)} pinned regions"
     run.log(f"{len(drop)} split functions before {where} moved whole "
-            "(their growth does not fit there)")
+            "(their growth does not fit there" +
+            (f": {short} bytes short)" if short else ")"))
     return True
 
 

@@ -128,9 +128,9 @@ def make_heat(units, functions, hotness):
 class _PinnedOverflow(LayoutError):
     """The regions before pinned region ``index`` grew past its start."""
 
-    def __init__(self, msg, index):
+    def __init__(self, msg, index, needed):
         super().__init__(msg)
-        self.index = index
+        self.index, self.needed = index, needed
 
 
 def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_ranges=None,
@@ -169,11 +169,11 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
             plan = _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep,
                               relocate or {}, memo, overflows=over, compact=compact)
         except _PinnedOverflow as e:
-            over = [(e.index, str(e))]
+            over = [(e.index, str(e), e.needed)]
         if over:
             regs = units.regions
             stuck = []
-            for index, msg in over:
+            for index, msg, needed in over:
                 cands = []
                 for i in range(index - 1, -1, -1):
                     if regs[i].section != regs[index].section or regs[i].pinned:
@@ -194,7 +194,7 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
                     compact.discard(i)
                     keep.add(i)
                 else:
-                    stuck.append((index, msg))
+                    stuck.append((index, msg, needed))
                     continue
                 if log:
                     what = ("keeps its original layout" if i in keep else
@@ -204,7 +204,9 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
             if stuck and len(stuck) == len(over):
                 err = LayoutError(stuck[0][1])
                 err.pinned_region = stuck[0][0]     # block level: relayout/passes.py retries
-                err.pinned_regions = [i for i, _ in stuck]
+                err.pinned_regions = [i for i, _, _ in stuck]
+                # bytes each is short with every region before it at its original layout
+                err.shortfalls = {i: n for i, _, n in stuck}
                 raise err from None
             continue
         plan.kept_regions = sorted(units.regions[i].name for i in keep)
@@ -261,8 +263,8 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
                        f"{cursor - reg.start} more bytes than the space before it "
                        f"(pinned at {reg.start:#x}); use a strategy with less padding")
                 if overflows is None:
-                    raise _PinnedOverflow(msg, ri)
-                overflows.append((ri, msg))
+                    raise _PinnedOverflow(msg, ri, cursor - reg.start)
+                overflows.append((ri, msg, cursor - reg.start))
             cursor = reg.end
             continue
         rstart = align_up(cursor, _region_align(reg.start)) if moved_away else \

@@ -9,10 +9,12 @@ from .addrmap import KERNEL_MAP
 from .tables import sorted_table_ranges
 
 # Data symbols a rewrite may move (tools/relayout/kernel/kallsyms_cold.py: kallsyms'
-# arrays grown by the `.cold` entries of a block-level layout, and the end of the
+# arrays grown by the `.cold` entries of a block-level layout, the token arrays that
+# may move to join their free storage, and the end of the
 # read-only data behind them). Every other data symbol stays.
 MOVABLE_DATA = ("kallsyms_offsets", "kallsyms_names", "kallsyms_markers",
-                "kallsyms_seqs_of_names", "__end_rodata")
+                "kallsyms_seqs_of_names", "kallsyms_token_table", "kallsyms_token_index",
+                "__end_rodata")
 
 
 # End markers among them: a field means the label in one of a few proven forms.

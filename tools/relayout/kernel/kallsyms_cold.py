@@ -2,17 +2,34 @@
 
 kallsyms' arrays (offsets, names, markers, seqs_of_names) were sized by the
 link step for its symbol count and sit packed in .rodata, so one more symbol
-does not fit where they are. They are rebuilt and placed again: first into the
-old arrays' own storage (in 6.1, the offsets' slot before
-``kallsyms_relative_base`` and the names+markers+seqs run before the token
-table), largest first; what does not fit goes to a new read-only section,
-``.linepack.kallsyms``, right after the end of the read-only segment (the
-first PT_LOAD: .text .. .BTF_ids on x86-64), in the gap the linker leaves
+does not fit where they are. They are rebuilt and placed again: into the old
+arrays' own storage where they fit, and what does not into a new read-only
+section, ``.linepack.kallsyms``, right after the end of the read-only segment
+(the first PT_LOAD: .text .. .BTF_ids on x86-64), in the gap the linker leaves
 before the 2 MB-aligned ``_sdata``. That gap exists in the file too, so the
 segment only grows (p_filesz = p_memsz). ``__end_rodata`` moves past the new
 section: x86-64 ``mark_rodata_ro()`` maps up to ``__end_rodata_hpage_align``
 read-only but frees the pages from ``PFN_ALIGN(__end_rodata)`` to ``_sdata``.
-On Debian's 6.1 cloud vmlinux only the offsets (~350 KB) go there.
+
+The gap is the scarce room (Debian 7.3: 623,800 bytes), so the placement
+(``_place``) puts there the fewest bytes a whole-array assignment allows. Where
+the old storage lies, by version (scripts/kallsyms.c write_src):
+
+- 6.1: offsets | relative_base num_syms | names markers seqs_of_names |
+  token_table token_index. Two free areas; offsets (4 bytes per symbol, the
+  array that grows by whole slots) go to the gap (~350 KB on Debian's cloud
+  vmlinux), seqs_of_names into the old offsets' slot.
+- 6.12: num_syms | names markers | token_table token_index | offsets |
+  relative_base | seqs_of_names. The token arrays split the storage of the
+  growing arrays; they keep their bytes (names are encoded with the existing
+  tokens) but move as one unit when that joins names..offsets into one area.
+  relative_base stays (its 8 bytes hold an absolute address, a field of the
+  vmlinuz's KASLR table), so seqs_of_names' old slot can only take a small
+  array and seqs_of_names itself goes to the gap (~3 bytes per symbol).
+- 7.3: num_syms | names markers | token_table token_index | offsets
+  seqs_of_names, no relative_base (offsets are PC-relative). With the tokens
+  moved, names..seqs_of_names is one area and the gap takes the smallest
+  arrays that cover the growth.
 
 The code reaches the arrays and ``__end_rodata`` only through relocated fields
 (``--emit-relocs``: R_X86_64_32S / PC32 against the symbols, also in
@@ -21,9 +38,8 @@ their new values. References recovered from a vmlinuz name a symbol only where
 recovery proved it (``PFN_ALIGN(__end_rodata)``, ``__pa_symbol(__end_rodata) - 1``:
 image/references.py); the rest follow by value, and a move that is not provable
 is refused (``_recovered_moves``). ``kallsyms_relative_base`` (an absolute relocation KASLR
-adjusts), ``kallsyms_num_syms`` (updated in place) and the token table/index
-(names are encoded with the existing tokens) stay where they are. Old storage
-that no new array reuses is zeroed: nothing may read it any more.
+adjusts) and ``kallsyms_num_syms`` (updated in place) stay where they are. Old
+storage that no new array reuses is zeroed: nothing may read it any more.
 """
 
 import numpy as np
@@ -37,6 +53,7 @@ from .kernel_tables import PatchedImage
 SECTION_NAME = ".linepack.kallsyms"
 PAGE = 4096
 ALIGN = 8
+TOKEN_INDEX_BYTES = 256 * 2           # kallsyms_token_index: u16 per token byte
 COLD_TYPE = "t"                      # gcc's own .cold parts are local text
 
 
@@ -120,11 +137,14 @@ def add_cold_kallsyms(rw, image, log=None):
     n_new = n_old + len(cold)
     sizes = {"kallsyms_offsets": 4 * n_new, "kallsyms_names": int(table._record_bounds[-1]),
              "kallsyms_markers": 4 * ((n_new + 255) // 256), "kallsyms_seqs_of_names": 3 * n_new}
-    at, gap_end = _place(old_at, old_size, sizes, start)
+    tt = image.symbol_address("kallsyms_token_table")
+    ti = image.symbol_address("kallsyms_token_index")
+    tokens = (tt, ti - tt + TOKEN_INDEX_BYTES) if tt is not None and ti is not None else None
+    at, gap_end = _place(old_at, old_size, sizes, start, tokens)
     if gap_end > limit:
         raise NoRoom(f"kallsyms with {len(cold)} .cold entries needs {gap_end - start} bytes "
                      f"after the read-only segment, {limit - start} are free")
-    moved = {nm: a for nm, a in at.items() if a != old_at[nm]}
+    moved = {nm: a for nm, a in at.items() if a != old_at.get(nm, image.symbol_address(nm))}
     end_rodata = image.symbol_address("__end_rodata")
     if gap_end > start and end_rodata is not None and end_rodata < _align(gap_end, PAGE):
         moved["__end_rodata"] = _align(gap_end, PAGE)
@@ -133,10 +153,15 @@ def add_cold_kallsyms(rw, image, log=None):
     # refused) before anything is written
     recovered_moves = _recovered_moves(image, refs, moved) if refs is not None else None
     new = table.update(ctx, entries, rw.amap, extra_addr=[c[1] for c in cold],
-                       retarget={k: v for k, v in moved.items() if k == "__end_rodata"})
+                       retarget=moved)      # 6.12/7.3 list the arrays' own symbols too
     out = _SectionOut(rw, start, gap_end - start)
     for nm, a in old_at.items():          # the old arrays are dead (parts are reused below)
         out.write(a, np.zeros(old_size[nm], np.uint8))
+    if "kallsyms_token_table" in at:      # the token arrays moved: their bytes, unchanged
+        token_bytes = np.array(image.read(tokens[0], tokens[1]), np.uint8)
+        out.write(tokens[0], np.zeros(tokens[1], np.uint8))
+        out.write(at["kallsyms_token_table"], token_bytes[:ti - tt])
+        out.write(at["kallsyms_token_index"], token_bytes[ti - tt:])
     table.write(ctx, new, out, at=at)
     in_gap = {nm for nm, a in at.items() if a >= start}
     fields = _move_symbols(rw, image, moved, {nm: len(image.sections) for nm in in_gap},
@@ -158,39 +183,91 @@ def add_cold_kallsyms(rw, image, log=None):
             {seg: {"filesz": size, "memsz": size}})
 
 
-def _place(old_at, old_size, sizes, gap):
-    """Addresses for the grown arrays: the old arrays' storage first (runs of
-    arrays that lie back to back form one free area), largest array first into
-    the first area it fits, the rest into the gap from address ``gap`` on.
-    kallsyms_markers goes right after kallsyms_names (kallsyms' parse bounds
-    the names by the markers). Returns ({array: address}, end of the gap used)."""
+def _areas(old_at, old_size):
+    """Free areas of the old storage: arrays lying back to back (up to ALIGN
+    padding) form one area. [[start, end]] in address order."""
     areas = []
     for nm in sorted(old_at, key=old_at.get):
         lo, hi = old_at[nm], old_at[nm] + old_size[nm]
         if areas and lo <= _align(areas[-1][1], ALIGN):
-            areas[-1][1] = hi
+            areas[-1][1] = max(areas[-1][1], hi)
         else:
             areas.append([lo, hi])
+    return areas
+
+
+def _lay(unit, pos, sizes, start=None):
+    """{array: address} and the end of ``unit`` laid from ``pos``; an array at
+    ``start`` (an area's start: an old array's, aligned as the link aligned it
+    for at most a u32 array) stays there, the others are 8-aligned."""
+    out = {}
+    for nm in unit:
+        pos = pos if pos == start else _align(pos, ALIGN)
+        out[nm] = pos
+        pos += sizes[nm]
+    return out, pos
+
+
+def _search(areas, units, sizes, gap):
+    """Assign each unit to an area or to the gap, fewest gap bytes. Units are
+    tried largest first, each in the first area it fits, then the next ones,
+    then the gap (depth first), so the first complete assignment is first-fit
+    decreasing, and another one replaces it only when it leaves strictly less
+    for the gap. Returns ({array: address}, end of the gap used)."""
+    units = sorted(units, key=lambda u: (-sum(sizes[nm] for nm in u), u[0]))
+    best = [None, None]
+    pos = [a[0] for a in areas]
+
+    def walk(k, gap_pos, at):
+        if best[1] is not None and gap_pos >= best[1]:
+            return
+        if k == len(units):
+            best[0], best[1] = dict(at), gap_pos
+            return
+        unit = units[k]
+        for i, area in enumerate(areas):
+            placed, end = _lay(unit, pos[i], sizes, area[0])
+            if end <= area[1]:
+                was, pos[i] = pos[i], end
+                walk(k + 1, gap_pos, {**at, **placed})
+                pos[i] = was
+        placed, end = _lay(unit, gap_pos, sizes)
+        walk(k + 1, end, {**at, **placed})
+
+    walk(0, gap, {})
+    return best[0], best[1]
+
+
+def _place(old_at, old_size, sizes, gap, tokens=None):
+    """Addresses for the grown arrays: the old arrays' storage first, the rest
+    into the gap from address ``gap`` on. The first assignment keeps
+    kallsyms_markers right after kallsyms_names and the token arrays where they
+    are (first-fit decreasing: Debian 6.1's layout). Where that leaves bytes in
+    the gap, which is the scarce room (the space before ``_sdata``), a finer
+    one replaces it when it leaves strictly fewer: markers alone, and the token
+    table and index (``tokens``: (address, size); back to back, as the parse
+    bounds the table by the index; same bytes: names are encoded with the
+    existing tokens) as one unit whose old storage joins the areas around it
+    (6.12 and 7.3 emit them between kallsyms_markers and kallsyms_offsets).
+    Returns ({array: address}, end of the gap used)."""
     units = [["kallsyms_names", "kallsyms_markers"] if nm == "kallsyms_names" else [nm]
              for nm in old_at if nm != "kallsyms_markers"]
-    def lay(unit, pos):
-        out = {}
-        for nm in unit:
-            pos = _align(pos, ALIGN)
-            out[nm] = pos
-            pos += sizes[nm]
-        return out, pos
-
-    at, gap_pos = {}, gap
-    for unit in sorted(units, key=lambda u: (-sum(sizes[nm] for nm in u), u[0])):
-        area = next((a for a in areas if lay(unit, a[0])[1] <= a[1]), None)
-        placed, end = lay(unit, area[0] if area else gap_pos)
-        at.update(placed)
-        if area:
-            area[0] = end
-        else:
-            gap_pos = end
-    return at, gap_pos
+    at, end = _search(_areas(old_at, old_size), units, sizes, gap)
+    if end == gap:
+        return at, end
+    fine = [[nm] for nm in old_at]
+    old_at2, old_size2, sizes2 = old_at, old_size, sizes
+    if tokens is not None:
+        tt, size = tokens
+        old_at2 = {**old_at, "kallsyms_token_table": tt}
+        old_size2 = {**old_size, "kallsyms_token_table": size}
+        sizes2 = {**sizes, "kallsyms_token_table": size - TOKEN_INDEX_BYTES,
+                  "kallsyms_token_index": TOKEN_INDEX_BYTES}
+        fine.append(["kallsyms_token_table", "kallsyms_token_index"])
+    at2, end2 = _search(_areas(old_at2, old_size2), fine, sizes2, gap)
+    if end2 < end:
+        return at2, end2
+    return at, end
 
 
 def _move_symbols(rw, image, moved, new_shndx, recovered_moves=None):
