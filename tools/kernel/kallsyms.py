@@ -135,6 +135,34 @@ class Kallsyms(KernelTable):
         ent["addr"], ent["offset"] = addr, offsets
         return ent
 
+    def array_sizes(self, ctx):
+        """{array symbol: its size in bytes} of the image's kallsyms arrays, from the
+        symbol count and the last names marker (no names parse: verify uses it
+        to bound the arrays a rewrite moved, which have no ELF sizes)."""
+        im = ctx.image
+        loc = self.locate(ctx)
+        if loc is None:
+            return {}
+        n = loc[1]
+        at = {nm: im.symbol_address(nm) for nm in ARRAY_SYMBOLS}
+        out = {"kallsyms_offsets": 4 * n, "kallsyms_num_syms": 4,
+               "kallsyms_markers": 4 * ((n + 255) // 256), "kallsyms_seqs_of_names": 3 * n,
+               "kallsyms_token_index": 2 * 256, "kallsyms_relative_base": 8}
+        if at["kallsyms_token_table"] is not None and at["kallsyms_token_index"] is not None:
+            out["kallsyms_token_table"] = at["kallsyms_token_index"] - at["kallsyms_token_table"]
+        if at["kallsyms_names"] is not None and at["kallsyms_markers"] is not None and n:
+            last = int(im.view(at["kallsyms_markers"], (n + 255) // 256, "<u4")[-1])
+            pos = at["kallsyms_names"] + last
+            for _ in range(n - 256 * ((n - 1) // 256)):       # the records after the last marker
+                ln = int(im.view(pos, 1, "u1")[0])
+                pos += 1
+                if ln & 0x80:
+                    ln = (ln & 0x7F) | (int(im.view(pos, 1, "u1")[0]) << 7)
+                    pos += 1
+                pos += ln
+            out["kallsyms_names"] = pos - at["kallsyms_names"]
+        return {nm: size for nm, size in out.items() if at.get(nm) is not None}
+
     # -- relayout ---------------------------------------------------------------
     # -- adding symbols (block-level layouts: `name.cold` parts) ----------------
     def _tokens(self, ctx):

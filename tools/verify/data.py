@@ -96,7 +96,7 @@ def data_moves(old, new):
     code_rels = [rel for rel in old.relocations.values()
                  if rel.target.is_code and rel.target.is_alloc]
     if moved and not code_rels:
-        return bad, moved_names, DataMoves(extents=_extents(so, moved))
+        return bad, moved_names, DataMoves(extents=_extents(old, so, moved))
     addrs, deltas = [], []
     for rel in code_rels if moved else ():
         sel = np.nonzero(np.isin(rel.sym.astype(np.int64), list(moved)))[0]
@@ -107,10 +107,15 @@ def data_moves(old, new):
     return bad, moved_names, DataMoves(np.array(addrs, np.uint64)[o], np.array(deltas, np.int64)[o])
 
 
-def _extents(syms, moved):
-    """[(lo, hi inclusive, delta)] of the moved symbols ({symbol index: (name, delta,
-    new value)}) in OLD: an array up to the next symbol's address, a label itself."""
+def _extents(old, syms, moved):
+    """[(lo, hi inclusive, delta, also physical)] of the moved symbols ({symbol
+    index: (name, delta, new value)}) in OLD: a kallsyms array over its size
+    (kernel/kallsyms.py: the symbols have no ELF size; unnamed strings may follow
+    the last one), any other up to the next symbol; a label in its proven forms."""
+    from ..image.context import ImageContext
+    from ..kernel.kallsyms import Kallsyms
     values = np.unique(syms["value"].astype(np.uint64))
+    known = Kallsyms().array_sizes(ImageContext.of(old))
     out = []
     for i, (nm, d, _) in moved.items():
         lo = int(syms["value"][i])
@@ -120,7 +125,7 @@ def _extents(syms, moved):
             # ``PFN_ALIGN(label)`` (compiled as label + PAGE-1, then an and)
             out += [(v, v, d, True) for v in (lo - 1, lo, lo + _PAGE - 1)]
             continue
-        size = int(syms["size"][i])
+        size = int(syms["size"][i]) or known.get(nm, 0)
         if not size:
             k = int(np.searchsorted(values, np.uint64(lo), side="right"))
             size = int(values[k]) - lo if k < len(values) else 1

@@ -127,10 +127,8 @@ def add_cold_kallsyms(rw, image, log=None):
     n_old = len(entries)
     old_at = {nm: image.symbol_address(nm) for nm in Kallsyms.GROWING
               if image.symbol_address(nm) is not None}
-    old_size = {"kallsyms_offsets": 4 * n_old,
-                "kallsyms_names": int(table._record_bounds[n_old]),
-                "kallsyms_markers": 4 * ((n_old + 255) // 256),
-                "kallsyms_seqs_of_names": 3 * n_old}
+    sizes_now = table.array_sizes(ctx)
+    old_size = {nm: sizes_now[nm] for nm in old_at}
     seg, start, offset, limit = _room(image, old_at["kallsyms_offsets"])
     table.add_symbols(ctx, [c[0] for c in cold], [COLD_TYPE] * len(cold))
     # sizes first (they do not depend on addresses), then __end_rodata's new value
