@@ -14,13 +14,13 @@ from linepack.relayout.units import Region, UnitTable
 BASE = 0xFFFFFFFF81200000
 
 
-def _table(n=400, pinned=(50, 120, 121, 300)):
+def _table(n=400, pinned=(50, 120, 121, 300), gap=0):
     rng = np.random.default_rng(7)
     sizes = rng.integers(8, 300, n)
     starts, cur = [], BASE
     for s in sizes.tolist():
         starts.append(cur)
-        cur = (cur + s + 15) // 16 * 16
+        cur = (cur + s + gap + 15) // 16 * 16
     end = cur + 1024        # some slack before the next pinned region, as in a kernel
     regs = [Region(".text:r", BASE, end, 1), Region(".text:__kprobes_text_start", end, end + 64,
                                                     1, True)]
@@ -68,3 +68,10 @@ def test_hot_units_gather_across_pinned_units():
 def test_without_cuts_no_group():
     t = _table(pinned=())
     assert cut_groups(t.regions) == {}
+
+
+def test_stock_keeps_its_pieces():
+    """The identity stays the identity: stock does not flow around pinned units."""
+    t = _table(gap=40)                        # padding between units: stock keeps it
+    plan = make_plan(t, strategies.get("stock"), np.zeros(len(t)))
+    assert plan.groups == [] and plan.is_identity()

@@ -173,7 +173,8 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
     # too: all runs' overflows are found in one plan and each run gets its next
     # kept region at once (the same keep sets as one run at a time, fewer plans)
     together = memo is not None
-    in_group = {k for a, b in cut_groups(units.regions).items() for k in range(a, b + 1)}
+    in_group = {k for a, b in cut_groups(units.regions).items() for k in range(a, b + 1)} \
+        if getattr(strategy, "flows_around_pinned", False) else set()
     while True:
         over = [] if together else None
         try:
@@ -261,8 +262,9 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
     by_region = np.argsort(units.region, kind="stable")       # ascending within a region
     cuts = np.searchsorted(units.region[by_region], np.arange(len(regs) + 1))
     prev_section, cursor = None, None
-    groups = {} if relocate else {a: b for a, b in cut_groups(regs).items()
-                                  if not (keep | set(compact)) & set(range(a, b + 1))}
+    groups = {} if relocate or not getattr(strategy, "flows_around_pinned", False) else \
+        {a: b for a, b in cut_groups(regs).items()
+         if not (keep | set(compact)) & set(range(a, b + 1))}
     laid_groups, skip_to = [], -1
     for ri, reg in enumerate(regs):
         if ri <= skip_to:
@@ -387,7 +389,9 @@ def cut_groups(regs):
     relayout/kernel/recovered.py pin_units) together with its pieces. Laid out as one
     (_layout_group), its units move across the pinned ones: otherwise each piece
     keeps its own units and the hot code stays spread over all of them (Debian's
-    6.12 and 7.3: ~300 pinned units cut .text into ~400 pieces)."""
+    6.12 and 7.3: ~300 pinned units cut .text into ~400 pieces). Only for strategies
+    whose cold units follow one another (``flows_around_pinned``: pack, blocks): the
+    identity (``stock``) and fixed alignments (``align-all``) keep their pieces."""
     out, i = {}, 0
     while i < len(regs):
         base, j = regs[i], i
