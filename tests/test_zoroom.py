@@ -244,3 +244,18 @@ def test_shipped_image_grown_boots(shipped, tmp_path):
         print("OVMF not installed (Debian package ovmf): EFI boot not tried")
     print(f"{series}: decompressor moved up by {moved:,}; boots (-kernel"
           f"{', OVMF' if len(offs) > 1 else ''}) with KASLR offsets {[hex(o) for o in offs]}")
+
+
+@pytest.mark.realkernel
+def test_unknown_pe_section_refused(shipped):
+    """A PE section header.S of 6.x/7.x does not have (here .compat renamed .sbat) is
+    a layout the rewrite does not know how to move: refused in one line."""
+    from linepack.errors import BadInput
+    from linepack.image import bootimage, zoroom
+    data = bytearray(open(shipped[1], "rb").read())
+    image = bootimage.parse_vmlinuz(bytes(data), shipped[1])
+    at = zoroom.zo_layout(image).pe.sections[".compat"]
+    data[at:at + 8] = b".sbat\0\0\0"
+    image = bootimage.parse_vmlinuz(bytes(data), shipped[1])
+    with pytest.raises(BadInput, match="section .sbat linepack does not know how to move"):
+        zoroom.zo_layout(image)

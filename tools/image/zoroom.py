@@ -55,6 +55,11 @@ KIND_PCREL, KIND_RVA, KIND_ANCHOR = 0, 1, 2
 KIND_NAMES = ("pc-relative", "rva constant", "anchor-relative constant")
 
 
+# header.S's sections (6.7 to 7.x): the setup code, the IA-32 entry record, the
+# decompressor's code and read-only data, its data and memory
+KNOWN_PE_SECTIONS = {".setup", ".compat", ".text", ".data"}
+
+
 @dataclass(frozen=True)
 class ZoLayout:
     """The decompressor's bounds as the boot image declares them (ZO addresses)."""
@@ -132,6 +137,9 @@ def zo_layout(image):
     zdata = size_of_code
     text, sdata = pe.sections.get(".text"), pe.sections.get(".data")
     problems = []
+    unknown = sorted(set(pe.sections) - KNOWN_PE_SECTIONS)
+    if unknown:
+        problems.append(f"section {unknown[0]} linepack does not know how to move")
     if text is None or sdata is None:
         problems.append("no .text/.data section")
     else:
