@@ -129,8 +129,8 @@ def _boot(kernel, efi_vars=None):
                  "-drive", f"if=pflash,format=raw,unit=1,file={efi_vars}")
     return run_workload(kernel, "vfs-mix", loops=BOOT_LOOPS, icount=False, timeout=600,
                         memory="1024", extra_args=extra,
-                        env={"lp_kallsyms": "_text", "efi": "debug"} if efi_vars else
-                        {"lp_kallsyms": "_text"})
+                        env={"lp_kallsyms": "_text", "efi": "debug", "loglevel": "7"}
+                        if efi_vars else {"lp_kallsyms": "_text"})
 
 
 def _check_boot(kernel, stock, efi_vars=None):
