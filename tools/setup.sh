@@ -11,7 +11,8 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 DEB_PKGS=(gcc g++ make libc6-dev binutils cpio e2fsprogs qemu-system-x86 qemu-user bolt-19 linux-perf
           elfutils libelf-dev libglib2.0-dev pkg-config dpkg-dev python3-pip
           flex bison bc libssl-dev lz4 xz-utils   # the kernel's boot-image build (bzimage)
-          llvm-19 gdb)   # llvm-dwarfdump/llvm-symbolizer and gdb: the DWARF checks
+          llvm-19 gdb   # llvm-dwarfdump/llvm-symbolizer and gdb: the DWARF checks
+          ovmf)         # UEFI firmware: a moved decompressor booted through its EFI stub (test_zoroom)
 missing=()
 for p in "${DEB_PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 # apt lists are needed both to install and to find the newest kernel ABI.

@@ -22,6 +22,9 @@ class BzImage:
         p.add_argument("--layout-map", metavar="TSV", help="with --vmlinuz: relayout's "
                        "--layout-map of VMLINUX (its .linepack.blockmap is read too); without "
                        "it VMLINUX must be the vmlinuz's own payload")
+        p.add_argument("--grow-room", type=int, default=0, metavar="BYTES", help="with "
+                       "--vmlinuz: move the decompressor up to give the payload at least BYTES "
+                       "more room even when it fits (it moves anyway when it does not fit)")
         p.add_argument("--source", metavar="DIR", help="kernel source tree the vmlinux was built "
                        "from (default for a Debian vmlinux: its linux-source package, cached)")
         p.add_argument("--config", metavar="FILE", help="its .config (default for a Debian "
@@ -39,6 +42,8 @@ class BzImage:
             return BzImage.run_vmlinuz(args, log_of(args))
         if args.layout_map:
             raise BadInput("--layout-map applies to --vmlinuz")
+        if args.grow_room:
+            raise BadInput("--grow-room applies to --vmlinuz")
         if args.jobs is not None and args.jobs < 1:
             raise BadInput("--jobs must be >= 1")
         if args.source and not os.path.isdir(args.source):
@@ -64,14 +69,18 @@ class BzImage:
         for opt in ("source", "config", "jobs"):
             if getattr(args, opt) is not None:
                 raise BadInput(f"--{opt} applies to the kernel build, not to --vmlinuz")
+        if args.grow_room < 0:
+            raise BadInput("--grow-room must be >= 0")
         t0 = time.monotonic()
         with OutputSet(inputs=[args.vmlinux, args.vmlinuz, args.layout_map],
                        outputs={"-o": args.output, "--relocs": args.relocs}):
             s = make_from_vmlinuz(args.vmlinux, args.vmlinuz, args.output,
-                                  layout_map=args.layout_map, log=log, relocs_out=args.relocs)
+                                  layout_map=args.layout_map, log=log, relocs_out=args.relocs,
+                                  grow_room=args.grow_room)
         counts = ", ".join(f"{n:,} {g}" for g, n in s["relocs"].items())
         print(f"{s['vmlinuz']}: {s['release']} boot image with a new payload, {s['size']:,} bytes "
-              f"({s['compression']} {s['compressed']:,} of {s['room']:,} bytes of room; "
+              f"({s['compression']} {s['compressed']:,} of {s['room']:,} bytes of room"
+              f"{', decompressor moved up by ' + format(s['moved'], ',') if s['moved'] else ''}; "
               f"relocations {counts}; {s['table']}; {time.monotonic() - t0:.1f} s)")
         return 0
 

@@ -183,16 +183,24 @@ def plan_extents(plan):
     for ri, r in enumerate(regs):
         if plan.region_new_start[ri] != r.start:
             moved_region.add(ri)
+    # regions laid out as one around their pinned units (relayout/plan.py cut_groups):
+    # one extent, over the pinned units inside (code moved across them)
+    grouped, first = set(), set()
+    for a, b in getattr(plan, "groups", ()):
+        grouped.update(range(a + 1, b + 1))
+        if moved_region & set(range(a, b + 1)):
+            moved_region.add(a)
+            first.add(a)
     extents, anchors = [], {}
     ri = 0
     while ri < len(regs):
-        if regs[ri].pinned or ri not in moved_region:
+        if (regs[ri].pinned and ri not in first) or ri not in moved_region:
             ri += 1
             continue
         # Grow the run over following movable regions of the same section.
         a = ri
         b = ri
-        while b + 1 < len(regs) and not regs[b + 1].pinned and \
+        while b + 1 < len(regs) and (not regs[b + 1].pinned or b + 1 in grouped) and \
                 regs[b + 1].section == regs[a].section:
             b += 1
         lo = regs[a].start

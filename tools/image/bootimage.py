@@ -609,39 +609,67 @@ def _clear_pe_certificate(buf):
         struct.pack_into("<II", buf, dirs + 4 * 8, 0, 0)
 
 
-def replace_payload(image, payload, path="output"):
+def _image_crc(buf):
+    """tools/build.c's CRC-32 of everything before the last 4 bytes (no final xor)."""
+    return zlib.crc32(bytes(buf[:-4])) ^ 0xffffffff
+
+
+def replace_payload(image, payload, path="output", grow_room=0, log=None):
     """Bytes of a new boot image: ``image``'s setup code and decompressor with
     ``payload`` (decompressed: ELF + relocation table) compressed in its place.
 
-    The decompressor is kept byte for byte, so the compressed payload must fit in
-    the room the old one had (its code follows the payload). In it, ``input_len``
-    and ``output_len`` (two u32 in its .rodata, found by their old values) and the
-    header's ``payload_length`` and ``init_size`` are updated; a signature is dropped.
-    Only valid for a payload whose kernel keeps its allocated sections where they
-    were (``check_same_bounds``; relayout never changes section addresses or sizes).
+    The decompressor's code follows the payload. When the compressed payload fits
+    the room the old one had (with the compressor settings of EFFORTS), the
+    decompressor is kept byte for byte. When it does not (or ``grow_room`` > 0
+    asks for at least that many more bytes), everything after the payload moves up
+    by a multiple of 4096 and every value crossing the payload's end is rewritten
+    (image/zoroom.py; BadInput when one cannot be explained). Either way
+    ``input_len`` and ``output_len`` (two u32 in its .rodata, found by their old
+    values), the header's ``payload_length`` and ``init_size`` are updated, the
+    CRC that tools/build.c appends is recomputed when the old one was valid, and a
+    signature is dropped. Only valid for a payload whose kernel keeps its allocated
+    sections where they were (``check_same_bounds``; relayout never changes section
+    addresses or sizes).
     """
+    from . import zoroom
+    log = log or (lambda m: None)
     old = image.setup
     elf_new = payload[:elf_extent(payload, path)]
     check_same_bounds(image.elf, elf_new, path)
     room = old.payload_length
+    best = None
     for effort in EFFORTS.get(image.compression, (None,)):
         compressed = compress_payload(payload, image.compression, effort)
-        if len(compressed) <= room:
+        if best is None or len(compressed) < len(best):
+            best = compressed
+        if len(compressed) <= room or grow_room:
             break
-    if len(compressed) > room:
-        raise BadInput(f"{path}: the new payload compresses ({image.compression}) to "
-                       f"{len(compressed):,} bytes, {len(compressed) - room:,} more than the "
-                       f"{room:,} the distribution's decompressor holds")
+    compressed = best
+    delta = zoroom.room_delta(max(len(compressed), room + grow_room), room)
     pm = old.protected_mode_offset
-    buf = bytearray(image.data[:pm + old.syssize * 16])
+    if delta:
+        log(f"payload: {len(compressed):,} bytes compressed, room {room:,}: moving the "
+            f"decompressor up by {delta:,} bytes")
+        grown, lay = zoroom.grow(image, delta)
+        buf = bytearray(grown)
+        rodata_from = pm + lay.boundary + delta
+        old_init_exact = old.init_size == max(
+            lay.end + zoroom.min_extract_offset(len(image.payload), room),
+            _vo_init_size(image.elf))
+    else:
+        buf = bytearray(image.data[:pm + old.syssize * 16])
+        rodata_from = pm
+    crc_valid = _image_crc(image.data[:pm + old.syssize * 16]) == \
+        struct.unpack_from("<I", image.data, pm + old.syssize * 16 - 4)[0]
     start = old.payload_file_offset
-    buf[start:start + room] = compressed + bytes(room - len(compressed))
+    new_room = room + delta
+    buf[start:start + new_room] = compressed + bytes(new_room - len(compressed))
     old_out = len(image.payload)
     pair = struct.pack("<II", room, old_out)
     hits = []
-    pos = buf.find(pair, pm)
+    pos = buf.find(pair, rodata_from)
     while pos >= 0:
-        if not start <= pos < start + room:
+        if not start <= pos < start + new_room:
             hits.append(pos)
         pos = buf.find(pair, pos + 1)
     if len(hits) != 1:
@@ -649,21 +677,29 @@ def replace_payload(image, payload, path="output"):
                        f"({room}, {old_out}): {len(hits)} candidates")
     struct.pack_into("<II", buf, hits[0], len(compressed), len(payload))
     vo_new = _vo_init_size(elf_new)
-    page = lambda n: (n + 4095) & ~4095
-    zo_grow = page(_extract_offset_pages(len(payload), len(compressed)) + (1 << 17)) - \
-        page(_extract_offset_pages(old_out, room) + (1 << 17))
-    init_size = max(old.init_size + max(zo_grow, 0), vo_new)
-    new = replace(old, payload_length=len(compressed), init_size=init_size)
+    if delta and old_init_exact:
+        # header.S's INIT_SIZE from the moved _end
+        init_size = max(lay.end + delta + zoroom.min_extract_offset(len(payload), len(compressed)),
+                        vo_new)
+    else:
+        page = lambda n: (n + 4095) & ~4095
+        zo_grow = page(_extract_offset_pages(len(payload), len(compressed)) + (1 << 17)) - \
+            page(_extract_offset_pages(old_out, room) + (1 << 17))
+        init_size = max(old.init_size + delta + max(zo_grow, 0), vo_new)
+    new = replace(parse_setup_header(buf, path), payload_length=len(compressed),
+                  init_size=init_size)
     new.pack_into(buf)
     _clear_pe_certificate(buf)
+    if crc_valid and delta:
+        struct.pack_into("<I", buf, len(buf) - 4, _image_crc(buf))
     return bytes(buf)
 
 
-def write_vmlinuz(image, payload, out):
+def write_vmlinuz(image, payload, out, grow_room=0, log=None):
     """Write the boot image of ``replace_payload`` to ``out`` atomically; returns its
     BootImage (re-read from the bytes written, so the caller sees what boots)."""
     from ..io import atomic_output
-    data = replace_payload(image, payload, str(out))
+    data = replace_payload(image, payload, str(out), grow_room=grow_room, log=log)
     reread = parse_vmlinuz(data, str(out))
     if reread.payload != payload:
         raise BadInput(f"{out}: the written image does not give back its payload")

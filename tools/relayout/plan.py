@@ -10,6 +10,9 @@ one region; they see hotness as a plain mapping ``{function name or start
 address: count}`` so any profile source can feed them.
 """
 
+import bisect
+import re
+
 import numpy as np
 
 from ..errors import LinepackError
@@ -42,12 +45,16 @@ def place(cursor, unit_align, phase, want_align=1):
 class RegionView:
     """What a strategy sees of one region: its units and their heat."""
 
-    def __init__(self, units, region_index, heat, skip=0, members=None):
+    def __init__(self, units, region_index, heat, skip=0, members=None, index=None):
         self.region = units.regions[region_index]
-        # ``members``: the region's unit indices in ascending order, when the caller
-        # has them (_make_plan: all regions' at once)
-        self.index = (np.nonzero(units.region == region_index)[0] if members is None
-                      else members)[skip:]
+        if index is not None:
+            # ``index``: the units themselves (a group of regions laid out as one)
+            self.index = np.asarray(index, np.int64)
+        else:
+            # ``members``: the region's unit indices in ascending order, when the caller
+            # has them (_make_plan: all regions' at once)
+            self.index = (np.nonzero(units.region == region_index)[0] if members is None
+                          else members)[skip:]
         self.start = units.start[self.index].astype(object)
         self.size = units.size[self.index].astype(np.int64)
         self.align = units.align[self.index]
@@ -72,6 +79,9 @@ class LayoutPlan:
         self.kept_regions = []        # regions that kept their original layout (make_plan)
         self.compact_regions = []     # regions in the strategy's order, unpadded (make_plan)
         self.relocated = set()        # sections whose movable code went to a new segment
+        # (first, last) region indexes laid out as one around their pinned units
+        # (cut_groups): units move across the pinned regions inside
+        self.groups = []
 
     @property
     def moved(self):
@@ -163,6 +173,8 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
     # too: all runs' overflows are found in one plan and each run gets its next
     # kept region at once (the same keep sets as one run at a time, fewer plans)
     together = memo is not None
+    in_group = {k for a, b in cut_groups(units.regions).items() for k in range(a, b + 1)} \
+        if getattr(strategy, "flows_around_pinned", False) else set()
     while True:
         over = [] if together else None
         try:
@@ -176,7 +188,11 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
             for index, msg, needed in over:
                 cands = []
                 for i in range(index - 1, -1, -1):
-                    if regs[i].section != regs[index].section or regs[i].pinned:
+                    if regs[i].section != regs[index].section:
+                        break
+                    if regs[i].pinned:
+                        if i in in_group:
+                            continue    # pinned units a group is laid out around
                         break
                     if (units.region == i).any():
                         cands.append(i)
@@ -248,13 +264,35 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
     by_region = np.argsort(units.region, kind="stable")       # ascending within a region
     cuts = np.searchsorted(units.region[by_region], np.arange(len(regs) + 1))
     prev_section, cursor = None, None
+    groups = {} if relocate or not getattr(strategy, "flows_around_pinned", False) else \
+        {a: b for a, b in cut_groups(regs).items()
+         if not (keep | set(compact)) & set(range(a, b + 1))}
+    laid_groups, skip_to = [], -1
     for ri, reg in enumerate(regs):
+        if ri <= skip_to:
+            continue                   # laid out with its group
         if reg.section != prev_section:
             if prev_section is not None and prev_section not in relocate:
                 _check_section_end(regs[ri - 1], cursor)
             cursor = relocate.get(reg.section, reg.start)
             prev_section = reg.section
         moved_away = reg.section in relocate
+        if ri in groups:
+            if cursor > reg.start and reg.pinned:
+                msg = (f"layout does not fit: the code before {reg.name} needs "
+                       f"{cursor - reg.start} more bytes than the space before it "
+                       f"(pinned at {reg.start:#x}); use a strategy with less padding")
+                if overflows is None:
+                    raise _PinnedOverflow(msg, ri)
+                overflows.append((ri, msg))
+            rstart = reg.start if reg.pinned else \
+                max(reg.start, align_up(cursor, _region_align(reg.start)))
+            region_new_start[ri] = rstart
+            skip_to = groups[ri]
+            laid_groups.append((ri, skip_to))
+            cursor = _layout_group(units, strategy, heat, calls, functions, ranges, ri, skip_to,
+                                   rstart, new_start)
+            continue
         if reg.pinned and moved_away:
             continue                   # stays; the movable code is elsewhere
         if reg.pinned:
@@ -335,7 +373,156 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
     if regs and regs[-1].section not in relocate:
         _check_section_end(regs[-1], cursor)
     _check_overlaps(units, new_start)
-    return LayoutPlan(units, new_start, region_new_start, strategy.name, heat)
+    plan = LayoutPlan(units, new_start, region_new_start, strategy.name, heat)
+    plan.groups = laid_groups
+    return plan
+
+
+# the name a region cut around pinned units gets (relayout/kernel/recovered.py pin_units):
+# its region's name and "+k" per cut
+_CUT_SUFFIX = re.compile(r"(\+\d+)+")
+# unplaced cold units tried per hole before a pinned unit (_flow_around)
+FILL_WINDOW = 2048
+
+
+def cut_groups(regs):
+    """{first: last} region indexes of each movable region that was cut around
+    pinned units (an unexplained reference pins its target's unit where it is:
+    relayout/kernel/recovered.py pin_units) together with its pieces. Laid out as one
+    (_layout_group), its units move across the pinned ones: otherwise each piece
+    keeps its own units and the hot code stays spread over all of them (Debian's
+    6.12 and 7.3: ~300 pinned units cut .text into ~400 pieces). Only for strategies
+    whose cold units follow one another (``flows_around_pinned``: pack, blocks): the
+    identity (``stock``) and fixed alignments (``align-all``) keep their pieces."""
+    out, i = {}, 0
+    while i < len(regs):
+        base, j = regs[i], i
+        while j + 1 < len(regs) and regs[j + 1].section == base.section and \
+                regs[j + 1].start == regs[j].end and \
+                regs[j + 1].name.startswith(base.name) and \
+                _CUT_SUFFIX.fullmatch(regs[j + 1].name[len(base.name):]):
+            j += 1
+        members = range(i, j + 1)
+        if j > i and any(regs[k].pinned for k in members) and \
+                not all(regs[k].pinned for k in members):
+            out[i] = j
+        i = j + 1
+    return out
+
+
+def _layout_group(units, strategy, heat, calls, functions, ranges, first, last, rstart,
+                  new_start):
+    """Lay out the movable units of regions first..last as one region from
+    ``rstart``, then flow them around the pinned units in between (_flow_around).
+    Fills ``new_start``; returns the cursor after the group."""
+    grp = np.arange(first, last + 1)
+    idx = np.nonzero(np.isin(units.region, grp))[0]
+    idx = idx[np.argsort(units.start[idx], kind="stable")]
+    pinned = units.pinned[idx] | np.array([units.regions[int(r)].pinned
+                                           for r in units.region[idx]], bool)
+    obstacles = sorted(zip(units.start[idx[pinned]].tolist(), units.end[idx[pinned]].tolist()))
+    movable = idx[~pinned]
+    end = rstart
+    if len(movable):
+        view = RegionView(units, first, heat, index=movable)
+        view.edges = _edges(view, units, calls, functions)
+        if ranges is not None:
+            view.hot_ranges = [ranges.get(int(i)) for i in view.index.tolist()]
+        placed = strategy.layout(view, rstart)
+        if sorted(p[0] for p in placed) != list(range(len(view))):
+            raise RuntimeError(f"strategy {strategy.name} did not place every unit of "
+                               f"{units.regions[first].name}")
+        hot = view.heat >= getattr(strategy, "min_count", 1.0)
+        for k, addr in _flow_around(view, placed, obstacles, rstart, hot):
+            new_start[view.index[k]] = addr
+        end = int((new_start[movable] + units.size[movable]).max())
+    if obstacles and obstacles[0][0] < rstart:
+        raise LayoutError(f"layout does not fit: the code before {units.regions[first].name} "
+                          f"runs past pinned code at {obstacles[0][0]:#x}")
+    return max([end, rstart] + [e for _, e in obstacles])
+
+
+def _flow_around(view, placed, obstacles, start, hot):
+    """The strategy's placement ``placed`` ([(k, address)], made as if nothing were
+    pinned) in address order, around the pinned ``obstacles`` [(start, end)]. Hot
+    units keep their places relative to each other: one that would overlap the
+    next pinned unit goes after it with every hot unit after it, by whole lines
+    (each keeps its place in its line). Cold units follow one after another in
+    the strategy's order. The hole a unit leaves before a pinned one is filled
+    with the next cold units that fit, largest first. Returns [(k, new address)]."""
+    order = sorted(placed, key=lambda t: t[1])
+    size = view.size.astype(np.int64)
+    align = np.maximum(view.align.astype(np.int64), 1)
+    phase = view.phase.astype(np.int64)
+    pool = np.array([k for k, _ in order if not hot[k]], np.int64)   # cold, in order
+    done = np.zeros(len(view), bool)
+    o_starts = [o for o, _ in obstacles]
+    out, shift, cur, oi, pi = [], 0, int(start), 0, 0
+
+    base = int(start) // LINE * LINE          # offsets from here fit int64; alignments hold
+
+    def legal(cur, ks):
+        """Each unit's first legal start at or after ``cur`` (place(), vectorised), as
+        offsets from ``base``."""
+        c = cur - base
+        al, ph = align[ks], phase[ks]
+        plain = (c + al - 1) // al * al
+        p = (c - ph + 15) // 16 * 16 + ph
+        p = np.where(p >= c, p, p + 16)
+        return np.where(ph != 0, p, plain)
+
+    def fill(cur, limit):
+        nonlocal pi
+        nxt = bisect.bisect_left(o_starts, cur)         # never over a pinned unit
+        if nxt < len(o_starts):
+            limit = min(limit, o_starts[nxt])
+        while limit - cur >= 2:
+            while pi < len(pool) and done[pool[pi]]:
+                pi += 1
+            w = pool[pi:pi + FILL_WINDOW]
+            w = w[~done[w]]
+            if not len(w):
+                return cur
+            p = legal(cur, w)
+            fits = np.nonzero(p + size[w] <= limit - base)[0]
+            if not len(fits):
+                return cur
+            b = fits[np.argmax(size[w][fits])]
+            k = int(w[b])
+            out.append((k, base + int(p[b])))
+            done[k] = True
+            cur = base + int(p[b]) + int(size[k])
+        return cur
+
+    for k, pos in order:
+        if done[k]:
+            continue
+        while True:
+            a = int(pos) + shift if hot[k] else base + int(legal(cur, np.array([k]))[0])
+            while oi < len(obstacles) and obstacles[oi][1] <= cur:
+                oi += 1
+            if oi == len(obstacles) or a + int(size[k]) <= obstacles[oi][0]:
+                break
+            o_start, o_end = obstacles[oi]
+            if a >= o_end:                 # the pinned unit lies in the gap before it
+                cur = o_end
+                continue
+            done[k] = True                 # not a filler for its own hole
+            cur = fill(cur, o_start)
+            done[k] = False
+            if hot[k]:
+                # whole lines: the hot units after it keep their places in their lines
+                moved = a + align_up(o_end - a, LINE)
+                shift += moved - a
+                done[k] = True
+                cur = fill(o_end, moved)
+                done[k] = False
+            else:
+                cur = o_end
+        out.append((k, a))
+        done[k] = True
+        cur = a + int(size[k])
+    return out
 
 
 def unit_hot_ranges(units, blocks, min_count=0.0):

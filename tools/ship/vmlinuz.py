@@ -1,7 +1,9 @@
 """``bzimage VMLINUX --vmlinuz VMLINUZ``: the distribution's own boot image with a new payload.
 
 No kernel source and no build: the vmlinuz's setup code and decompressor are kept
-byte for byte (``image/bootimage.replace_payload``); the payload is VMLINUX stripped
+byte for byte (``image/bootimage.replace_payload``), or, when the new payload does
+not fit the old one's room, the decompressor is moved up by whole pages with every
+reference across the payload's end rewritten (``image/zoroom.py``); the payload is VMLINUX stripped
 as the kernel build strips it for ``arch/x86/boot/compressed/vmlinux.bin``
 (``objcopy -R .comment -S``) followed by the KASLR relocation table of VMLINUX.
 
@@ -127,9 +129,12 @@ def relocs_for_layout(kaslr, amap):
                                  layout=kaslr.layout)
 
 
-def make_from_vmlinuz(vmlinux, vmlinuz, out, layout_map=None, log=None, relocs_out=None):
+def make_from_vmlinuz(vmlinux, vmlinuz, out, layout_map=None, log=None, relocs_out=None,
+                      grow_room=0):
     """Write ``out``: the distribution's boot image ``vmlinuz`` with ``vmlinux`` (a
-    rewrite of the vmlinux of the same build) as its payload; returns a summary dict."""
+    rewrite of the vmlinux of the same build) as its payload; returns a summary dict.
+    When the new payload does not fit the old one's room (or ``grow_room`` asks for
+    more), the decompressor moves up to make room (image/zoroom.py)."""
     log = log or (lambda m: None)
     image = bootimage.read_vmlinuz(vmlinuz)
     from ..image.elf import ElfImage
@@ -159,7 +164,8 @@ def make_from_vmlinuz(vmlinux, vmlinuz, out, layout_map=None, log=None, relocs_o
                     for g in kaslr.layout.groups)
         how = f"{moved:,} fields moved"
     log(f"payload: stripped ELF {len(elf):,} bytes + table ({how}); compressing ({image.compression})")
-    new = bootimage.write_vmlinuz(image, bootimage.build_payload(elf, kaslr), out)
+    new = bootimage.write_vmlinuz(image, bootimage.build_payload(elf, kaslr), out,
+                                  grow_room=grow_room, log=log)
     if relocs_out:
         from ..io import atomic_output
         with atomic_output(relocs_out) as f:
@@ -167,4 +173,5 @@ def make_from_vmlinuz(vmlinux, vmlinuz, out, layout_map=None, log=None, relocs_o
     return {"vmlinuz": os.fspath(out), "release": image.setup.kernel_version.split()[0],
             "compression": image.compression, "size": len(new.data),
             "payload": len(new.payload), "compressed": new.setup.payload_length,
-            "room": image.setup.payload_length, "relocs": new.kaslr.counts(), "table": how}
+            "room": image.setup.payload_length, "relocs": new.kaslr.counts(), "table": how,
+            "moved": new.setup.syssize * 16 - image.setup.syssize * 16}

@@ -44,6 +44,9 @@ from .base import Strategy
 
 class Pack(Strategy):
     name = "pack"
+    # a region cut around pinned units is laid out as one (relayout/plan.py cut_groups):
+    # hot units move by whole lines around the pinned ones, cold ones follow each other
+    flows_around_pinned = True
 
     def __init__(self, min_count=1, line=LINE, max_cluster=4096, order="heat",
                  use_blocks=True, block_min=0.5, strict=True, set_spread=None, **_):
