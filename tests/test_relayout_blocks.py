@@ -401,3 +401,30 @@ def test_jmp_ending_an_alternative_site_keeps_its_fall_through(prog):
             assert all(p.kind != bm.KIND_BRANCH for p in hot if p.block == b)
         else:
             assert not inserted
+
+
+def test_noinstr_functions_split_only_when_asked_and_stay_in_their_region(prog):
+    """A function in a noinstr region is moved whole unless the strategy asks for
+    noinstr splits (``split_noinstr``); then its cold part is a unit of the same
+    region (placed in that region's cold area: inside the noinstr bounds)."""
+    import copy
+    from linepack.image.cfg import R_NOINSTR
+    exe, _ = prog
+    im, fn, units, dis, cfg = _cfg(exe)
+    counts = block_counts(cfg, *_hot_ranges(im))
+    heat = np.zeros(len(units))
+    u = int(units.find([_sym(im, "f")])[0])
+    heat[u] = 100.0
+    r = int(units.region[u])
+    units.regions = list(units.regions)
+    units.regions[r] = copy.copy(units.regions[r])
+    units.regions[r].name = ".noinstr.text"
+    _, reason = B.choose_splits(cfg, units, heat, counts, 1.0, fn, True)
+    assert reason[u] == R_NOINSTR
+    splits, reason = B.choose_splits(cfg, units, heat, counts, 1.0, fn, True, split_noinstr=True)
+    assert reason[u] == R_SPLIT and [s.unit for s in splits] == [u]
+    table, _, parent, part = B.planning_units(units, heat, splits)
+    cold = np.nonzero((parent == u) & (part == 1))[0]
+    assert len(cold) == 1 and int(table.region[cold[0]]) == r
+    assert "noinstr" in table.regions[int(table.region[cold[0]])].name
+    assert strategies.get("blocks").split_noinstr in (True, False)

@@ -213,7 +213,8 @@ def prefix_heads(units, functions):
 
 
 def choose_splits(cfg, units, heat, block_count, min_count, functions, short_keys, cold_min=8,
-                  invert_jcc=False, block_order="original", edges=None, log=None, heads=None):
+                  invert_jcc=False, block_order="original", edges=None, log=None, heads=None,
+                  split_noinstr=False):
     """SplitFunction list and per-unit reason codes (REASONS) for every unit.
 
     ``block_order``: "original" keeps the hot blocks in their original order,
@@ -221,7 +222,8 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
     from ``block_count`` and ``edges`` (the profile's taken branches, or None).
     ``heads``: per unit, the length of a prefix before its function (prefix_heads):
     such a unit splits with its prefix block first in the hot part, its entry
-    block right after."""
+    block right after. ``split_noinstr``: split noinstr functions too (both parts
+    stay in the noinstr region: a cold part is placed in its parent's region)."""
     nu = len(units)
     reason = np.array(cfg.reason, dtype=np.int8)
     reason = reason.copy()
@@ -237,7 +239,8 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
         sel = mask & (reason == 0)
         reason[sel] = r
     mark(pinned, R_PINNED)
-    mark(noinstr, R_NOINSTR)
+    if not split_noinstr:
+        mark(noinstr, R_NOINSTR)
     mark(~single, R_GLUED)
     mark(heat < min_count, R_NOT_HOT)
     hot_block = block_count >= min_count

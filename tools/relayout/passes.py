@@ -265,7 +265,8 @@ def split(run):
     splits, reason = choose_splits(cfg, units, heat, counts, strat.block_min_count,
                                    run.functions, run.target.short_static_keys(), strat.cold_min,
                                    strat.invert_jcc, strat.block_order,
-                                   getattr(run.blocks, "edges", None), log, heads=heads)
+                                   getattr(run.blocks, "edges", None), log, heads=heads,
+                                   split_noinstr=getattr(strat, "split_noinstr", False))
     if eh_split is not None:
         n = len(splits)
         kept = eh_split.accept(splits, units.start, heat, reason)
