@@ -428,3 +428,84 @@ def test_noinstr_functions_split_only_when_asked_and_stay_in_their_region(prog):
     assert len(cold) == 1 and int(table.region[cold[0]]) == r
     assert "noinstr" in table.regions[int(table.region[cold[0]])].name
     assert strategies.get("blocks").split_noinstr in (True, False)
+
+
+ALT_ASM = r"""
+    .section .text.hot,"ax",@progbits
+    .p2align 4
+    .globl g
+    .type g, @function
+g:
+    mov $4, %ecx
+.Lsite:                        # an "alternative site" holding a rel8 loop of its own
+    dec %ecx
+    jnz .Lsite
+.Lsite_end:
+    test %edi, %edi
+    js .Lgcold
+    lea 1(%rdi), %eax
+    ret
+.Lgcold:
+    .rept 40
+    add $3, %eax
+    .endr
+    ret
+    .size g, .-g
+    .globl h
+    .type h, @function
+h:
+    test %edi, %edi
+.Lhsite:                       # a site whose rel8 jcc leaves it (to another block)
+    js .Lhcold
+.Lhsite_end:
+    lea 2(%rdi), %eax
+    ret
+.Lhcold:
+    .rept 40
+    sub $3, %eax
+    .endr
+    ret
+    .size h, .-h
+    .globl gsite, gsite_end, hsite, hsite_end, gcold
+    .set gcold, .Lgcold
+    .set gsite, .Lsite
+    .set gsite_end, .Lsite_end
+    .set hsite, .Lhsite
+    .set hsite_end, .Lhsite_end
+    .section .note.GNU-stack,"",@progbits
+"""
+ALT_MAIN = r"""
+#include <stdio.h>
+int g(int), h(int);
+int main(void) { printf("%d\n", g(3) + h(4)); return 0; }
+"""
+
+
+def test_rel8_inside_an_alternative_site_splits_when_it_stays_in_its_block(tmp_path):
+    """A rel8 loop inside an atomic site is copied with its block: the function splits;
+    a rel8 that leaves the site for another block still keeps the function whole."""
+    from linepack.image.cfg import R_ALT_REL8
+    (tmp_path / "a.s").write_text(ALT_ASM)
+    (tmp_path / "m.c").write_text(ALT_MAIN)
+    exe = tmp_path / "alt"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
+                    str(tmp_path / "m.c"), str(tmp_path / "a.s")], check=True)
+    im = ElfImage(str(exe))
+    lo = [_sym(im, "gsite"), _sym(im, "hsite")]
+    hi = [_sym(im, "gsite_end"), _sym(im, "hsite_end")]
+    sites = TableSites(leaders=lo + hi, atomic_lo=lo, atomic_hi=hi)
+    im, fn, units, dis, cfg = _cfg(exe, sites)
+    g, h = (int(units.find([_sym(im, n)])[0]) for n in ("g", "h"))
+    assert cfg.reason[g] == R_SPLIT and cfg.reason[h] == R_ALT_REL8
+    # the loop's block is the whole site and keeps its jnz (not re-encoded) in the hot part
+    counts = block_counts(cfg, np.array([_sym(im, "g")], np.uint64),
+                          np.array([_sym(im, "gcold") - _sym(im, "g")], np.uint64),
+                          np.array([100.0]))
+    heat = np.zeros(len(units))
+    heat[g] = 100.0
+    splits, reason = B.choose_splits(cfg, units, heat, counts, 1.0, fn, True)
+    assert reason[g] == R_SPLIT, (reason[g], counts[cfg.blocks_of(g)[0]:cfg.blocks_of(g)[1]])
+    (sf,) = [s for s in splits if s.unit == g]
+    site = [p for p in sf.parts[0] if p.old <= _sym(im, "gsite") < p.old + max(p.old_len, 1)]
+    assert site and site[0].kind == B.COPY and \
+        site[0].old + site[0].old_len >= _sym(im, "gsite_end")

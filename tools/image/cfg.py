@@ -352,7 +352,16 @@ class CFG:
         if reloc_insn is not None:
             self._mark(fi[intra & reloc_insn], R_RELOC_BRANCH)
         # a rel8 in an atomic site must keep its size: only safe when it stays in its block
-        self._mark(fi[intra & (rel == 1) & self.insn_atomic], R_ALT_REL8)
+        # (a block is copied verbatim, so a loop inside a site keeps its distance)
+        alt8 = np.nonzero(intra & (rel == 1) & self.insn_atomic)[0]
+        if len(alt8):
+            own = np.searchsorted(self.insn_first, alt8, side="right").astype(np.int64) - 1
+            t = tgt[alt8]
+            oc = np.maximum(own, 0)
+            a8 = self.dis.addr[alt8]
+            inside = (own >= 0) & (a8 >= self.start[oc]) & (a8 < self.end[oc]) & \
+                (t >= self.start[oc]) & (t < self.end[oc])
+            self._mark(fi[alt8[~inside]], R_ALT_REL8)
         # static-key sites jumping out of their function
         keys = np.nonzero(self.insn_key)[0]
         kf = np.searchsorted(self.fstart, self.insn_key_target[keys], side="right").astype(
