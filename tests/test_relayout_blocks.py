@@ -509,3 +509,55 @@ def test_rel8_inside_an_alternative_site_splits_when_it_stays_in_its_block(tmp_p
     site = [p for p in sf.parts[0] if p.old <= _sym(im, "gsite") < p.old + max(p.old_len, 1)]
     assert site and site[0].kind == B.COPY and \
         site[0].old + site[0].old_len >= _sym(im, "gsite_end")
+
+
+GLUE_ASM = r"""
+    .text
+    .p2align 4
+    .globl panic
+    .type panic, @function
+panic:                          # named like the kernel's: a function that never returns
+    ud2
+    .size panic, .-panic
+    .p2align 4
+    .globl ends_in_panic
+    .type ends_in_panic, @function
+ends_in_panic:
+    test %edi, %edi
+    jne 1f
+    ret
+1:  call panic                  # nothing after it: gcc's code for a noreturn call
+    .size ends_in_panic, .-ends_in_panic
+    .globl next_fn
+    .type next_fn, @function
+next_fn:
+    lea 1(%rdi), %eax
+    ret
+    .size next_fn, .-next_fn
+    .globl ends_in_call
+    .type ends_in_call, @function
+ends_in_call:
+    call next_fn                # a call that returns: the function falls through
+    .size ends_in_call, .-ends_in_call
+    .globl after_call
+    .type after_call, @function
+after_call:
+    ret
+    .size after_call, .-after_call
+    .section .note.GNU-stack,"",@progbits
+"""
+
+
+def test_a_call_to_a_noreturn_function_does_not_glue_units(tmp_path):
+    """A unit ending with a call to a known noreturn function (cfg.NORETURN) is not
+    glued to the next one; a unit ending with any other call still is."""
+    (tmp_path / "g.s").write_text(GLUE_ASM)
+    (tmp_path / "m.c").write_text("int next_fn(int);\nint main(void) { return next_fn(-1); }\n")
+    exe = tmp_path / "glue"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
+                    str(tmp_path / "m.c"), str(tmp_path / "g.s")], check=True)
+    im, fn, units, dis, cfg = _cfg(exe)
+    unit = {n: int(units.find([_sym(im, n)])[0])
+            for n in ("ends_in_panic", "next_fn", "ends_in_call", "after_call")}
+    assert unit["ends_in_panic"] != unit["next_fn"]
+    assert unit["ends_in_call"] == unit["after_call"]

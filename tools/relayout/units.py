@@ -264,7 +264,9 @@ def build_units(image, functions, disasm_fn=None, sections=(".text",), pin_head=
     dis = None
     if disasm_fn is not None:
         dis = disasm_fn(units)
-        units = glue(units, dis, log)
+        from ..image.cfg import NORETURN
+        noret = [a for a in (image.symbol_address(n) for n in NORETURN) if a is not None]
+        units = glue(units, dis, log, noret)
     units.funcs = _func_map(units, len(functions))
     return units, dis
 
@@ -299,8 +301,10 @@ def _func_map(units, nfuncs):
     return fmap
 
 
-def glue(units, dis, log=None):
-    """Merge units joined by rel8 branches (and unit pairs that fall through)."""
+def glue(units, dis, log=None, noreturn=()):
+    """Merge units joined by rel8 branches (and unit pairs that fall through).
+    ``noreturn``: addresses of functions that never return: a unit ending with a
+    call to one does not fall into the next."""
     idx, target, kind = dis.branch_targets()
     src_u = units.find(dis.addr[idx])
     dst_u = units.find(target)
@@ -323,6 +327,13 @@ def glue(units, dis, log=None):
             ((first == 0xFF) & (((second >> 3) & 7) >= 4) & (((second >> 3) & 7) <= 5)) |
             ((first == 0x2E) & (second == 0xE9)) | ((first == 0x3E) & (second == 0xFF)) |
             ((first == 0xF3) & (second == 0xC3)) | ((first == 0x41) & (second == 0xFF)))
+    if len(noreturn):
+        call = tail_ok & (first == 0xE8) & (dis.size[lc] == 5)
+        rel = dis.raw[lc, 1:5].astype(np.uint32)
+        disp = (rel[:, 0] | (rel[:, 1] << 8) | (rel[:, 2] << 16) | (rel[:, 3] << 24)).astype(
+            np.int32).astype(np.int64)
+        tgt = (ends.astype(np.int64) + disp).astype(np.uint64)
+        stop = stop | (call & np.isin(tgt, np.asarray(noreturn, np.uint64)))
     n = len(units)
     adjacent = np.zeros(n, bool)
     if n > 1:
