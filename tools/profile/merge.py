@@ -16,10 +16,11 @@ kept. When every input knows its loop count, the merged profile is expressed per
 iterations, so per-iteration hotness thresholds (relayout's ``min_count``) keep
 their meaning; otherwise the merged total is ``UNSCALED_TOTAL`` with no loop count.
 
-Where every input records where its blocks first ran (``block_first``), a block
-keeps its earliest first run, each input's positions taken as a fraction of its
-window (``first_window``): code that runs early in any workload's window goes
-first (the same rule as evaluate's merged matrix layouts, ``merge_blocks``).
+Where every input records where its blocks first ran (``block_first``), input i's
+positions become i + their fraction of its window (``first_window``) and a block
+keeps the earliest: the first input's hot code in the order it first ran, then
+the code the second input adds, and so on (the rule of evaluate's merged matrix
+layouts, ``merge_blocks``).
 
 All inputs must belong to the same image (build-id) and measure hotness with the
 same metric (BadInput otherwise). ``meta["merged"]`` records each input's
@@ -121,9 +122,9 @@ def merge_profiles(profiles, weights=None, labels=None):
     ordered = all(len(p.block_first) and len(p.block_first) == len(p.block_addr)
                   for p in profiles)
     if ordered and len(ba):
-        frac = np.concatenate([p.block_first / float(p.meta.get("first_window") or
-                                                     first_window(p.block_first))
-                               for p in profiles])
+        frac = np.concatenate([i + p.block_first / float(p.meta.get("first_window") or
+                                                         first_window(p.block_first))
+                               for i, p in enumerate(profiles)])
         arrays["block_first"] = min_per_key((cat["block_addr"], cat["block_size"].astype(np.uint64),
                                              cat["block_insns"].astype(np.uint64)), frac)
     erows = _first_rows((cat["edge_from"], cat["edge_to"]))
@@ -149,7 +150,7 @@ def merge_profiles(profiles, weights=None, labels=None):
         "edges": int(len(ef)),
     })
     if "block_first" in arrays:
-        meta["first_window"] = 1.0
+        meta["first_window"] = float(len(profiles))
     if len(ba):
         meta.update({"blocks": int(len(ba)), "block_executions": int(bc.sum()),
                      "instructions": int((bc * bi).sum()) + meta["unmapped"]
