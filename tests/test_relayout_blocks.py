@@ -561,3 +561,29 @@ def test_a_call_to_a_noreturn_function_does_not_glue_units(tmp_path):
             for n in ("ends_in_panic", "next_fn", "ends_in_call", "after_call")}
     assert unit["ends_in_panic"] != unit["next_fn"]
     assert unit["ends_in_call"] == unit["after_call"]
+
+
+def test_a_five_byte_static_key_site_leaving_the_function_does_not_keep_it_whole(prog):
+    """A 5-byte static-key site whose target is another function reaches it from
+    anywhere: the function splits (the site is copied with its block); a 2-byte one
+    keeps the function whole."""
+    from linepack.image.cfg import R_KEY_OUT
+    exe, _ = prog
+    im = ElfImage(str(exe))
+    main = _sym(im, "main")
+    for site, want in ((_sym(im, "key5"), R_SPLIT), (_sym(im, "key2"), R_KEY_OUT)):
+        sites = TableSites(leaders=[], key_code=[site], key_target=[main])
+        im, fn, units, dis, cfg = _cfg(exe, sites)
+        u = int(units.find([_sym(im, "f")])[0])
+        assert cfg.reason[u] == want
+        if want == R_SPLIT:
+            counts = block_counts(cfg, *_hot_ranges(im))
+            heat = np.zeros(len(units))
+            heat[u] = 100.0
+            splits, reason = B.choose_splits(cfg, units, heat, counts, 1.0, fn, True)
+            (sf,) = [s for s in splits if s.unit == u]
+            # the site is copied, not re-encoded: no branch piece stands for it
+            assert not [p for part in sf.parts for p in part
+                        if p.kind == B.BRANCH and p.old == site]
+            assert [p for p in sf.parts[0] if p.kind == B.COPY and
+                    p.old <= site < p.old + p.old_len]

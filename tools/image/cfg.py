@@ -362,11 +362,13 @@ class CFG:
             inside = (own >= 0) & (a8 >= self.start[oc]) & (a8 < self.end[oc]) & \
                 (t >= self.start[oc]) & (t < self.end[oc])
             self._mark(fi[alt8[~inside]], R_ALT_REL8)
-        # static-key sites jumping out of their function
+        # static-key sites jumping out of their function: a 5-byte site reaches its target
+        # from anywhere (copied with its block, a jmp's rel32 is fixed like any branch
+        # leaving moved code); a 2-byte one may not once the parts move apart
         keys = np.nonzero(self.insn_key)[0]
         kf = np.searchsorted(self.fstart, self.insn_key_target[keys], side="right").astype(
             np.int64) - 1
-        self._mark(fi[keys[kf != fi[keys]]], R_KEY_OUT)
+        self._mark(fi[keys[(kf != fi[keys]) & (self.dis.size[keys] < 5)]], R_KEY_OUT)
         # last block of a function falling through past the end (a trailing call is taken
         # as noreturn: gcc ends a function with a call only when it does not return)
         if len(self.start):
