@@ -587,3 +587,59 @@ def test_a_five_byte_static_key_site_leaving_the_function_does_not_keep_it_whole
                         if p.kind == B.BRANCH and p.old == site]
             assert [p for p in sf.parts[0] if p.kind == B.COPY and
                     p.old <= site < p.old + p.old_len]
+
+
+GAP_ASM = r"""
+    .text
+    .p2align 4
+    .globl before
+    .type before, @function
+before:
+    lea 1(%rdi), %eax
+    ret
+    .size before, .-before
+label_code:                     # code with no function symbol (like ret_from_fork)
+    lea 2(%rdi), %eax
+    {disp32} jmp before         # rel32: a rel8 between units would glue them
+    .p2align 4, 0x90            # NOP padding after the jmp
+    .globl after
+    .type after, @function
+after:
+    lea 3(%rdi), %eax
+    ret
+    .size after, .-after
+    .globl falls_code_fn
+    .type falls_code_fn, @function
+falls_code_fn:
+    ret
+    .size falls_code_fn, .-falls_code_fn
+label_falls:                    # code that falls into the next function over NOPs
+    lea 4(%rdi), %eax
+    .p2align 4, 0x90
+    .globl fallen_into
+    .type fallen_into, @function
+fallen_into:
+    ret
+    .size fallen_into, .-fallen_into
+    .section .note.GNU-stack,"",@progbits
+"""
+
+
+def test_code_between_functions_is_a_unit_glued_only_where_it_falls(tmp_path):
+    """Code without a function symbol after a function stays in that function's unit;
+    the function after it is a unit of its own, glued to it only when the code can fall
+    into it (trailing NOP padding after its last instruction does not count), so that
+    function can move (and split) alone."""
+    (tmp_path / "g.s").write_text(GAP_ASM)
+    (tmp_path / "m.c").write_text("int after(int);\nint main(void) { return after(-3); }\n")
+    exe = tmp_path / "gap"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
+                    str(tmp_path / "m.c"), str(tmp_path / "g.s")], check=True)
+    im, fn, units, dis, cfg = _cfg(exe)
+    u = {n: int(units.find([_sym(im, n)])[0])
+         for n in ("before", "after", "falls_code_fn", "fallen_into")}
+    assert len({u["before"], u["after"]}) == 2 and units.name[u["after"]] == "after"
+    gap = int(units.find([_sym(im, "before") + 4])[0])       # label_code: lea 3 B + ret 1 B
+    assert gap == u["before"]                                 # it moves with the function before
+    # label_falls has no stop before its padding: it stays glued to fallen_into
+    assert u["fallen_into"] == int(units.find([_sym(im, "fallen_into") - 1])[0])

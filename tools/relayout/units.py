@@ -227,9 +227,18 @@ def build_units(image, functions, disasm_fn=None, sections=(".text",), pin_head=
                 # Code before the first function (e.g. startup_64): its own unit,
                 # which may fall into this function: keep them together.
                 cur = [pos, fe, [(fi, fs - pos)], _label_at(image, pos) or f"code@{pos:#x}"]
-            elif cur is not None and (gap_is_code or fs < pos):
+            elif cur is not None and fs < pos:
                 cur[2].append((fi, fs - cur[0]))
                 cur[1] = fe
+            elif cur is not None and gap_is_code:
+                # code without a function symbol after a function (an assembly label
+                # such as ret_from_fork): it stays with the function before it, and the
+                # next function starts a unit of its own, which glue() joins to it only
+                # when the code can fall into it
+                cur[1] = fs_eff
+                starts.append(cur[0]); sizes.append(cur[1] - cur[0])
+                regidx.append(ri); names.append(cur[3]); members.append(cur[2])
+                cur = [fs, fe, [(fi, 0)], functions.name[fi]]
             else:
                 if cur is not None:
                     starts.append(cur[0]); sizes.append(cur[1] - cur[0])
@@ -301,6 +310,19 @@ def _func_map(units, nfuncs):
     return fmap
 
 
+def _padding_insn(dis, idx):
+    """True per instruction index that is padding: a NOP form or int3."""
+    idx = np.asarray(idx, np.int64)
+    out = np.zeros(len(idx), bool)
+    for k, i in enumerate(idx.tolist()):
+        n = int(dis.size[i])
+        out[k] = bytes(dis.raw[i, :n]) in _NOP_SET
+    return out
+
+
+_NOP_SET = frozenset(n for n in _NOPS if n not in (b"\x00", b"\xcc"))   # int3 is a stop
+
+
 def glue(units, dis, log=None, noreturn=()):
     """Merge units joined by rel8 branches (and unit pairs that fall through).
     ``noreturn``: addresses of functions that never return: a unit ending with a
@@ -317,6 +339,16 @@ def glue(units, dis, log=None, noreturn=()):
     ok = last >= 0
     lc = np.maximum(last, 0)
     tail_ok = ok & (dis.addr[lc] + dis.size[lc] == ends)
+    # trailing padding (NOPs, int3) is never run after a stop: judge the instruction
+    # before it
+    pad = _padding_insn(dis, lc) & ok
+    for k in np.nonzero(pad)[0].tolist():
+        i, lo = int(lc[k]), int(units.start[k])
+        while i > 0 and int(dis.addr[i - 1]) >= lo and _padding_insn(dis, np.array([i]))[0]:
+            i -= 1
+        if int(dis.addr[i]) >= lo and not _padding_insn(dis, np.array([i]))[0] \
+                and (i == int(lc[k]) or int(dis.addr[i]) + int(dis.size[i]) == int(dis.addr[i + 1])):
+            lc[k] = i
     first = dis.raw[lc, 0]
     second = dis.raw[lc, 1]
     # ret (c3, c2), jmp (e9, eb), ud2 (0f 0b), udb (d6), ud1 (0f b9), int3 (cc),
