@@ -41,7 +41,7 @@ REASONS = (
     "rel8 branch leaves the function",
     "rel8 branch inside an alternative/paravirt site targets another block",
     "falls through past its end",
-    "static-key site whose target is outside the function",
+    "2-byte static-key site whose target is outside the function",
     "not hot",
     "no cold block worth moving",
     "userspace: its .eh_frame FDE does not cover exactly the function, or uses CFI linepack "
