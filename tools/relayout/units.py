@@ -311,7 +311,7 @@ def _func_map(units, nfuncs):
 
 
 def _padding_insn(dis, idx):
-    """True per instruction index that is padding: a NOP form or int3."""
+    """True per instruction index that is a NOP form (padding; int3 is not: it stops)."""
     idx = np.asarray(idx, np.int64)
     out = np.zeros(len(idx), bool)
     for k, i in enumerate(idx.tolist()):
@@ -339,8 +339,7 @@ def glue(units, dis, log=None, noreturn=()):
     ok = last >= 0
     lc = np.maximum(last, 0)
     tail_ok = ok & (dis.addr[lc] + dis.size[lc] == ends)
-    # trailing padding (NOPs, int3) is never run after a stop: judge the instruction
-    # before it
+    # trailing NOP padding is never run after a stop: judge the instruction before it
     pad = _padding_insn(dis, lc) & ok
     for k in np.nonzero(pad)[0].tolist():
         i, lo = int(lc[k]), int(units.start[k])
@@ -360,11 +359,13 @@ def glue(units, dis, log=None, noreturn=()):
             ((first == 0x2E) & (second == 0xE9)) | ((first == 0x3E) & (second == 0xFF)) |
             ((first == 0xF3) & (second == 0xC3)) | ((first == 0x41) & (second == 0xFF)))
     if len(noreturn):
-        call = tail_ok & (first == 0xE8) & (dis.size[lc] == 5)
+        # a call that ends the unit (one followed by NOP padding stays glued: gcc ends a
+        # function at such a call, and padding comes after code without a symbol)
+        call = tail_ok & (lc == last) & (first == 0xE8) & (dis.size[lc] == 5)
         rel = dis.raw[lc, 1:5].astype(np.uint32)
         disp = (rel[:, 0] | (rel[:, 1] << 8) | (rel[:, 2] << 16) | (rel[:, 3] << 24)).astype(
             np.int32).astype(np.int64)
-        tgt = (ends.astype(np.int64) + disp).astype(np.uint64)
+        tgt = ((dis.addr[lc] + np.uint64(5)).astype(np.int64) + disp).astype(np.uint64)
         stop = stop | (call & np.isin(tgt, np.asarray(noreturn, np.uint64)))
     n = len(units)
     adjacent = np.zeros(n, bool)
