@@ -131,3 +131,14 @@ def file_offset(ctx, addr):
 def rel32(field_addr, target):
     """The s32 a field at field_addr holds to point at target."""
     return (int(target) - int(field_addr)).to_bytes(4, "little", signed=True)
+
+
+@functools.lru_cache(maxsize=None)
+def bench_module(name="bench_userspace_bolt"):
+    """A script of tests/bench/ (not a package: benches are run as scripts) as a module."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

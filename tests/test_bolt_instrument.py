@@ -2,13 +2,11 @@
 run natively) and its best flags, on a small C program built at test time. Correctness
 only (BOLT accepts the profile and the optimized binary prints what the original prints)."""
 
-import importlib.util
 import os
 import re
 import subprocess
 
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 import helpers
 
 _requirements = helpers.requirements("llvm-bolt-19", "gcc")
@@ -27,12 +25,7 @@ int main(int argc, char **argv) {
 '''
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_userspace_bolt", os.path.join(HERE, "bench", "bench_userspace_bolt.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+_bench = helpers.bench_module
 
 
 def test_bolt_instrumentation_profile_and_best_flags(tmp_path):

@@ -18,71 +18,20 @@ from linepack.relayout import blocks as B
 from linepack.relayout.driver import relayout
 from linepack.relayout.units import build_units
 
+import g_program
+
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
 # g: its prefix (16 NOPs, __pfx_g), then a hot entry that jumps over a cold block
-# to a hot one; h: a prefixed function that is not hot (stays whole).
-ASM = r"""
-    .section .text.hot,"ax",@progbits
-    .fill 4096, 1, 0xcc
-    .p2align 4
-    .type __pfx_g, @function
-__pfx_g:
-    .fill 16, 1, 0x90
-    .size __pfx_g, 16
-    .globl g
-    .type g, @function
-g:
-    endbr64
-    mov %edi, %eax
-    test %edi, %edi
-    jns .Lg_hot
-.Lg_cold:
-    neg %eax
-    .rept 20
-    add $3, %eax
-    .endr
-    ret
-.Lg_hot:
-    add $7, %eax
-    ret
-    .size g, .-g
-    .globl g_cold, g_hot
-    .set g_cold, .Lg_cold
-    .set g_hot, .Lg_hot
-    .section .note.GNU-stack,"",@progbits
-"""
-MAIN = r"""
-#include <stdio.h>
-int g(int);
-int main(void) {
-    long s = 0;
-    for (int i = -5; i < 2000; i += 7) s += g(i);
-    printf("s=%ld\n", s);
-    return 0;
-}
-"""
+# to a hot one (tests/g_program.py).
 
 
 @pytest.fixture(scope="module")
 def prog(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pfxsplit")
-    (d / "g.s").write_text(ASM)
-    (d / "main.c").write_text(MAIN)
-    exe = d / "prog"
-    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
-                    str(d / "main.c"), str(d / "g.s")], check=True)
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    return exe, out
+    return g_program.build(tmp_path_factory.mktemp("pfxsplit"), prefix=True)
 
 
-def _ranges(im):
-    """Executed ranges: g's entry block and its hot block (100 times each)."""
-    g, cold, hot = (im.symbol_address(n) for n in ("g", "g_cold", "g_hot"))
-    fn = FunctionTable(im)
-    end = int(fn.end[fn.index_of("g")])
-    return (np.array([g, hot], np.uint64), np.array([cold - g, end - hot], np.uint64),
-            np.array([100.0, 100.0]))
+_ranges = g_program.hot_ranges
 
 
 def test_choose_splits_keeps_the_prefix_first(prog):
@@ -163,12 +112,7 @@ callmid:
 
 def test_call_after_the_entry_keeps_it_whole(tmp_path):
     from linepack.image.cfg import R_CALL_INSIDE, TableSites
-    (tmp_path / "g.s").write_text(ASM.replace('    .section .note.GNU-stack', CALLER +
-                                              '    .section .note.GNU-stack'))
-    (tmp_path / "main.c").write_text(MAIN)
-    exe = tmp_path / "prog"
-    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
-                    str(tmp_path / "main.c"), str(tmp_path / "g.s")], check=True)
+    exe, _ = g_program.build(tmp_path, prefix=True, extra=CALLER)
     im = ElfImage(str(exe))
     fn = FunctionTable(im)
     units, dis = build_units(im, fn, lambda u: disassemble(im, u))

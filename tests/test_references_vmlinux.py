@@ -116,6 +116,34 @@ def test_relayout_blocks_same_as_link(vmlinuz, stripped, vfs_profile, tmp_path):
     assert differ == []
     ref = sb["references"]
     assert ref["padding_rounded_up"] >= 1 and ref["padding_inclusive_end"] >= 1
+    _verify_moved_data_by_value(stripped, tmp_path / "recovered.blocks", tmp_path)
+
+
+def _verify_moved_data_by_value(stripped, out, tmp_path):
+    """verify --against an image without relocations finds the code fields that
+    designate the moved kallsyms arrays and __end_rodata by value: the output
+    passes, and one such field put back to its old value is a named finding
+    (the instruction is then unchanged from OLD, so only this check sees it)."""
+    import struct
+    rep = tmp_path / "verify.json"
+    r = helpers.run_linepack("verify", "-q", out, "--against", stripped, "--json", rep)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert json.loads(rep.read_text())["equivalence_moved_data_fields"] >= 10
+    old_at, new_at = (ElfImage(str(p)).symbol_address("kallsyms_offsets") for p in (stripped, out))
+    assert old_at != new_at
+    data = bytearray(out.read_bytes())
+    text = next(s for s in ElfImage(str(out)).sections if s.name == ".text")
+    # get_symbol_pos: mov $kallsyms_offsets, %rax (imm32, sign-extended)
+    hit = bytes(data[text.offset:text.offset + text.size]).find(
+        b"\x48\xc7\xc0" + struct.pack("<i", new_at - (1 << 64)))
+    assert hit >= 0, "no mov of kallsyms_offsets in .text"
+    at = text.offset + hit + 3
+    data[at:at + 4] = struct.pack("<i", old_at - (1 << 64))
+    bad = tmp_path / "mutated"
+    bad.write_bytes(bytes(data))
+    r = helpers.run_linepack("verify", "-q", bad, "--against", stripped)
+    assert r.returncode != 0
+    assert "equiv.moved-data-field" in r.stdout + r.stderr, r.stdout[-3000:]
 
 
 @pytest.fixture(scope="module")

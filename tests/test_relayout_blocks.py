@@ -7,6 +7,7 @@ import subprocess
 
 import numpy as np
 import pytest
+import g_program
 import helpers
 
 from linepack.image import blockmap as bm
@@ -264,63 +265,17 @@ def test_split_program_runs_same(prog, tmp_path):
     assert (tmp_path / "again").read_bytes() == out.read_bytes()
 
 
-# g(x): jns to the hot block right after a cold one: with invert_jcc the jns becomes
-# js to the cold block and the hot path falls through (no appended jmp).
-ASM_G = r"""
-    .section .text.hot,"ax",@progbits
-    .fill 4096, 1, 0xcc
-    .p2align 4
-    .globl g
-    .type g, @function
-g:
-    mov %edi, %eax
-    test %edi, %edi
-    jns .Lg_hot
-.Lg_cold:
-    neg %eax
-    .rept 20
-    add $3, %eax
-    .endr
-    ret
-.Lg_hot:
-    add $7, %eax
-    ret
-    .size g, .-g
-    .globl g_cold, g_hot
-    .set g_cold, .Lg_cold
-    .set g_hot, .Lg_hot
-    .section .note.GNU-stack,"",@progbits
-"""
-MAIN_G = r"""
-#include <stdio.h>
-int g(int);
-int main(void) {
-    long s = 0;
-    for (int i = -5; i < 2000; i += 7) s += g(i);
-    printf("s=%ld\n", s);
-    return 0;
-}
-"""
+# g(x): jns to the hot block right after a cold one (tests/g_program.py): with
+# invert_jcc the jns becomes js to the cold block and the hot path falls through
+# (no appended jmp).
 
 
 @pytest.fixture(scope="module")
 def prog_g(tmp_path_factory):
-    d = tmp_path_factory.mktemp("blkg")
-    (d / "g.s").write_text(ASM_G)
-    (d / "main.c").write_text(MAIN_G)
-    exe = d / "prog"
-    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
-                    str(d / "main.c"), str(d / "g.s")], check=True)
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    return exe, out
+    return g_program.build(tmp_path_factory.mktemp("blkg"))
 
 
-def _g_hot_ranges(im):
-    g, cold, hot = _sym(im, "g"), _sym(im, "g_cold"), _sym(im, "g_hot")
-    fn = FunctionTable(im)
-    end = int(fn.end[fn.index_of("g")])
-    return (np.array([g, hot], np.uint64), np.array([cold - g, end - hot], np.uint64),
-            np.array([100.0, 100.0]))
+_g_hot_ranges = g_program.hot_ranges
 
 
 @pytest.mark.parametrize("invert", [False, True])

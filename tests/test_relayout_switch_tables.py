@@ -258,11 +258,7 @@ def test_broken_output_problem_stops_relayout(built, tmp_path, kind, broken):
 
 
 def _lua_source():
-    import importlib.util
-    path = os.path.join(HERE, "bench", "bench_userspace_bolt.py")
-    spec = importlib.util.spec_from_file_location("bench_userspace_bolt", path)
-    b = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(b)
+    b = helpers.bench_module()
     try:
         return b.lua_source(log=lambda m: None), b.LUA_SCRIPT
     except (RuntimeError, OSError) as e:

@@ -6,7 +6,6 @@ linepack's output, a nonempty profile that BOLT accepts), not timings or misses:
 tests/bench/bench_userspace_bolt.py measures those.
 """
 
-import importlib.util
 import os
 import subprocess
 
@@ -20,12 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 _requirements = helpers.requirements("qemu-x86_64", "llvm-bolt-19", "g++")
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_userspace_bolt", os.path.join(HERE, "bench", "bench_userspace_bolt.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+_bench = helpers.bench_module
 
 
 @pytest.fixture(scope="module")

@@ -9,24 +9,16 @@ prints (timings masked) on the training input and on another one.
 
 About 2 minutes (building sqlite3.c dominates)."""
 
-import importlib.util
-import os
 import subprocess
 
 import pytest
 
 import helpers
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 _requirements = helpers.requirements("qemu-x86_64", "gcc", "make")
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_userspace_bolt", os.path.join(HERE, "bench", "bench_userspace_bolt.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+_bench = helpers.bench_module
 
 
 def _masked_run(b, exe, args, masks, cwd):

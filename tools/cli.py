@@ -104,12 +104,17 @@ def main(argv=None):
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    return run_handled(args._run, args)
+
+
+def run_handled(fn, args):
+    """``fn(args)``'s exit status, every error as one line and its exit status."""
     try:
         # SIGINT/SIGTERM/SIGHUP become Interrupted: temp files are removed on the way out
         # and no declared output appears (tools/io.py, OutputSet).
         with trap_signals():
             try:
-                return int(args._run(args) or 0)
+                return int(fn(args) or 0)
             finally:
                 timings.print_table()
     except LinepackError as e:

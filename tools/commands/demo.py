@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from ..cli import VERBS, verb
+from ..cli import verb
 from ..errors import ExternalToolError
 from ..progress import stderr_log
 from .. import targets
@@ -63,28 +63,23 @@ class Demo:
                   "-o", prof]).returncode:
             raise ExternalToolError("profiling failed; see above")
         kernels = [f"stock={kernel}"]
-        from . import load_all
-        load_all()          # the command line named only 'demo' (cli.py loads that verb alone)
-        if "relayout" not in VERBS:
-            print("\n== relayout: not available in this build (skipped)")
-        else:
-            for strategy in [x.strip() for x in str(args.strategy).split(",") if x.strip()]:
-                out = os.path.join(work, f"vmlinux.{strategy}")
-                r = _step(f"relayout with '{strategy}'",
-                          ["relayout", kernel, "--profile", prof, "--strategy", strategy,
-                           "-o", out, "--system-map", out + ".System.map",
-                           "--layout-map", out + ".layout"])
-                if r.returncode:
-                    failed.append(f"relayout {strategy}")
-                    continue
-                if _step("verify the new image against the original",
-                         ["verify", "-q", out, "--against", kernel]).returncode:
-                    failed.append(f"verify --against ({strategy})")
-                if _step("boot the new image and run VFS-mix",
-                         ["boot", "--kernel", out, "--workload", "vfs-mix",
-                          "--loops", min(args.loops, 200)]).returncode:
-                    failed.append(f"boot ({strategy})")
-                kernels.append(f"{strategy}={out}")
+        for strategy in [x.strip() for x in str(args.strategy).split(",") if x.strip()]:
+            out = os.path.join(work, f"vmlinux.{strategy}")
+            r = _step(f"relayout with '{strategy}'",
+                      ["relayout", kernel, "--profile", prof, "--strategy", strategy,
+                       "-o", out, "--system-map", out + ".System.map",
+                       "--layout-map", out + ".layout"])
+            if r.returncode:
+                failed.append(f"relayout {strategy}")
+                continue
+            if _step("verify the new image against the original",
+                     ["verify", "-q", out, "--against", kernel]).returncode:
+                failed.append(f"verify --against ({strategy})")
+            if _step("boot the new image and run VFS-mix",
+                     ["boot", "--kernel", out, "--workload", "vfs-mix",
+                      "--loops", min(args.loops, 200)]).returncode:
+                failed.append(f"boot ({strategy})")
+            kernels.append(f"{strategy}={out}")
         ev = ["evaluate", *sum((["--kernel", k] for k in kernels), []), "--workload", "vfs-mix",
               "--loops", args.loops,
               *sum((["--cache", c] for c in (args.cache or ["intel-32k-8w", "amd-64k-2w"])), []),

@@ -34,12 +34,17 @@ class Relayout:
         p.add_argument("--strip-debug", action="store_true",
                        help="drop the DWARF instead of rewriting it for the new layout")
         p.add_argument("--keep-debug", action="store_true", help=argparse.SUPPRESS)
+        p.add_argument("--verify", action="store_true",
+                       help="then run `verify OUTPUT --against IMAGE` in the same process (the "
+                       "same checks and report, with --layout-map the map too; exit 1 on "
+                       "findings)")
+        p.add_argument("--verify-json", metavar="FILE",
+                       help="with --verify: write verify's report to FILE ('-' = stdout)")
         p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
     @staticmethod
     def run(args):
         from ..relayout import strategies
-        from ..relayout.driver import load_profile_full, relayout
 
         if args.keep_debug:
             raise BadInput("--keep-debug is gone: relayout now rewrites the DWARF for the new "
@@ -58,24 +63,80 @@ class Relayout:
                          outputs={"-o": args.output, "--json": args.json,
                                   "--system-map": args.system_map,
                                   "--layout-map": args.layout_map})
-        hot, build_id, calls, blocks = ({}, None, [], None)
-        if args.profile:
-            timings.phase("load profile")
-            lp = load_profile_full(args.profile, args.image)
-            hot, build_id, calls, blocks = lp.hotness, lp.build_id, lp.calls, lp.blocks
-        elif strat.name not in ("stock",) and not strat.name.startswith("align-all"):
-            raise BadInput(f"strategy {strat.name} needs --profile")
-        with outs:
-            summary, plan, rw = relayout(args.image, args.output, strat, hotness=hot, calls=calls,
-                                         profile_build_id=build_id, log=log, blocks=blocks,
-                                         debug="strip" if args.strip_debug else "rewrite",
-                                         layout_map=args.layout_map, system_map=args.system_map,
-                                         allow_missing=args.allow_missing,
-                                         vmlinuz=args.vmlinuz)
-            if args.json:
-                write_atomic(args.json, json.dumps(summary, indent=1, sort_keys=True) + "\n")
-        print(f"relayout {args.image} -> {args.output} ({summary['strategy']})")
-        for line in summary.lines():       # each pass's stats print themselves
-            print(line)
-        print(f"  wall time:         {wall_seconds():.1f} s (the whole command)")
-        return 0
+        if args.verify_json and not args.verify:
+            raise BadInput("--verify-json needs --verify")
+        if args.verify:
+            return _relayout_then_verify(args, strat, outs, log)
+        return _run_relayout(args, strat, outs, log)
+
+
+def _run_relayout(args, strat, outs, log):
+    summary = _relayout(args, strat, outs, log)
+    print(f"relayout {args.image} -> {args.output} ({summary['strategy']})")
+    for line in summary.lines():       # each pass's stats print themselves
+        print(line)
+    print(f"  wall time:         {wall_seconds():.1f} s (the whole command)")
+    return 0
+
+
+def _relayout_then_verify(args, strat, outs, log):
+    """``relayout ... --verify``: the rewrite in a forked child (its memory goes with it),
+    the original decoded for verify meanwhile in this process, then, when the child wrote
+    the outputs, ``verify OUTPUT --against IMAGE`` here (commands/verify.py ``check``:
+    the same checks and report as the separate command)."""
+    import os
+    import signal
+    import sys
+    from ..cli import run_handled
+    from ..verify.equivalence import _decoded_old
+    from ..verify.forked import Computed
+    from .verify import check
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:                                          # child: the relayout command
+        status = 1
+        try:
+            status = run_handled(lambda a: _run_relayout(a, strat, outs, log), args)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+    try:
+        try:
+            old_decode = Computed(_decoded_old, args.image)
+        except Exception:
+            old_decode = None      # verify decodes it again and says what is wrong with it
+        _, wstatus = os.waitpid(pid, 0)
+    except BaseException:          # interrupted: the rewrite stops too (it removes its temps)
+        os.kill(pid, signal.SIGTERM)
+        os.waitpid(pid, 0)
+        raise
+    status = os.waitstatus_to_exitcode(wstatus)
+    if status != 0:
+        return status if status > 0 else 128 - status    # it said why (or was killed)
+    # the layout map relayout wrote is checked too, as `verify --layout-map` does
+    return check(args.output, args.image, layout_map=args.layout_map, json_path=args.verify_json,
+                 quiet=args.quiet, old_decode=old_decode)
+
+
+def _relayout(args, strat, outs, log):
+    """Profile loaded, layout made, outputs written; the summary."""
+    from ..relayout.driver import load_profile_full, relayout
+    hot, build_id, calls, blocks = ({}, None, [], None)
+    if args.profile:
+        timings.phase("load profile")
+        lp = load_profile_full(args.profile, args.image)
+        hot, build_id, calls, blocks = lp.hotness, lp.build_id, lp.calls, lp.blocks
+    elif strat.name not in ("stock",) and not strat.name.startswith("align-all"):
+        raise BadInput(f"strategy {strat.name} needs --profile")
+    with outs:
+        summary, plan, rw = relayout(args.image, args.output, strat, hotness=hot, calls=calls,
+                                     profile_build_id=build_id, log=log, blocks=blocks,
+                                     debug="strip" if args.strip_debug else "rewrite",
+                                     layout_map=args.layout_map, system_map=args.system_map,
+                                     allow_missing=args.allow_missing,
+                                     vmlinuz=args.vmlinuz)
+        if args.json:
+            write_atomic(args.json, json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    return summary

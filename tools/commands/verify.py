@@ -27,45 +27,60 @@ class Verify:
 
     @staticmethod
     def run(args):
-        from ..image.elf import ElfImage
-        from ..verify.standalone import cancel_tables, collect_tables, verify_image
+        return check(args.image, args.against, layout_map=args.layout_map, json_path=args.json,
+                     strict=args.strict, quiet=args.quiet)
 
-        log = stderr_log("verify", args.quiet)
+
+def check(image, against=None, layout_map=None, json_path=None, strict=False, quiet=False,
+          old_decode=None):
+    """The whole of ``verify IMAGE [--against OLD]``: the checks, the report (``json_path``,
+    '-' = stdout), the summary printed; returns the exit status. ``relayout --verify``
+    calls it on its output in the same process (``old_decode``: OLD's decode already
+    started, start_against)."""
+    from ..image.elf import ElfImage
+    from ..verify.standalone import cancel_tables, collect_tables, verify_image
+
+    log = stderr_log("verify", quiet)
+    try:
         # Outputs and every input checked before the (long) verification.
-        outs = OutputSet(inputs=[args.image, args.against, args.layout_map],
-                         outputs={"--json": None if args.json == "-" else args.json})
-        layout_map = None
-        if args.layout_map:
-            if not args.against:
+        outs = OutputSet(inputs=[image, against, layout_map],
+                         outputs={"--json": None if json_path == "-" else json_path})
+        layout_rows = None
+        if layout_map:
+            if not against:
                 raise LinepackError("--layout-map needs --against OLD")
             from ..verify.layout_map import read_layout_map
-            layout_map = read_layout_map(args.layout_map)     # bad file: fail before the work
-        if args.against:
-            ElfImage(args.against)                # not an ELF, truncated, ...: fail now
-        with outs:
-            old_decode = None
-            if args.against:
-                try:
-                    from ..verify.equivalence import start_against, verify_against
-                except ImportError:
-                    raise LinepackError("verify --against is not available in this build") from None
-                old_decode = start_against(args.against)     # OLD decoded beside NEW
-            report = None
+            layout_rows = read_layout_map(layout_map)     # bad file: fail before the work
+        if against:
+            ElfImage(against)                     # not an ELF, truncated, ...: fail now
+    except BaseException:
+        if old_decode is not None:
+            old_decode.cancel()
+        raise
+    with outs:
+        if against and old_decode is None:
             try:
-                # with --against, NEW's table checks run in a child beside the proof
-                report = verify_image(args.image, log=log, fork_tables=bool(args.against))
-                if args.against:
-                    verify_against(report, args.image, args.against, layout_map=layout_map,
-                                   log=log, old_decode=old_decode)
-                collect_tables(report)
-            finally:
-                if old_decode is not None:
-                    old_decode.cancel()
-                if report is not None:
-                    cancel_tables(report)
-            report.seconds = wall_seconds()     # the whole command, as the user waited
-            if args.json:
-                report.write_json(args.json, strict=args.strict)
-        if args.json != "-":
-            print(report.summary(strict=args.strict))
-        return EXIT_OK if report.ok(args.strict) else EXIT_FINDINGS
+                from ..verify.equivalence import start_against
+            except ImportError:
+                raise LinepackError("verify --against is not available in this build") from None
+            old_decode = start_against(against)     # OLD decoded beside NEW
+        report = None
+        try:
+            # with --against, NEW's table checks run in a child beside the proof
+            report = verify_image(image, log=log, fork_tables=bool(against))
+            if against:
+                from ..verify.equivalence import verify_against
+                verify_against(report, image, against, layout_map=layout_rows,
+                               log=log, old_decode=old_decode)
+            collect_tables(report)
+        finally:
+            if old_decode is not None:
+                old_decode.cancel()
+            if report is not None:
+                cancel_tables(report)
+        report.seconds = wall_seconds()     # the whole command, as the user waited
+        if json_path:
+            report.write_json(json_path, strict=strict)
+    if json_path != "-":
+        print(report.summary(strict=strict))
+    return EXIT_OK if report.ok(strict) else EXIT_FINDINGS

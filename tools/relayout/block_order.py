@@ -185,11 +185,13 @@ def score(order, sizes, edges):
     return s
 
 
-def ext_tsp_order(sizes, edges, counts=None, entry=0, split_max=SPLIT_MAX):
+def ext_tsp_order(sizes, edges, counts=None, entry=0, split_max=SPLIT_MAX, native=True):
     """Node order (a permutation of range(len(sizes))) by greedy chain merging
     on the ext-TSP objective; ``entry`` first. ``edges``: [(src, dst, weight,
     unconditional)] over nodes; ``counts``: node execution counts (the density
-    that orders the chains left at the end; default: the edge weights)."""
+    that orders the chains left at the end; default: the edge weights).
+    ``native``: the search in C (ext_tsp.c, built at first use) when it can be
+    built, else in Python: the same order either way."""
     n = len(sizes)
     if n <= 1:
         return list(range(n))
@@ -208,6 +210,59 @@ def ext_tsp_order(sizes, edges, counts=None, entry=0, split_max=SPLIT_MAX):
         counts = [0.0] * n
         for a, b, w, _ in elist:
             counts[a] += w
+    if native:
+        got = _native_order(sizes, elist, counts, entry, split_max)
+        if got is not None:
+            return got
+    return _python_order(sizes, elist, counts, entry, split_max)
+
+
+_lib = False            # the C search (ext_tsp.c): False not tried yet, None not available
+
+
+def _native_lib():
+    global _lib
+    if _lib is False:
+        _lib = None
+        import ctypes
+        import os
+        from .. import native as nat
+        from ..errors import ExternalToolError
+        if nat.compiler():
+            try:
+                lib = nat.build("ext_tsp", [os.path.join(os.path.dirname(
+                    os.path.abspath(__file__)), "ext_tsp.c")], "ext_tsp", "the ext-TSP core")
+                P, I = ctypes.c_void_p, ctypes.c_int
+                lib.lp_ext_tsp.argtypes = [I, P, P, I, P, P, P, P, I, I, P]
+                lib.lp_ext_tsp.restype = I
+                _lib = lib
+            except ExternalToolError:
+                pass
+    return _lib
+
+
+def _native_order(sizes, elist, counts, entry, split_max):
+    """The C search's order (the same as _python_order's), or None without it."""
+    lib = _native_lib()
+    if lib is None:
+        return None
+    n, m = len(sizes), len(elist)
+    sz = np.ascontiguousarray(sizes, np.int64)
+    cn = np.ascontiguousarray(counts, np.float64)
+    e = np.array([(a, b, u) for a, b, _, u in elist], np.int32).reshape(m, 3)
+    ea, eb, eu = (np.ascontiguousarray(e[:, i]) for i in range(3))
+    ew = np.ascontiguousarray([w for _, _, w, _ in elist], np.float64)
+    out = np.zeros(n, np.int32)
+    p = lambda a: a.ctypes.data   # noqa: E731
+    if lib.lp_ext_tsp(n, p(sz), p(cn), m, p(ea), p(eb), p(ew), p(eu), int(entry),
+                      int(split_max), p(out)) != 0:
+        return None
+    return out.tolist()
+
+
+def _python_order(sizes, elist, counts, entry, split_max):
+    """ext_tsp_order's search in Python (the reference for ext_tsp.c)."""
+    n = len(sizes)
     chain = list(range(n))                  # chain id of each node
     nodes = {i: [i] for i in range(n)}      # chain id -> nodes in order
     off = [0] * n                           # node offset inside its chain

@@ -74,6 +74,7 @@ class SplitFunction:
         self.block_part = {}
         self.order_score = None       # ext-TSP objective (original, chosen order), if ordered
         self.head = 0                 # bytes of the hot part before the function's entry (prefix)
+        self.whole = False            # reordered in one part, nothing cold (order_whole)
 
     @property
     def hot_size(self):
@@ -214,7 +215,7 @@ def prefix_heads(units, functions):
 
 def choose_splits(cfg, units, heat, block_count, min_count, functions, short_keys, cold_min=8,
                   invert_jcc=False, block_order="original", edges=None, log=None, heads=None,
-                  split_noinstr=False):
+                  split_noinstr=False, order_whole=False):
     """SplitFunction list and per-unit reason codes (REASONS) for every unit.
 
     ``block_order``: "original" keeps the hot blocks in their original order,
@@ -223,7 +224,11 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
     ``heads``: per unit, the length of a prefix before its function (prefix_heads):
     such a unit splits with its prefix block first in the hot part, its entry
     block right after. ``split_noinstr``: split noinstr functions too (both parts
-    stay in the noinstr region: a cold part is placed in its parent's region)."""
+    stay in the noinstr region: a cold part is placed in its parent's region).
+    ``order_whole`` (ext-TSP only): a hot function with too little cold code to
+    split still gets its hot blocks in ext-TSP order, its other blocks after them
+    in the same part (a SplitFunction with an empty cold
+    part, ``whole`` set), when that order scores better than the original."""
     nu = len(units)
     reason = np.array(cfg.reason, dtype=np.int8)
     reason = reason.copy()
@@ -282,25 +287,35 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
             reason[u] = R_NO_COLD
             continue
         cold_bytes = int((cfg.end[a:z] - cfg.start[a:z])[~hot_block[a:z]].sum())
-        if cold_bytes < cold_min:
+        whole = cold_bytes < cold_min
+        if whole and not (order_whole and weights is not None):
             reason[u] = R_NO_COLD
             continue
         head = int(heads[u])
         fi = units.members[u][-1][0]           # the function (after its prefix, if any)
-        order, score = None, None
+        order, score, mask = None, None, hot_block
         if weights is not None:
             from .block_order import hot_block_order
             e = a + 1 if head else a           # ordered from the entry; the prefix stays first
             order, before, after = hot_block_order(cfg, e, z, hot_block, weights, block_count)
+            if whole and after <= before:
+                reason[u] = R_NO_COLD          # nothing to gain: the function stays as it is
+                continue
             order = list(range(a, e)) + list(order)
             score = (before, after)
-        sf = build_parts(cfg, u, u, functions.name[fi], hot_block, short_keys,
+            if whole:
+                # one part: the hot blocks in their order, then the others in theirs
+                order += [b for b in range(a, z) if not hot_block[b]]
+                mask = hot_block.copy()
+                mask[a:z] = True
+        sf = build_parts(cfg, u, u, functions.name[fi], mask, short_keys,
                          int(functions.sym_index[fi]), falls, invert_jcc, order)
         if sf is None:
             reason[u] = R_NO_COLD
             continue
         sf.order_score = score
         sf.head = head
+        sf.whole = whole
         splits.append(sf)
     return splits, reason
 
@@ -318,7 +333,9 @@ def planning_units(units, heat, splits, hot_align=None):
     hot_size = units.size.astype(np.int64)
     cold_size = np.zeros(n, np.int64)
     for u, sf in by_unit.items():
-        is_split[u], hot_size[u], cold_size[u] = True, sf.sizes[0], sf.sizes[1]
+        # a function reordered whole (no cold part) gets no cold unit
+        is_split[u], hot_size[u], cold_size[u] = not getattr(sf, "whole", False), sf.sizes[0], \
+            sf.sizes[1]
     # every unit, and right after a split one its cold part
     par = np.repeat(np.arange(n, dtype=np.int64), 1 + is_split)
     part = np.zeros(len(par), np.int8)
@@ -334,7 +351,9 @@ def planning_units(units, heat, splits, hot_align=None):
         # a unit with a prefix member (6.12's __pfx_ padding, which call-depth tracking
         # rewrites at boot) keeps its alignment: it applies to the padding's start
         single = np.array([len(units.members[u]) <= 1 for u in range(n)], bool)
-        hot_split = ~cold & is_split[par] & single[par]
+        ordered = np.zeros(n, bool)
+        ordered[list(by_unit)] = True
+        hot_split = ~cold & ordered[par] & single[par]
         al = np.where(hot_split, int(hot_align), al)
         ph = np.where(hot_split, 0, ph)
     ht = np.where(cold, 0.0, np.asarray(heat, np.float64)[par])
@@ -361,8 +380,10 @@ def layout_rows(splits, plan, parent, part, image):
     # new start of every block's first piece, per split function
     for sf in splits:
         for p_ in (0, 1):
-            k = index[(sf.unit, p_)]
-            sf.new_start[p_] = int(plan.new_start[k])
+            k = index.get((sf.unit, p_))
+            # a function reordered whole has no cold unit: its empty part ends the hot one
+            sf.new_start[p_] = int(plan.new_start[k]) if k is not None else \
+                sf.new_start[0] + sf.sizes[0]
     for sf in splits:
         bstart = {}
         for p_ in (0, 1):
@@ -382,7 +403,8 @@ def layout_rows(splits, plan, parent, part, image):
                     buf[p.off:p.off + p.size] = bytes(image.read(p.old, p.old_len))
                 elif p.kind in (BRANCH, INSERTED):
                     buf[p.off:p.off + p.size] = encode(p, new, bstart[p.target_block])
-            out_bytes[index[(sf.unit, p_)]] = bytes(buf)
+            if (sf.unit, p_) in index:
+                out_bytes[index[(sf.unit, p_)]] = bytes(buf)
         if sf.sizes[1]:
             cold_syms.append((sf, sf.new_start[1], sf.sizes[1]))
     rows = bm.make_rows(**{k: np.array(v, dtype=np.uint64 if k in ("old", "new") else np.int64)

@@ -266,7 +266,9 @@ def split(run):
                                    run.functions, run.target.short_static_keys(), strat.cold_min,
                                    strat.invert_jcc, strat.block_order,
                                    getattr(run.blocks, "edges", None), log, heads=heads,
-                                   split_noinstr=getattr(strat, "split_noinstr", False))
+                                   split_noinstr=getattr(strat, "split_noinstr", False),
+                                   order_whole=getattr(strat, "order_whole", False) and
+                                   run.target.kind == "userspace")
     if eh_split is not None:
         n = len(splits)
         kept = eh_split.accept(splits, units.start, heat, reason)
@@ -318,7 +320,8 @@ def _split_stats(split, orig_units):
     # patch-site jmps (CFG.patched_jmp) inside the split functions
     c = np.concatenate([[0], np.cumsum(cfg.patched_jmp)])
     return S.SplitStats(
-        functions_split=len(sp), hot_functions_by_reason=split["reasons"], blocks=int(len(cfg)),
+        functions_split=len(sp), functions_reordered_whole=sum(s.whole for s in sp),
+        hot_functions_by_reason=split["reasons"], blocks=int(len(cfg)),
         patch_site_jmps=int(cfg.patched_jmp.sum()),
         patch_site_jmps_split=int(sum(c[z] - c[a] for a, z in (cfg.blocks_of(s.func)
                                                                for s in sp))),

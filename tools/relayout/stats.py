@@ -73,6 +73,7 @@ class SplitStats(PassStats):
     """The block-level split: which hot functions were split, why the others were
     not, and (filled when the parts are emitted) the block map's figures."""
     functions_split: int = 0
+    functions_reordered_whole: int = 0     # of functions_split: one part, nothing cold
     hot_functions_by_reason: dict = field(default_factory=dict)
     blocks: int = 0
     patch_site_jmps: int = 0
@@ -100,6 +101,8 @@ class SplitStats(PassStats):
             "split_growth_bytes": self.split_growth_bytes,
             "branches_reencoded": self.branches_reencoded,
             "jcc_inverted": self.jcc_inverted})
+        if self.functions_reordered_whole:
+            out["functions_reordered_whole"] = self.functions_reordered_whole
         if self.ext_tsp_score is not None:
             out["ext_tsp_score"] = self.ext_tsp_score
         out["branch_bytes_saved"] = self.branch_bytes_saved
@@ -109,7 +112,10 @@ class SplitStats(PassStats):
         m = self.block_map
         out = [f"  block split:       {self.functions_split} functions split "
                f"({self.hot_part_bytes} hot + {self.cold_part_bytes} cold bytes, "
-               f"{self.split_growth_bytes:+d}); {m['copied']} blocks copied, "
+               f"{self.split_growth_bytes:+d});"
+               + (f" {self.functions_reordered_whole} of them reordered whole (nothing cold);"
+                  if self.functions_reordered_whole else "") +
+               f" {m['copied']} blocks copied, "
                f"{m['branch']} branches re-encoded, {m['jmp_inserted']} jmps inserted, "
                f"{m['jmp_removed']} removed"]
         if self.ext_tsp_score is not None:

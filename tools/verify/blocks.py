@@ -462,9 +462,60 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     piece_kind, piece_old, piece_old_end = amap.kind.tolist(), amap.old.tolist(), \
         amap.old_end.tolist()
     piece_new, piece_new_len = amap.new.tolist(), amap.new_len.tolist()
-    moved_field_addrs, moved_field_deltas = (np.asarray(data_moves[0]).tolist(),
-                                             np.asarray(data_moves[1]).tolist()) \
-        if data_moves is not None and len(data_moves[0]) else ([], [])
+    moved_field_addrs, moved_field_deltas = (data_moves.addrs.tolist(),
+                                             data_moves.deltas.tolist()) \
+        if data_moves is not None and len(data_moves.addrs) else ([], [])
+    # an image without relocations: fields designating a moved data symbol by value
+    moved_extents = data_moves if data_moves is not None and data_moves.extents else None
+    # The common instruction, inside a copied piece whose bytes NEW holds unchanged,
+    # neither a branch nor RIP-relative nor holding a moved data field, has the same
+    # meaning without a read or a decode; with its successor in the same piece (the
+    # pieces not overlapping) its fall-through lands on the next byte of the piece
+    # without a map lookup. It is counted as the full path counts it (instructions,
+    # edges, ORC pairs); the last one of a piece gets the full fall-through check.
+    fast = len(amap.old) < 2 or bool(np.all(amap.old[1:] >= amap.old_end[:-1]))
+    piece_same = {}
+    maybe_branch = {}
+    # where each piece's end maps (map1 of it, for all pieces at once)
+    end_new = amap.map(amap.old_end).tolist() if fast and len(amap.old) else []
+
+    def same_piece(p):
+        got = piece_same.get(p)
+        if got is None:
+            lo, n = piece_old[p], piece_old_end[p] - piece_old[p]
+            try:
+                got = piece_new_len[p] == n and \
+                    bytes(new_read(piece_new[p], n)) == bytes(old_read(lo, n))
+            except ValueError:
+                got = False
+            piece_same[p] = got
+        return got
+
+    def fall_edge(f, ins, a, target, n_end):
+        """The fall-through edge after ``ins`` (at ``a``, ending at ``n_end`` in NEW)."""
+        succ = a + ins.size
+        falls = ins.mnemonic not in _NO_FALLTHROUGH and a not in no_fallthrough and \
+            not (target is not None and ins.group(capstone.CS_GRP_CALL) and
+                 target in noreturn)
+        if not falls and ins.mnemonic == "jmp" and patch_sites and \
+                patch_sites.get(succ, succ + 1) <= a:
+            falls = True        # a jmp ending a patch site: NOPs once patched
+        if not falls or succ >= f.old_end:
+            return
+        stats["edges"] += 1
+        want = amap.map1(succ)
+        if want == n_end:
+            return
+        ins_row = insert_at.get(n_end)
+        if ins_row is not None and int(ins_row["old"]) == succ:
+            return                              # checked with the inserted jmps below
+        sp = int(amap.piece([succ])[0])
+        removed = sp >= 0 and piece_kind[sp] == bm.KIND_JMP_REMOVED
+        add("equiv.edge", n_end, f"{f.name}: fall-through from '{ins.mnemonic} {ins.op_str}' at "
+            f"{a:#x} to {succ:#x} is broken: NEW continues at {n_end:#x}, the successor "
+            + ("is a removed jmp whose target is" if removed else "is") + f" at {want:#x}"
+            + _between(lite, new_read, n_end, want))
+
     for fidx, f in enumerate(functions):
         sel = np.nonzero(inside & (fic == fidx))[0]
         fr = rows[sel]
@@ -519,6 +570,28 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
             stats["instructions"] += 1
             a = ins.address
             kind = piece_kind[p]
+            if fast and kind == bm.KIND_COPIED and type(ins) is _Light:
+                succ = a + ins.size
+                mb = maybe_branch.get(ins.mnemonic)
+                if mb is None:
+                    mb = maybe_branch[ins.mnemonic] = _maybe_branch(ins.mnemonic)
+                if succ <= piece_old_end[p] and not mb and "rip" not in ins.op_str and \
+                        same_piece(p):
+                    k = bisect_left(moved_field_addrs, a) if moved_field_addrs else 0
+                    if not (k < len(moved_field_addrs) and moved_field_addrs[k] < succ):
+                        n = piece_new[p] + (a - piece_old[p])
+                        if orc_ok:
+                            orc_pairs.append((a, n, piece_old[p] == a, p))
+                        if succ < piece_old_end[p] and succ < f.old_end or \
+                                end_new[p] == n + ins.size:
+                            # its successor is the piece's next byte, in NEW too, or
+                            # the piece's end maps to where the instruction ends
+                            if ins.mnemonic not in _NO_FALLTHROUGH and \
+                                    a not in no_fallthrough and succ < f.old_end:
+                                stats["edges"] += 1
+                        else:
+                            fall_edge(f, ins, a, None, n + ins.size)
+                        continue
             piece_start = piece_old[p] == a
             plain = _plain_branch(ins) if kind in (bm.KIND_COPIED, bm.KIND_BRANCH) and \
                 isinstance(ins, _Light) else None
@@ -536,6 +609,10 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                         d = moved_field_deltas[k]
                         translate = lambda v, d=d: (v + d) & (2**64 - 1)   # noqa: E731
                         data_moved = True
+                elif moved_extents is not None:
+                    def translate(v, base=amap.map1):
+                        m = moved_extents.moved_value(v)
+                        return base(v) if m is None else m
                 # the same bytes mean the same unless an operand is relative to the
                 # instruction's address (RIP operand, direct branch) or refers to a
                 # moved data symbol: no decode needed
@@ -614,29 +691,7 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 continue
             if orc_ok:
                 orc_pairs.append((a, n, piece_start, p))
-            # fall-through edge
-            succ = a + ins.size
-            falls = ins.mnemonic not in _NO_FALLTHROUGH and a not in no_fallthrough and \
-                not (target is not None and ins.group(capstone.CS_GRP_CALL) and
-                     target in noreturn)
-            if not falls and ins.mnemonic == "jmp" and patch_sites and \
-                    patch_sites.get(succ, succ + 1) <= a:
-                falls = True        # a jmp ending a patch site: NOPs once patched
-            if not falls or succ >= f.old_end:
-                continue
-            stats["edges"] += 1
-            want = amap.map1(succ)
-            if want == n_end:
-                continue
-            ins_row = insert_at.get(n_end)
-            if ins_row is not None and int(ins_row["old"]) == succ:
-                continue                        # checked with the inserted jmps below
-            sp = int(amap.piece([succ])[0])
-            removed = sp >= 0 and piece_kind[sp] == bm.KIND_JMP_REMOVED
-            add("equiv.edge", n_end, f"{f.name}: fall-through from '{ins.mnemonic} {ins.op_str}' at "
-                f"{a:#x} to {succ:#x} is broken: NEW continues at {n_end:#x}, the successor "
-                + ("is a removed jmp whose target is" if removed else "is") + f" at {want:#x}"
-                + _between(lite, new_read, n_end, want))
+            fall_edge(f, ins, a, target, n_end)
 
     # inserted jmps: each a jmp to the translated fall-through target
     for r in rows[rows["kind"] == bm.KIND_JMP_INSERTED]:

@@ -40,15 +40,10 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
     differs is a translated address field (or a field relocated against a moved
     data symbol, ``data_moves`` from data.data_moves, that moved with it). Cost
     follows ``use``, so the mutation test runs it on one instruction at a time."""
-    mv_addr, mv_delta = data_moves if data_moves is not None else (np.zeros(0, np.uint64), None)
-
     def moved_by(field_addr, old_value, new_value, size):
-        """The field carries a relocation against a moved data symbol and moved with it."""
-        k = int(np.searchsorted(mv_addr, field_addr))
-        if k >= len(mv_addr) or int(mv_addr[k]) != field_addr:
-            return False
-        mask = (1 << (8 * size)) - 1 if size < 8 else (1 << 64) - 1
-        return (new_value - old_value - int(mv_delta[k])) & mask == 0
+        """The field designates a moved data symbol and moved with it."""
+        return data_moves is not None and data_moves.explains(field_addr, old_value, new_value,
+                                                               size)
     od, nd = octx.disasm, nctx.disasm
     o_addr = od.addr[use]
     o_size = od.size[use]

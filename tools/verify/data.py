@@ -5,6 +5,7 @@ pointing at old code), and every function stays inside its region."""
 import numpy as np
 
 from ..image.elf import STT_SECTION
+from .addrmap import KERNEL_MAP
 from .tables import sorted_table_ranges
 
 # Data symbols a rewrite may move (tools/relayout/kernel/kallsyms_cold.py: kallsyms'
@@ -14,11 +15,57 @@ MOVABLE_DATA = ("kallsyms_offsets", "kallsyms_names", "kallsyms_markers",
                 "kallsyms_seqs_of_names", "__end_rodata")
 
 
+# End markers among them: a field means the label in one of a few proven forms.
+_LABELS = ("__end_rodata",)
+_PAGE = 4096
+
+
+class DataMoves:
+    """How the code fields that designate a moved data symbol changed.
+
+    With OLD's link relocations the fields are known: ``addrs`` (sorted addresses
+    in OLD) and each one's ``deltas``. An image without them (a distribution's
+    stripped vmlinux; relayout recovered its references from the vmlinuz) names
+    its fields by value only: a field whose value lies in a moved symbol's old
+    extent (up to the next symbol; an end label in the forms relayout proves)
+    must have moved with it, by its delta."""
+
+    def __init__(self, addrs=(), deltas=(), extents=None):
+        self.addrs = np.asarray(addrs, np.uint64)
+        self.deltas = np.asarray(deltas, np.int64)
+        self.extents = extents or []    # [(lo, hi inclusive, delta, also physical)]
+
+    def __len__(self):
+        return len(self.addrs) + len(self.extents)
+
+    def moved_value(self, value, size=8):
+        """``value`` (a field of ``size`` bytes, sign-extended) as moved with the
+        data symbol whose extent holds it, or None."""
+        mask = (1 << (8 * size)) - 1 if size < 8 else (1 << 64) - 1
+        v = int(value) & ((1 << 64) - 1)
+        phys = 0 < v < (1 << 31)
+        virt = (v + KERNEL_MAP) & ((1 << 64) - 1) if phys else v
+        for lo, hi, d, phys_ok in self.extents:
+            if lo <= virt <= hi and (phys_ok or not phys):
+                return (v + d) & mask
+        return None
+
+    def explains(self, field_addr, old_value, new_value, size):
+        """The field at ``field_addr`` moved with a moved data symbol."""
+        mask = (1 << (8 * size)) - 1 if size < 8 else (1 << 64) - 1
+        k = int(np.searchsorted(self.addrs, field_addr))
+        if k < len(self.addrs) and int(self.addrs[k]) == field_addr:
+            return (new_value - old_value - int(self.deltas[k])) & mask == 0
+        if self.extents:
+            m = self.moved_value(old_value, size)
+            return m is not None and m == new_value & mask
+        return False
+
+
 def data_moves(old, new):
     """Data symbols whose value changed: each must be movable. Returns ([(name, old
     value, new value)] of those that may not move, {name: new value} of those that
-    did, (sorted addresses in OLD of the code fields relocated against one, each
-    field's move)) for the instruction checks."""
+    did, the DataMoves the instruction checks use)."""
     code = {s.index for s in old.sections if s.is_code}
     no, so = old.symbol_table()
     nn, sn = new.symbol_table()
@@ -43,17 +90,40 @@ def data_moves(old, new):
                 moved[i] = (nm, int(sn["value"][j]) - int(so["value"][i]), int(sn["value"][j]))
             else:
                 bad.append((nm, int(so["value"][i]), int(sn["value"][j])))
+    moved_names = {nm: v for nm, _, v in moved.values()}
+    code_rels = [rel for rel in old.relocations.values()
+                 if rel.target.is_code and rel.target.is_alloc]
+    if moved and not code_rels:
+        return bad, moved_names, DataMoves(extents=_extents(so, moved))
     addrs, deltas = [], []
-    for rel in old.relocations.values():
-        if not (rel.target.is_code and rel.target.is_alloc) or not moved:
-            continue
+    for rel in code_rels if moved else ():
         sel = np.nonzero(np.isin(rel.sym.astype(np.int64), list(moved)))[0]
         for k in sel.tolist():
             addrs.append(int(rel.offset[k]))
             deltas.append(moved[int(rel.sym[k])][1])
     o = np.argsort(np.array(addrs, np.uint64), kind="stable")
-    return (bad, {nm: v for nm, _, v in moved.values()},
-            (np.array(addrs, np.uint64)[o], np.array(deltas, np.int64)[o]))
+    return bad, moved_names, DataMoves(np.array(addrs, np.uint64)[o], np.array(deltas, np.int64)[o])
+
+
+def _extents(syms, moved):
+    """[(lo, hi inclusive, delta)] of the moved symbols ({symbol index: (name, delta,
+    new value)}) in OLD: an array up to the next symbol's address, a label itself."""
+    values = np.unique(syms["value"].astype(np.uint64))
+    out = []
+    for i, (nm, d, _) in moved.items():
+        lo = int(syms["value"][i])
+        if nm in _LABELS:
+            # the forms relayout proves (image/references.py): the label, the
+            # byte before it (``__pa_symbol(label) - 1``, also physical) and
+            # ``PFN_ALIGN(label)`` (compiled as label + PAGE-1, then an and)
+            out += [(v, v, d, True) for v in (lo - 1, lo, lo + _PAGE - 1)]
+            continue
+        size = int(syms["size"][i])
+        if not size:
+            k = int(np.searchsorted(values, np.uint64(lo), side="right"))
+            size = int(values[k]) - lo if k < len(values) else 1
+        out.append((lo, lo + size - 1, d, False))
+    return out
 
 
 def _follows_its_section(old, new, oi, ni, ov, nv):
@@ -154,3 +224,72 @@ def check_regions(ctx, out):
             outside.append((r.name, int(bad.sum()), int(ns[bad][0])))
     out.add("equiv.region", outside, lambda o: (o[2], f"{o[1]} function(s) left region {o[0]}"))
 
+
+
+def check_moved_data_fields(ctx, out):
+    """An image without relocations (data_moves by value): every code field of
+    OLD whose value designates a moved data symbol holds, in NEW, the moved value.
+    The instruction check sees only instructions that changed; this one finds a
+    field that should have moved and did not. Candidates are found from the raw
+    bytes (every 4-byte window as an absolute or RIP-relative value, every
+    8-byte window as a movabs immediate); Capstone's field layout then decides."""
+    moves = ctx.data_moves
+    if moves is None or not moves.extents:
+        return
+    from .fields import FieldLayouts, field_values
+    od, nd = ctx.octx.disasm, ctx.nctx.disasm
+    raw = od.raw
+    end = od.addr + od.size.astype(np.uint64)
+    def inside(v):
+        v = v.astype(np.uint64)
+        phys = (v > 0) & (v < np.uint64(1 << 31))
+        virt = np.where(phys, v + np.uint64(KERNEL_MAP), v)
+        hit = np.zeros(len(v), bool)
+        for a, b, _, phys_ok in moves.extents:
+            hit |= (virt >= np.uint64(a)) & (virt <= np.uint64(b)) & (phys_ok | ~phys)
+        return hit
+
+    cand = np.zeros(len(raw), bool)
+    w32 = raw.astype(np.uint32)
+    for k in range(13):
+        v = (w32[:, k] | w32[:, k + 1] << 8 | w32[:, k + 2] << 16 | w32[:, k + 3] << 24)
+        sv = v.astype(np.int32).astype(np.int64).astype(np.uint64)
+        cand |= inside(sv) | inside(end + sv)
+    for k in range(9):
+        v = np.zeros(len(raw), np.uint64)
+        for j in range(8):
+            v |= raw[:, k + j].astype(np.uint64) << np.uint64(8 * j)
+        cand |= inside(v)
+    rows = np.nonzero(cand & (od.size > 0))[0]
+    out.extra["equivalence_moved_data_fields"] = 0
+    if not len(rows):
+        return
+    decoded, d_off, d_sz, i_off, i_sz, rip = FieldLayouts().layouts(raw[rows], od.size[rows],
+                                                                    od.addr[rows])
+    dv = field_values(raw[rows], d_off, d_sz)
+    dv = np.where(rip, end[rows] + dv, dv)
+    iv = field_values(raw[rows], i_off, i_sz)
+    n_addr = ctx.amap.map(od.addr[rows])
+    k_new = np.minimum(np.searchsorted(nd.addr, n_addr), len(nd.addr) - 1)
+    wrong, fields = [], 0
+    for r, has, off, sz, val, is_rip in (
+            (rows, decoded & (d_sz > 0), d_off, d_sz, dv, rip),
+            (rows, decoded & (i_sz > 0), i_off, i_sz, iv, np.zeros(len(rows), bool))):
+        for k in np.nonzero(has & inside(val))[0].tolist():
+            fields += 1
+            nk = int(k_new[k])
+            if int(nd.addr[nk]) != int(n_addr[k]):
+                continue                    # no counterpart: the instruction check says so
+            width = int(sz[k])
+            got = int(field_values(nd.raw[nk:nk + 1], off[k:k + 1], sz[k:k + 1])[0])
+            if is_rip[k]:
+                got = (got + int(nd.addr[nk]) + int(nd.size[nk])) & ((1 << 64) - 1)
+                width = 8
+            want = moves.moved_value(int(val[k]), 8)
+            mask = (1 << (8 * width)) - 1 if width < 8 else (1 << 64) - 1
+            if want is not None and (got & mask) != (want & mask):
+                wrong.append((int(od.addr[r[k]]), int(n_addr[k]), int(val[k]), want, got))
+    out.extra["equivalence_moved_data_fields"] = fields
+    out.add("equiv.moved-data-field", wrong,
+            lambda w: (w[1], f"{ctx.octx.symbol_at(w[0])}: field {w[2]:#x} designates a moved "
+                       f"data symbol and should be {w[3]:#x}, is {w[4]:#x}"))

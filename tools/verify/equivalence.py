@@ -116,6 +116,7 @@ CHECKS = [
     Check("code", code.check_code),
     Check("blocks", split.add_block_findings, forked=split.block_results,
           when=lambda ctx: ctx.split.any()),
+    Check("moved-data-fields", data.check_moved_data_fields),
     Check("data-pointers", data.check_data_pointers, phase="against: data, regions, relocations"),
     Check("regions", data.check_regions),
     Check("relocations", reloc_fields.check_relocations),

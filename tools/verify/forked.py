@@ -76,4 +76,17 @@ class Forked:
         self.pid = None
 
 
-__all__ = ["Forked"]
+class Computed:
+    """A value already computed, with Forked's interface (``result``, ``cancel``)."""
+
+    def __init__(self, fn, *args):
+        self.value = fn(*args)
+
+    def result(self):
+        return self.value
+
+    def cancel(self):
+        pass
+
+
+__all__ = ["Computed", "Forked"]

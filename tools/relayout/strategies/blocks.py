@@ -25,7 +25,7 @@ class Blocks(Pack):
 
     def __init__(self, min_count=1, block_min_count=0.3, cold_min=8, use_blocks=True,
                  strict=False, invert_jcc=True, block_order=None, order="first",
-                 split_hot_align=1, split_noinstr=False, **kw):
+                 split_hot_align=1, split_noinstr=False, order_whole=True, **kw):
         # strict = false: a hot part starts where it adds the fewest lines holding hot
         # bytes (it is hot throughout, so 64 B alignment mostly adds padding)
         # order = "first": hot units in the order they first ran, when the executed
@@ -60,6 +60,11 @@ class Blocks(Pack):
         if order not in ORDERS:
             raise TypeError(f"block_order {order!r} (known: {', '.join(ORDERS)})")
         self.block_order = order
+        # userspace: a hot function with nothing (or under cold_min bytes) to split
+        # still gets its hot blocks in ext-TSP order, the rest after them (one part),
+        # as BOLT orders every hot function's blocks; a kernel keeps such functions
+        # whole (its tables name functions, not parts: not measured there)
+        self.order_whole = bool(order_whole)
 
 
 class BlocksOriginal(Blocks):

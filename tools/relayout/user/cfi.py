@@ -19,6 +19,7 @@ GNU_window_save) raise CfiError: the caller then does not split the function.
 """
 
 import functools
+from bisect import bisect_left, bisect_right
 import struct
 
 from ...leb128 import read_sleb, read_uleb, sleb, uleb  # noqa: F401 (encoders: used by lsda too)
@@ -269,10 +270,11 @@ def diff(a, b, cie):
         else:
             out += (b"\x0c" + uleb(cb[1]) + uleb(cb[2])) if cb[2] >= 0 else \
                 (b"\x12" + uleb(cb[1]) + sleb(cb[2] // cie.data_align))
-    ra, rb = dict(a[1]), dict(b[1])
-    for r in sorted(set(ra) | set(rb)):
-        if ra.get(r) != rb.get(r):
-            out += _set_rule(r, rb.get(r), cie)
+    if a[1] != b[1]:                  # (most steps change the CFA only)
+        ra, rb = dict(a[1]), dict(b[1])
+        for r in sorted(set(ra) | set(rb)):
+            if ra.get(r) != rb.get(r):
+                out += _set_rule(r, rb.get(r), cie)
     if a[2] != b[2]:
         out += b"\x2e" + uleb(b[2])
     return bytes(out)
@@ -318,11 +320,11 @@ def rows_for_pieces(rows, pieces):
     """Rows of a part made of ``pieces`` [(new offset, old offset, old length,
     copied?, state offset)]: each piece starts with the state in effect at its
     ``state offset``; a copied piece follows the original rows inside it."""
+    locs = [loc for loc, _ in rows]
     out = []
     for new, old, old_len, copied, at in pieces:
-        out.append((new, state_at(rows, at)))
+        out.append((new, rows[max(bisect_right(locs, at) - 1, 0)][1]))     # state_at
         if copied:
-            for loc, st in rows:
-                if old < loc < old + old_len:
-                    out.append((new + loc - old, st))
+            for k in range(bisect_right(locs, old), bisect_left(locs, old + old_len)):
+                out.append((new + locs[k] - old, rows[k][1]))
     return out

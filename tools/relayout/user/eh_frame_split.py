@@ -263,10 +263,13 @@ class EhSplit:
         old = _fde_size(r.enc, r.aug, r.prog)     # as counted in ``free`` (compacted)
         extra = 0
         ls = self.lsda.get(base)
+        parts = (0, 1) if sf.parts[1] else (0,)   # a function reordered whole: one part
         if ls is not None:                        # one new LSDA per part (bounded size)
-            for part in (0, 1):
+            for part in parts:
                 pieces = [(p.old, p.old_len, p.off) for p in sf.parts[part] if p.kind == COPY]
                 extra += size_bound(ls, len(call_sites_for_part(ls, pieces))) + 8
+        if not sf.parts[1]:
+            return _fde_size(r.enc, r.aug, hot) - old + extra, (hot, cold)
         return (_fde_size(r.enc, r.aug, hot) + _fde_size(r.enc, r.aug, cold) - old + 8 + extra,
                 (hot, cold))
 
@@ -311,7 +314,8 @@ class EhSplit:
                 continue
             hot, cold = sf.cfi
             recs.append(("fde", r, (sf.new_start[0], sf.sizes[0], hot, (sf, 0))))
-            recs.append(("cold", r, (sf.new_start[1], sf.sizes[1], cold, (sf, 1))))
+            if sf.parts[1]:
+                recs.append(("cold", r, (sf.new_start[1], sf.sizes[1], cold, (sf, 1))))
         n_fde = sum(1 for k, _, _ in recs if k != "cie")
         # the header's new address: its own, or after the moved code in a new segment
         H = self.hsec.addr
@@ -332,7 +336,7 @@ class EhSplit:
                 raise EhFrameError(f"LSDA of {sf.name}: a landing pad is in dropped padding")
             lp_map = dict(zip(lps, [int(x) for x in lp_new]))
             lpstart = min(sf.new_start) - 1
-            for part in (0, 1):
+            for part in ((0, 1) if sf.parts[1] else (0,)):
                 pieces = [(p.old, p.old_len, sf.new_start[part] + p.off)
                           for p in sf.parts[part] if p.kind == COPY]
                 blob += b"\0" * (-len(blob) % 4)
@@ -423,7 +427,8 @@ class EhSplit:
                                 self.sec.index: (new_addr, new_size)}
         self._relocations(rw, field_map, new_addr, lsda_fields, H)
         rw.eh_frame_new_addr = new_addr
-        return {"eh_frame.fdes": n_fde, "eh_frame.cold_fdes": len(by_unit),
+        return {"eh_frame.fdes": n_fde,
+                "eh_frame.cold_fdes": sum(1 for sf in by_unit.values() if sf.parts[1]),
                 "eh_frame.part_lsdas": len(new_lsda), "eh_frame.lsda_bytes": len(blob),
                 "eh_frame_hdr.entries": len(table), "eh_frame.bytes_free":
                 new_size - 4 - len(out.rstrip(b"\0"))}
