@@ -94,7 +94,7 @@ def test_merge_blocks_scales_and_sums_shared_blocks():
     assert got[(0x3000, 8)] == pytest.approx(30.0 * f[1])
 
 
-def test_merge_blocks_keeps_earliest_first_run_fraction():
+def test_merge_blocks_orders_first_runs_workload_by_workload():
     from linepack.evaluate.matrix import merge_blocks
     from linepack.relayout.block_order import ExecutedBlocks
     a = ExecutedBlocks((np.array([0x1000, 0x2000], np.uint64), np.array([16, 32], np.uint64),
@@ -102,8 +102,9 @@ def test_merge_blocks_keeps_earliest_first_run_fraction():
     b = ExecutedBlocks((np.array([0x2000, 0x3000], np.uint64), np.array([32, 8], np.uint64),
                         np.array([10.0, 30.0])), first=np.array([3, 0]))
     m = merge_blocks([a, b], [1.0, 1.0])
-    # fractions of each window: a 0/100, 99/100; b 3/4, 0/4; 0x2000 takes min(0.99, 0.75)
-    assert m.first.tolist() == [0.0, 0.75, 0.0]
+    # run i: i + the fraction of its window: a 0/100, 99/100; b 1 + 3/4, 1 + 0/4;
+    # 0x2000 keeps a's 0.99 (the first run's code first, then what the second adds)
+    assert m.first.tolist() == [0.0, 0.99, 1.0]
     plain = merge_blocks([a, tuple(b)], [1.0, 1.0])     # one without first runs: none
     assert getattr(plain, "first", None) is None
 

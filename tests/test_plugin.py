@@ -50,12 +50,13 @@ def test_build_plugin_verb(plugin_so):
     assert out.getvalue().strip() == plugin_so
 
 
-def _fake_output(tmp_path, tbs=(), edges=(), fetches=0, misses=0, flags=1):
+def _fake_output(tmp_path, tbs=(), edges=(), fetches=0, misses=0, flags=1, version=1):
     hdr = bytearray(128)
     hdr[0:8] = b"LPKTRACE"
-    struct.pack_into("<IIIIIIIII", hdr, 8, 1, 128, 40, 32, flags, 0, 32768, 8, 64)
+    struct.pack_into("<IIIIIIIII", hdr, 8, version, 128, 40 if version == 1 else 48, 32, flags,
+                     0, 32768, 8, 64)
     struct.pack_into("<QQQQ", hdr, 48, len(tbs), len(edges), fetches, misses)
-    body = b"".join(struct.pack("<QIIQQQ", *t) for t in tbs)
+    body = b"".join(struct.pack("<QIIQQQ" if version == 1 else "<QIIQQQQ", *t) for t in tbs)
     body += b"".join(struct.pack("<QQQII", *e) for e in edges)
     p = tmp_path / "t.bin"
     p.write_bytes(bytes(hdr) + body)
@@ -78,6 +79,21 @@ def test_reader_roundtrip_and_errors(tmp_path):
             trace.read_plugin_output(p)
     with pytest.raises(BadInput):
         trace.read_plugin_output(tmp_path / "missing.bin")
+    assert t.tb_first is None                      # version 1: 40-byte records, no first runs
+
+
+def test_reader_version_2_first_runs(tmp_path):
+    none = int(trace.NO_FIRST)
+    p = _fake_output(tmp_path, tbs=[(0xffffffff81000000, 16, 4, 10, 3, 1, 7),
+                                    (0xffffffff81000010, 8, 2, 0, 0, 0, none),
+                                    (0xffffffff81000020, 8, 2, 5, 1, 0, 0)], version=2)
+    t = trace.read_plugin_output(p)
+    assert t.tb_first.tolist() == [7, none, 0] and list(t.tb_execs) == [10, 0, 5]
+    p = _fake_output(tmp_path, tbs=[(0xffffffff81000000, 16, 4, 10, 3, 1, none)], version=2)
+    assert trace.read_plugin_output(p).tb_first is None    # no per-block helper ran
+    p = _fake_output(tmp_path, tbs=[(0xffffffff81000000, 16, 4, 10, 3, 1, 0)], version=3)
+    with pytest.raises(BadInput, match="version 3"):
+        trace.read_plugin_output(p)
 
 
 def test_cache_configs():
@@ -319,6 +335,30 @@ def test_region_of_interest(plugin_so, user_prog, tmp_path):
     # roughly 20000 calls of f0..f15 inside the window
     in_f = sum(int(e) for a, e in zip(tr.tb_addr, tr.tb_execs) if a == code.syms["f3"])
     assert 500 < in_f < 3000
+
+
+def test_first_runs_are_the_tbtrace_positions(plugin_so, user_prog, tmp_path):
+    """Each block's first run in the window is where tbtrace= first lists it; a
+    counts-only run records none."""
+    code = _Code(user_prog)
+    start, stop = code.syms["roi_begin"], code.syms["roi_end"]
+    out, tbt, plain = tmp_path / "o.bin", tmp_path / "t.bin", tmp_path / "c.bin"
+    _run_user(plugin_so, user_prog, [f"out={out}", "mode=user", "edges=on", f"start={start:#x}",
+                                     f"stop={stop:#x}", f"tbtrace={tbt}"])
+    t, tt = trace.read_plugin_output(out), trace.read_tbtrace(tbt)
+    _, at = np.unique(tt["vaddr"], return_index=True)
+    want = {int(tt["vaddr"][i]): int(i) for i in at}
+    ran = t.tb_first != trace.NO_FIRST
+    got = {}
+    for a, f in zip(t.tb_addr[ran].tolist(), t.tb_first[ran].tolist()):
+        got[a] = min(f, got.get(a, f))
+    assert got == want and len(got) > 20
+    assert (ran == (t.tb_execs > 0)).all()       # ran in the window <=> counted there
+    # the loop calls f0..f15 in a data-dependent order: their first runs say which first
+    order = sorted(range(16), key=lambda i: want[code.syms[f"f{i}"]])
+    assert order != list(range(16))
+    _run_user(plugin_so, user_prog, [f"out={plain}", "mode=user"])
+    assert trace.read_plugin_output(plain).tb_first is None
 
 
 def test_unknown_argument_is_an_error(plugin_so, user_prog, tmp_path):

@@ -167,3 +167,20 @@ def test_cli_errors_are_one_line(tmp_path):
         assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
         if words:
             assert words in p.stderr, p.stderr
+
+
+def test_merge_orders_first_runs_input_by_input(tmp_path):
+    """Input i's positions become i + their fraction of its window; a block in both
+    keeps the earliest (the first input's code first, then what the second adds);
+    one input without first runs: the merge has none."""
+    a = _prof({"a_hot": (0x1000, 900)}, blocks=[(0x1000, 0x10, 4, 10), (0x1010, 0x10, 4, 10)])
+    b = _prof({"a_hot": (0x1000, 900)}, blocks=[(0x1000, 0x10, 4, 30), (0x2000, 0x10, 4, 30)])
+    a.block_first, a.meta["first_window"] = np.array([0.0, 99.0]), 100.0
+    b.block_first, b.meta["first_window"] = np.array([3.0, 0.0]), 4.0
+    m = merge_profiles([a, b])
+    assert m.block_addr.tolist() == [0x1000, 0x1010, 0x2000]
+    assert m.block_first.tolist() == [0.0, 0.99, 1.0] and m.meta["first_window"] == 2.0
+    m.save(tmp_path / "m.lpprof")                 # merged again: its positions scale by 2.0
+    assert Profile.load(tmp_path / "m.lpprof").meta["first_window"] == 2.0
+    c = _prof({"a_hot": (0x1000, 900)}, blocks=[(0x1000, 0x10, 4, 10)])
+    assert len(merge_profiles([a, c]).block_first) == 0

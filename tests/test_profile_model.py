@@ -88,6 +88,43 @@ def test_save_load_roundtrip_and_reproducible(tmp_path, exe, blocks):
         assert "meta.json" in z.namelist()
 
 
+def test_first_runs_kept_earliest_saved_and_optional(tmp_path, exe, blocks):
+    """block_first: duplicates keep their earliest first run (the plugin's sentinel
+    reads as never), it survives save/load with its window, and a profile without
+    it writes and reads as before the column existed."""
+    b = blocks
+    none = np.iinfo(np.uint64).max
+    first = np.array([3, 9, 12, 20, 21, 0, 1, 5], np.uint64)      # c+0x20 at 9 and 5
+    first[2] = none                                                # c+0x37: not in the window
+    p = Profile.from_blocks(exe, b["addr"], b["size"], b["insns"], b["count"],
+                            meta={"loops": 10}, block_first=first)
+    got = dict(zip(zip(p.block_addr.tolist(), p.block_size.tolist()), p.block_first.tolist()))
+    assert got[(b["c"] + 0x20, 0x17)] == 5.0 and got[(b["c"], 0x20)] == 3.0
+    assert got[(b["c"] + 0x37, 0x1b)] == float("inf")
+    assert p.meta["first_window"] == 22.0                           # one past the latest
+    p.save(tmp_path / "f.lpprof")
+    q = Profile.load(tmp_path / "f.lpprof")
+    assert np.array_equal(q.block_first, p.block_first) and q.meta["first_window"] == 22.0
+    plain = _from_blocks(exe, b)
+    plain.save(tmp_path / "plain.lpprof")
+    with zipfile.ZipFile(tmp_path / "plain.lpprof") as z:
+        assert "block_first.npy" not in z.namelist()
+    assert len(Profile.load(tmp_path / "plain.lpprof").block_first) == 0
+    # a first-run column that does not match the block table is refused on load
+    bad = tmp_path / "bad.lpprof"
+    with zipfile.ZipFile(tmp_path / "f.lpprof") as zin, zipfile.ZipFile(bad, "w") as zout:
+        for zi in zin.infolist():
+            data = zin.read(zi)
+            if zi.filename == "block_first.npy":
+                import io
+                buf = io.BytesIO()
+                np.lib.format.write_array(buf, np.zeros(2, "<f8"))
+                data = buf.getvalue()
+            zout.writestr(zi, data)
+    with pytest.raises(BadInput, match="block_first has 2 rows"):
+        Profile.load(bad)
+
+
 def test_save_overwrites_atomically(tmp_path, exe, blocks):
     out = tmp_path / "p.lpprof"
     out.write_bytes(b"old")

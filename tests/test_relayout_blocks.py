@@ -356,3 +356,245 @@ def test_jmp_ending_an_alternative_site_keeps_its_fall_through(prog):
             assert all(p.kind != bm.KIND_BRANCH for p in hot if p.block == b)
         else:
             assert not inserted
+
+
+def test_noinstr_functions_split_only_when_asked_and_stay_in_their_region(prog):
+    """A function in a noinstr region is moved whole unless the strategy asks for
+    noinstr splits (``split_noinstr``); then its cold part is a unit of the same
+    region (placed in that region's cold area: inside the noinstr bounds)."""
+    import copy
+    from linepack.image.cfg import R_NOINSTR
+    exe, _ = prog
+    im, fn, units, dis, cfg = _cfg(exe)
+    counts = block_counts(cfg, *_hot_ranges(im))
+    heat = np.zeros(len(units))
+    u = int(units.find([_sym(im, "f")])[0])
+    heat[u] = 100.0
+    r = int(units.region[u])
+    units.regions = list(units.regions)
+    units.regions[r] = copy.copy(units.regions[r])
+    units.regions[r].name = ".noinstr.text"
+    _, reason = B.choose_splits(cfg, units, heat, counts, 1.0, fn, True)
+    assert reason[u] == R_NOINSTR
+    splits, reason = B.choose_splits(cfg, units, heat, counts, 1.0, fn, True, split_noinstr=True)
+    assert reason[u] == R_SPLIT and [s.unit for s in splits] == [u]
+    table, _, parent, part = B.planning_units(units, heat, splits)
+    cold = np.nonzero((parent == u) & (part == 1))[0]
+    assert len(cold) == 1 and int(table.region[cold[0]]) == r
+    assert "noinstr" in table.regions[int(table.region[cold[0]])].name
+    assert strategies.get("blocks").split_noinstr in (True, False)
+
+
+ALT_ASM = r"""
+    .section .text.hot,"ax",@progbits
+    .p2align 4
+    .globl g
+    .type g, @function
+g:
+    mov $4, %ecx
+.Lsite:                        # an "alternative site" holding a rel8 loop of its own
+    dec %ecx
+    jnz .Lsite
+.Lsite_end:
+    test %edi, %edi
+    js .Lgcold
+    lea 1(%rdi), %eax
+    ret
+.Lgcold:
+    .rept 40
+    add $3, %eax
+    .endr
+    ret
+    .size g, .-g
+    .globl h
+    .type h, @function
+h:
+    test %edi, %edi
+.Lhsite:                       # a site whose rel8 jcc leaves it (to another block)
+    js .Lhcold
+.Lhsite_end:
+    lea 2(%rdi), %eax
+    ret
+.Lhcold:
+    .rept 40
+    sub $3, %eax
+    .endr
+    ret
+    .size h, .-h
+    .globl gsite, gsite_end, hsite, hsite_end, gcold
+    .set gcold, .Lgcold
+    .set gsite, .Lsite
+    .set gsite_end, .Lsite_end
+    .set hsite, .Lhsite
+    .set hsite_end, .Lhsite_end
+    .section .note.GNU-stack,"",@progbits
+"""
+ALT_MAIN = r"""
+#include <stdio.h>
+int g(int), h(int);
+int main(void) { printf("%d\n", g(3) + h(4)); return 0; }
+"""
+
+
+def test_rel8_inside_an_alternative_site_splits_when_it_stays_in_its_block(tmp_path):
+    """A rel8 loop inside an atomic site is copied with its block: the function splits;
+    a rel8 that leaves the site for another block still keeps the function whole."""
+    from linepack.image.cfg import R_ALT_REL8
+    (tmp_path / "a.s").write_text(ALT_ASM)
+    (tmp_path / "m.c").write_text(ALT_MAIN)
+    exe = tmp_path / "alt"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
+                    str(tmp_path / "m.c"), str(tmp_path / "a.s")], check=True)
+    im = ElfImage(str(exe))
+    lo = [_sym(im, "gsite"), _sym(im, "hsite")]
+    hi = [_sym(im, "gsite_end"), _sym(im, "hsite_end")]
+    sites = TableSites(leaders=lo + hi, atomic_lo=lo, atomic_hi=hi)
+    im, fn, units, dis, cfg = _cfg(exe, sites)
+    g, h = (int(units.find([_sym(im, n)])[0]) for n in ("g", "h"))
+    assert cfg.reason[g] == R_SPLIT and cfg.reason[h] == R_ALT_REL8
+    # the loop's block is the whole site and keeps its jnz (not re-encoded) in the hot part
+    counts = block_counts(cfg, np.array([_sym(im, "g")], np.uint64),
+                          np.array([_sym(im, "gcold") - _sym(im, "g")], np.uint64),
+                          np.array([100.0]))
+    heat = np.zeros(len(units))
+    heat[g] = 100.0
+    splits, reason = B.choose_splits(cfg, units, heat, counts, 1.0, fn, True)
+    assert reason[g] == R_SPLIT, (reason[g], counts[cfg.blocks_of(g)[0]:cfg.blocks_of(g)[1]])
+    (sf,) = [s for s in splits if s.unit == g]
+    site = [p for p in sf.parts[0] if p.old <= _sym(im, "gsite") < p.old + max(p.old_len, 1)]
+    assert site and site[0].kind == B.COPY and \
+        site[0].old + site[0].old_len >= _sym(im, "gsite_end")
+
+
+GLUE_ASM = r"""
+    .text
+    .p2align 4
+    .globl panic
+    .type panic, @function
+panic:                          # named like the kernel's: a function that never returns
+    ud2
+    .size panic, .-panic
+    .p2align 4
+    .globl ends_in_panic
+    .type ends_in_panic, @function
+ends_in_panic:
+    test %edi, %edi
+    jne 1f
+    ret
+1:  call panic                  # nothing after it: gcc's code for a noreturn call
+    .size ends_in_panic, .-ends_in_panic
+    .globl next_fn
+    .type next_fn, @function
+next_fn:
+    lea 1(%rdi), %eax
+    ret
+    .size next_fn, .-next_fn
+    .globl ends_in_call
+    .type ends_in_call, @function
+ends_in_call:
+    call next_fn                # a call that returns: the function falls through
+    .size ends_in_call, .-ends_in_call
+    .globl after_call
+    .type after_call, @function
+after_call:
+    ret
+    .size after_call, .-after_call
+    .section .note.GNU-stack,"",@progbits
+"""
+
+
+def test_a_call_to_a_noreturn_function_does_not_glue_units(tmp_path):
+    """A unit ending with a call to a known noreturn function (cfg.NORETURN) is not
+    glued to the next one; a unit ending with any other call still is."""
+    (tmp_path / "g.s").write_text(GLUE_ASM)
+    (tmp_path / "m.c").write_text("int next_fn(int);\nint main(void) { return next_fn(-1); }\n")
+    exe = tmp_path / "glue"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
+                    str(tmp_path / "m.c"), str(tmp_path / "g.s")], check=True)
+    im, fn, units, dis, cfg = _cfg(exe)
+    unit = {n: int(units.find([_sym(im, n)])[0])
+            for n in ("ends_in_panic", "next_fn", "ends_in_call", "after_call")}
+    assert unit["ends_in_panic"] != unit["next_fn"]
+    assert unit["ends_in_call"] == unit["after_call"]
+
+
+def test_a_five_byte_static_key_site_leaving_the_function_does_not_keep_it_whole(prog):
+    """A 5-byte static-key site whose target is another function reaches it from
+    anywhere: the function splits (the site is copied with its block); a 2-byte one
+    keeps the function whole."""
+    from linepack.image.cfg import R_KEY_OUT
+    exe, _ = prog
+    im = ElfImage(str(exe))
+    main = _sym(im, "main")
+    for site, want in ((_sym(im, "key5"), R_SPLIT), (_sym(im, "key2"), R_KEY_OUT)):
+        sites = TableSites(leaders=[], key_code=[site], key_target=[main])
+        im, fn, units, dis, cfg = _cfg(exe, sites)
+        u = int(units.find([_sym(im, "f")])[0])
+        assert cfg.reason[u] == want
+        if want == R_SPLIT:
+            counts = block_counts(cfg, *_hot_ranges(im))
+            heat = np.zeros(len(units))
+            heat[u] = 100.0
+            splits, reason = B.choose_splits(cfg, units, heat, counts, 1.0, fn, True)
+            (sf,) = [s for s in splits if s.unit == u]
+            # the site is copied, not re-encoded: no branch piece stands for it
+            assert not [p for part in sf.parts for p in part
+                        if p.kind == B.BRANCH and p.old == site]
+            assert [p for p in sf.parts[0] if p.kind == B.COPY and
+                    p.old <= site < p.old + p.old_len]
+
+
+GAP_ASM = r"""
+    .text
+    .p2align 4
+    .globl before
+    .type before, @function
+before:
+    lea 1(%rdi), %eax
+    ret
+    .size before, .-before
+label_code:                     # code with no function symbol (like ret_from_fork)
+    lea 2(%rdi), %eax
+    {disp32} jmp before         # rel32: a rel8 between units would glue them
+    .p2align 4, 0x90            # NOP padding after the jmp
+    .globl after
+    .type after, @function
+after:
+    lea 3(%rdi), %eax
+    ret
+    .size after, .-after
+    .globl falls_code_fn
+    .type falls_code_fn, @function
+falls_code_fn:
+    ret
+    .size falls_code_fn, .-falls_code_fn
+label_falls:                    # code that falls into the next function over NOPs
+    lea 4(%rdi), %eax
+    .p2align 4, 0x90
+    .globl fallen_into
+    .type fallen_into, @function
+fallen_into:
+    ret
+    .size fallen_into, .-fallen_into
+    .section .note.GNU-stack,"",@progbits
+"""
+
+
+def test_code_between_functions_is_a_unit_glued_only_where_it_falls(tmp_path):
+    """Code without a function symbol after a function stays in that function's unit;
+    the function after it is a unit of its own, glued to it only when the code can fall
+    into it (trailing NOP padding after its last instruction does not count), so that
+    function can move (and split) alone."""
+    (tmp_path / "g.s").write_text(GAP_ASM)
+    (tmp_path / "m.c").write_text("int after(int);\nint main(void) { return after(-3); }\n")
+    exe = tmp_path / "gap"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
+                    str(tmp_path / "m.c"), str(tmp_path / "g.s")], check=True)
+    im, fn, units, dis, cfg = _cfg(exe)
+    u = {n: int(units.find([_sym(im, n)])[0])
+         for n in ("before", "after", "falls_code_fn", "fallen_into")}
+    assert len({u["before"], u["after"]}) == 2 and units.name[u["after"]] == "after"
+    gap = int(units.find([_sym(im, "before") + 4])[0])       # label_code: lea 3 B + ret 1 B
+    assert gap == u["before"]                                 # it moves with the function before
+    # label_falls has no stop before its padding: it stays glued to fallen_into
+    assert u["fallen_into"] == int(units.find([_sym(im, "fallen_into") - 1])[0])

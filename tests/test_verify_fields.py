@@ -140,3 +140,19 @@ def test_merged_disassembly_carries_the_branch_targets(debian_vmlinux):
     for a, b in zip(carried, fresh):
         assert a.dtype == b.dtype and np.array_equal(a, b)
 
+
+
+def test_parts_of_one_function_count_as_its_own_code():
+    """A table entry's target may lie in the site's own function's parts: gcc's foo.cold
+    or clones, and a block-level split's foo.cold beside gcc's foo.cold (a static-key
+    site the split moved to the cold part still jumps to gcc's cold part); two
+    functions that merely share a name (statics of two files) are not one."""
+    from linepack.kernel.base import same_function_parts
+    assert same_function_parts("foo", "foo.cold") and same_function_parts("foo.cold", "foo")
+    assert same_function_parts("foo", "foo.part.0")
+    assert same_function_parts("foo.cold", "foo.cold")            # linepack's and gcc's
+    assert same_function_parts("foo.part.0.cold", "foo.part.0")
+    assert not same_function_parts("foo.cold", "foo.part.0")         # as before
+    assert not same_function_parts("foo", "foo")                   # two statics named foo
+    assert not same_function_parts("foo", "foobar.cold")
+    assert not same_function_parts("foo.cold", "bar.cold")

@@ -41,7 +41,7 @@ REASONS = (
     "rel8 branch leaves the function",
     "rel8 branch inside an alternative/paravirt site targets another block",
     "falls through past its end",
-    "static-key site whose target is outside the function",
+    "2-byte static-key site whose target is outside the function",
     "not hot",
     "no cold block worth moving",
     "userspace: its .eh_frame FDE does not cover exactly the function, or uses CFI linepack "
@@ -352,12 +352,23 @@ class CFG:
         if reloc_insn is not None:
             self._mark(fi[intra & reloc_insn], R_RELOC_BRANCH)
         # a rel8 in an atomic site must keep its size: only safe when it stays in its block
-        self._mark(fi[intra & (rel == 1) & self.insn_atomic], R_ALT_REL8)
-        # static-key sites jumping out of their function
+        # (a block is copied verbatim, so a loop inside a site keeps its distance)
+        alt8 = np.nonzero(intra & (rel == 1) & self.insn_atomic)[0]
+        if len(alt8):
+            own = np.searchsorted(self.insn_first, alt8, side="right").astype(np.int64) - 1
+            t = tgt[alt8]
+            oc = np.maximum(own, 0)
+            a8 = self.dis.addr[alt8]
+            inside = (own >= 0) & (a8 >= self.start[oc]) & (a8 < self.end[oc]) & \
+                (t >= self.start[oc]) & (t < self.end[oc])
+            self._mark(fi[alt8[~inside]], R_ALT_REL8)
+        # static-key sites jumping out of their function: a 5-byte site reaches its target
+        # from anywhere (copied with its block, a jmp's rel32 is fixed like any branch
+        # leaving moved code); a 2-byte one may not once the parts move apart
         keys = np.nonzero(self.insn_key)[0]
         kf = np.searchsorted(self.fstart, self.insn_key_target[keys], side="right").astype(
             np.int64) - 1
-        self._mark(fi[keys[kf != fi[keys]]], R_KEY_OUT)
+        self._mark(fi[keys[(kf != fi[keys]) & (self.dis.size[keys] < 5)]], R_KEY_OUT)
         # last block of a function falling through past the end (a trailing call is taken
         # as noreturn: gcc ends a function with a call only when it does not return)
         if len(self.start):

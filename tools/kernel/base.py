@@ -95,6 +95,16 @@ def _rela_rows(ctx, sec):
     return None
 
 
+def same_function_parts(a, b):
+    """True when functions named ``a`` and ``b`` are parts of one function: one is the
+    other's gcc-split or cloned part (``foo`` and ``foo.cold``, ``foo.part.0``), or both
+    are its cold parts (gcc's ``foo.cold`` and the one a block-level split adds, also
+    named ``foo.cold``)."""
+    # two functions named foo (statics of two files) are not one; two named foo.cold are
+    # gcc's cold part and the split's
+    return b.startswith(a + ".") or a.startswith(b + ".") or (a == b and a.endswith(".cold"))
+
+
 class KernelTable:
     """Base class. Subclasses set ``name`` and the bounding symbols and dtype."""
 
@@ -311,8 +321,7 @@ class KernelTable:
         # fixup code outside functions (bad_get_user, .Lcopy_user_handle_tail)
         # either way round: after a block-level split the site may sit in the cold
         # part and its fixup in the hot one
-        own_part = np.array([i >= 0 and j >= 0 and (ft.name[j].startswith(ft.name[i] + ".") or
-                                                     ft.name[i].startswith(ft.name[j] + "."))
+        own_part = np.array([i >= 0 and j >= 0 and same_function_parts(ft.name[i], ft.name[j])
                              for i, j in zip(fa.tolist(), fb.tolist())], dtype=bool)
         bad = ((fb >= 0) & (fa != fb) & ~own_part) | ((fa < 0) & (fb < 0) & (piece(a) != piece(b)))
         self.report(findings, "error", f"{self.name}.{what}-same-code", a[bad],

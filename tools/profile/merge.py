@@ -16,6 +16,12 @@ kept. When every input knows its loop count, the merged profile is expressed per
 iterations, so per-iteration hotness thresholds (relayout's ``min_count``) keep
 their meaning; otherwise the merged total is ``UNSCALED_TOTAL`` with no loop count.
 
+Where every input records where its blocks first ran (``block_first``), input i's
+positions become i + their fraction of its window (``first_window``) and a block
+keeps the earliest: the first input's hot code in the order it first ran, then
+the code the second input adds, and so on (the rule of evaluate's merged matrix
+layouts, ``merge_blocks``).
+
 All inputs must belong to the same image (build-id) and measure hotness with the
 same metric (BadInput otherwise). ``meta["merged"]`` records each input's
 workload, loops, weight, total and scale factor.
@@ -26,7 +32,7 @@ import os
 import numpy as np
 
 from ..errors import BadInput
-from .model import ARRAYS, GROUPS, Profile, _aggregate
+from .model import ARRAYS, GROUPS, OPTIONAL, Profile, _aggregate, first_window, min_per_key
 
 MERGED_LOOPS = 1000
 UNSCALED_TOTAL = 10 ** 9
@@ -92,7 +98,7 @@ def merge_profiles(profiles, weights=None, labels=None):
            if name not in _SCALED else
            np.concatenate([np.rint(getattr(p, name).astype(np.float64) * f)
                            for p, f in zip(profiles, factors)]).astype(np.uint64)
-           for name, dt in ARRAYS.items()}
+           for name, dt in ARRAYS.items() if name not in OPTIONAL}
     names = [n for p in profiles for n in p.func_name]
     arrays = {}
     # functions: one row per address; size, binding and name from the first input having it
@@ -113,6 +119,14 @@ def merge_profiles(profiles, weights=None, labels=None):
                                       cat["block_insns"].astype(np.uint64)), cat["block_count"])
     arrays.update({"block_addr": ba, "block_size": bs.astype(np.uint32),
                    "block_insns": bi.astype(np.uint32), "block_count": bc})
+    ordered = all(len(p.block_first) and len(p.block_first) == len(p.block_addr)
+                  for p in profiles)
+    if ordered and len(ba):
+        frac = np.concatenate([i + p.block_first / float(p.meta.get("first_window") or
+                                                         first_window(p.block_first))
+                               for i, p in enumerate(profiles)])
+        arrays["block_first"] = min_per_key((cat["block_addr"], cat["block_size"].astype(np.uint64),
+                                             cat["block_insns"].astype(np.uint64)), frac)
     erows = _first_rows((cat["edge_from"], cat["edge_to"]))
     (ef, et), (ec, em) = _aggregate((cat["edge_from"], cat["edge_to"]), cat["edge_count"],
                                     cat["edge_mispred"])
@@ -135,6 +149,8 @@ def merge_profiles(profiles, weights=None, labels=None):
                                   for p, f in zip(profiles, factors)))),
         "edges": int(len(ef)),
     })
+    if "block_first" in arrays:
+        meta["first_window"] = float(len(profiles))
     if len(ba):
         meta.update({"blocks": int(len(ba)), "block_executions": int(bc.sum()),
                      "instructions": int((bc * bi).sum()) + meta["unmapped"]

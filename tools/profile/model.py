@@ -15,7 +15,12 @@ Tables (each optional, empty when the source does not provide it):
                       block counts; LBR/fdata: taken branches landing inside it.
     ``func_insns``    instructions executed inside it (QEMU only).
     ``func_samples``  IP samples inside it (perf).
-- blocks: ``block_addr``, ``block_size``, ``block_insns``, ``block_count``.
+- blocks: ``block_addr``, ``block_size``, ``block_insns``, ``block_count``, and
+  optionally ``block_first``: where each block first ran in the recorded window
+  (QEMU: its position in the window's sequence of executed blocks; a merged
+  profile: the earliest of its inputs' positions, each as a fraction of its
+  window; inf: not seen there), on the scale ``meta["first_window"]``; empty
+  when the source has no order (perf, fdata, profiles written before it).
 - edges: ``edge_from``, ``edge_to``, ``edge_count``, ``edge_mispred``,
   ``edge_kind`` (0 intra-function, 1 call/entry: lands on a function start,
   2 other cross-function: return or jump into a body, 3 from/to outside every
@@ -51,6 +56,7 @@ ARRAYS = {
     "func_addr": "<u8", "func_size": "<u8", "func_local": "u1",
     "func_entries": "<u8", "func_blocks": "<u8", "func_insns": "<u8", "func_samples": "<u8",
     "block_addr": "<u8", "block_size": "<u4", "block_insns": "<u4", "block_count": "<u8",
+    "block_first": "<f8",
     "edge_from": "<u8", "edge_to": "<u8", "edge_count": "<u8", "edge_mispred": "<u8",
     "edge_kind": "u1",
     "sample_addr": "<u8", "sample_count": "<u8",
@@ -62,7 +68,32 @@ GROUPS = {
     "edge": ("edge_from", "edge_to", "edge_count", "edge_mispred", "edge_kind"),
     "sample": ("sample_addr", "sample_count"),
 }
+# optional columns of a group: empty (not recorded) or one value per row
+OPTIONAL = {"block_first": "block"}
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+
+
+def min_per_key(keys, values):
+    """The smallest of ``values`` per distinct key tuple, in the sorted key order
+    ``_aggregate`` gives."""
+    order = np.lexsort(keys[::-1])
+    n = len(order)
+    if not n:
+        return np.zeros(0, np.float64)
+    first = np.ones(n, dtype=bool)
+    diff = np.zeros(n - 1, dtype=bool)
+    for k in keys:
+        ks = k[order]
+        diff |= ks[1:] != ks[:-1]
+    first[1:] = diff
+    return np.minimum.reduceat(np.asarray(values, np.float64)[order], np.nonzero(first)[0])
+
+
+def first_window(first):
+    """The scale of first-run positions: one past the latest finite one (1.0 when none)."""
+    f = np.asarray(first, np.float64)
+    f = f[np.isfinite(f)]
+    return float(f.max()) + 1.0 if len(f) else 1.0
 
 
 def _u64(x):
@@ -106,6 +137,11 @@ class Profile:
             lens = {len(getattr(self, n)) for n in names}
             if len(lens) > 1:
                 raise BadInput(f"{where}corrupt profile: {group} arrays have different lengths")
+        for name, group in OPTIONAL.items():
+            n = len(getattr(self, name))
+            if n and n != len(getattr(self, GROUPS[group][0])):
+                raise BadInput(f"{where}corrupt profile: {name} has {n} rows, the {group} "
+                               f"table {len(getattr(self, GROUPS[group][0]))}")
         if len(self.func_name) != len(self.func_addr):
             raise BadInput(f"{where}corrupt profile: {len(self.func_name)} function names for "
                            f"{len(self.func_addr)} functions")
@@ -151,7 +187,7 @@ class Profile:
 
     @classmethod
     def from_blocks(cls, image, block_addr, block_size, block_insns, block_count,
-                    edge_src=None, edge_dst=None, edge_count=None, meta=None):
+                    edge_src=None, edge_dst=None, edge_count=None, meta=None, block_first=None):
         """A profile from per-translation-block counts (the QEMU TCG plugin path).
 
         block_*: one row per executed block (duplicates are summed by address and
@@ -160,6 +196,8 @@ class Profile:
         ``insns`` = sum of count * instructions. Edges (optional) go from the source
         block's start to the destination block's start (``meta["edge_from"] = "block"``).
         Addresses must be link-time addresses (run the kernel with ``nokaslr``).
+        block_first (optional): per row, the position of the block's first execution
+        in the window (trace.NO_FIRST or inf: not there); duplicates keep the earliest.
         """
         image = image if isinstance(image, ElfImage) else ElfImage(image)
         sym = Symbolizer(image)
@@ -167,6 +205,14 @@ class Profile:
         bi, bc = _u64(block_insns), _u64(block_count)
         if not (len(ba) == len(bs) == len(bi) == len(bc)):
             raise ValueError("block arrays differ in length")
+        bf = None
+        if block_first is not None:
+            bf = np.asarray(block_first)
+            if len(bf) != len(ba):
+                raise ValueError("block_first differs in length from the block arrays")
+            if bf.dtype.kind == "u":
+                bf = np.where(bf == np.iinfo(bf.dtype).max, np.inf, bf.astype(np.float64))
+            bf = min_per_key((ba, bs, bi), bf)
         (ba, bs, bi), (bc,) = _aggregate((ba, bs, bi), bc)
         m = cls._base_meta(image, "qemu", meta)
         fi = sym.find(ba)
@@ -180,6 +226,9 @@ class Profile:
         }
         blocks = {"block_addr": ba, "block_size": bs.astype(np.uint32),
                   "block_insns": bi.astype(np.uint32), "block_count": bc}
+        if bf is not None:
+            blocks["block_first"] = bf
+            m["first_window"] = first_window(bf)
         edges = None
         if edge_src is not None:
             es, ed, ec = _u64(edge_src), _u64(edge_dst), _u64(edge_count)
@@ -413,6 +462,8 @@ class Profile:
         names_blob = "\n".join(self.func_name).encode("utf-8")
         members.append(("func_name.txt", names_blob))
         for name, dt in ARRAYS.items():
+            if name in OPTIONAL and not len(getattr(self, name)):
+                continue            # not recorded: the file reads as before the column existed
             buf = io.BytesIO()
             np.lib.format.write_array(buf, np.ascontiguousarray(getattr(self, name), dtype=dt),
                                       allow_pickle=False)

@@ -9,7 +9,7 @@ upstream tarball, apply the Debian patches that touch it (none do in
 bookworm's 7.2), and cache it::
 
     <cache>/qemu-plugin/<source version>/qemu-plugin.h
-    <cache>/plugin/linepack_plugin.so         (+ .stamp: hash of source, Makefile, header, cc)
+    <cache>/plugin/linepack_plugin-<hash>.so  (+ .stamp: hash of source, Makefile, header, cc)
 
 ``LINEPACK_QEMU_PLUGIN_H=/path/qemu-plugin.h`` skips the download.  Building is
 idempotent: nothing is rebuilt unless the source, Makefile, header or
@@ -303,9 +303,11 @@ def build_plugin(force=False, log=_log):
                                 f"written for version {PLUGIN_API_VERSION} (QEMU 7.2)")
     out_dir = plugin_dir()
     os.makedirs(out_dir, exist_ok=True)
-    so = os.path.join(out_dir, SO_NAME)
-    stamp_path = so + ".stamp"
     stamp = _stamp(header)
+    # one file per stamp: checkouts with different plugin sources sharing a cache do not
+    # rebuild each other's plugin (nor invalidate each other's cached traces)
+    so = os.path.join(out_dir, SO_NAME.replace(".so", f"-{stamp[:12]}.so"))
+    stamp_path = so + ".stamp"
     if not force and os.path.exists(so) and os.path.exists(stamp_path):
         with open(stamp_path, encoding="utf-8") as f:
             if f.read().strip() == stamp:

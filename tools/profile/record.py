@@ -58,7 +58,7 @@ def record_qemu(kernel, workload="vfs-mix", loops=None, output=None, meta=None, 
                                edge_src=tr.edge_src if tr.edges_recorded else None,
                                edge_dst=tr.edge_dst if tr.edges_recorded else None,
                                edge_count=tr.edge_count if tr.edges_recorded else None,
-                               meta=m)
+                               meta=m, block_first=tr.tb_first)
     if output:
         prof.save(output)
     return prof

@@ -44,7 +44,7 @@ from ..io import load_toml
 from ..resources import data_dir
 
 MAGIC = b"LPKTRACE"
-VERSION = 1
+VERSION = 2              # 1: 40-byte TB records, without "first" (still read)
 HEADER_SIZE = 128
 
 HEADER_DTYPE = np.dtype([
@@ -56,12 +56,14 @@ HEADER_DTYPE = np.dtype([
     ("roi_start", "<u8"), ("roi_stop", "<u8"), ("translations", "<u8"),
     ("phantoms", "<u8"), ("start_count", "<u8"), ("stop_count", "<u8"),
 ])
-TB_DTYPE = np.dtype([("vaddr", "<u8"), ("size", "<u4"), ("ninsns", "<u4"),
-                     ("execs", "<u8"), ("fetches", "<u8"), ("misses", "<u8")])
+TB_DTYPE_V1 = np.dtype([("vaddr", "<u8"), ("size", "<u4"), ("ninsns", "<u4"),
+                        ("execs", "<u8"), ("fetches", "<u8"), ("misses", "<u8")])
+TB_DTYPE = np.dtype(TB_DTYPE_V1.descr + [("first", "<u8")])
+NO_FIRST = np.iinfo(np.uint64).max       # "first": the block did not run in the window
 EDGE_DTYPE = np.dtype([("src", "<u8"), ("dst", "<u8"), ("count", "<u8"),
                        ("src_size", "<u4"), ("flags", "<u4")])
 TBTRACE_DTYPE = np.dtype([("vaddr", "<u8"), ("size", "<u4"), ("ninsns", "<u4")])
-assert HEADER_DTYPE.itemsize == HEADER_SIZE and TB_DTYPE.itemsize == 40 and EDGE_DTYPE.itemsize == 32
+assert HEADER_DTYPE.itemsize == HEADER_SIZE and TB_DTYPE_V1.itemsize == 40 and TB_DTYPE.itemsize == 48 and EDGE_DTYPE.itemsize == 32
 
 MODEL_PREFETCH, MODEL_L2 = 1, 2          # header model_flags
 MAX_LINE = 1 << 21                        # 2 MiB: an iTLB of 2 MiB pages is a cache of such "lines"
@@ -95,6 +97,10 @@ class PluginTrace:
     roi: dict = field(default_factory=dict)   # start/stop addresses, started/stopped flags
     translations: int = 0
     phantoms: int = 0      # page-crossing phantom instructions the plugin dropped (QEMU 7.2 quirk)
+    # per block: position of its first execution in the window (in executed blocks from the
+    # window's start), NO_FIRST where it did not run there; None: not recorded (counts-only
+    # run or a version 1 output)
+    tb_first: np.ndarray = None
 
     @property
     def kernel_instructions(self):
@@ -128,20 +134,27 @@ def read_plugin_output(path):
     h = np.frombuffer(data, HEADER_DTYPE, 1)[0]
     if bytes(h["magic"]) != MAGIC:
         raise _bad(path, "bad magic")
-    if int(h["version"]) != VERSION:
-        raise BadInput(f"{path}: plugin output version {int(h['version'])}, this linepack reads "
-                       f"version {VERSION} (rebuild with 'linepack build-plugin')")
+    version = int(h["version"])
+    if version not in (1, VERSION):
+        raise BadInput(f"{path}: plugin output version {version}, this linepack reads "
+                       f"versions 1 and {VERSION} (rebuild with 'linepack build-plugin')")
+    tb_dtype = TB_DTYPE if version == VERSION else TB_DTYPE_V1
     hs, ts, es = int(h["header_size"]), int(h["tb_record_size"]), int(h["edge_record_size"])
-    if hs != HEADER_SIZE or ts != TB_DTYPE.itemsize or es != EDGE_DTYPE.itemsize:
+    if hs != HEADER_SIZE or ts != tb_dtype.itemsize or es != EDGE_DTYPE.itemsize:
         raise _bad(path, "unexpected record sizes")
     ntb, ne = int(h["n_tbs"]), int(h["n_edges"])
     need = hs + ntb * ts + ne * es
     if len(data) != need:
         raise _bad(path, f"truncated or oversized: {len(data)} bytes, expected {need}")
-    tbs = np.frombuffer(data, TB_DTYPE, ntb, hs)
+    tbs = np.frombuffer(data, tb_dtype, ntb, hs)
     edges = np.frombuffer(data, EDGE_DTYPE, ne, hs + ntb * ts)
     flags = int(h["flags"])
     mode = int(h["mode"])
+    first = None
+    if version == VERSION:
+        first = tbs["first"].copy()
+        if ntb and not (first != NO_FIRST).any():
+            first = None                   # no per-block helper ran: not recorded
     cache = ({"size": int(h["cache_size"]), "ways": int(h["cache_ways"]),
               "line": int(h["line_size"])} if flags & FLAG_CACHE else {})
     if cache and int(h["model_flags"]) & MODEL_PREFETCH:
@@ -164,7 +177,7 @@ def read_plugin_output(path):
         fetches=int(h["fetches"]), misses=int(h["misses"]),
         mode=MODES[mode] if mode < len(MODES) else str(mode), cache=cache,
         edges_recorded=bool(flags & FLAG_EDGES), roi=roi, translations=int(h["translations"]),
-        phantoms=int(h["phantoms"]))
+        phantoms=int(h["phantoms"]), tb_first=first)
 
 
 def read_tbtrace(path):

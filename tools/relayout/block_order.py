@@ -57,8 +57,9 @@ class ExecutedBlocks(tuple):
     target, count per iteration) of the profile's intra-function taken branches,
     or None when the profile has none (or records source blocks, not branches);
     ``first``: per range, where its first execution falls in the recorded window
-    (an index into the execution sequence), or None (a profile holds counts, not
-    order; evaluate's own traces have it)."""
+    (an index into the execution sequence, or a fraction of it for merged runs),
+    or None when unknown (a profile of perf or fdata, or written before profiles
+    kept it: ``Profile.block_first``)."""
 
     edges = None
     first = None
@@ -81,7 +82,10 @@ def executed_blocks(profile, blocks):
         loops = float(profile.meta.get("loops") or 1)
         edges = (profile.edge_from[m].astype(np.uint64), profile.edge_to[m].astype(np.uint64),
                  profile.edge_count[m].astype(np.float64) / loops)
-    return ExecutedBlocks(blocks, edges)
+    first = getattr(profile, "block_first", None)
+    if first is None or not len(first) or len(first) != len(blocks[0]):
+        first = None                     # the profile records no order
+    return ExecutedBlocks(blocks, edges, first=first)
 
 
 class BranchWeights:

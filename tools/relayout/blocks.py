@@ -215,7 +215,7 @@ def prefix_heads(units, functions):
 
 def choose_splits(cfg, units, heat, block_count, min_count, functions, short_keys, cold_min=8,
                   invert_jcc=False, block_order="original", edges=None, log=None, heads=None,
-                  order_whole=False):
+                  split_noinstr=False, order_whole=False):
     """SplitFunction list and per-unit reason codes (REASONS) for every unit.
 
     ``block_order``: "original" keeps the hot blocks in their original order,
@@ -223,9 +223,11 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
     from ``block_count`` and ``edges`` (the profile's taken branches, or None).
     ``heads``: per unit, the length of a prefix before its function (prefix_heads):
     such a unit splits with its prefix block first in the hot part, its entry
-    block right after. ``order_whole`` (ext-TSP only): a hot function with too
-    little cold code to split still gets its hot blocks in ext-TSP order, its
-    other blocks after them in the same part (a SplitFunction with an empty cold
+    block right after. ``split_noinstr``: split noinstr functions too (both parts
+    stay in the noinstr region: a cold part is placed in its parent's region).
+    ``order_whole`` (ext-TSP only): a hot function with too little cold code to
+    split still gets its hot blocks in ext-TSP order, its other blocks after them
+    in the same part (a SplitFunction with an empty cold
     part, ``whole`` set), when that order scores better than the original."""
     nu = len(units)
     reason = np.array(cfg.reason, dtype=np.int8)
@@ -242,7 +244,8 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
         sel = mask & (reason == 0)
         reason[sel] = r
     mark(pinned, R_PINNED)
-    mark(noinstr, R_NOINSTR)
+    if not split_noinstr:
+        mark(noinstr, R_NOINSTR)
     mark(~single, R_GLUED)
     mark(heat < min_count, R_NOT_HOT)
     hot_block = block_count >= min_count

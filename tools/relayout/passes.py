@@ -266,6 +266,7 @@ def split(run):
                                    run.functions, run.target.short_static_keys(), strat.cold_min,
                                    strat.invert_jcc, strat.block_order,
                                    getattr(run.blocks, "edges", None), log, heads=heads,
+                                   split_noinstr=getattr(strat, "split_noinstr", False),
                                    order_whole=getattr(strat, "order_whole", False) and
                                    run.target.kind == "userspace")
     if eh_split is not None:

@@ -227,9 +227,18 @@ def build_units(image, functions, disasm_fn=None, sections=(".text",), pin_head=
                 # Code before the first function (e.g. startup_64): its own unit,
                 # which may fall into this function: keep them together.
                 cur = [pos, fe, [(fi, fs - pos)], _label_at(image, pos) or f"code@{pos:#x}"]
-            elif cur is not None and (gap_is_code or fs < pos):
+            elif cur is not None and fs < pos:
                 cur[2].append((fi, fs - cur[0]))
                 cur[1] = fe
+            elif cur is not None and gap_is_code:
+                # code without a function symbol after a function (an assembly label
+                # such as ret_from_fork): it stays with the function before it, and the
+                # next function starts a unit of its own, which glue() joins to it only
+                # when the code can fall into it
+                cur[1] = fs_eff
+                starts.append(cur[0]); sizes.append(cur[1] - cur[0])
+                regidx.append(ri); names.append(cur[3]); members.append(cur[2])
+                cur = [fs, fe, [(fi, 0)], functions.name[fi]]
             else:
                 if cur is not None:
                     starts.append(cur[0]); sizes.append(cur[1] - cur[0])
@@ -264,7 +273,9 @@ def build_units(image, functions, disasm_fn=None, sections=(".text",), pin_head=
     dis = None
     if disasm_fn is not None:
         dis = disasm_fn(units)
-        units = glue(units, dis, log)
+        from ..image.cfg import NORETURN
+        noret = [a for a in (image.symbol_address(n) for n in NORETURN) if a is not None]
+        units = glue(units, dis, log, noret)
     units.funcs = _func_map(units, len(functions))
     return units, dis
 
@@ -299,8 +310,23 @@ def _func_map(units, nfuncs):
     return fmap
 
 
-def glue(units, dis, log=None):
-    """Merge units joined by rel8 branches (and unit pairs that fall through)."""
+def _padding_insn(dis, idx):
+    """True per instruction index that is a NOP form (padding; int3 is not: it stops)."""
+    idx = np.asarray(idx, np.int64)
+    out = np.zeros(len(idx), bool)
+    for k, i in enumerate(idx.tolist()):
+        n = int(dis.size[i])
+        out[k] = bytes(dis.raw[i, :n]) in _NOP_SET
+    return out
+
+
+_NOP_SET = frozenset(n for n in _NOPS if n not in (b"\x00", b"\xcc"))   # int3 is a stop
+
+
+def glue(units, dis, log=None, noreturn=()):
+    """Merge units joined by rel8 branches (and unit pairs that fall through).
+    ``noreturn``: addresses of functions that never return: a unit ending with a
+    call to one does not fall into the next."""
     idx, target, kind = dis.branch_targets()
     src_u = units.find(dis.addr[idx])
     dst_u = units.find(target)
@@ -313,6 +339,15 @@ def glue(units, dis, log=None):
     ok = last >= 0
     lc = np.maximum(last, 0)
     tail_ok = ok & (dis.addr[lc] + dis.size[lc] == ends)
+    # trailing NOP padding is never run after a stop: judge the instruction before it
+    pad = _padding_insn(dis, lc) & ok
+    for k in np.nonzero(pad)[0].tolist():
+        i, lo = int(lc[k]), int(units.start[k])
+        while i > 0 and int(dis.addr[i - 1]) >= lo and _padding_insn(dis, np.array([i]))[0]:
+            i -= 1
+        if int(dis.addr[i]) >= lo and not _padding_insn(dis, np.array([i]))[0] \
+                and (i == int(lc[k]) or int(dis.addr[i]) + int(dis.size[i]) == int(dis.addr[i + 1])):
+            lc[k] = i
     first = dis.raw[lc, 0]
     second = dis.raw[lc, 1]
     # ret (c3, c2), jmp (e9, eb), ud2 (0f 0b), udb (d6), ud1 (0f b9), int3 (cc),
@@ -323,6 +358,15 @@ def glue(units, dis, log=None):
             ((first == 0xFF) & (((second >> 3) & 7) >= 4) & (((second >> 3) & 7) <= 5)) |
             ((first == 0x2E) & (second == 0xE9)) | ((first == 0x3E) & (second == 0xFF)) |
             ((first == 0xF3) & (second == 0xC3)) | ((first == 0x41) & (second == 0xFF)))
+    if len(noreturn):
+        # a call that ends the unit (one followed by NOP padding stays glued: gcc ends a
+        # function at such a call, and padding comes after code without a symbol)
+        call = tail_ok & (lc == last) & (first == 0xE8) & (dis.size[lc] == 5)
+        rel = dis.raw[lc, 1:5].astype(np.uint32)
+        disp = (rel[:, 0] | (rel[:, 1] << 8) | (rel[:, 2] << 16) | (rel[:, 3] << 24)).astype(
+            np.int32).astype(np.int64)
+        tgt = ((dis.addr[lc] + np.uint64(5)).astype(np.int64) + disp).astype(np.uint64)
+        stop = stop | (call & np.isin(tgt, np.asarray(noreturn, np.uint64)))
     n = len(units)
     adjacent = np.zeros(n, bool)
     if n > 1:

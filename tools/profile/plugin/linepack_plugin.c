@@ -8,6 +8,9 @@
  *     (vaddr, size, ninsns), so retranslations of the same code merge.
  *   - edges=on: block-to-block transitions, i.e. the complete branch trace an
  *     LBR would give (one helper call per executed TB).
+ *   - whenever a helper runs per executed TB (edges=on, cache=on or tbtrace=):
+ *     where each TB first ran in the window, as its position in the window's
+ *     sequence of executed TBs (the order relayout's "blocks" lays hot code in).
  *   - cache=on: a simulated L1 instruction cache (size/ways/line, LRU) fed with
  *     the whole byte range of every executed instruction.  At translation time
  *     each TB gets the list of distinct cache lines its instructions touch, in
@@ -55,8 +58,8 @@
  *
  * Output format (little endian), see tools/profile/trace.py for the reader:
  *   header, 128 bytes:
- *     0 char[8] magic "LPKTRACE"   8 u32 version (1)    12 u32 header size (128)
- *    16 u32 TB record size (40)    20 u32 edge record size (32)
+ *     0 char[8] magic "LPKTRACE"   8 u32 version (2)    12 u32 header size (128)
+ *    16 u32 TB record size (48)    20 u32 edge record size (32)
  *    24 u32 flags: 1 cache, 2 edges, 4 start= given, 8 stop= given, 16 window
  *           started, 32 window stopped, 64 system emulation
  *    28 u32 mode (0 kernel, 1 user, 2 all)
@@ -66,8 +69,13 @@
  *    64 u64 fetches   72 u64 misses   80 u64 start=   88 u64 stop=
  *    96 u64 translations seen (in mode)   104 u64 phantom instructions dropped (see
  *           fix_phantoms)   112 u64 start_count   120 u64 stop_count
- *   TB records, sorted by (vaddr, size, ninsns), 40 bytes each:
- *     u64 vaddr, u32 size, u32 ninsns, u64 execs, u64 fetches, u64 misses
+ *   TB records, sorted by (vaddr, size, ninsns), 48 bytes each:
+ *     u64 vaddr, u32 size, u32 ninsns, u64 execs, u64 fetches, u64 misses,
+ *     u64 first: position of the TB's first execution in the window, counted in
+ *         executed TBs of the mode from the window's start (0-based: the index
+ *         tbtrace= would give it); UINT64_MAX when it did not run in the window
+ *         or no per-TB helper ran (counts only)
+ *   (version 1, written before: 40-byte TB records without "first")
  *   edge records, sorted by (src, dst), 32 bytes each:
  *     u64 src   address of the last instruction of the source block (LBR "from")
  *     u64 dst   start of the destination block (LBR "to")
@@ -94,9 +102,9 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 #define NO_LINE UINT64_MAX
 #define PAGE_SIZE 4096ULL
 
-#define OUT_VERSION 1
+#define OUT_VERSION 2
 #define HDR_SIZE 128
-#define TB_REC_SIZE 40
+#define TB_REC_SIZE 48
 #define EDGE_REC_SIZE 32
 
 enum mode { MODE_KERNEL = 0, MODE_USER = 1, MODE_ALL = 2 };
@@ -109,6 +117,7 @@ struct tb_rec {
     uint64_t vaddr;
     uint32_t size, ninsns;
     uint64_t fetches, misses;
+    uint64_t first;         /* 1 + position of the first execution in the window; 0: none */
     uint64_t base, end;     /* execs at the window markers */
     uint64_t last_insn;     /* vaddr of the last instruction */
     uint32_t last_insn_size;
@@ -159,6 +168,7 @@ static uint64_t l2_set_mask;
 static uint64_t *l2_tags;          /* NULL: no L2 */
 static uint64_t last_line = NO_LINE;
 static uint64_t total_fetches, total_misses;
+static uint64_t window_execs;      /* executed TBs of the mode seen by tb_exec in the window */
 
 /* edges: chunked storage (stable pointers) + open-addressing index */
 #define EDGE_CHUNK 4096
@@ -302,6 +312,12 @@ static void tb_exec(unsigned int vcpu, void *udata)
 {
     struct tb_rec *r = udata;
 
+    if (counting) {
+        window_execs++;
+        if (!r->first) {
+            r->first = window_execs;
+        }
+    }
     if (do_edges) {
         struct tb_rec *p = last_tb;
         if (p && counting) {
@@ -663,12 +679,15 @@ static void write_output(void)
     fwrite(hdr, 1, HDR_SIZE, f);
     for (i = 0; i < ntb;) {
         const struct tb_rec *r = v[i];
-        uint64_t execs = 0, fetches = 0, misses = 0;
+        uint64_t execs = 0, fetches = 0, misses = 0, first = 0;
         size_t j;
         for (j = i; j < ntb && cmp_tb(&v[i], &v[j]) == 0; j++) {
             execs += execs_out(v[j]);
             fetches += v[j]->fetches;
             misses += v[j]->misses;
+            if (v[j]->first && (!first || v[j]->first < first)) {
+                first = v[j]->first;
+            }
         }
         put64(rec, r->vaddr);
         put32(rec + 8, r->out_size);
@@ -676,6 +695,7 @@ static void write_output(void)
         put64(rec + 16, execs);
         put64(rec + 24, fetches);
         put64(rec + 32, misses);
+        put64(rec + 40, first ? first - 1 : UINT64_MAX);
         fwrite(rec, 1, TB_REC_SIZE, f);
         i = j;
     }

@@ -25,7 +25,7 @@ class Blocks(Pack):
 
     def __init__(self, min_count=1, block_min_count=0.3, cold_min=8, use_blocks=True,
                  strict=False, invert_jcc=True, block_order=None, order="first",
-                 split_hot_align=1, order_whole=True, **kw):
+                 split_hot_align=1, split_noinstr=False, order_whole=True, **kw):
         # strict = false: a hot part starts where it adds the fewest lines holding hot
         # bytes (it is hot throughout, so 64 B alignment mostly adds padding)
         # order = "first": hot units in the order they first ran, when the executed
@@ -46,6 +46,10 @@ class Blocks(Pack):
         # from the cold area (measured: 0.3 -38.2% misses on intel-32k-8w, 1.0 -25.0%)
         self.block_min_count = float(min_count if block_min_count is None else block_min_count)
         self.cold_min = int(cold_min)
+        # split noinstr functions too: both parts stay in the noinstr region (a cold
+        # part is placed in its parent's region), so the instrumentation boundary
+        # (__noinstr_text_start/end) holds
+        self.split_noinstr = str(split_noinstr).lower() in ("1", "true", "yes", "on")
         # jcc inversion (relayout/blocks.py build_parts): what-if misses -0.9 points on
         # intel-32k-8w and -0.8 on amd-64k-2w; verify --against and the boot test clean
         self.invert_jcc = bool(invert_jcc)
