@@ -51,10 +51,12 @@ REASONS = (
     "userspace: no room left in .eh_frame/.eh_frame_hdr for its cold part's FDE",
     "no room before pinned code for the split's growth (its region keeps its original layout)",
     "a call lands after its entry (call-depth tracking patches a thunk before every call target)",
+    "code without a function symbol follows it in its unit (its blocks would lie outside "
+    "the function the block map names)",
 )
 (R_SPLIT, R_PINNED, R_NOINSTR, R_GLUED, R_UNDECODABLE, R_INDIRECT, R_MID_INSN, R_RELOC_BRANCH,
  R_REL8_OUT, R_ALT_REL8, R_FALLS_OFF, R_KEY_OUT, R_NOT_HOT, R_NO_COLD,
- R_EH_FRAME, R_EH_LSDA, R_EH_ROOM, R_NO_ROOM, R_CALL_INSIDE) = range(len(REASONS))
+ R_EH_FRAME, R_EH_LSDA, R_EH_ROOM, R_NO_ROOM, R_CALL_INSIDE, R_TRAILING_CODE) = range(len(REASONS))
 
 # Callees that never return (a call to one ends its block; what follows is
 # unreachable from it). gcc marks them noreturn; objtool keeps a longer list.

@@ -35,7 +35,7 @@ so no thunk is patched before it, and no ENDBR is needed at its start).
 import numpy as np
 
 from ..image import blockmap as bm
-from ..image.cfg import (R_CALL_INSIDE, R_GLUED, R_INDIRECT, R_NO_COLD, R_NOINSTR, R_NOT_HOT, R_PINNED, REASONS, TERM_JCC,
+from ..image.cfg import (R_CALL_INSIDE, R_GLUED, R_TRAILING_CODE, R_INDIRECT, R_NO_COLD, R_NOINSTR, R_NOT_HOT, R_PINNED, REASONS, TERM_JCC,
                          TERM_JMP, TERM_KEY)
 from .units import PADDING_BYTES, PREFIX, UnitTable, _func_map
 
@@ -213,6 +213,25 @@ def prefix_heads(units, functions):
     return head
 
 
+def _trailing_code(dis, units, functions, candidates):
+    """Per unit: code that is not padding (NOPs, int3 fill) lies after its (last) function's end
+    (an assembly label without a function symbol: relayout/units.py keeps it
+    with the function before it)."""
+    from .units import _padding_insn
+    out = np.zeros(len(units), bool)
+    for u in np.nonzero(candidates)[0].tolist():
+        fe = int(functions.end[units.members[u][-1][0]])
+        ue = int(units.end[u])
+        if ue <= fe:
+            continue
+        lo, hi = np.searchsorted(dis.addr, [fe, ue])
+        idx = np.arange(lo, hi)
+        fill = _padding_insn(dis, idx) | ((dis.size[idx] == 1) & (dis.raw[idx, 0] == 0xCC))
+        if len(idx) and not fill.all():
+            out[u] = True
+    return out
+
+
 def choose_splits(cfg, units, heat, block_count, min_count, functions, short_keys, cold_min=8,
                   invert_jcc=False, block_order="original", edges=None, log=None, heads=None,
                   split_noinstr=False, order_whole=False):
@@ -248,6 +267,7 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
         mark(noinstr, R_NOINSTR)
     mark(~single, R_GLUED)
     mark(heat < min_count, R_NOT_HOT)
+    mark(_trailing_code(cfg.dis, units, functions, reason == 0), R_TRAILING_CODE)
     hot_block = block_count >= min_count
     # the entry block of every function is hot (it stays at the symbol)
     hot_block[cfg.func_first[cfg.func_nblocks > 0]] = True
