@@ -20,6 +20,7 @@ import numpy as np
 
 from . import encoding as enc
 from .native import library, _p, _u8, _DIE_ERRORS
+from ..image.references import START_KERNEL_MAP
 from ..image.relocs import R_X86_64_32, R_X86_64_64
 
 # attributes of the location class (their section offsets point into
@@ -264,14 +265,24 @@ def words8(buf):
 
 def holder_sections(sections, values):
     """Index of the allocated section holding each address (its end too: a symbol
-    at a section's end), len(sections) when none does; a zero-based section
-    (per-CPU data at address 0) holds only what no other section does."""
+    at a section's end), len(sections) when none does. A zero-based section
+    (per-CPU data at address 0) holds only what no other section does; a
+    kernel's physical address of a symbol (``sym - __START_KERNEL_map``, folded
+    into a DW_OP_addr by the compiler) is held by the section of its symbol."""
     out = np.full(len(values), len(sections), np.int64)
     alloc = [s for s in sections if s.is_alloc and s.size]
     # sections at address 0 first, so that a section at its real address wins
     for s in sorted(alloc, key=lambda s: (s.addr != 0, s.addr)):
         m = (values >= np.uint64(s.addr)) & (values <= np.uint64(s.addr + s.size))
         out[m] = s.index
+    phys = (out == len(sections)) & (values < np.uint64(1 << 32))
+    if phys.any():
+        virt = values[phys] + np.uint64(START_KERNEL_MAP)
+        got = np.full(len(virt), len(sections), np.int64)
+        for s in alloc:
+            if s.addr >= START_KERNEL_MAP:
+                got[(virt >= np.uint64(s.addr)) & (virt <= np.uint64(s.addr + s.size))] = s.index
+        out[phys] = got
     return out
 
 
@@ -356,12 +367,16 @@ def compare_with_relocations(image, parsed=None, examples=5):
     alloc = np.array([bool(s.is_alloc) for s in sections] + [False], bool)
     out = {}
 
-    def row(key, truth, got):
+    def row(key, truth, got, words=None):
         truth, got = np.unique(truth.astype(np.int64)), np.unique(got.astype(np.int64))
         miss = np.setdiff1d(truth, got, assume_unique=True)
         extra = np.setdiff1d(got, truth, assume_unique=True)
+        # a field of value 0 with no relocation: code the link discarded (ld
+        # wrote 0 and made the relocation R_X86_64_NONE); 0 stays 0 in any layout
+        zero = int((words[extra] == 0).sum()) if words is not None and len(extra) else 0
         out[key] = {"relocated": int(len(truth)), "parsed": int(len(got)),
                     "missing": int(len(miss)), "extra": int(len(extra)),
+                    "extra_value_0": zero,
                     "missing_examples": [hex(x) for x in miss[:examples].tolist()],
                     "extra_examples": [hex(x) for x in extra[:examples].tolist()]}
 
@@ -371,7 +386,7 @@ def compare_with_relocations(image, parsed=None, examples=5):
         off, shndx = relocs.of_type(name, R_X86_64_64, sections)
         shndx = np.where(shndx < len(sections), shndx, len(sections))
         got, gsh = parsed.of_type(name, R_X86_64_64, sections)
-        row(name, off[alloc[shndx]], got[alloc[gsh]])
+        row(name, off[alloc[shndx]], got[alloc[gsh]], words8(parsed.sec[name]))
     off, shndx = relocs.of_type(".debug_info", R_X86_64_32, sections)
     poff, pshndx = parsed.of_type(".debug_info", R_X86_64_32, sections)
     for t in LIST_TARGETS:
