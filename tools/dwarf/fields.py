@@ -29,6 +29,8 @@ _LOCATION_ATTRS = {0x02, 0x19, 0x2a, 0x2e, 0x38, 0x40, 0x48, 0x4a, 0x4d, 0x50, 0
 _RANGES_ATTRS = {0x55, 0x2c}
 DW_AT_GNU_locviews = 0x2137
 DW_AT_rnglists_base, DW_AT_loclists_base = 0x74, 0x8c
+REF_TARGETS = ("", ".debug_loclists", ".debug_loc", ".debug_rnglists", ".debug_ranges",
+               ".debug_line", ".debug_addr")      # "": another section
 FIELD_SECTIONS = (".debug_info", ".debug_addr", ".debug_line", ".debug_aranges",
                   ".debug_rnglists", ".debug_ranges", ".debug_loclists", ".debug_loc",
                   ".debug_frame")
@@ -73,8 +75,8 @@ class DwarfFieldError(ValueError):
 class ParsedFields:
     """Every address field of the DWARF in ``sections`` ({name: bytes}), found by
     parsing. ``addresses[name]``: (offsets int64, values uint64) of its 8-byte
-    address fields; ``refs``: .debug_info's section offsets (pos, value, target
-    section name per field); ``stats``: what the scan read."""
+    address fields; ``refs``: .debug_info's section offsets (pos, value, the section
+    each points into as an index of REF_TARGETS); ``stats``: what the scan read."""
 
     def __init__(self, sections):
         self.sec = sections
@@ -82,7 +84,7 @@ class ParsedFields:
         lib = _declare(library())
         info = sections.get(".debug_info")
         if not info:
-            self.refs = (np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, object))
+            self.refs = (np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int8))
             return
         self.units = enc.units(info)
         self._info(lib, _u8(info), _u8(sections.get(".debug_abbrev", b"")))
@@ -128,17 +130,19 @@ class ParsedFields:
         rpos, rval = rpos[:nr].copy(), rval[:nr].copy()
         rattr, runit, rsize = rattr[:nr].copy(), runit[:nr].copy(), rsize[:nr].copy()
         v5 = np.array([u.version >= 5 for u in us], bool)[runit] if nr else np.zeros(0, bool)
-        target = np.full(nr, "", object)
+        # the section each reference points into, as an index of REF_TARGETS
+        code = {name: k for k, name in enumerate(REF_TARGETS)}
+        target = np.zeros(nr, np.int8)
         is_loc = np.isin(rattr, list(_LOCATION_ATTRS))
         is_rng = np.isin(rattr, list(_RANGES_ATTRS))
-        target[is_loc & v5] = ".debug_loclists"
-        target[is_loc & ~v5] = ".debug_loc"
-        target[is_rng & v5] = ".debug_rnglists"
-        target[is_rng & ~v5] = ".debug_ranges"
-        target[rattr == DW_AT_rnglists_base] = ".debug_rnglists"
-        target[rattr == DW_AT_loclists_base] = ".debug_loclists"
-        target[rattr == 0x10] = ".debug_line"
-        target[rattr == 0x73] = ".debug_addr"
+        target[is_loc & v5] = code[".debug_loclists"]
+        target[is_loc & ~v5] = code[".debug_loc"]
+        target[is_rng & v5] = code[".debug_rnglists"]
+        target[is_rng & ~v5] = code[".debug_ranges"]
+        target[rattr == DW_AT_rnglists_base] = code[".debug_rnglists"]
+        target[rattr == DW_AT_loclists_base] = code[".debug_loclists"]
+        target[rattr == 0x10] = code[".debug_line"]
+        target[rattr == 0x73] = code[".debug_addr"]
         self.refs = (rpos, rval, target)
         self._ref_attr, self._ref_unit, self._ref_size = rattr, runit, rsize
         self.stats.update(units=n, info_address_fields=na, info_references=nr)
@@ -152,7 +156,7 @@ class ParsedFields:
         for kind, name in enumerate((".debug_rnglists", ".debug_ranges", ".debug_loclists",
                                      ".debug_loc")):
             sec = self.sec.get(name)
-            m = (target == name) & (self._ref_attr != DW_AT_GNU_locviews) & \
+            m = (target == REF_TARGETS.index(name)) & (self._ref_attr != DW_AT_GNU_locviews) & \
                 (self._ref_attr != DW_AT_rnglists_base) & (self._ref_attr != DW_AT_loclists_base)
             if sec is None or not m.any():
                 continue
@@ -240,21 +244,17 @@ class ParsedFields:
         the section it points into."""
         if rtype == R_X86_64_64:
             pos, val = self.addresses.get(name, (np.zeros(0, np.int64), np.zeros(0, np.uint64)))
-            order = np.argsort(pos, kind="stable")
-            pos, val = pos[order], val[order]
+            # one field per place (as one relocation per field): a list two
+            # attributes reach is read twice
+            pos, first = np.unique(pos, return_index=True)
+            val = val[first]
             return pos.astype(np.uint64), holder_sections(sections, val)
         if rtype == R_X86_64_32 and name == ".debug_info":
             rpos, _, target = self.refs
-            idx = {s.name: s.index for s in sections}
-            return rpos.astype(np.uint64), _names_to_index(target, idx, len(sections))
+            idx = {s.name: s.index for s in sections if s.size}
+            of_code = np.array([idx.get(t, len(sections)) for t in REF_TARGETS], np.int64)
+            return rpos.astype(np.uint64), of_code[target]
         return np.zeros(0, np.uint64), np.zeros(0, np.int64)
-
-
-def _names_to_index(names, idx, missing):
-    if not len(names):
-        return np.zeros(0, np.int64)
-    u, inv = np.unique(names.astype(str), return_inverse=True)
-    return np.array([idx.get(x, missing) for x in u.tolist()], np.int64)[inv]
 
 
 def words8(buf):
