@@ -192,3 +192,17 @@ def test_expression_scan_on_hand_made_units():
     # an operation it does not know: refused (an address after it could be missed)
     with pytest.raises(DwarfFieldError, match="operation"):
         ParsedFields(_unit(b"\xee\x03" + struct.pack("<Q", addr)))
+
+
+def test_verify_accepts_moved_padding_only():
+    """verify's unit-range check: a new unit range whose part outside the
+    translated old ranges holds no function code (16 bytes of padding moved with
+    the asm function after it) is accepted; a part over another function is not."""
+    from linepack.verify.debuginfo import _padding_only
+    starts = np.array([0x1000, 0x1040, 0x1100], np.uint64)
+    ends = np.maximum.accumulate(np.array([0x1029, 0x10a1, 0x1180], np.uint64))
+    code = (starts, ends)
+    want = [(0x1040, 0x10a1)]
+    assert _padding_only((0x1030, 0x10a1), want, code)          # 0x1030-0x1040: padding
+    assert not _padding_only((0x1020, 0x10a1), want, code)      # reaches into 0x1000's code
+    assert not _padding_only((0x1040, 0x1110), want, code)      # into the next function
