@@ -221,15 +221,6 @@ def test_output_is_reproducible(moved, tmp_path):
     assert (tmp_path / "again").read_bytes() == out.read_bytes()
 
 
-def test_relaid_out_image_drops_dwarf_it_cannot_place(moved, tmp_path):
-    """A relayout output has no .rela.debug_* (the rewriter's index of addresses):
-    relaying it out again drops the DWARF and says so rather than leave it stale."""
-    v, exe, out, summary, rw = moved
-    s2, _, _ = relayout(str(out), str(tmp_path / "again"), "hot64", hotness=HOT)
-    assert s2["dwarf"] == "dropped"
-    assert ElfImage(str(tmp_path / "again")).section(".debug_info").size == 0
-
-
 @pytest.mark.parametrize("v", [4, 5])
 def test_assembler_unit_with_one_byte_high_pc(tmp_path, v):
     """GNU as describes a unit by low pc + a 1-byte DW_FORM_udata high pc: moving one

@@ -128,3 +128,36 @@ def test_llvm_dwarfdump_verify_on_sampled_units(packed, tmp_path):
     old, new = compare_verify(VMLINUX, out, units, tmp_path, tool)
     # no error on NEW that OLD does not have at the same DIE
     assert new[1] <= old[1], sorted(new[1] - old[1])[:5]
+
+
+def test_parsed_fields_equal_the_link_relocations():
+    """The DWARF field scan (what relayout uses on kernels without .rela.debug_*)
+    finds every relocated address field and list reference, section by section;
+    the only extras are fields of value 0 (code the link discarded)."""
+    from linepack.dwarf.fields import compare_with_relocations
+    rows = compare_with_relocations(ElfImage(VMLINUX))
+    for name in (".debug_info", ".debug_line", ".debug_aranges", ".debug_rnglists",
+                 ".debug_loclists", ".debug_frame", ".debug_info -> .debug_rnglists",
+                 ".debug_info -> .debug_loclists"):
+        r = rows[name]
+        assert r["relocated"] > 1000 or name == ".debug_aranges", (name, r)
+        assert r["missing"] == 0, (name, r)
+        assert r["extra"] == r["extra_value_0"], (name, r)
+
+
+def test_rewrite_from_parsed_fields_is_identical(packed):
+    """The `pack` output's DWARF (from the link relocations) is byte for byte the
+    rewrite from parsed fields on the same map."""
+    from linepack.dwarf.rewrite import rewrite_dwarf
+    out, s, rw = packed
+    assert s["dwarf_fields_from"] == "relocations"
+    im = ElfImage(VMLINUX)
+    patched, drop, stats = rewrite_dwarf(im, rw.amap, fields="parsed")
+    assert stats["dwarf_fields_from"] == "parsed"
+    new = ElfImage(str(out))
+    for k, data in patched.items():
+        name = im.sections[k].name
+        assert bytes(new.section_bytes(new.section(name))) == np.asarray(data).tobytes(), name
+    assert sorted(im.sections[k].name for k in patched) == sorted(
+        [".debug_info", ".debug_abbrev", ".debug_line", ".debug_aranges", ".debug_frame",
+         ".debug_loclists", ".debug_rnglists"])

@@ -23,14 +23,15 @@ def compiler():
     return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
 
 
-def build(name, sources, kind, what):
+def build(name, sources, kind, what, headers=()):
     """The loaded shared object of ``sources`` (paths), built once.
 
     ``name``: the object's file name stem; ``kind``: its cache folder;
-    ``what``: for messages ("the DWARF core"). Raises ExternalToolError (one
-    line) when there is no compiler or the build fails."""
+    ``what``: for messages ("the DWARF core"); ``headers``: files the sources
+    include (part of the cache key, not compiled). Raises ExternalToolError
+    (one line) when there is no compiler or the build fails."""
     src = b""
-    for path in sources:
+    for path in list(sources) + list(headers):
         with open(path, "rb") as f:
             src += f.read()
     cc = compiler()

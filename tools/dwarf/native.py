@@ -9,7 +9,9 @@ import numpy as np
 
 from .. import native
 
-_SRCS = [os.path.join(os.path.dirname(os.path.abspath(__file__)), n) for n in ("lines.c", "info.c")]
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SRCS = [os.path.join(_HERE, n) for n in ("lines.c", "info.c", "fields.c")]
+_HEADERS = [os.path.join(_HERE, "read.h")]
 _lib = None
 
 
@@ -17,7 +19,8 @@ def library():
     global _lib
     if _lib is not None:
         return _lib
-    lib = native.build("dwarf", _SRCS, "dwarf", "rewriting DWARF (the DWARF core)")
+    lib = native.build("dwarf", _SRCS, "dwarf", "rewriting DWARF (the DWARF core)",
+                       headers=_HEADERS)
     P, I64 = ctypes.c_void_p, ctypes.c_int64
     lib.lp_relines.argtypes = [P, I64, P, P, P, P, P, I64, ctypes.c_int, P, I64, P, P, I64, P]
     lib.lp_relines.restype = I64

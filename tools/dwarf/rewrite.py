@@ -30,12 +30,13 @@ sections).
 
 import bisect
 import gc
-import os
+
 
 import numpy as np
 
 from . import encoding as enc
 from . import native
+from .fields import ParsedFields, RelocationFields, has_debug_relocations
 from .native import relines
 from ..image.intervals import append_range
 from ..image.relocs import R_X86_64_32, R_X86_64_64
@@ -210,23 +211,19 @@ class DwarfRewrite:
     """Rewrite the DWARF of ``image`` for ``amap``; results in ``patched``
     {section index: uint8 array (any size)}, ``drop`` [section index], ``stats``."""
 
-    def __init__(self, image, amap, log=None):
+    def __init__(self, image, amap, log=None, fields=None):
         self.image, self.amap = image, amap
+        self.fields = fields          # None: the link relocations, else parsed (fields.py)
         self.log = log or (lambda m: None)
         self.secs = {s.name: s for s in image.sections}
         self.patched, self.drop, self.stats = {}, [], {}
         self.orig = {}
         self.buf = {}
         self.append = {}       # section name -> bytearray appended after the original
-        self._typed = {}       # relocation section -> {type: (offsets, symbol sections)}
 
     def _sec(self, name):
         s = self.secs.get(name)
         return s if s is not None and s.size else None
-
-    def has_debug_relocations(self):
-        rel = self._relocs(".debug_info")
-        return rel is not None and len(rel) > 0
 
     def run(self):
         if not self._sec(".debug_info"):
@@ -241,6 +238,7 @@ class DwarfRewrite:
         for name in PATCHED_IN_PLACE:
             if name in self.orig:
                 self.buf[name] = np.frombuffer(self.orig[name], np.uint8).copy()
+        self.fields = self._field_source()
         self.patch_addresses()
         self.rewrite_lines()
         self.rewrite_units()
@@ -249,45 +247,35 @@ class DwarfRewrite:
         self.finish()
         return self
 
-    # -- absolute addresses through the link relocations ------------------------
-    def _relocs(self, name):
-        return self.image.relocations.get(name)
+    # -- absolute addresses: from the link relocations or found by parsing -------
+    def _field_source(self):
+        """Where the address fields come from: ``fields`` as given ("parsed" or
+        "relocations"), else the link relocations when .rela.debug_info has
+        some, else parsing the DWARF."""
+        kind = self.fields
+        if kind not in ("parsed", "relocations", None):
+            return kind                              # a source object (tests)
+        if kind is None:
+            kind = "relocations" if has_debug_relocations(self.image) else "parsed"
+        self.stats["dwarf_fields_from"] = kind
+        if kind == "relocations":
+            return RelocationFields(self.image)
+        src = dict(self.orig)
+        for name in (".debug_addr",):
+            s = self._sec(name)
+            if s is not None:
+                src[name] = _read_section(self.image, s)
+        for name in (".debug_line", ".debug_aranges"):     # re-encoded whole: not needed
+            src.pop(name, None)
+        parsed = ParsedFields(src)
+        self.stats.update({f"dwarf_parsed_{k}": v for k, v in parsed.stats.items()})
+        return parsed
 
-    def _of_type(self, rel, rtype):
-        """(offsets of ``rel``'s relocations of type ``rtype``, their symbols'
-        section indices as int64). The rows are read in chunks from the file (a
-        kernel's .rela.debug_info has 10 M: through the mapping they would all
-        stay resident, with their split-out type and symbol arrays)."""
-        hit = self._typed.get(id(rel))
-        if hit is not None and hit[0] is rel:
-            return hit[1][rtype]
-        from ..image.elf import RELA
-        shndx_of = self.image.symtab["shndx"]
-        sec = rel.section
-        path = getattr(self.image, "path", None)
-        step = RELA.itemsize << 20
-        types = (R_X86_64_64, R_X86_64_32)          # both read in one pass
-        offs, idx = {t: [] for t in types}, {t: [] for t in types}
-        f = open(path, "rb") if path and type(self.image).__name__ == "ElfImage" else None
-        try:
-            for a in range(0, sec.size, step):
-                n = min(step, sec.size - a)
-                data = os.pread(f.fileno(), n, sec.offset + a) if f is not None else None
-                if data is None or len(data) != n:
-                    data = bytes(self.image.section_bytes(sec)[a:a + n])
-                rows = np.frombuffer(data, RELA)
-                info = rows["info"]
-                for t in types:
-                    m = (info & 0xFFFFFFFF) == t
-                    offs[t].append(rows["offset"][m])
-                    idx[t].append(shndx_of[(info[m] >> 32).astype(np.int64)].astype(np.int64))
-        finally:
-            if f is not None:
-                f.close()
-        out = {t: (np.concatenate(offs[t]) if offs[t] else np.zeros(0, np.uint64),
-                   np.concatenate(idx[t]) if idx[t] else np.zeros(0, np.int64)) for t in types}
-        self._typed[id(rel)] = (rel, out)
-        return out[rtype]
+    def _fields_of(self, name, rtype):
+        """(offsets, section index of what each points at) of section ``name``'s
+        address fields (R_X86_64_64) or .debug_info's section offsets
+        (R_X86_64_32), from the field source (fields.py)."""
+        return self.fields.of_type(name, rtype, self.image.sections)
 
     def patch_addresses(self):
         secs = self.image.sections
@@ -295,10 +283,9 @@ class DwarfRewrite:
         amap = self.amap
         fields = unmapped = 0
         for name in PATCHED_IN_PLACE:
-            rel = self._relocs(name)
-            if rel is None or name not in self.buf:
+            if name not in self.buf:
                 continue
-            off, shndx = self._of_type(rel, R_X86_64_64)
+            off, shndx = self._fields_of(name, R_X86_64_64)
             shndx = np.where(shndx < len(secs), shndx, len(secs))
             pos = off[alloc[shndx]].astype(np.int64)
             if not len(pos):
@@ -316,12 +303,11 @@ class DwarfRewrite:
 
     def _refs(self, target):
         """(field offsets in .debug_info, referenced offsets) of 4-byte section
-        offsets into ``target`` (from the link relocations)."""
-        rel = self._relocs(".debug_info")
+        offsets into ``target``."""
         s = self._sec(target)
-        if rel is None or s is None:
+        if s is None:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        off, shndx = self._of_type(rel, R_X86_64_32)
+        off, shndx = self._fields_of(".debug_info", R_X86_64_32)
         pos = np.sort(off[shndx == s.index].astype(np.int64))
         val = _le_words(np.frombuffer(self.orig[".debug_info"], np.uint8), 4)[pos].astype(np.int64)
         return pos, val
@@ -946,14 +932,16 @@ class DwarfRewrite:
                      if s.name.startswith(".rela.debug_") or s.name.startswith(".rel.debug_")]
 
 
-def rewrite_dwarf(image, amap, log=None):
-    """(patched {index: bytes}, drop [index], stats) for the image's DWARF under ``amap``."""
+def rewrite_dwarf(image, amap, log=None, fields=None):
+    """(patched {index: bytes}, drop [index], stats) for the image's DWARF under
+    ``amap``; ``fields``: "relocations", "parsed" or None (relocations when the
+    image has .rela.debug_*, else parsed)."""
     # the rewrite makes many small tuples and lists and no reference cycles: the
     # cycle collector would only re-scan the objects of the phases before it
     was = gc.isenabled()
     gc.disable()
     try:
-        rw = DwarfRewrite(image, amap, log).run()
+        rw = DwarfRewrite(image, amap, log, fields).run()
     finally:
         if was:
             gc.enable()

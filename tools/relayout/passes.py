@@ -551,8 +551,9 @@ def block_symbols(run):
 
 
 def dwarf(run):
-    """Rewrite the DWARF for the new layout, or drop it (asked, or no
-    ``.rela.debug_*`` to find its addresses)."""
+    """Rewrite the DWARF for the new layout (its address fields from the link's
+    ``.rela.debug_*``, or found by parsing it when the image has none), or drop
+    it when asked."""
     image, log = run.image, run.log
     is_debug = [s.index for s in image.sections if not s.is_alloc and
                 (s.name.startswith(".debug_") or s.name.startswith(".rela.debug_"))]
@@ -562,16 +563,16 @@ def dwarf(run):
         run.drop = is_debug
         log(f"dropping DWARF ({len(is_debug)} .debug_* sections), as asked")
         return S.DwarfStats("dropped")
-    if not _has_debug_relocations(image):
-        # the addresses to patch are found through .rela.debug_* (a relayout output
-        # has none: its DWARF was already rewritten once)
-        run.drop = is_debug
-        log("dropping DWARF: no .rela.debug_* relocations to find its addresses "
-            "(an image relaid out before?)")
-        return S.DwarfStats("dropped")
     timings.phase("DWARF rewrite")
+    from ..dwarf.fields import has_debug_relocations
     from ..dwarf.rewrite import rewrite_dwarf
-    log("rewriting DWARF for the new layout")
+    if has_debug_relocations(image):
+        log("rewriting DWARF for the new layout")
+    else:
+        # a vmlinux since 6.5 (or a relayout output, or --vmlinuz: the image's
+        # relocations are the recovered ones) has no .rela.debug_*
+        log("rewriting DWARF for the new layout (address fields found by parsing it: "
+            "no .rela.debug_*)")
     try:
         patched, run.drop, counters = rewrite_dwarf(image, run.rewriter.amap, log)
     except (ValueError, IndexError, KeyError) as e:
@@ -579,11 +580,6 @@ def dwarf(run):
                        "--strip-debug drops it instead") from None
     run.rewriter.patched.update(patched)
     return S.DwarfStats("rewritten", dict(counters))
-
-
-def _has_debug_relocations(image):
-    rel = image.relocations.get(".debug_info")
-    return rel is not None and len(rel) > 0
 
 
 # Rewriter problems (``rw.problems`` kinds) that mean the output would not run

@@ -250,7 +250,8 @@ class DwarfStats(PassStats):
         return [f"  DWARF:             {self.mode}" + (
             f" ({c.get('dwarf_line_sequences_out', 0)} line sequences, "
             f"{c.get('dwarf_units_relisted', 0) + c.get('dwarf_units_converted_to_ranges', 0)} "
-            f"unit range lists rebuilt)" if self.mode == "rewritten" else "")]
+            f"unit range lists rebuilt; address fields from "
+            f"{c.get('dwarf_fields_from', 'relocations')})" if self.mode == "rewritten" else "")]
 
 
 @dataclass
