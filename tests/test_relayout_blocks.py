@@ -598,3 +598,8 @@ def test_code_between_functions_is_a_unit_glued_only_where_it_falls(tmp_path):
     assert gap == u["before"]                                 # it moves with the function before
     # label_falls has no stop before its padding: it stays glued to fallen_into
     assert u["fallen_into"] == int(units.find([_sym(im, "fallen_into") - 1])[0])
+    # a split of before's unit would put label_code's blocks outside the function the
+    # block map names: it moves whole (7.3's bpf_lsm_mmap_addr); after has no such code
+    trailing = B._trailing_code(dis, units, fn, np.ones(len(units), bool))
+    assert trailing[u["before"]] and not trailing[u["after"]]
+    assert not trailing[u["falls_code_fn"]] or u["falls_code_fn"] == u["fallen_into"]
