@@ -36,6 +36,20 @@ FIELD_SECTIONS = (".debug_info", ".debug_addr", ".debug_line", ".debug_aranges",
                   ".debug_frame")
 
 
+def _read_section(image, s):
+    """A section's bytes, read from the file when the image is one (a copy made
+    through the mapping would also keep the mapped pages resident: 156 MB of
+    .debug_info in a kernel)."""
+    path = getattr(image, "path", None)
+    if path and type(image).__name__ == "ElfImage" and s.type != 8:      # 8: SHT_NOBITS
+        import os
+        with open(path, "rb") as f:
+            data = os.pread(f.fileno(), s.size, s.offset)
+        if len(data) == s.size:
+            return data
+    return bytes(image.section_bytes(s))
+
+
 def _declare(lib):
     if getattr(lib, "_fields_declared", False):
         return lib
@@ -343,7 +357,6 @@ class RelocationFields:
 
 def image_sections(image, names=FIELD_SECTIONS + (".debug_abbrev",)):
     """{name: bytes} of the image's DWARF sections (read from the file)."""
-    from .rewrite import _read_section
     out = {}
     for s in image.sections:
         if s.name in names and s.size and s.type != 8:

@@ -36,7 +36,7 @@ import numpy as np
 
 from . import encoding as enc
 from . import native
-from .fields import ParsedFields, RelocationFields, has_debug_relocations
+from .fields import ParsedFields, RelocationFields, _read_section, has_debug_relocations
 from .native import relines
 from ..image.intervals import append_range
 from ..image.relocs import R_X86_64_32, R_X86_64_64
@@ -150,20 +150,6 @@ class Segments:
         """Does segment k + 1 follow segment k in both layouts?"""
         return k + 1 < len(self.old) and self.end[k] == self.old[k + 1] and \
             self.new_end[k] == self.new[k + 1]
-
-
-def _read_section(image, s):
-    """A section's bytes, read from the file when the image is one (a copy made
-    through the mapping would also keep the mapped pages resident: 156 MB of
-    .debug_info in a kernel)."""
-    path = getattr(image, "path", None)
-    if path and type(image).__name__ == "ElfImage" and s.type != 8:      # 8: SHT_NOBITS
-        import os
-        with open(path, "rb") as f:
-            data = os.pread(f.fileno(), s.size, s.offset)
-        if len(data) == s.size:
-            return data
-    return bytes(image.section_bytes(s))
 
 
 class _Tables(dict):
