@@ -58,9 +58,18 @@ c:  mov $3, %eax
 d:  mov $4, %eax
     ret
     .size d, .-d
+label_code:                     # code without a function symbol (7.3's common_startup_64)
+    mov $6, %eax
+    ud2
+    .fill 16, 1, 0x90           # e's padding, no prefix symbol
+    .globl e
+    .type e, @function
+e:  mov $5, %eax
+    ret
+    .size e, .-e
 """
-MAIN = ("int a(void), b(void), c(void), d(void);\n"
-        "int main(void) { return a() + b() + c() + d() - 10; }\n")
+MAIN = ("int a(void), b(void), c(void), d(void), e(void);\n"
+        "int main(void) { return a() + b() + c() + d() + e() - 15; }\n")
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +127,10 @@ def test_padding_without_prefix_symbol_joins_its_function(prog):
     assert [(fn.name[i], o) for i, o in units.members[u]] == [("d", 16)]
     # c follows int3 fill: its unit starts at c
     assert int(units.start[_unit_of(im, units, "c")]) == c
+    # e's padding follows code without a symbol, which stays with d: e still takes it
+    e = im.symbol_address("e")
+    assert int(units.start[_unit_of(im, units, "e")]) == e - 16
+    assert int(units.end[_unit_of(im, units, "d")]) == e - 16
 
 
 def test_verify_prefix_check(prog, tmp_path):

@@ -235,10 +235,15 @@ def build_units(image, functions, disasm_fn=None, sections=(".text",), pin_head=
                 # such as ret_from_fork): it stays with the function before it, and the
                 # next function starts a unit of its own, which glue() joins to it only
                 # when the code can fall into it
-                cur[1] = fs_eff
+                # (an assembly function of a padded kernel takes its NOP padding from
+                # the end of that code: 7.3's verify_cpu after common_startup_64)
+                lead = pad if (pad and fs - pad > pos and not functions.name[fi].startswith(PREFIX)
+                               and bytes(code[fs - pad - sec.addr:fs - sec.addr]) == PADDING_NOPS) \
+                    else 0
+                cur[1] = fs_eff - lead
                 starts.append(cur[0]); sizes.append(cur[1] - cur[0])
                 regidx.append(ri); names.append(cur[3]); members.append(cur[2])
-                cur = [fs, fe, [(fi, 0)], functions.name[fi]]
+                cur = [fs - lead, fe, [(fi, lead)], functions.name[fi]]
             else:
                 if cur is not None:
                     starts.append(cur[0]); sizes.append(cur[1] - cur[0])
