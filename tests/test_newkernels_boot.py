@@ -19,7 +19,7 @@ VMLINUX --vmlinuz VMLINUZ`` and packed into the distribution's own boot image by
   2.38 and gcc-14, which a Debian 12 host lacks; docs/testing.md).
 
 One profile per kernel, one relayout + bzimage per kernel and strategy (env
-LINEPACK_NEWKERNEL_STRATEGIES, comma-separated, default "pack"; "pack,blocks" adds the block-level layouts: see docs/testing.md), shared by the tests.
+LINEPACK_NEWKERNEL_STRATEGIES, comma-separated, default "pack,blocks"), shared by the tests.
 """
 
 import os
@@ -32,7 +32,7 @@ import helpers
 import torture
 
 SERIES = ("6.12", "7.3")
-STRATEGIES = [s for s in os.environ.get("LINEPACK_NEWKERNEL_STRATEGIES", "pack").split(",") if s]
+STRATEGIES = [s for s in os.environ.get("LINEPACK_NEWKERNEL_STRATEGIES", "pack,blocks").split(",") if s]
 MODULES = ("fs/fat/fat.ko", "fs/fat/vfat.ko", "block/kyber-iosched.ko")
 # kyber's sites on block_rq_insert's tracepoint key, which the core kernel defines
 STATIC_KEY_MODULE, CORE_KEY = "block/kyber-iosched.ko", "__tracepoint_block_rq_insert"
