@@ -36,7 +36,7 @@ FIELD_SECTIONS = (".debug_info", ".debug_addr", ".debug_line", ".debug_aranges",
                   ".debug_frame")
 
 
-def _read_section(image, s):
+def read_section(image, s):
     """A section's bytes, read from the file when the image is one (a copy made
     through the mapping would also keep the mapped pages resident: 156 MB of
     .debug_info in a kernel)."""
@@ -360,7 +360,7 @@ def image_sections(image, names=FIELD_SECTIONS + (".debug_abbrev",)):
     out = {}
     for s in image.sections:
         if s.name in names and s.size and s.type != 8:
-            out[s.name] = _read_section(image, s)
+            out[s.name] = read_section(image, s)
     return out
 
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from . import encoding as enc
 from . import native
-from .fields import ParsedFields, RelocationFields, _read_section, has_debug_relocations
+from .fields import ParsedFields, RelocationFields, read_section, has_debug_relocations
 from .native import relines
 from ..image.intervals import append_range
 from ..image.relocs import R_X86_64_32, R_X86_64_64
@@ -220,7 +220,7 @@ class DwarfRewrite:
         for name in PATCHED_IN_PLACE + (".debug_line", ".debug_aranges", ".debug_abbrev"):
             s = self._sec(name)
             if s is not None:
-                self.orig[name] = _read_section(self.image, s)
+                self.orig[name] = read_section(self.image, s)
         for name in PATCHED_IN_PLACE:
             if name in self.orig:
                 self.buf[name] = np.frombuffer(self.orig[name], np.uint8).copy()
@@ -250,7 +250,7 @@ class DwarfRewrite:
         for name in (".debug_addr",):
             s = self._sec(name)
             if s is not None:
-                src[name] = _read_section(self.image, s)
+                src[name] = read_section(self.image, s)
         for name in (".debug_line", ".debug_aranges"):     # re-encoded whole: not needed
             src.pop(name, None)
         parsed = ParsedFields(src)

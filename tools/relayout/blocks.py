@@ -217,7 +217,7 @@ def _trailing_code(dis, units, functions, candidates):
     """Per unit: code that is not padding (NOPs, int3 fill) lies after its (last) function's end
     (an assembly label without a function symbol: relayout/units.py keeps it
     with the function before it)."""
-    from .units import _padding_insn
+    from .units import padding_instructions
     out = np.zeros(len(units), bool)
     for u in np.nonzero(candidates)[0].tolist():
         fe = int(functions.end[units.members[u][-1][0]])
@@ -226,7 +226,7 @@ def _trailing_code(dis, units, functions, candidates):
             continue
         lo, hi = np.searchsorted(dis.addr, [fe, ue])
         idx = np.arange(lo, hi)
-        fill = _padding_insn(dis, idx) | ((dis.size[idx] == 1) & (dis.raw[idx, 0] == 0xCC))
+        fill = padding_instructions(dis, idx) | ((dis.size[idx] == 1) & (dis.raw[idx, 0] == 0xCC))
         if len(idx) and not fill.all():
             out[u] = True
     return out

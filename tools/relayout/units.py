@@ -315,7 +315,7 @@ def _func_map(units, nfuncs):
     return fmap
 
 
-def _padding_insn(dis, idx):
+def padding_instructions(dis, idx):
     """True per instruction index that is a NOP form (padding; int3 is not: it stops)."""
     idx = np.asarray(idx, np.int64)
     out = np.zeros(len(idx), bool)
@@ -345,12 +345,12 @@ def glue(units, dis, log=None, noreturn=()):
     lc = np.maximum(last, 0)
     tail_ok = ok & (dis.addr[lc] + dis.size[lc] == ends)
     # trailing NOP padding is never run after a stop: judge the instruction before it
-    pad = _padding_insn(dis, lc) & ok
+    pad = padding_instructions(dis, lc) & ok
     for k in np.nonzero(pad)[0].tolist():
         i, lo = int(lc[k]), int(units.start[k])
-        while i > 0 and int(dis.addr[i - 1]) >= lo and _padding_insn(dis, np.array([i]))[0]:
+        while i > 0 and int(dis.addr[i - 1]) >= lo and padding_instructions(dis, np.array([i]))[0]:
             i -= 1
-        if int(dis.addr[i]) >= lo and not _padding_insn(dis, np.array([i]))[0] \
+        if int(dis.addr[i]) >= lo and not padding_instructions(dis, np.array([i]))[0] \
                 and (i == int(lc[k]) or int(dis.addr[i]) + int(dis.size[i]) == int(dis.addr[i + 1])):
             lc[k] = i
     first = dis.raw[lc, 0]
