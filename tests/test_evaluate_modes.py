@@ -66,6 +66,8 @@ def test_the_options_choose_the_mode(argv, mode):
     (["--kernel", "k", "--weights", "1,2"], "--weights goes with --train"),
     (["--kernel", "k", "x"], "unexpected arguments 'x' (program arguments go after --program"),
     (["--kernel", "k", "--train", "a", "--test", "b", "-j", "0"], "--jobs must be at least 1"),
+    (["--kernel", "k", "--vmlinuz", "z"], "--vmlinuz goes with --layout/--sweep"),
+    (["--program", "p", "--vmlinuz", "z"], "--vmlinuz does not go with --program"),
 ])
 def test_options_a_mode_does_not_take_are_refused(tmp_path, argv, line):
     p = run_linepack("evaluate", *[a.format(d=tmp_path) for a in argv], timeout=120)

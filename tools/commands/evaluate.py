@@ -48,6 +48,10 @@ class Evaluate:
                        help="a layout of the base image: stock, align-all:N, hot64, pack, blocks "
                        "(repeat); with --whatif also the dense reference dense[:N], "
                        "dense-hot[:N], dense-first[:N] (docs/evaluate.md)")
+        p.add_argument("--vmlinuz", metavar="VMLINUZ",
+                       help="with --layout/--sweep: the base kernel's boot image, for a vmlinux "
+                       "without link relocations (6.5 and later): references recovered from it, "
+                       "as relayout --vmlinuz does")
         p.add_argument("--sweep", metavar="align-all:1,2,4,...,512",
                        help="function alignment sweep (what-if unless --booted)")
         p.add_argument("--whatif", action="store_true",

@@ -177,12 +177,18 @@ def prune_images(root, keep=None, log=None):
 class Layouts:
     """Plans and rewritten images of strategies on one base image."""
 
-    def __init__(self, base, hotness=None, calls=(), profile_build_id=None, log=None, blocks=None):
+    def __init__(self, base, hotness=None, calls=(), profile_build_id=None, log=None, blocks=None,
+                 vmlinuz=None):
         from ..image.shared import elf_image
         from ..targets import cache_dir
         if not os.path.isfile(base):
             raise BadInput(f"{base}: no such kernel image")
+        if vmlinuz is not None and not os.path.isfile(vmlinuz):
+            raise BadInput(f"{vmlinuz}: no such boot image (--vmlinuz)")
         self.base = base
+        # a base without link relocations: every layout is rewritten with the
+        # references recovered from its boot image (relayout --vmlinuz)
+        self.vmlinuz = vmlinuz
         self.image = elf_image(base)
         self.build_id = self.image.build_id or hashlib.sha256(
             os.path.abspath(base).encode()).hexdigest()
@@ -200,7 +206,8 @@ class Layouts:
         slug = re.sub(r"[^a-z0-9]+", "-", spec)
         prof = hotness_hash(self.hotness, self.calls, self._blocks_for(spec)) \
             if spec.split(":")[0] in NEEDS_PROFILE else "noprof"
-        return spec, f"{slug}-{prof}-{self._code}"
+        src = "-recovered" if self.vmlinuz else ""
+        return spec, f"{slug}-{prof}-{self._code}{src}"
 
     def _blocks_for(self, spec):
         if self.blocks is None and spec.split(":")[0] in BLOCK_LEVEL:
@@ -212,11 +219,23 @@ class Layouts:
             raise BadInput(f"layout {spec} needs a profile (--profile, or let evaluate derive "
                            "one from the recorded trace)")
 
+    def check_references(self):
+        """A base without link relocations needs its boot image (--vmlinuz): one
+        clear line before any recording or boot."""
+        from ..relayout.driver import NO_RELOCS
+        if self.vmlinuz is None and not self.image.has_link_relocations():
+            raise BadInput(NO_RELOCS.format(path=self.base))
+
     def _build_units(self):
         if self._units is None:
             from ..relayout.driver import NO_RELOCS, check_profile
             from ..relayout.units import units_of
             im = self.image
+            if self.vmlinuz is not None:
+                from ..image.elf import ElfImage
+                from ..relayout.kernel.recovered import use_vmlinuz
+                im = ElfImage(self.base)     # its own object: its relocations are replaced
+                use_vmlinuz(im, self.vmlinuz, self.log)
             if not im.has_link_relocations():
                 raise BadInput(NO_RELOCS.format(path=self.base))
             units, functions, _ = units_of(im, self.log)
@@ -235,9 +254,12 @@ class Layouts:
         path = os.path.join(self.dir, key + ".plan.npz")
         if os.path.exists(path):
             return PlanMap.load(path)
-        if spec.split(":")[0] in BLOCK_LEVEL:
-            self.image_path(spec)          # the block map exists only after the rewrite
+        if spec.split(":")[0] in BLOCK_LEVEL or self.vmlinuz is not None:
+            # the block map exists only after the rewrite; recovered references pin
+            # and check what only relayout's passes know
+            self.image_path(spec)
             return PlanMap.load(path)
+        self.check_references()
         units, functions = self._build_units()
         heat = make_heat(units, functions, self.hotness)
         try:
@@ -283,7 +305,8 @@ class Layouts:
         self.log(f"rewriting {os.path.basename(self.base)} with {spec} (cached as {out})")
         summary, plan, rw = relayout(self.base, out, strategies.get(spec), hotness=self.hotness,
                                      calls=self.calls, profile_build_id=self.profile_build_id,
-                                     log=self.log, blocks=self._blocks_for(spec), debug="strip")
+                                     log=self.log, blocks=self._blocks_for(spec), debug="strip",
+                                     vmlinuz=self.vmlinuz)
         if getattr(rw, "block_split", None) is not None:
             pm = PlanMap(rw.amap, summary["text_growth_bytes"], summary["padding_bytes"],
                          plan.strategy, int(plan.moved.sum()))

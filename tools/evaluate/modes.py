@@ -22,7 +22,7 @@ from . import table
 # parser's order: the first refused option is the one named.
 OPTIONS = {
     "kernel": "--kernel", "program": "--program", "program_args": "ARGS", "compare": "--compare",
-    "mask": "--mask", "layout": "--layout",
+    "mask": "--mask", "layout": "--layout", "vmlinuz": "--vmlinuz",
     "sweep": "--sweep", "whatif": "--whatif", "booted": "--booted", "profile": "--profile",
     "workload": "--workload", "jobs": "--jobs", "scheduler": "--scheduler",
     "reuse_runs": "--reuse-runs", "loops": "--loops", "cache": "--cache", "train": "--train",
@@ -237,7 +237,9 @@ class _KernelMode(Mode):
         strategy="--strategy goes with --train/--test (layouts of one image: --layout)",
         sets="--sets goes with --layout ... --whatif (the per-set load of replayed layouts)",
         sets_plot="--sets-plot goes with --layout ... --whatif (the per-set load of replayed "
-                  "layouts)")
+                  "layouts)",
+        vmlinuz="--vmlinuz goes with --layout/--sweep (the base image's references; kernels "
+                "are booted as they are)")
 
     def check_kernels(self, args):
         if not args.kernel:
@@ -371,7 +373,8 @@ class LayoutsMode(_KernelMode):
 
     name = "layouts"
     chosen_by = "--layout"
-    takes = _KernelMode.takes | {"layout", "whatif", "profile", "heatmap", "sets", "sets_plot"}
+    takes = _KernelMode.takes | {"layout", "vmlinuz", "whatif", "profile", "heatmap", "sets",
+                                 "sets_plot"}
     refusals = dict(_KernelMode.refusals, sweep="--layout and --sweep do not go together")
 
     def chosen(self, args):
@@ -406,7 +409,8 @@ class LayoutsMode(_KernelMode):
             whatif=args.whatif if whatif is None else whatif, profile=args.profile,
             repeat=value(args, "repeat"), heatmap=args.heatmap, skip_unfit=skip_unfit, log=log,
             workloads=wls, parallel=args.jobs, scheduler=args.scheduler, reuse=args.reuse_runs,
-            sets=bool(getattr(args, "sets", False) or getattr(args, "sets_plot", None)))
+            sets=bool(getattr(args, "sets", False) or getattr(args, "sets_plot", None)),
+            vmlinuz=args.vmlinuz)
 
 
 class SweepMode(LayoutsMode):
@@ -415,7 +419,7 @@ class SweepMode(LayoutsMode):
 
     name = "sweep"
     chosen_by = "--sweep"
-    takes = _KernelMode.takes | {"sweep", "whatif", "booted", "profile"}
+    takes = _KernelMode.takes | {"sweep", "vmlinuz", "whatif", "booted", "profile"}
     refusals = _KernelMode.refusals
 
     def chosen(self, args):

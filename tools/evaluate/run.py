@@ -13,7 +13,8 @@ def _pct(growth, tsize):
 
 def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif=True,
                      profile=None, repeat=1, heatmap=None, skip_unfit=False, log=None,
-                     workloads=None, parallel=None, scheduler=None, reuse=False, sets=False):
+                     workloads=None, parallel=None, scheduler=None, reuse=False, sets=False,
+                     vmlinuz=None):
     """Rows (one per layout, workload and cache model) and extra facts for the JSON output.
 
     skip_unfit: a layout the planner refuses (it would run into pinned code) is
@@ -23,6 +24,7 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
     (``parallel`` processes, or the Dask cluster at ``scheduler``). ``dense:N`` specs
     (what-if only) are the dense reference of each workload's own trace (dense.py).
     sets: also the per-set load of every what-if row (``extra["sets"]``).
+    vmlinuz: the base's boot image, for a base without link relocations.
     """
     from ..relayout.plan import LayoutError
     from . import dense
@@ -35,6 +37,9 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
     loops_of = {w: wls.load(w).default_loops if loops is None else int(loops) for w in workloads}
     loops = loops_of[workload]
     needs_prof = any(s.split(":")[0] in NEEDS_PROFILE for s in specs)
+    L = Layouts(base, log=log, vmlinuz=vmlinuz)     # bad paths fail here, before any boot
+    if any(s != "stock" and not dense.parse(s) for s in specs):
+        L.check_references()
     bt = None
     t_rec = 0.0
     hot, build_id, calls, blocks, prof_src = {}, None, [], None, None
@@ -60,7 +65,8 @@ def evaluate_layouts(base, specs, caches, workload="vfs-mix", loops=None, whatif
             hot = hotness_from_trace(bt, base)
             prof_src = f"derived from the recorded {workload} run ({loops} loops)"
             log(f"profile: {prof_src}, {len(hot)} functions")
-    L = Layouts(base, hotness=hot, calls=calls, profile_build_id=build_id, log=log, blocks=blocks)
+    L.hotness, L.calls, L.profile_build_id, L.blocks = hot or {}, list(calls or ()), build_id, \
+        blocks
     if blocks is None and bt is not None:
         # block-level layouts need executed blocks; function-level ones keep the
         # function counts they always had without a profile
