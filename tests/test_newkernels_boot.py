@@ -4,7 +4,7 @@ S [--vmlinuz] [--module PATH]``), rewritten from a vfs-mix profile by ``relayout
 VMLINUX --vmlinuz VMLINUZ`` and packed into the distribution's own boot image by
 ``bzimage OUT --vmlinuz VMLINUZ --layout-map TSV``, then booted under QEMU:
 
-- ``verify OUT --against VMLINUX`` is clean;
+- ``verify NEW_VMLINUZ --vmlinux OUT --against VMLINUX`` is clean;
 - the new vmlinuz boots with KASLR five times at five distinct offsets, each boot
   printing stock's vfs-mix result, loading three modules of the package unchanged
   (kyber-iosched's ``__jump_table`` has sites on a core kernel static key) and
@@ -98,9 +98,12 @@ def layout(request, shipped, profile):
 
 
 def test_verify_against_clean(layout):
+    """``verify NEW_VMLINUZ --vmlinux OUT --against VMLINUX``: the new boot image's
+    payload is relayout's output (segments, KASLR table), and that output is
+    equivalent to the shipped vmlinux."""
     rep = layout["layout_dir"] / "against.json"
-    p = run_linepack("verify", "-q", layout["out"], "--against", layout["vmlinux"], "--layout-map",
-                     layout["tsv"], "--json", rep, timeout=1800)
+    p = run_linepack("verify", "-q", layout["new"], "--vmlinux", layout["out"], "--against",
+                     layout["vmlinux"], "--layout-map", layout["tsv"], "--json", rep, timeout=1800)
     import json
     r = json.loads(rep.read_text())
     errors = [f for f in r["findings"] if f["severity"] == "error"]
@@ -109,6 +112,10 @@ def test_verify_against_clean(layout):
     assert r["ibt_entries_checked"] > 10_000
     pf = r["function_prefixes"]
     assert pf["count"] > 40_000 and pf["detached"] == 0 and pf["not_nop"] == 0
+    bi = r["boot_image"]
+    assert bi["segments_compared"] >= 2 and bi["relocations"]["abs64"] > 100_000
+    assert r["boot_image_counts"] == {"bootimage.payload": 0, "bootimage.reloc-range": 0,
+                                      "bootimage.reloc-value": 0, "bootimage.reloc-missing": 0}
 
 
 # -- booting ------------------------------------------------------------------------------

@@ -1,5 +1,9 @@
 """``linepack verify IMAGE [--against OLD]``: Capstone verification for CI.
 
+``verify NEW_VMLINUZ --vmlinux NEW_VMLINUX [--against OLD]``: the boot image's
+payload checked against the vmlinux it was made from (verify/bootimage.py), then
+that vmlinux verified as usual.
+
 Exit 0 = clean, 1 = findings (errors; warnings too with --strict), 2 = usage
 or unreadable input.
 """
@@ -15,7 +19,11 @@ from ..progress import stderr_log
 class Verify:
     @staticmethod
     def add_arguments(p):
-        p.add_argument("image", help="the ELF image to check (vmlinux or an x86-64 executable)")
+        p.add_argument("image", help="the ELF image to check (vmlinux or an x86-64 executable), "
+                       "or a boot image (vmlinuz) with --vmlinux")
+        p.add_argument("--vmlinux", metavar="VMLINUX",
+                       help="IMAGE is a boot image (bzimage's output): check that its payload is "
+                       "VMLINUX (segments, entry, KASLR relocation table), then verify VMLINUX")
         p.add_argument("--against", metavar="OLD",
                        help="also prove IMAGE equivalent to its original OLD (relayout output)")
         p.add_argument("--layout-map", metavar="FILE",
@@ -28,23 +36,36 @@ class Verify:
     @staticmethod
     def run(args):
         return check(args.image, args.against, layout_map=args.layout_map, json_path=args.json,
-                     strict=args.strict, quiet=args.quiet)
+                     strict=args.strict, quiet=args.quiet, vmlinux=args.vmlinux)
 
 
 def check(image, against=None, layout_map=None, json_path=None, strict=False, quiet=False,
-          old_decode=None):
+          old_decode=None, vmlinux=None):
     """The whole of ``verify IMAGE [--against OLD]``: the checks, the report (``json_path``,
     '-' = stdout), the summary printed; returns the exit status. ``relayout --verify``
     calls it on its output in the same process (``old_decode``: OLD's decode already
-    started, start_against)."""
+    started, start_against). ``vmlinux``: ``image`` is a boot image whose payload
+    must be that vmlinux, which is then the image verified."""
     from ..image.elf import ElfImage
     from ..verify.standalone import cancel_tables, collect_tables, verify_image
 
     log = stderr_log("verify", quiet)
     try:
         # Outputs and every input checked before the (long) verification.
-        outs = OutputSet(inputs=[image, against, layout_map],
+        outs = OutputSet(inputs=[image, against, layout_map, vmlinux],
                          outputs={"--json": None if json_path == "-" else json_path})
+        boot = None
+        from ..verify.bootimage import check_boot_image, is_boot_image
+        if vmlinux is not None:
+            if not is_boot_image(image):
+                raise LinepackError(f"{image}: not a boot image (bzImage/vmlinuz): --vmlinux "
+                                    "checks a boot image's payload")
+            ElfImage(vmlinux)
+            boot = check_boot_image(image, vmlinux, log=log)      # a bad image fails now
+            image = vmlinux
+        elif is_boot_image(image):
+            raise LinepackError(f"{image}: a boot image (bzImage/vmlinuz): give the vmlinux its "
+                                "payload was made from with --vmlinux VMLINUX")
         layout_rows = None
         if layout_map:
             if not against:
@@ -73,6 +94,8 @@ def check(image, against=None, layout_map=None, json_path=None, strict=False, qu
                 verify_against(report, image, against, layout_map=layout_rows,
                                log=log, old_decode=old_decode)
             collect_tables(report)
+            if boot is not None:
+                boot.add_to(report, report.extra.setdefault("boot_image_counts", {}))
         finally:
             if old_decode is not None:
                 old_decode.cancel()

@@ -546,7 +546,7 @@ def _extract_offset_pages(output_len, input_len):
     return extract
 
 
-def _vo_init_size(elf):
+def vo_init_size(elf):
     """VO__end - VO__text of an ELF vmlinux: the span of its PT_LOAD segments in memory
     (the last one runs through .bss and .brk to _end)."""
     (_, _, _, _, _, phoff, _, _, _, phentsize, phnum, _, _, _) = ELF_HDR.unpack_from(elf, 0)
@@ -587,7 +587,7 @@ def check_same_bounds(old_elf, new_elf, path="output"):
         raise BadInput(f"{path}: section {n} is {'missing' if n not in new else 'moved or resized'} "
                        f"({len(changed)} sections): the distribution's decompressor has the "
                        "kernel's section bounds compiled in, so the layout must keep them")
-    vo_old, vo_new = _vo_init_size(old_elf), _vo_init_size(new_elf)
+    vo_old, vo_new = vo_init_size(old_elf), vo_init_size(new_elf)
     if vo_new != vo_old:
         raise BadInput(f"{path}: the new vmlinux spans {vo_new:,} bytes in memory, the "
                        f"original {vo_old:,}: the decompressor's bounds (_text, _end) are "
@@ -655,7 +655,7 @@ def replace_payload(image, payload, path="output", grow_room=0, log=None):
         rodata_from = pm + lay.boundary + delta
         old_init_exact = old.init_size == max(
             lay.end + zoroom.min_extract_offset(len(image.payload), room),
-            _vo_init_size(image.elf))
+            vo_init_size(image.elf))
     else:
         buf = bytearray(image.data[:pm + old.syssize * 16])
         rodata_from = pm
@@ -676,7 +676,7 @@ def replace_payload(image, payload, path="output", grow_room=0, log=None):
         raise BadInput(f"{image.path}: cannot find the decompressor's input_len/output_len "
                        f"({room}, {old_out}): {len(hits)} candidates")
     struct.pack_into("<II", buf, hits[0], len(compressed), len(payload))
-    vo_new = _vo_init_size(elf_new)
+    vo_new = vo_init_size(elf_new)
     if delta and old_init_exact:
         # header.S's INIT_SIZE from the moved _end
         init_size = max(lay.end + delta + zoroom.min_extract_offset(len(payload), len(compressed)),

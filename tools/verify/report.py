@@ -78,6 +78,11 @@ class VerifyReport:
             lines.append("tables:")
             for name, t in self.tables.items():
                 lines.append(f"  {name:22s} {t['entries']:8d} entries  {'ok' if t['ok'] else 'FAIL'}")
+        bi = self.extra.get("boot_image")
+        if bi:
+            rel = ", ".join(f"{n:,} {g}" for g, n in bi["relocations"].items())
+            lines.append(f"boot image: {bi['path']}: {bi['compression']} payload, "
+                         f"{bi['segments_compared']} segments compared; relocations {rel}")
         for k, v in self.extra.items():
             if isinstance(v, (str, int, float)):
                 lines.append(f"{k}: {v}")
