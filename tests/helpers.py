@@ -94,6 +94,13 @@ def run_linepack(*args, timeout=900):
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
 
 
+def refusal_line(p):
+    """The one stderr line of a refused run (exit 2, no traceback)."""
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    return lines[0]
+
+
 def patched_copy(src, dest, patches):
     """Copy src to dest and apply {file offset: bytes} patches to the copy."""
     shutil.copyfile(src, dest)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from helpers import run_linepack
+import helpers
 
 pytestmark = [pytest.mark.realkernel]
 
@@ -21,12 +22,6 @@ def debian():
         return targets.debian_vmlinux(), targets.debian_vmlinuz()
     except LinepackError as e:
         pytest.fail(f"Debian 6.1 kernel unavailable (linepack fetch): {e}")
-
-
-def _one_line_exit_2(p):
-    lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
-    return lines[0]
 
 
 def test_the_shipped_vmlinuz_carries_its_vmlinux(debian, tmp_path):
@@ -47,9 +42,9 @@ def test_the_shipped_vmlinuz_carries_its_vmlinux(debian, tmp_path):
 
 def test_a_boot_image_needs_its_vmlinux(debian, tmp_path):
     vmlinux, vmlinuz = debian
-    line = _one_line_exit_2(run_linepack("verify", vmlinuz, "--json", tmp_path / "v.json"))
+    line = helpers.refusal_line(run_linepack("verify", vmlinuz, "--json", tmp_path / "v.json"))
     assert "a boot image" in line and "--vmlinux VMLINUX" in line, line
-    line = _one_line_exit_2(run_linepack("verify", vmlinux, "--vmlinux", vmlinux))
+    line = helpers.refusal_line(run_linepack("verify", vmlinux, "--vmlinux", vmlinux))
     assert "not a boot image" in line, line
     assert not any(tmp_path.iterdir())
 
