@@ -93,7 +93,10 @@ class BlockMap:
         return np.where(ok, i, -1)
 
     def map(self, addrs):
-        a = np.asarray(addrs, dtype=np.uint64)
+        from .addrmap import in_slices
+        return in_slices(self._map, addrs)
+
+    def _map(self, a):
         out = np.asarray(self.outside(a), dtype=np.uint64).copy()
         if not len(self.old):
             return out
