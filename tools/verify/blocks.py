@@ -470,7 +470,9 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
         if data_moves is not None and len(data_moves.addrs) else ([], [])
     # an image without relocations: fields designating a moved data symbol by value
     moved_extents = data_moves if data_moves is not None and data_moves.extents else None
-    # The common instruction, inside a copied piece whose bytes NEW holds unchanged,
+    # The common instruction, a copied one whose bytes NEW holds unchanged at its
+    # place in the piece (one comparison per piece: most pieces are equal whole, the
+    # others hold a changed call or branch beside unchanged instructions),
     # neither a branch nor RIP-relative nor holding a moved data field, has the same
     # meaning without a read or a decode; with its successor in the same piece (the
     # pieces not overlapping) its fall-through lands on the next byte of the piece
@@ -482,17 +484,30 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     # where each piece's end maps (map1 of it, for all pieces at once)
     end_new = amap.map(amap.old_end).tolist() if fast and len(amap.old) else []
 
-    def same_piece(p):
+    n_insns = n_fast_edges = 0      # stats' instructions and (fast path) edges
+
+    def piece_diff(p):
+        """True: NEW holds piece p's bytes unchanged; False: not comparable (another
+        length, unreadable); else the running count of changed bytes (a list, [0] first)."""
+        lo, n = piece_old[p], piece_old_end[p] - piece_old[p]
+        if piece_new_len[p] != n:
+            return False
+        try:
+            nb, ob = bytes(new_read(piece_new[p], n)), bytes(old_read(lo, n))
+        except ValueError:
+            return False
+        if nb == ob:
+            return True
+        return [0] + np.cumsum(np.frombuffer(nb, np.uint8) != np.frombuffer(ob, np.uint8)).tolist()
+
+    def unchanged(p, a, succ):
+        """NEW holds the bytes [a, succ) of copied piece p unchanged at their place."""
         got = piece_same.get(p)
         if got is None:
-            lo, n = piece_old[p], piece_old_end[p] - piece_old[p]
-            try:
-                got = piece_new_len[p] == n and \
-                    bytes(new_read(piece_new[p], n)) == bytes(old_read(lo, n))
-            except ValueError:
-                got = False
-            piece_same[p] = got
-        return got
+            got = piece_same[p] = piece_diff(p)
+        if got is True or got is False:
+            return got
+        return got[succ - piece_old[p]] == got[a - piece_old[p]]
 
     def fall_edge(f, ins, a, target, n_end):
         """The fall-through edge after ``ins`` (at ``a``, ending at ``n_end`` in NEW)."""
@@ -570,7 +585,7 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
         for ins, p in zip(insns, pidx.tolist() if len(insns) else []):
             if p < 0:
                 continue                        # reported as lost above
-            stats["instructions"] += 1
+            n_insns += 1
             a = ins.address
             kind = piece_kind[p]
             if fast and kind == bm.KIND_COPIED and type(ins) is _Light:
@@ -579,7 +594,7 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 if mb is None:
                     mb = maybe_branch[ins.mnemonic] = _maybe_branch(ins.mnemonic)
                 if succ <= piece_old_end[p] and not mb and "rip" not in ins.op_str and \
-                        same_piece(p):
+                        unchanged(p, a, succ):
                     k = bisect_left(moved_field_addrs, a) if moved_field_addrs else 0
                     if not (k < len(moved_field_addrs) and moved_field_addrs[k] < succ):
                         n = piece_new[p] + (a - piece_old[p])
@@ -591,14 +606,15 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                             # the piece's end maps to where the instruction ends
                             if ins.mnemonic not in _NO_FALLTHROUGH and \
                                     a not in no_fallthrough and succ < f.old_end:
-                                stats["edges"] += 1
+                                n_fast_edges += 1
                         else:
                             fall_edge(f, ins, a, None, n + ins.size)
                         continue
             piece_start = piece_old[p] == a
             plain = _plain_branch(ins) if kind in (bm.KIND_COPIED, bm.KIND_BRANCH) and \
                 isinstance(ins, _Light) else None
-            if plain is None and (kind != bm.KIND_COPIED or _maybe_branch(ins.mnemonic)):
+            if plain is None and (kind != bm.KIND_COPIED or maybe_branch.get(ins.mnemonic, True)
+                                  and _maybe_branch(ins.mnemonic)):
                 ins = _full(cs, ins)
             # a lite instruction is no direct branch (_maybe_branch said so) or a plain one
             target = plain[1] if plain is not None else \
@@ -697,6 +713,9 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
             fall_edge(f, ins, a, target, n_end)
 
     # inserted jmps: each a jmp to the translated fall-through target
+    # the per-instruction counts, kept in locals in the loop above
+    stats["instructions"] += n_insns
+    stats["edges"] += n_fast_edges
     for r in rows[rows["kind"] == bm.KIND_JMP_INSERTED]:
         stats["jmps_inserted"] += 1
         n, want = int(r["new"]), amap.map1(int(r["old"]))
