@@ -534,8 +534,12 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
             + ("is a removed jmp whose target is" if removed else "is") + f" at {want:#x}"
             + _between(lite, new_read, n_end, want))
 
+    # each function's rows (ascending row order), grouped once
+    in_rows = np.nonzero(inside)[0]
+    in_rows = in_rows[np.argsort(fic[in_rows], kind="stable")]
+    group_at = np.searchsorted(fic[in_rows], np.arange(len(functions) + 1)).tolist()
     for fidx, f in enumerate(functions):
-        sel = np.nonzero(inside & (fic == fidx))[0]
+        sel = in_rows[group_at[fidx]:group_at[fidx + 1]]
         fr = rows[sel]
         pieces = fr[fr["old_len"] > 0]
         stats["pieces"] += int(len(fr))
@@ -569,14 +573,15 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                         "an instruction")
         # placement: inside the part the row names
         part_ranges = {p: (s, e) for p, s, e in f.parts}
-        for r in fr:
-            if not int(r["new_len"]):
+        for r_old, ns, r_len, r_part in zip(fr["old"].tolist(), fr["new"].tolist(),
+                                            fr["new_len"].tolist(), fr["part"].tolist()):
+            if not r_len:
                 continue
-            rng = part_ranges.get(int(r["part"]))
-            ns, ne = int(r["new"]), int(r["new"]) + int(r["new_len"])
+            rng = part_ranges.get(r_part)
+            ne = ns + r_len
             if rng is None or ns < rng[0] or ne > rng[1]:
-                where = "hot part" if int(r["part"]) == bm.PART_HOT else "cold part"
-                add("equiv.block-outside", ns, f"{f.name}: piece of original {int(r['old']):#x} "
+                where = "hot part" if r_part == bm.PART_HOT else "cold part"
+                add("equiv.block-outside", ns, f"{f.name}: piece of original {r_old:#x} "
                     f"at {ns:#x}..{ne:#x} is outside its {where}"
                     + (f" {rng[0]:#x}..{rng[1]:#x}" if rng else " (no such symbol in NEW)"))
 
