@@ -393,7 +393,7 @@ def _same_meaning(old_ins, new_ins, translate):
 
 def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None, orc_new=None,
                  tables=(), no_fallthrough=frozenset(), noreturn=frozenset(), data_moves=None,
-                 patch_sites=None):
+                 patch_sites=None, half=None):
     """Check a block map; returns (findings, stats).
 
     ``rows``: block map rows; ``functions``: SplitFunction per function that has
@@ -407,6 +407,11 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     move): an instruction holding one may differ by exactly that move.
     ``patch_sites``: {end: start} of the alternative sites in OLD: a jmp that ends
     one becomes NOPs when the kernel patches it, so it also falls through.
+    ``half``: 0 or 1 to check one half of the functions (split by original bytes):
+    half 0 also makes the checks of the whole map that come before the functions,
+    half 1 those that come after them (inserted jmps, tables; not ORC: its pairs come
+    from all functions), so that half 0's findings then half 1's are the whole
+    check's, in its order, and the stats add up (blocks_in_halves).
     """
     findings = []
     stats = {"split_functions": len(functions), "pieces": 0, "instructions": 0,
@@ -415,7 +420,8 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     def add(check, addr, msg):
         findings.append(BlockFinding(check, None if addr is None else int(addr), msg))
 
-    bad = bm.check_rows(rows)
+    head, tail = half in (None, 0), half in (None, 1)
+    bad = bm.check_rows(rows) if head else []
     for b in bad:
         add("equiv.block-map", None, f"block map: {b}")
     amap = BlockMap(rows, outside_map)
@@ -434,13 +440,13 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     inside = (fi >= 0) & (old < f_end[fic]) if len(functions) else np.zeros(len(rows), bool)
     # an inserted jmp may name its function's end (a fall-through off the last block)
     at_end = (fi >= 0) & (old == f_end[fic]) & (rows["kind"] == bm.KIND_JMP_INSERTED)
-    for k in np.nonzero(~(inside | at_end))[0].tolist():
+    for k in np.nonzero(~(inside | at_end))[0].tolist() if head else []:
         add("equiv.block-map", int(rows["new"][k]),
             f"piece at original {int(old[k]):#x} is in no split function")
 
     # new-side overlap: two pieces on the same new bytes
     nz = rows[rows["new_len"] > 0]
-    if len(nz) > 1:
+    if len(nz) > 1 and head:
         o = np.argsort(nz["new"], kind="stable")
         ns, ne = nz["new"][o].astype(np.uint64), nz["new"][o] + nz["new_len"][o].astype(np.uint64)
         for k in np.nonzero(ne[:-1] > ns[1:])[0].tolist():
@@ -538,7 +544,14 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     in_rows = np.nonzero(inside)[0]
     in_rows = in_rows[np.argsort(fic[in_rows], kind="stable")]
     group_at = np.searchsorted(fic[in_rows], np.arange(len(functions) + 1)).tolist()
-    for fidx, f in enumerate(functions):
+    f_lo, f_hi = 0, len(functions)
+    if half is not None:
+        # the halves hold about as many original bytes each
+        done = np.cumsum((f_end - f_start).astype(np.int64))
+        cut = int(np.searchsorted(done, done[-1] // 2)) + 1 if len(done) else 0
+        f_lo, f_hi = (0, cut) if half == 0 else (cut, len(functions))
+    for fidx in range(f_lo, f_hi):
+        f = functions[fidx]
         sel = in_rows[group_at[fidx]:group_at[fidx + 1]]
         fr = rows[sel]
         pieces = fr[fr["old_len"] > 0]
@@ -717,11 +730,11 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 orc_pairs.append((a, n, piece_start, p))
             fall_edge(f, ins, a, target, n_end)
 
-    # inserted jmps: each a jmp to the translated fall-through target
     # the per-instruction counts, kept in locals in the loop above
     stats["instructions"] += n_insns
     stats["edges"] += n_fast_edges
-    for r in rows[rows["kind"] == bm.KIND_JMP_INSERTED]:
+    # inserted jmps: each a jmp to the translated fall-through target
+    for r in rows[rows["kind"] == bm.KIND_JMP_INSERTED] if tail else []:
         stats["jmps_inserted"] += 1
         n, want = int(r["new"]), amap.map1(int(r["old"]))
         j = _decode_one(cs, new_read, n)
@@ -735,7 +748,7 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
 
     # tables: entries inside split functions must map to an entry of NEW's column
     split_lo, split_hi = f_start, f_end
-    for name, col_old, col_new in tables:
+    for name, col_old, col_new in tables if tail else ():
         col_old = np.asarray(col_old, np.uint64)
         k = np.searchsorted(split_lo, col_old, side="right").astype(np.int64) - 1
         kc = np.maximum(k, 0)
@@ -763,6 +776,30 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 add("equiv.orc-block", n, f"ORC at {n:#x} differs from the original's at {o:#x}")
         stats["orc_checked"] = int(len(pa))
     return findings, stats
+
+
+def blocks_in_halves(rows, functions, old_read, new_read, outside_map, orc_old=None,
+                     orc_new=None, **kwargs):
+    """check_blocks on two cores: half 1 in a forked child (verify/forked.py) while
+    this process checks half 0; the same (findings, stats) as one call. With ORC
+    tables (kernels) one call: the ORC check needs every function's pairs."""
+    import functools
+    from .forked import Forked
+    args = (rows, functions, old_read, new_read, outside_map, orc_old, orc_new)
+    orc = orc_old is not None and orc_new is not None and len(orc_old[0]) and len(orc_new[0])
+    if orc or len(functions) < 2:
+        return check_blocks(*args, **kwargs)
+    other = Forked(functools.partial(check_blocks, **dict(kwargs, half=1)), *args)
+    try:
+        found, stats = check_blocks(*args, **dict(kwargs, half=0))
+    except BaseException:
+        other.cancel()
+        raise
+    found_b, stats_b = other.result()
+    for k, v in stats_b.items():
+        if k != "split_functions":
+            stats[k] = stats.get(k, 0) + v
+    return found + found_b, stats
 
 
 def _between(lite, new_read, lo, hi):
