@@ -315,6 +315,14 @@ def write_program(rows, cie, length=None):
     cur = cie.init_state
     loc = 0
     remembered = None
+    last = {st: i for i, (_, st) in enumerate(seq)}     # where each state comes last
+    diffs = {}                                          # (a, b) -> diff(a, b): states recur
+
+    def step_of(a, b):
+        got = diffs.get((a, b))
+        if got is None:
+            got = diffs[(a, b)] = diff(a, b, cie)
+        return got
     for i, (off, st) in enumerate(seq):
         if off != loc:
             out += _advance(off - loc, cie.code_align)
@@ -324,9 +332,10 @@ def write_program(rows, cie, length=None):
             remembered = None
             cur = st
             continue
-        step = diff(cur, st, cie)
+        step = step_of(cur, st)
+        # cur comes back after i (last) and writing it again takes more than a restore
         if remembered is None and len(step) > 1 and i > 0 and \
-                any(s == cur for _, s in seq[i + 1:]) and len(diff(st, cur, cie)) > 1:
+                last.get(cur, -1) > i and len(step_of(st, cur)) > 1:
             out += b"\x0a"
             remembered = cur
         out += step
