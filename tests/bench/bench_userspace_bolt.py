@@ -29,8 +29,8 @@
    (two commands), ``relayout blocks --verify`` (one command, the same checks) and
    llvm-bolt full, interleaved (wall seconds, peak RSS, CPU seconds); linepack's
    modules run from compiled bytecode, as installed, its C cores already built
-   (use_bytecode_cache), by the
-   console script installed beside this interpreter (linepack_script: not pyenv's shim).
+   (use_bytecode_cache), by the console script installed beside this interpreter
+   (linepack_script: not pyenv's shim).
 6. ``evaluate --program`` (evaluate_programs) on each input with the intel-32k-8w and
    amd-64k-2w models, ``--reps`` repeats: L1i misses of every user-mode fetch. With
    ``--lock FILE`` only these QEMU runs hold an exclusive flock on FILE.
