@@ -22,7 +22,7 @@ from helpers import run_linepack
 import helpers
 
 from linepack.image import blockmap as bm
-from linepack.verify.blocks import SplitFunction, check_blocks
+from linepack.verify.blocks import SplitFunction, blocks_in_halves, check_blocks
 
 C, B, I, R = bm.KIND_COPIED, bm.KIND_BRANCH, bm.KIND_JMP_INSERTED, bm.KIND_JMP_REMOVED
 HOT, COLD = bm.PART_HOT, bm.PART_COLD
@@ -229,6 +229,27 @@ def test_copied_instruction_must_keep_its_meaning():
     found, _ = run(rows, funcs, old, new, oo, on)
     assert checks(found) == ["equiv.block-instruction"]
     assert "'call 0x5000' at 0x1007" in found[0].message and "found 'jmp" in found[0].message
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_halves_give_the_whole_checks_answer(fork, monkeypatch):
+    """blocks_in_halves (half 1 in a forked child) answers as one check_blocks call:
+    findings in both halves, in the same order, and the same stats."""
+    if not fork:
+        monkeypatch.setenv("LINEPACK_VERIFY_NOFORK", "1")
+    rows_a, (f,), old_a, new_a, _, _ = case_a()
+    rows_b, (g,), old_b, new_b, _, _ = case_b()
+    rows = np.concatenate([rows_a, rows_b])
+    old, new = Memory({**OLD_A, **OLD_B}), Memory({**NEW_A, **NEW_B})
+    new.patch(0x3006, b"\x02")                               # f: mov eax,2 (half 0)
+    rows = rows[~((rows["kind"] == I) & (rows["old"] == 0x1104))]   # g: inserted jmp lost
+    kw = dict(tables=[("__jump_table.code", [0x1002, 0x110c], [0x1002, 0x210b])])
+    whole = check_blocks(rows, [g, f], old.read, new.read, outside, **kw)
+    halves = blocks_in_halves(rows, [g, f], old.read, new.read, outside, **kw)
+    assert checks(whole[0]) == ["equiv.block-instruction", "equiv.edge", "equiv.table-stale"]
+    assert halves == whole
+    first = check_blocks(rows, [g, f], old.read, new.read, outside, half=0, **kw)[0]
+    assert [x.check for x in first] == ["equiv.block-instruction"]     # f's only
 
 
 def test_piece_outside_its_part():

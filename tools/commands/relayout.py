@@ -84,13 +84,14 @@ def _relayout_then_verify(args, strat, outs, log):
     the original decoded for verify meanwhile in this process, then, when the child wrote
     the outputs, ``verify OUTPUT --against IMAGE`` here (commands/verify.py ``check``:
     the same checks and report as the separate command)."""
+    import importlib
     import os
     import signal
     import sys
     from ..cli import run_handled
-    from ..verify.equivalence import _decoded_old
-    from ..verify.forked import Computed
-    from .verify import check
+    # numpy's unique() imports numpy.ma at its first call (numpy 2.x): once, before
+    # the fork, rather than in both processes
+    importlib.import_module("numpy.ma")
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -103,6 +104,10 @@ def _relayout_then_verify(args, strat, outs, log):
             sys.stderr.flush()
             os._exit(status)
     try:
+        # verify's modules imported here, while the child rewrites (it needs none of them)
+        from ..verify.equivalence import _decoded_old
+        from ..verify.forked import Computed
+        from .verify import check
         try:
             old_decode = Computed(_decoded_old, args.image)
         except Exception:

@@ -93,7 +93,10 @@ class BlockMap:
         return np.where(ok, i, -1)
 
     def map(self, addrs):
-        a = np.asarray(addrs, dtype=np.uint64)
+        from .addrmap import in_slices
+        return in_slices(self._map, addrs)
+
+    def _map(self, a):
         out = np.asarray(self.outside(a), dtype=np.uint64).copy()
         if not len(self.old):
             return out
@@ -390,7 +393,7 @@ def _same_meaning(old_ins, new_ins, translate):
 
 def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None, orc_new=None,
                  tables=(), no_fallthrough=frozenset(), noreturn=frozenset(), data_moves=None,
-                 patch_sites=None):
+                 patch_sites=None, half=None):
     """Check a block map; returns (findings, stats).
 
     ``rows``: block map rows; ``functions``: SplitFunction per function that has
@@ -404,6 +407,11 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     move): an instruction holding one may differ by exactly that move.
     ``patch_sites``: {end: start} of the alternative sites in OLD: a jmp that ends
     one becomes NOPs when the kernel patches it, so it also falls through.
+    ``half``: 0 or 1 to check one half of the functions (split by original bytes):
+    half 0 also makes the checks of the whole map that come before the functions,
+    half 1 those that come after them (inserted jmps, tables; not ORC: its pairs come
+    from all functions), so that half 0's findings then half 1's are the whole
+    check's, in its order, and the stats add up (blocks_in_halves).
     """
     findings = []
     stats = {"split_functions": len(functions), "pieces": 0, "instructions": 0,
@@ -412,7 +420,8 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     def add(check, addr, msg):
         findings.append(BlockFinding(check, None if addr is None else int(addr), msg))
 
-    bad = bm.check_rows(rows)
+    head, tail = half in (None, 0), half in (None, 1)
+    bad = bm.check_rows(rows) if head else []
     for b in bad:
         add("equiv.block-map", None, f"block map: {b}")
     amap = BlockMap(rows, outside_map)
@@ -431,13 +440,13 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     inside = (fi >= 0) & (old < f_end[fic]) if len(functions) else np.zeros(len(rows), bool)
     # an inserted jmp may name its function's end (a fall-through off the last block)
     at_end = (fi >= 0) & (old == f_end[fic]) & (rows["kind"] == bm.KIND_JMP_INSERTED)
-    for k in np.nonzero(~(inside | at_end))[0].tolist():
+    for k in np.nonzero(~(inside | at_end))[0].tolist() if head else []:
         add("equiv.block-map", int(rows["new"][k]),
             f"piece at original {int(old[k]):#x} is in no split function")
 
     # new-side overlap: two pieces on the same new bytes
     nz = rows[rows["new_len"] > 0]
-    if len(nz) > 1:
+    if len(nz) > 1 and head:
         o = np.argsort(nz["new"], kind="stable")
         ns, ne = nz["new"][o].astype(np.uint64), nz["new"][o] + nz["new_len"][o].astype(np.uint64)
         for k in np.nonzero(ne[:-1] > ns[1:])[0].tolist():
@@ -467,7 +476,9 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
         if data_moves is not None and len(data_moves.addrs) else ([], [])
     # an image without relocations: fields designating a moved data symbol by value
     moved_extents = data_moves if data_moves is not None and data_moves.extents else None
-    # The common instruction, inside a copied piece whose bytes NEW holds unchanged,
+    # The common instruction, a copied one whose bytes NEW holds unchanged at its
+    # place in the piece (one comparison per piece: most pieces are equal whole, the
+    # others hold a changed call or branch beside unchanged instructions),
     # neither a branch nor RIP-relative nor holding a moved data field, has the same
     # meaning without a read or a decode; with its successor in the same piece (the
     # pieces not overlapping) its fall-through lands on the next byte of the piece
@@ -479,17 +490,30 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     # where each piece's end maps (map1 of it, for all pieces at once)
     end_new = amap.map(amap.old_end).tolist() if fast and len(amap.old) else []
 
-    def same_piece(p):
+    n_insns = n_fast_edges = 0      # stats' instructions and (fast path) edges
+
+    def piece_diff(p):
+        """True: NEW holds piece p's bytes unchanged; False: not comparable (another
+        length, unreadable); else the running count of changed bytes (a list, [0] first)."""
+        lo, n = piece_old[p], piece_old_end[p] - piece_old[p]
+        if piece_new_len[p] != n:
+            return False
+        try:
+            nb, ob = bytes(new_read(piece_new[p], n)), bytes(old_read(lo, n))
+        except ValueError:
+            return False
+        if nb == ob:
+            return True
+        return [0] + np.cumsum(np.frombuffer(nb, np.uint8) != np.frombuffer(ob, np.uint8)).tolist()
+
+    def unchanged(p, a, succ):
+        """NEW holds the bytes [a, succ) of copied piece p unchanged at their place."""
         got = piece_same.get(p)
         if got is None:
-            lo, n = piece_old[p], piece_old_end[p] - piece_old[p]
-            try:
-                got = piece_new_len[p] == n and \
-                    bytes(new_read(piece_new[p], n)) == bytes(old_read(lo, n))
-            except ValueError:
-                got = False
-            piece_same[p] = got
-        return got
+            got = piece_same[p] = piece_diff(p)
+        if got is True or got is False:
+            return got
+        return got[succ - piece_old[p]] == got[a - piece_old[p]]
 
     def fall_edge(f, ins, a, target, n_end):
         """The fall-through edge after ``ins`` (at ``a``, ending at ``n_end`` in NEW)."""
@@ -516,8 +540,19 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
             + ("is a removed jmp whose target is" if removed else "is") + f" at {want:#x}"
             + _between(lite, new_read, n_end, want))
 
-    for fidx, f in enumerate(functions):
-        sel = np.nonzero(inside & (fic == fidx))[0]
+    # each function's rows (ascending row order), grouped once
+    in_rows = np.nonzero(inside)[0]
+    in_rows = in_rows[np.argsort(fic[in_rows], kind="stable")]
+    group_at = np.searchsorted(fic[in_rows], np.arange(len(functions) + 1)).tolist()
+    f_lo, f_hi = 0, len(functions)
+    if half is not None:
+        # the halves hold about as many original bytes each
+        done = np.cumsum((f_end - f_start).astype(np.int64))
+        cut = int(np.searchsorted(done, done[-1] // 2)) + 1 if len(done) else 0
+        f_lo, f_hi = (0, cut) if half == 0 else (cut, len(functions))
+    for fidx in range(f_lo, f_hi):
+        f = functions[fidx]
+        sel = in_rows[group_at[fidx]:group_at[fidx + 1]]
         fr = rows[sel]
         pieces = fr[fr["old_len"] > 0]
         stats["pieces"] += int(len(fr))
@@ -551,14 +586,15 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                         "an instruction")
         # placement: inside the part the row names
         part_ranges = {p: (s, e) for p, s, e in f.parts}
-        for r in fr:
-            if not int(r["new_len"]):
+        for r_old, ns, r_len, r_part in zip(fr["old"].tolist(), fr["new"].tolist(),
+                                            fr["new_len"].tolist(), fr["part"].tolist()):
+            if not r_len:
                 continue
-            rng = part_ranges.get(int(r["part"]))
-            ns, ne = int(r["new"]), int(r["new"]) + int(r["new_len"])
+            rng = part_ranges.get(r_part)
+            ne = ns + r_len
             if rng is None or ns < rng[0] or ne > rng[1]:
-                where = "hot part" if int(r["part"]) == bm.PART_HOT else "cold part"
-                add("equiv.block-outside", ns, f"{f.name}: piece of original {int(r['old']):#x} "
+                where = "hot part" if r_part == bm.PART_HOT else "cold part"
+                add("equiv.block-outside", ns, f"{f.name}: piece of original {r_old:#x} "
                     f"at {ns:#x}..{ne:#x} is outside its {where}"
                     + (f" {rng[0]:#x}..{rng[1]:#x}" if rng else " (no such symbol in NEW)"))
 
@@ -567,7 +603,7 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
         for ins, p in zip(insns, pidx.tolist() if len(insns) else []):
             if p < 0:
                 continue                        # reported as lost above
-            stats["instructions"] += 1
+            n_insns += 1
             a = ins.address
             kind = piece_kind[p]
             if fast and kind == bm.KIND_COPIED and type(ins) is _Light:
@@ -576,7 +612,7 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 if mb is None:
                     mb = maybe_branch[ins.mnemonic] = _maybe_branch(ins.mnemonic)
                 if succ <= piece_old_end[p] and not mb and "rip" not in ins.op_str and \
-                        same_piece(p):
+                        unchanged(p, a, succ):
                     k = bisect_left(moved_field_addrs, a) if moved_field_addrs else 0
                     if not (k < len(moved_field_addrs) and moved_field_addrs[k] < succ):
                         n = piece_new[p] + (a - piece_old[p])
@@ -588,14 +624,15 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                             # the piece's end maps to where the instruction ends
                             if ins.mnemonic not in _NO_FALLTHROUGH and \
                                     a not in no_fallthrough and succ < f.old_end:
-                                stats["edges"] += 1
+                                n_fast_edges += 1
                         else:
                             fall_edge(f, ins, a, None, n + ins.size)
                         continue
             piece_start = piece_old[p] == a
             plain = _plain_branch(ins) if kind in (bm.KIND_COPIED, bm.KIND_BRANCH) and \
                 isinstance(ins, _Light) else None
-            if plain is None and (kind != bm.KIND_COPIED or _maybe_branch(ins.mnemonic)):
+            if plain is None and (kind != bm.KIND_COPIED or maybe_branch.get(ins.mnemonic, True)
+                                  and _maybe_branch(ins.mnemonic)):
                 ins = _full(cs, ins)
             # a lite instruction is no direct branch (_maybe_branch said so) or a plain one
             target = plain[1] if plain is not None else \
@@ -693,8 +730,11 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 orc_pairs.append((a, n, piece_start, p))
             fall_edge(f, ins, a, target, n_end)
 
+    # the per-instruction counts, kept in locals in the loop above
+    stats["instructions"] += n_insns
+    stats["edges"] += n_fast_edges
     # inserted jmps: each a jmp to the translated fall-through target
-    for r in rows[rows["kind"] == bm.KIND_JMP_INSERTED]:
+    for r in rows[rows["kind"] == bm.KIND_JMP_INSERTED] if tail else []:
         stats["jmps_inserted"] += 1
         n, want = int(r["new"]), amap.map1(int(r["old"]))
         j = _decode_one(cs, new_read, n)
@@ -708,7 +748,7 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
 
     # tables: entries inside split functions must map to an entry of NEW's column
     split_lo, split_hi = f_start, f_end
-    for name, col_old, col_new in tables:
+    for name, col_old, col_new in tables if tail else ():
         col_old = np.asarray(col_old, np.uint64)
         k = np.searchsorted(split_lo, col_old, side="right").astype(np.int64) - 1
         kc = np.maximum(k, 0)
@@ -736,6 +776,30 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 add("equiv.orc-block", n, f"ORC at {n:#x} differs from the original's at {o:#x}")
         stats["orc_checked"] = int(len(pa))
     return findings, stats
+
+
+def blocks_in_halves(rows, functions, old_read, new_read, outside_map, orc_old=None,
+                     orc_new=None, **kwargs):
+    """check_blocks on two cores: half 1 in a forked child (verify/forked.py) while
+    this process checks half 0; the same (findings, stats) as one call. With ORC
+    tables (kernels) one call: the ORC check needs every function's pairs."""
+    import functools
+    from .forked import Forked
+    args = (rows, functions, old_read, new_read, outside_map, orc_old, orc_new)
+    orc = orc_old is not None and orc_new is not None and len(orc_old[0]) and len(orc_new[0])
+    if orc or len(functions) < 2:
+        return check_blocks(*args, **kwargs)
+    other = Forked(functools.partial(check_blocks, **dict(kwargs, half=1)), *args)
+    try:
+        found, stats = check_blocks(*args, **dict(kwargs, half=0))
+    except BaseException:
+        other.cancel()
+        raise
+    found_b, stats_b = other.result()
+    for k, v in stats_b.items():
+        if k != "split_functions":
+            stats[k] = stats.get(k, 0) + v
+    return found + found_b, stats
 
 
 def _between(lite, new_read, lo, hi):

@@ -8,7 +8,7 @@ from ..image import blockmap as bm
 from ..kernel import TABLES
 from ..kernel.alternatives import Alternatives
 from ..kernel.bug_table import BugTable
-from .blocks import SplitFunction, check_blocks
+from .blocks import SplitFunction, blocks_in_halves
 from .symbols import cold_parts
 from .tables import ADDRESS_COLUMNS, orc_lookup
 
@@ -88,7 +88,7 @@ def block_results(ctx):
         for e, a in zip(ends, ae["instr"].tolist()):
             patch_sites[e] = min(a, patch_sites.get(e, a))
     orc_old, orc_new = orc_lookup(octx), orc_lookup(nctx)
-    return check_blocks(rows, funcs, old.read, new.read, amap.base.map, orc_old, orc_new,
+    return blocks_in_halves(rows, funcs, old.read, new.read, amap.base.map, orc_old, orc_new,
                         tables=tables, no_fallthrough=frozenset(no_fall),
                         noreturn=frozenset(noreturn), data_moves=ctx.data_moves,
                         patch_sites=patch_sites)

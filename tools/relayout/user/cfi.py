@@ -79,6 +79,11 @@ def used_length(program, cie):
     return _run(program, cie, cie.init_state)[1]
 
 
+def evaluate_with_length(program, cie, init):
+    """(evaluate's rows, used_length) from one evaluation."""
+    return _run(program, cie, init)
+
+
 def _run(program, cie, init):
     cfa, regs, args = init if init is not None else EMPTY
     regs = dict(regs)
@@ -91,9 +96,13 @@ def _run(program, cie, init):
     pos = 0
     n = len(d)
 
+    regs_t = None           # regs as a sorted tuple; None when changed since it was made
+
     def emit_row(new_loc):
-        nonlocal loc
-        st = (cfa, tuple(sorted(regs.items())), args)
+        nonlocal loc, regs_t
+        if regs_t is None:
+            regs_t = tuple(sorted(regs.items()))
+        st = (cfa, regs_t, args)
         if rows and rows[-1][0] == loc:
             rows[-1] = (loc, st)
         else:
@@ -112,10 +121,12 @@ def _run(program, cie, init):
         if hi == 0x80:
             v, pos = _uleb(d, pos)
             regs[lo] = ("off", v * da)
+            regs_t = None
             used = pos
             continue
         if hi == 0xC0:
             _restore(regs, init_regs, lo)
+            regs_t = None
             used = pos
             continue
         if op == 0x00:              # DW_CFA_nop: padding, not counted in ``used``
@@ -188,11 +199,18 @@ def _run(program, cie, init):
             regs[r] = ("off", -v * da)
         else:
             raise CfiError(f"CFI opcode {op:#04x} is not supported")
+        if op not in _KEEP_REGS:
+            regs_t = None
         if pos > n:
             raise CfiError("CFI program runs past its record")
         used = pos
     emit_row(loc)
     return rows, used
+
+
+# opcodes that leave the register rules as they are (advances, CFA rules,
+# remember_state, GNU_args_size)
+_KEEP_REGS = frozenset((0x02, 0x03, 0x04, 0x0A, 0x0C, 0x0D, 0x0E, 0x0F, 0x12, 0x13, 0x2E))
 
 
 def _restore(regs, init_regs, r):
@@ -297,6 +315,14 @@ def write_program(rows, cie, length=None):
     cur = cie.init_state
     loc = 0
     remembered = None
+    last = {st: i for i, (_, st) in enumerate(seq)}     # where each state comes last
+    diffs = {}                                          # (a, b) -> diff(a, b): states recur
+
+    def step_of(a, b):
+        got = diffs.get((a, b))
+        if got is None:
+            got = diffs[(a, b)] = diff(a, b, cie)
+        return got
     for i, (off, st) in enumerate(seq):
         if off != loc:
             out += _advance(off - loc, cie.code_align)
@@ -306,9 +332,10 @@ def write_program(rows, cie, length=None):
             remembered = None
             cur = st
             continue
-        step = diff(cur, st, cie)
+        step = step_of(cur, st)
+        # cur comes back after i (last) and writing it again takes more than a restore
         if remembered is None and len(step) > 1 and i > 0 and \
-                any(s == cur for _, s in seq[i + 1:]) and len(diff(st, cur, cie)) > 1:
+                last.get(cur, -1) > i and len(step_of(st, cur)) > 1:
             out += b"\x0a"
             remembered = cur
         out += step

@@ -41,7 +41,7 @@ import struct
 import numpy as np
 
 from ...image.elf import RELA
-from .cfi import (CfiError, evaluate, parse_cie_info, rows_for_pieces, state_at, used_length,
+from .cfi import (CfiError, evaluate, evaluate_with_length, parse_cie_info, rows_for_pieces,
                   write_program)
 from .lsda import Lsda, LsdaError, call_sites_for_part, size_bound
 from .lsda import encode as lsda_encode
@@ -106,8 +106,8 @@ def _compact(prog, info):
     if info is None:
         return prog
     try:
-        trimmed = prog[:used_length(prog, info)]
-        rows = evaluate(prog, info, info.init_state)
+        rows, used = evaluate_with_length(prog, info, info.init_state)
+        trimmed = prog[:used]
         canon = write_program(rows, info)
         if len(canon) < len(trimmed) and _same_rows(evaluate(canon, info, info.init_state), rows):
             return canon
@@ -528,8 +528,11 @@ def check_split_cfi(old_image, new_image, rows, parsed=None):
                                   for loc in at[lo:hi]]
         else:
             checks = [(o, nw)]
+        at = locs.get(ofde.start)
+        if at is None:
+            at = locs[ofde.start] = [loc for loc, _ in orows]
         for oa, na in checks:
-            want = state_at(orows, oa - ofde.pc_begin)
+            want = orows[max(bisect.bisect_right(at, oa - ofde.pc_begin) - 1, 0)][1]   # state_at
             try:
                 got = new.state(na)
             except (CfiError, IndexError, struct.error) as e:
@@ -578,11 +581,13 @@ class _FdeIndex:
         r = self.fde_at(addr)
         if r is None:
             return None
-        rows = self.cache.get(r.start)
-        if rows is None:
+        got = self.cache.get(r.start)
+        if got is None:
             info = self.info[r.cie]
-            rows = self.cache[r.start] = evaluate(r.prog, info, info.init_state)
-        return state_at(rows, addr - r.pc_begin)
+            rows = evaluate(r.prog, info, info.init_state)
+            got = self.cache[r.start] = (rows, [loc for loc, _ in rows])
+        rows, locs = got
+        return rows[max(bisect.bisect_right(locs, addr - r.pc_begin) - 1, 0)][1]   # state_at
 
 
 
