@@ -122,6 +122,7 @@ class ParsedFields:
         self.units = enc.units(info)
         self._info(lib, _u8(info), _u8(sections.get(".debug_abbrev", b"")))
         self._lists(lib)
+        del self._ref_attr, self._ref_unit, self._ref_size    # read by _lists only
         self._line(lib)
         self._aranges(lib)
         self._frame(lib)
@@ -269,6 +270,11 @@ class ParsedFields:
             p = end
         pos = np.concatenate(pos) if pos else np.zeros(0, np.int64)
         self.addresses[".debug_addr"] = (pos, words8(sec)[pos])
+
+    def drop_addresses(self):
+        """Forget the address fields (16 bytes a field) once they are applied;
+        the references stay."""
+        self.addresses = {}
 
     # -- the relocation-shaped arrays --------------------------------------------
     def of_type(self, name, rtype, sections):

@@ -236,7 +236,10 @@ class DwarfRewrite:
         self._keep_reference_words()
         self._read_unit_dies()
         self.patch_addresses()
+        if isinstance(self.fields, ParsedFields):
+            self.fields.drop_addresses()        # applied: read no more
         self.rewrite_lines()
+        self.orig.pop(".debug_line", None)      # re-encoded: read no more
         self.rewrite_units()
         self.rewrite_aranges()
         self.check_frame()
@@ -954,11 +957,16 @@ class DwarfRewrite:
 
     # -- output ------------------------------------------------------------------
     def finish(self):
-        for name, arr in self.buf.items():
+        # what the rewrite read is freed before the sections with appended lists
+        # are joined (each join copies one section)
+        self.fields = self._ref_pos = self._ref_words = self._tops = None
+        for name in list(self.buf):
+            arr = self.buf.pop(name)
             extra = self.append.get(name)
             if extra and name in (".debug_rnglists", ".debug_loclists"):
                 extra[0:4] = enc.pack_u(len(extra) - 4, 4)
             data = arr if not extra else np.concatenate([arr, np.frombuffer(bytes(extra), np.uint8)])
+            del arr
             self.patched[self.secs[name].index] = data
         if ".debug_abbrev" in self.append:
             self.patched[self.secs[".debug_abbrev"].index] = np.frombuffer(
