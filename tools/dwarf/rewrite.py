@@ -207,7 +207,6 @@ class DwarfRewrite:
         self.orig = {}
         self.buf = {}
         self.append = {}       # section name -> bytearray appended after the original
-        self.prepared = False
 
     def _sec(self, name):
         s = self.secs.get(name)
@@ -216,31 +215,9 @@ class DwarfRewrite:
     def run(self):
         if not self._sec(".debug_info"):
             return self
-        if not self.prepared:
-            self.prepare()
-        read, self.stats = self.stats, {}
         self.seg = Segments(self.amap)
         if self.seg.orphan_jmps:
             self.stats["dwarf_appended_jmps_unattached"] = self.seg.orphan_jmps
-        self.stats.update(read)
-        self.patch_addresses()
-        if isinstance(self.fields, ParsedFields):
-            self.fields.drop_addresses()        # applied: read no more
-        self.rewrite_lines()
-        self.orig.pop(".debug_line", None)      # re-encoded: read no more
-        self.rewrite_units()
-        self.rewrite_aranges()
-        self.check_frame()
-        self.finish()
-        return self
-
-    def prepare(self):
-        """What needs no address map: the sections read, their address fields
-        found, the unit DIEs read (``start_prepare`` runs it in a thread beside
-        the rewrite passes)."""
-        self.prepared = True
-        if not self._sec(".debug_info"):
-            return self
         # One private copy per patched section (the output, patched in place);
         # the original is read through the image's file mapping, where only the
         # pages the rewrite reads after patching become resident (unit headers
@@ -258,6 +235,15 @@ class DwarfRewrite:
         self.fields = self._field_source()
         self._keep_reference_words()
         self._read_unit_dies()
+        self.patch_addresses()
+        if isinstance(self.fields, ParsedFields):
+            self.fields.drop_addresses()        # applied: read no more
+        self.rewrite_lines()
+        self.orig.pop(".debug_line", None)      # re-encoded: read no more
+        self.rewrite_units()
+        self.rewrite_aranges()
+        self.check_frame()
+        self.finish()
         return self
 
     # -- absolute addresses: from the link relocations or found by parsing -------
@@ -989,52 +975,16 @@ class DwarfRewrite:
                      if s.name.startswith(".rela.debug_") or s.name.startswith(".rel.debug_")]
 
 
-class Prepared:
-    """``DwarfRewrite.prepare`` running in a thread (its reads and C scans
-    release the GIL: they use the second core while the rewrite passes run);
-    ``result()`` waits for it and raises what it raised."""
-
-    def __init__(self, image, log=None, fields=None):
-        import threading
-        native.library()                  # loaded (built) here, not in two threads
-        self.rw = DwarfRewrite(image, None, log, fields)
-        self.error = None
-        self.thread = threading.Thread(target=self._run, name="dwarf-prepare", daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        try:
-            self.rw.prepare()
-        except BaseException as e:      # raised again in the caller's thread
-            self.error = e
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.rw
-
-
-def start_prepare(image, log=None, fields=None):
-    """Start reading and parsing ``image``'s DWARF (what needs no address map)."""
-    return Prepared(image, log, fields)
-
-
-def rewrite_dwarf(image, amap, log=None, fields=None, prepared=None):
+def rewrite_dwarf(image, amap, log=None, fields=None):
     """(patched {index: bytes}, drop [index], stats) for the image's DWARF under
     ``amap``; ``fields``: "relocations", "parsed" or None (relocations when the
-    image has .rela.debug_*, else parsed); ``prepared``: a ``start_prepare`` of
-    the same image, whose reading is then not done again."""
+    image has .rela.debug_*, else parsed)."""
     # the rewrite makes many small tuples and lists and no reference cycles: the
     # cycle collector would only re-scan the objects of the phases before it
-    rw = prepared.result() if prepared is not None else None
     was = gc.isenabled()
     gc.disable()
     try:
-        if rw is None:
-            rw = DwarfRewrite(image, amap, log, fields)
-        rw.amap = amap
-        rw = rw.run()
+        rw = DwarfRewrite(image, amap, log, fields).run()
     finally:
         if was:
             gc.enable()

@@ -63,30 +63,12 @@ class RelayoutRun:
     segment: Any = None              # userspace: the new segment the moved code went to
     drop: list = field(default_factory=list)
     stats: list = field(default_factory=list)   # [(pass name, stats)]
-    dwarf_prepared: Any = None       # the DWARF read and parsed in a thread (dwarf.rewrite)
 
 
 def run_passes(run, passes):
     for name, pass_ in passes:
         run.stats.append((name, pass_(run)))
-        if name == "plan":
-            _start_dwarf(run)
     return S.RelayoutSummary(run.stats)
-
-
-def _debug_sections(image):
-    return [s.index for s in image.sections if not s.is_alloc and
-            (s.name.startswith(".debug_") or s.name.startswith(".rela.debug_"))]
-
-
-def _start_dwarf(run):
-    """Once the plan is made (the memory peak of planning is past), read and
-    parse the DWARF in a thread beside the rewrite passes: about 1.5 s of
-    reading and C scanning on the other core for a 7.3 kernel's 330 MB."""
-    if run.debug == "strip" or not _debug_sections(run.image):
-        return
-    from ..dwarf.rewrite import start_prepare
-    run.dwarf_prepared = start_prepare(run.image, run.log)
 
 
 class _Counting:
@@ -573,7 +555,8 @@ def dwarf(run):
     ``.rela.debug_*``, or found by parsing it when the image has none), or drop
     it when asked."""
     image, log = run.image, run.log
-    is_debug = _debug_sections(image)
+    is_debug = [s.index for s in image.sections if not s.is_alloc and
+                (s.name.startswith(".debug_") or s.name.startswith(".rela.debug_"))]
     if not is_debug:
         return S.DwarfStats("none in the input")
     if run.debug == "strip":
@@ -591,9 +574,7 @@ def dwarf(run):
         log("rewriting DWARF for the new layout (address fields found by parsing it: "
             "no .rela.debug_*)")
     try:
-        prepared, run.dwarf_prepared = run.dwarf_prepared, None
-        patched, run.drop, counters = rewrite_dwarf(image, run.rewriter.amap, log,
-                                                    prepared=prepared)
+        patched, run.drop, counters = rewrite_dwarf(image, run.rewriter.amap, log)
     except (ValueError, IndexError, KeyError) as e:
         raise BadInput(f"{run.image_path}: cannot rewrite its DWARF ({e}); "
                        "--strip-debug drops it instead") from None
