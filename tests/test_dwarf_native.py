@@ -179,3 +179,41 @@ def test_rewrite_of_broken_dwarf_stops_with_one_line(prog, tmp_path):
     bad = [f for f in findings if f.check == "debuginfo.unreadable"]
     assert len(bad) == 1 and "unknown abbreviation code" in bad[0].message
     assert counter["debuginfo.unreadable"] == 1
+
+
+def test_verify_reads_by_slices_and_windows_as_whole(prog):
+    """verify's DWARF check reads line tables a slice of units at a time and each
+    unit's first DIE from a window of its bytes: the same rows (unit indices
+    section-wide) and the same DIEs as reading the sections whole, also when
+    every unit is its own slice and when a window cuts the first DIE (read in
+    place then)."""
+    from linepack.verify import debuginfo as di
+    v, exe, sec = prog
+    im = ElfImage(str(exe))
+    line = np.frombuffer(bytes(im.section_bytes(im.section(".debug_line"))), np.uint8)
+    whole = native.LineRows(line)
+    for size in (1, 64, 1 << 30):
+        slices = di._line_slices(line, size)
+        assert slices[0][0] == 0 and slices[-1][1] == len(line)
+        assert len(slices) >= (2 if size == 1 else 1)
+        got = {k: [] for k in ("addr", "unit", "file", "line", "column", "flags")}
+        orig = di._line_slices
+        di._line_slices = lambda s, size=size: orig(s, size)
+        try:
+            for base, rows in di._rows_by_slice(line):
+                assert base == sum(len(a) for a in got["addr"])
+                for k in got:
+                    got[k].append(getattr(rows, k))
+        finally:
+            di._line_slices = orig
+        for k in got:
+            assert np.concatenate(got[k]).tolist() == getattr(whole, k).tolist(), (size, k)
+    info, abbrev = sec[".debug_info"], sec[".debug_abbrev"]
+    units = enc.units(info)
+    cus = [i for i, un in enumerate(units) if un.unit_type in (1, 3)]
+    ref = native.top_dies(info, abbrev, [units[i] for i in cus], WANT)
+    for window in (4096, 8):          # 8 bytes: every first DIE is cut, read in place
+        us, got_cus, d = di._units_and_tops(im, memoryview(info), abbrev, WANT, window)
+        assert got_cus == cus and [u.off for u in us] == [u.off for u in units]
+        for k in ("off", "code", "tag", "form", "pos", "val"):
+            assert getattr(d, k).tolist() == getattr(ref, k).tolist(), (window, k)

@@ -36,7 +36,8 @@ import numpy as np
 
 from . import encoding as enc
 from . import native
-from .fields import ParsedFields, RelocationFields, read_section, has_debug_relocations
+from .fields import (ParsedFields, RelocationFields, has_debug_relocations, mapped_section,
+                     read_section, read_writable)
 from .native import relines
 from ..image.intervals import append_range
 from ..image.relocs import R_X86_64_32, R_X86_64_64
@@ -217,16 +218,28 @@ class DwarfRewrite:
         self.seg = Segments(self.amap)
         if self.seg.orphan_jmps:
             self.stats["dwarf_appended_jmps_unattached"] = self.seg.orphan_jmps
-        for name in PATCHED_IN_PLACE + (".debug_line", ".debug_aranges", ".debug_abbrev"):
+        # One private copy per patched section (the output, patched in place);
+        # the original is read through the image's file mapping, where only the
+        # pages the rewrite reads after patching become resident (unit headers
+        # and first DIEs, the walked units, the lists it re-encodes): on 7.3 that
+        # is one 251 MB .debug_info in memory, not two.
+        for name in PATCHED_IN_PLACE:
+            s = self._sec(name)
+            if s is not None:
+                self.buf[name] = read_writable(self.image, s)
+                self.orig[name] = mapped_section(self.image, s)
+        for name in (".debug_line", ".debug_aranges", ".debug_abbrev"):
             s = self._sec(name)
             if s is not None:
                 self.orig[name] = read_section(self.image, s)
-        for name in PATCHED_IN_PLACE:
-            if name in self.orig:
-                self.buf[name] = np.frombuffer(self.orig[name], np.uint8).copy()
         self.fields = self._field_source()
+        self._keep_reference_words()
+        self._read_unit_dies()
         self.patch_addresses()
+        if isinstance(self.fields, ParsedFields):
+            self.fields.drop_addresses()        # applied: read no more
         self.rewrite_lines()
+        self.orig.pop(".debug_line", None)      # re-encoded: read no more
         self.rewrite_units()
         self.rewrite_aranges()
         self.check_frame()
@@ -246,7 +259,9 @@ class DwarfRewrite:
         self.stats["dwarf_fields_from"] = kind
         if kind == "relocations":
             return RelocationFields(self.image)
-        src = dict(self.orig)
+        # the patched sections are parsed from their copies, not patched yet
+        # (their bytes are the original's: nothing more is read from the mapping)
+        src = {**self.orig, **{n: memoryview(b) for n, b in self.buf.items()}}
         for name in (".debug_addr",):
             s = self._sec(name)
             if s is not None:
@@ -277,15 +292,56 @@ class DwarfRewrite:
             if not len(pos):
                 continue
             words = _le_words(self.buf[name], 8)
-            val = words[pos]
-            new, ok = amap.map(val)
-            new = np.where(ok, new, val)
-            words[pos] = new
-            fields += int((new != val).sum())
-            unmapped += int((~ok).sum())
+            # a slice of fields at a time (their temporaries are 40 bytes a field)
+            # when no field repeats; else at once, so each is read before any is written
+            step = len(pos) if (len(pos) > 1 and (pos[1:] <= pos[:-1]).any()) else 1 << 20
+            for a in range(0, len(pos), step):
+                p = pos[a:a + step]
+                val = words[p]
+                new, ok = amap.map(val)
+                new = np.where(ok, new, val)
+                words[p] = new
+                fields += int((new != val).sum())
+                unmapped += int((~ok).sum())
         self.stats["dwarf_address_fields_moved"] = fields
         if unmapped:
             self.stats["dwarf_addresses_in_padding"] = unmapped
+
+    def _keep_reference_words(self):
+        """The original 4-byte words at .debug_info's offsets into the list
+        sections, taken before anything is patched (``_refs`` reads them after:
+        through the mapping, the gather would make all of .debug_info resident
+        again). Offsets past the last whole word are kept as -1: ``_refs``
+        raises IndexError for them, as reading the section would."""
+        off, shndx = self._fields_of(".debug_info", R_X86_64_32)
+        targets = [s.index for s in (self._sec(n) for n in LIST_SECTIONS) if s is not None]
+        pos = off[np.isin(shndx, targets)].astype(np.int64)
+        if len(pos) > 1 and (pos[1:] < pos[:-1]).any():      # the DIE walk emits them in order
+            pos = np.sort(pos)
+        info = self.buf[".debug_info"]
+        ok = pos <= len(info) - 4
+        words = np.full(len(pos), -1, np.int64)
+        words[ok] = _le_words(info, 4)[pos[ok]]
+        self._ref_pos, self._ref_words = pos, words
+
+    def _read_unit_dies(self):
+        """The unit headers and every unit's first DIE (its forms, places and
+        values), read from the copy before anything is patched: the rewrite
+        reads them after patching, and through the mapping each unit's first
+        DIE would fault in 64 KB around it (180 MB on 7.3)."""
+        info = self.buf[".debug_info"]
+        self.units = enc.units(memoryview(info))
+        self._tops = native.top_dies(info, self.orig.get(".debug_abbrev", b""), self.units, _TOP)
+        self._top_row = {u.off: i for i, u in enumerate(self.units)}
+
+    def _top_value(self, un, at, n):
+        """The original n-byte value of attribute ``at`` of a unit's first DIE."""
+        d, i = self._tops, self._top_row[un.off]
+        j = _TOP.index(at)
+        p = int(d.pos[i, j])
+        if n == int(d.end[i, j]) - p and n <= 8:
+            return int(d.val[i, j])
+        return enc.u(self.orig[".debug_info"], p, n)
 
     def _refs(self, target):
         """(field offsets in .debug_info, referenced offsets) of 4-byte section
@@ -295,7 +351,10 @@ class DwarfRewrite:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         off, shndx = self._fields_of(".debug_info", R_X86_64_32)
         pos = np.sort(off[shndx == s.index].astype(np.int64))
-        val = _le_words(np.frombuffer(self.orig[".debug_info"], np.uint8), 4)[pos].astype(np.int64)
+        val = self._ref_words[np.searchsorted(self._ref_pos, pos)]
+        if (val < 0).any():
+            raise IndexError(f".debug_info: a section offset at {int(pos[val < 0][0]):#x} "
+                             "runs past the section's end")
         return pos, val
 
     def _put(self, name, pos, value, n):
@@ -314,9 +373,7 @@ class DwarfRewrite:
 
     # -- units: their own ranges, and lists relative to their base --------------
     def rewrite_units(self):
-        info = self.orig[".debug_info"]
         abbrev = self.orig.get(".debug_abbrev", b"")
-        self.units = enc.units(info)
         tables = _Tables(abbrev)
         converted, relisted, kept = [], 0, 0
         self.abbrev_mods = {}
@@ -331,13 +388,13 @@ class DwarfRewrite:
             code, a = self._top_die(un)
             if DW_AT_stmt_list in a and getattr(self, "line_offsets", None):
                 f, p, e = a[DW_AT_stmt_list]
-                nv = self.line_offsets.get(enc.u(info, p, e - p))
+                nv = self.line_offsets.get(self._top_value(un, DW_AT_stmt_list, e - p))
                 if nv is None:
                     self.stats["dwarf_stmt_list_unmatched"] = \
                         self.stats.get("dwarf_stmt_list_unmatched", 0) + 1
                 else:
                     self._put(".debug_info", p, nv, e - p)
-            base = enc.u(info, a[enc.DW_AT_low_pc][1], un.asz) if enc.DW_AT_low_pc in a and \
+            base = self._top_value(un, enc.DW_AT_low_pc, un.asz) if enc.DW_AT_low_pc in a and \
                 a[enc.DW_AT_low_pc][0] == enc.DW_FORM_addr else 0
             old = self._unit_ranges(un, a, base)
             self.cu_old_ranges[ui] = old
@@ -384,21 +441,17 @@ class DwarfRewrite:
     def _type_unit_stmt_list(self, un, tables):
         if un.unit_type not in (2, 6) or not getattr(self, "line_offsets", None):
             return
-        info = self.orig[".debug_info"]
         _, a = self._top_die(un)
         if DW_AT_stmt_list in a:
             f, p, e = a[DW_AT_stmt_list]
-            if enc.u(info, p, e - p) in self.line_offsets:
-                self._put(".debug_info", p, self.line_offsets[enc.u(info, p, e - p)], e - p)
+            v = self._top_value(un, DW_AT_stmt_list, e - p)
+            if v in self.line_offsets:
+                self._put(".debug_info", p, self.line_offsets[v], e - p)
 
     def _top_die(self, un):
         """(abbreviation code, {attr: (form, value position, value end)}) of a
         unit's first DIE, for the attributes the rewrite reads (as
         encoding.top_die_attrs: none when its abbreviation is unknown)."""
-        if getattr(self, "_tops", None) is None:
-            self._tops = native.top_dies(self.orig[".debug_info"],
-                                         self.orig.get(".debug_abbrev", b""), self.units, _TOP)
-            self._top_row = {u.off: i for i, u in enumerate(self.units)}
         d, i = self._tops, self._top_row[un.off]
         if d.off[i] < 0:            # unknown abbreviation or a null entry first
             return 0, {}
@@ -407,18 +460,17 @@ class DwarfRewrite:
         return int(d.code[i]), a
 
     def _unit_ranges(self, un, a, base):
-        info = self.orig[".debug_info"]
         if enc.DW_AT_ranges in a:
             f, p, e = a[enc.DW_AT_ranges]
             if f != enc.DW_FORM_sec_offset:
                 return None
-            off = enc.u(info, p, un.osz)
+            off = self._top_value(un, enc.DW_AT_ranges, un.osz)
             if un.version >= 5:
                 return self._read_rnglist(off, base)
             return self._read_ranges(off, base, un.asz)
         if enc.DW_AT_low_pc in a and enc.DW_AT_high_pc in a:
             f, p, e = a[enc.DW_AT_high_pc]
-            hv = enc.u(info, p, e - p)
+            hv = self._top_value(un, enc.DW_AT_high_pc, e - p)
             hi = hv if f == enc.DW_FORM_addr else base + hv
             return [(base, hi)]
         return None
@@ -783,7 +835,7 @@ class DwarfRewrite:
         _, a = self._top_die(un)
         x = a.get(enc.DW_AT_low_pc)
         if x is not None and x[0] == enc.DW_FORM_addr:
-            return enc.u(self.orig[".debug_info"], x[1], un.asz)
+            return self._top_value(un, enc.DW_AT_low_pc, un.asz)
         return 0
 
     # -- aranges -----------------------------------------------------------------
@@ -905,11 +957,16 @@ class DwarfRewrite:
 
     # -- output ------------------------------------------------------------------
     def finish(self):
-        for name, arr in self.buf.items():
+        # what the rewrite read is freed before the sections with appended lists
+        # are joined (each join copies one section)
+        self.fields = self._ref_pos = self._ref_words = self._tops = None
+        for name in list(self.buf):
+            arr = self.buf.pop(name)
             extra = self.append.get(name)
             if extra and name in (".debug_rnglists", ".debug_loclists"):
                 extra[0:4] = enc.pack_u(len(extra) - 4, 4)
             data = arr if not extra else np.concatenate([arr, np.frombuffer(bytes(extra), np.uint8)])
+            del arr
             self.patched[self.secs[name].index] = data
         if ".debug_abbrev" in self.append:
             self.patched[self.secs[".debug_abbrev"].index] = np.frombuffer(

@@ -101,8 +101,11 @@ class _Pieces:
         a = np.asarray(addrs, np.uint64)
         if not self.old:
             return np.zeros(a.shape, bool)
-        o, e = np.array(self.old, np.uint64), np.array(self.end, np.uint64)
-        size = np.array(self.new_end, np.uint64) - np.array(self.new, np.uint64)
+        if getattr(self, "_empty_arrays", None) is None:       # asked once per slice of rows
+            self._empty_arrays = (np.array(self.old, np.uint64), np.array(self.end, np.uint64),
+                                  np.array(self.new_end, np.uint64) -
+                                  np.array(self.new, np.uint64))
+        o, e, size = self._empty_arrays
         i = np.searchsorted(o, a, side="right").astype(np.int64) - 1
         ic = np.maximum(i, 0)
         return (i >= 0) & (a < e[ic]) & (size[ic] == 0)
@@ -188,6 +191,111 @@ def _sec(image, name):
     return bytes(image.section_bytes(s))
 
 
+def _mapped(image, name):
+    """A section read in place through the image's file mapping (a read-only
+    memoryview): only the pages the checks touch become resident (the unit
+    headers, the first DIE of each unit, the sampled units), not the whole
+    .debug_info of both images (2 x 251 MB on 7.3)."""
+    s = image.section(name) if hasattr(image, "section") else None
+    if s is None or not s.size:
+        return None
+    if type(image) is ElfImage and s.type != SHT_NOBITS:
+        return memoryview(image.section_bytes(s))
+    return _sec(image, name)
+
+
+class _FileBytes:
+    """A section's bytes read from its file on demand (os.pread, one small block
+    cached), for walks that read a few bytes per unit (the unit headers):
+    through the mapping each read would fault in 64 KB or more around it."""
+
+    BLOCK = 256
+
+    def __init__(self, path, offset, size):
+        self.fd = os.open(path, os.O_RDONLY)
+        self.offset, self.size = offset, size
+        self._lo, self._blk = 0, b""
+
+    def close(self):
+        os.close(self.fd)
+
+    def __len__(self):
+        return self.size
+
+    def _get(self, a, b):
+        if a >= b:
+            return b""
+        if not (self._lo <= a and b <= self._lo + len(self._blk)):
+            n = min(max(self.BLOCK, b - a), self.size - a)
+            self._lo, self._blk = a, os.pread(self.fd, n, self.offset + a)
+        return self._blk[a - self._lo:b - self._lo]
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            a, b, step = k.indices(self.size)
+            if step != 1:
+                raise ValueError("a step")
+            return self._get(a, b)
+        if k < 0:
+            k += self.size
+        if not 0 <= k < self.size:
+            raise IndexError("offset past the section")
+        return self._get(k, k + 1)[0]
+
+
+def _units_and_tops(image, info, abbrev, want, window=4096):
+    """enc.units(info) and, of its compile and partial units, native.top_dies:
+    (units, indices of those units, their first DIEs). For an image read from a
+    file, each header and first DIE is read on its own (a window of the unit's
+    first bytes; a DIE that does not fit is read in place): through the mapping,
+    the first DIE of each of thousands of units would make most of .debug_info
+    resident (+420 MB for OLD and NEW on 7.3)."""
+    s = image.section(".debug_info") if hasattr(image, "section") else None
+    if type(image) is not ElfImage or s is None or s.type == SHT_NOBITS:
+        us = enc.units(info)
+        cus = [i for i, un in enumerate(us) if un.unit_type in (1, 3)]
+        return us, cus, native.top_dies(info, abbrev, [us[i] for i in cus], want)
+    fb = _FileBytes(image.path, s.offset, s.size)
+    try:
+        us = enc.units(fb)
+        cus = [i for i, un in enumerate(us) if un.unit_type in (1, 3)]
+        sel = [us[i] for i in cus]
+        n, nw = len(sel), len(want)
+        d = native.Dies()
+        d.off, d.code, d.tag = (np.zeros(n, np.int64) for _ in range(3))
+        d.form = np.zeros((n, nw), np.int32)
+        d.pos, d.end = np.full((n, nw), -1, np.int64), np.zeros((n, nw), np.int64)
+        d.val = np.zeros((n, nw), np.uint64)
+        redo = []
+        try:
+            for k, un in enumerate(sel):
+                lo, hi = un.off, min(un.end, un.off + window, s.size)
+                w = enc.Unit()
+                for a in enc.Unit.__slots__:
+                    setattr(w, a, getattr(un, a))
+                w.die, w.end = un.die - lo, un.end - lo
+                one = native.top_dies(np.frombuffer(fb[lo:hi], np.uint8), abbrev, [w], want)
+                if one.off[0] < 0:      # cut by the window, or unreadable: read in place
+                    redo.append(k)
+                    continue
+                has = one.pos[0] >= 0
+                d.off[k], d.code[k], d.tag[k] = one.off[0] + lo, one.code[0], one.tag[0]
+                d.form[k], d.val[k] = one.form[0], one.val[0]
+                d.pos[k] = np.where(has, one.pos[0] + lo, -1)
+                d.end[k] = np.where(has, one.end[0] + lo, one.end[0])
+        except native.DieError:
+            # malformed: read in place, so that the error names its offset as it did
+            return us, cus, native.top_dies(info, abbrev, sel, want)
+        if redo:
+            got = native.top_dies(info, abbrev, [sel[k] for k in redo], want)
+            for j, k in enumerate(redo):
+                for a in ("off", "code", "tag", "form", "pos", "end", "val"):
+                    getattr(d, a)[k] = getattr(got, a)[j]
+        return us, cus, d
+    finally:
+        fb.close()
+
+
 def _row_keys(rows, addrs):
     """One int64 per (unit, address, file, line, column)."""
     k = np.asarray(addrs, np.uint64).astype(np.int64)
@@ -227,67 +335,137 @@ def check_debuginfo(old, new, amap, findings, counter, report, log=None, rows_sa
         f"checked; {sum(len(v) for v in problems.values())} problems")
 
 
+def _line_slices(sec, size=4 << 20):
+    """(start, end, units before it) slices of a .debug_line, cut at unit
+    boundaries about ``size`` bytes apart (the units as the C core walks them;
+    whatever it would refuse stays in the last slice, where it refuses it)."""
+    out, start, first, units, p, n = [], 0, 0, 0, 0, len(sec)
+    while p + 4 <= n:
+        ln, hdr = int.from_bytes(sec[p:p + 4], "little"), 4
+        if ln == 0xFFFFFFFF:
+            if p + 12 > n:
+                break
+            ln, hdr = int.from_bytes(sec[p + 4:p + 12], "little"), 12
+        if ln < 2 or n - p - hdr < ln:
+            break
+        p += hdr + ln
+        units += 1
+        if p - start >= size:
+            out.append((start, p, first))
+            start, first = p, units
+    if start < n or not out:
+        out.append((start, n, first))
+    return out
+
+
+def _rows_by_slice(sec):
+    """LineRows of each slice of ``sec`` (a uint8 array), yielded as (first row
+    index, rows with section-wide unit indices), so that only one slice's rows
+    are resident at a time; a slice the core cannot read is read whole, so that
+    the error names the section offset."""
+    row = 0
+    for a, b, first in _line_slices(sec):
+        try:
+            rows = LineRows(sec[a:b])
+        except ValueError:
+            LineRows(sec)           # raises with the offset in the section
+            raise
+        if first:
+            rows.unit = rows.unit + np.uint32(first)
+        yield row, rows
+        row += len(rows)
+
+
 def _check_line_rows(old, new, amap, pieces, rng, rows_sample, problems):
-    """Step 1: sampled line rows of moved code are at their translated address."""
-    lo_, ln_ = _sec(old, ".debug_line"), _sec(new, ".debug_line")
-    checked_rows = 0
-    if lo_ is not None and ln_ is not None:
-        ro, rn = LineRows(np.frombuffer(lo_, np.uint8)), LineRows(np.frombuffer(ln_, np.uint8))
-        # rows of function code (a row may start in the padding after a function:
-        # no instruction is there, and the rewrite drops it)
-        from ..image.context import ImageContext
-        ft = ImageContext.of(old).functions        # built once per image object
-        fs = np.asarray(ft.start, np.uint64)
-        order = np.argsort(fs, kind="stable")
-        fs, fe = fs[order], (fs + np.asarray(ft.size, np.uint64))[order]
-        from ..image.intervals import containing
+    """Step 1: sampled line rows of moved code are at their translated address.
+    The rows are parsed a slice of units at a time (25 bytes a row, millions of
+    rows per image): OLD's once to find the moved rows and once to read the
+    sampled ones, NEW's to find their keys."""
+    lo_ = _sec(old, ".debug_line")
+    if lo_ is None or not _has(new, ".debug_line"):
+        return 0
+    osec = np.frombuffer(lo_, np.uint8)
+    # rows of function code (a row may start in the padding after a function:
+    # no instruction is there, and the rewrite drops it)
+    from ..image.context import ImageContext
+    ft = ImageContext.of(old).functions        # built once per image object
+    fs = np.asarray(ft.start, np.uint64)
+    order = np.argsort(fs, kind="stable")
+    fs, fe = fs[order], (fs + np.asarray(ft.size, np.uint64))[order]
+    from ..image.intervals import containing
+    moved, still = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for base, ro in _rows_by_slice(osec):
         in_code = containing(fs, fe, ro.addr) >= 0
         # a row at a removed jmp has no code left in NEW to describe
         live = np.nonzero(((ro.flags & 1) == 0) & in_code & ~pieces.empty(ro.addr))[0]
         mapped = np.asarray(_map(amap, ro.addr[live]), np.uint64)
-        moved = live[mapped != ro.addr[live]]
-        still = live[mapped == ro.addr[live]]
-        pick = moved if len(moved) <= rows_sample else rng.choice(moved, rows_sample, replace=False)
-        if len(pick) < rows_sample and len(still):
-            extra = min(len(still), rows_sample - len(pick), max(rows_sample // 10, 1))
-            pick = np.concatenate([pick, rng.choice(still, extra, replace=False)])
-        pick = np.sort(pick)
-        want = _row_keys(_Sub(ro, pick), np.asarray(_map(amap, ro.addr[pick]), np.uint64))
+        moved.append(live[mapped != ro.addr[live]] + base)
+        still.append(live[mapped == ro.addr[live]] + base)
+    moved, still = np.concatenate(moved), np.concatenate(still)
+    pick = moved if len(moved) <= rows_sample else rng.choice(moved, rows_sample, replace=False)
+    if len(pick) < rows_sample and len(still):
+        extra = min(len(still), rows_sample - len(pick), max(rows_sample // 10, 1))
+        pick = np.concatenate([pick, rng.choice(still, extra, replace=False)])
+    del moved, still
+    pick = np.sort(pick)
+    sub = _Picked(len(pick))
+    for base, ro in _rows_by_slice(osec):
+        i, j = np.searchsorted(pick, [base, base + len(ro)])
+        sub.take(slice(i, j), ro, pick[i:j] - base)
+    del osec, lo_
+    want = _row_keys(sub, np.asarray(_map(amap, sub.addr), np.uint64))
+    # np.isin(want, have), without sorting NEW's millions of rows: keep the
+    # rows whose key is wanted (binary search in the sorted sample), then isin
+    ws = np.sort(want)
+    hits = [np.zeros(0, np.int64)]
+    for _, rn in _rows_by_slice(np.frombuffer(_sec(new, ".debug_line"), np.uint8)):
+        if not len(ws):
+            continue
         nl = np.nonzero((rn.flags & 1) == 0)[0]
         have = _row_keys(_Sub(rn, nl), rn.addr[nl])
-        # np.isin(want, have), without sorting NEW's millions of rows: keep the
-        # rows whose key is wanted (binary search in the sorted sample), then isin
-        ws = np.sort(want)
-        j = np.minimum(np.searchsorted(ws, have), len(ws) - 1) if len(ws) else None
-        ok = np.isin(want, have[ws[j] == have]) if len(ws) else np.zeros(0, bool)
-        checked_rows = len(pick)
-        for i in np.nonzero(~ok)[0].tolist():
-            r = int(pick[i])
-            problems["debuginfo.line-row"].append(
-                (int(ro.addr[r]), f"line row {int(ro.file[r])}:{int(ro.line[r])}:"
-                 f"{int(ro.column[r])} of unit {int(ro.unit[r])} is not at the translated "
-                 f"address {int(_map(amap, np.array([ro.addr[r]], np.uint64))[0]):#x}"))
-    return checked_rows
+        j = np.minimum(np.searchsorted(ws, have), len(ws) - 1)
+        hits.append(have[ws[j] == have])
+    ok = np.isin(want, np.concatenate(hits)) if len(ws) else np.zeros(0, bool)
+    for i in np.nonzero(~ok)[0].tolist():
+        problems["debuginfo.line-row"].append(
+            (int(sub.addr[i]), f"line row {int(sub.file[i])}:{int(sub.line[i])}:"
+             f"{int(sub.column[i])} of unit {int(sub.unit[i])} is not at the translated "
+             f"address {int(_map(amap, np.array([sub.addr[i]], np.uint64))[0]):#x}"))
+    return len(pick)
+
+
+class _Picked:
+    """The sampled rows' columns, filled a slice of rows at a time."""
+
+    def __init__(self, n):
+        self.addr = np.zeros(n, np.uint64)
+        self.unit, self.file, self.line, self.column = (np.zeros(n, np.uint32) for _ in range(4))
+
+    def take(self, where, rows, idx):
+        for k in ("addr", "unit", "file", "line", "column"):
+            getattr(self, k)[where] = getattr(rows, k)[idx]
 
 
 def _check_units(old, new, pieces, problems, report, units_sample, seed):
     """Step 2: unit and (sampled) subprogram ranges cover the translated code."""
-    oi, ni = _sec(old, ".debug_info"), _sec(new, ".debug_info")
-    oa, na = _sec(old, ".debug_abbrev"), _sec(new, ".debug_abbrev")
-    olists = (_sec(old, ".debug_rnglists"), _sec(old, ".debug_ranges"))
-    nlists = (_sec(new, ".debug_rnglists"), _sec(new, ".debug_ranges"))
-    ou, nu = enc.units(oi), enc.units(ni)
+    oi, ni = _mapped(old, ".debug_info"), _mapped(new, ".debug_info")
+    oa, na = _mapped(old, ".debug_abbrev"), _mapped(new, ".debug_abbrev")
+    olists = (_mapped(old, ".debug_rnglists"), _mapped(old, ".debug_ranges"))
+    nlists = (_mapped(new, ".debug_rnglists"), _mapped(new, ".debug_ranges"))
+    ou, ocus, otop = _units_and_tops(old, oi, oa, _WANT)
+    nu, ncus, ntop = _units_and_tops(new, ni, na, _WANT)
     if len(ou) != len(nu):
         problems["debuginfo.unit-range"].append(
             (None, f"OLD has {len(ou)} units, NEW {len(nu)}"))
     cus = [i for i in range(min(len(ou), len(nu))) if ou[i].unit_type in (1, 3)]
+    if ocus != cus or ncus != cus:     # NEW's units differ in kind (or number): as before
+        otop = native.top_dies(oi, oa, [ou[i] for i in cus], _WANT)
+        ntop = native.top_dies(ni, na, [nu[i] for i in cus], _WANT)
     sample = set(random.Random(seed).sample(cus, min(units_sample, len(cus))))
     subprograms = scopes = 0
     units = {}
     resized = pieces.resized()
     split_units = []
-    otop = native.top_dies(oi, oa, [ou[i] for i in cus], _WANT)
-    ntop = native.top_dies(ni, na, [nu[i] for i in cus], _WANT)
     rows = np.arange(len(cus))
     obases = [_base(otop, r) for r in rows.tolist()]
     nbases = [_base(ntop, r) for r in rows.tolist()]

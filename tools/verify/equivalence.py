@@ -103,8 +103,19 @@ def _check_pie(ctx, out):
     check_pie(ctx.old, ctx.new, ctx.amap, ctx.octx, out.findings, out.counter, out, add_findings)
 
 
-def _check_debuginfo(ctx, out):
+def _debuginfo_results(ctx):
+    """The DWARF check (debuginfo.py) on its own: a Sink with its findings,
+    counts and extras. Forked: it reads both images' DWARF a slice at a time
+    (about 150 MB), beside the instruction checks on the other core."""
+    out = Sink()
     check_debuginfo(ctx.old, ctx.new, ctx.amap, out.findings, out.counter, out, ctx.log)
+    return out
+
+
+def _add_debuginfo(ctx, out, result):
+    out.findings.extend(result.findings)
+    out.counter.update(result.counter)
+    out.extra.update(result.extra)
 
 
 # The checks, in the order of the report.
@@ -125,7 +136,7 @@ CHECKS = [
     Check("symbols", symbols.check_symbols),
     Check("code-fields", _check_code_fields),
     Check("pie", _check_pie),
-    Check("debuginfo", _check_debuginfo, phase="against: debug info", after_forked=True),
+    Check("debuginfo", _add_debuginfo, forked=_debuginfo_results),
     Check("layout-map", layout_map.check_layout_map, phase="against: rest",
           when=lambda ctx: ctx.layout_map),
 ]
