@@ -326,6 +326,34 @@ def test_planning_units_split_hot_align():
     assert strategies.get("blocks", split_hot_align="none").split_hot_align is None
 
 
+def test_planning_units_whole_hot_align():
+    # units 0 and 3 are hot and moved whole, unit 1 is split, unit 2 is cold, unit 4 is
+    # hot but pinned, unit 5 hot with a prefix member: whole_align reaches only 0 and 3
+    from types import SimpleNamespace
+    from linepack.relayout.blocks import planning_for, planning_units
+    t = table([64, 100, 32, 48, 16, 40])
+    t.pinned[4] = True
+    t.members[5] = [(5, 0), (6, 16)]
+    splits = [SimpleNamespace(unit=1, sizes=(40, 60), name="u1")]
+    heat = np.array([2.0, 3.0, 0.5, 1.0, 9.0, 4.0])
+    kept, _, parent, part = planning_units(t, heat, splits, hot_align=1)
+    assert parent.tolist() == [0, 1, 1, 2, 3, 4, 5]
+    assert kept.align.tolist() == [16, 1, 1, 16, 16, 16, 16]       # without: their own
+    one, _, _, _ = planning_units(t, heat, splits, hot_align=1, whole_align=1)
+    assert one.align.tolist() == [1, 1, 1, 16, 1, 16, 16]
+    # the hot threshold is the strategy's min_count: at 2 unit 3 (heat 1) is cold
+    two, _, _, _ = planning_units(t, heat, splits, hot_align=1, whole_align=1, min_count=2)
+    assert two.align.tolist() == [1, 1, 1, 16, 16, 16, 16]
+    # the strategy carries both options (blocks: 1 and 1, "none" keeps the function's)
+    strat = strategies.get("blocks")
+    assert (strat.split_hot_align, strat.whole_hot_align) == (1, 1)
+    via, _, _, _ = planning_for(t, heat, splits, strat)
+    assert via.align.tolist() == one.align.tolist()
+    off = strategies.get("blocks", whole_hot_align="none")
+    assert off.whole_hot_align is None
+    assert planning_for(t, heat, splits, off)[0].align.tolist() == kept.align.tolist()
+
+
 def test_blocks_from_trace_first_runs():
     from linepack.evaluate.layouts import blocks_from_trace, hotness_hash
     from linepack.evaluate.whatif import BlockTrace

@@ -23,9 +23,9 @@ from linepack.evaluate.layouts import PlanMap
 from linepack.evaluate.whatif import BlockTrace, line_heat, replay, translate
 from linepack.profile.trace import cache_config
 
-PAD, BRANCH, NEVER, RARE, HOT = range(5)
+PAD, BRANCH, NEVER, RARE, HOT, IN_PLACE = range(6)
 KINDS = ("padding", "re-encoded/inserted branches", "code never run", "code run more rarely",
-         "hot code")
+         "hot code", "code left in place (pinned)")
 
 
 def merged(lo, hi):
@@ -95,6 +95,13 @@ def composition(bt, amap, table, every, line=64):
             covered(iv_hot, o, o + e - s).astype(np.int8))
     for s, e in zip(rel(amap.occupied[0]).tolist(), rel(amap.occupied[1]).tolist()):
         put(s, e, BRANCH)
+    # bytes no moved code covers: padding where moved code left (or was placed), else
+    # code that did not move (pinned entry text, thunks)
+    vacated = merged(os_[oe > os_], oe[oe > os_])
+    for i in np.nonzero((paint.reshape(-1, line) == PAD).any(axis=1))[0].tolist():
+        a = int(loop[i]) << shift
+        seg = paint[i * line:(i + 1) * line]
+        seg[(seg == PAD) & ~covered(vacated, a, a + line)] = IN_PLACE
     return len(loop), np.bincount(paint, minlength=len(KINDS))
 
 

@@ -77,13 +77,14 @@ def hotness_from_trace(bt, image_path):
     """Per-iteration function counts from a BlockTrace (what a profile of that run holds)."""
     from ..image.elf import ElfImage
     from ..profile.model import Profile
+    from ..relayout.driver import function_hotness
     counts = bt.block_counts()
     ran = counts > 0
     b = bt.blocks[ran]
     prof = Profile.from_blocks(ElfImage(image_path), b["vaddr"], b["size"], b["ninsns"],
                                counts[ran], meta={"loops": bt.meta.get("loops")})
     loops = float(bt.meta.get("loops") or 1)
-    return {k: v / loops for k, v in prof.function_counts().items()}
+    return {k: v / loops for k, v in function_hotness(prof).items()}
 
 
 def blocks_from_trace(bt):

@@ -340,12 +340,14 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
     return splits, reason
 
 
-def planning_units(units, heat, splits, hot_align=None):
+def planning_units(units, heat, splits, hot_align=None, whole_align=None, min_count=1):
     """A UnitTable for placement: split units shrink to their hot part; each
     cold part is a new unit right after its parent (unit order = cold order).
     ``hot_align``: the alignment of split hot parts (None: their function's; cold
     parts take 1 either way: they are code the split made, which nothing aligns);
     a unit with a prefix (more than one member) keeps its own.
+    ``whole_align``: the alignment of hot units (heat >= ``min_count``) moved whole
+    that hold one function, are not pinned and keep no phase (None: their own).
     Returns (table, heat, parent index per planning unit, part per planning unit)."""
     n = len(units)
     by_unit = {sf.unit: sf for sf in splits}
@@ -376,6 +378,13 @@ def planning_units(units, heat, splits, hot_align=None):
         hot_split = ~cold & ordered[par] & single[par]
         al = np.where(hot_split, int(hot_align), al)
         ph = np.where(hot_split, 0, ph)
+    if whole_align is not None:
+        # a hot function moved whole: its 16 B alignment pads the loop's lines as a
+        # split hot part's would (gcc's -falign-functions, not a need of the code)
+        single = np.array([len(units.members[u]) <= 1 for u in range(n)], bool)
+        whole = ~cold & ~is_split[par] & single[par] & ~pn & (ph == 0) & \
+            (np.asarray(heat, np.float64)[par] >= min_count)
+        al = np.where(whole, np.minimum(al, int(whole_align)), al)
     ht = np.where(cold, 0.0, np.asarray(heat, np.float64)[par])
     nm, mem = [], []
     for u, c in zip(par.tolist(), cold.tolist()):
@@ -384,6 +393,13 @@ def planning_units(units, heat, splits, hot_align=None):
     t = UnitTable(st, sz, rg, units.regions, nm, pn, al, ph, members=mem)
     t.funcs = _func_map(t, len(units.funcs)) if units.funcs is not None else None
     return t, ht, par, part
+
+
+def planning_for(units, heat, splits, strategy):
+    """planning_units with the strategy's alignment options."""
+    return planning_units(units, heat, splits, getattr(strategy, "split_hot_align", None),
+                          getattr(strategy, "whole_hot_align", None),
+                          getattr(strategy, "min_count", 1))
 
 
 def layout_rows(splits, plan, parent, part, image):

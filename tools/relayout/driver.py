@@ -36,12 +36,29 @@ def _read_profile(path):
                        f"{{\"functions\": {{name: count}}}}): {why}") from None
 
 
+def function_hotness(prof):
+    """{key: count} of a profile's functions with a nonzero count: a global function
+    by name, a local one by its start address (``"0x..."``). Static functions share
+    names (``pmd_val``, ``p4d_offset``, ``put_page``: dozens each in a kernel), and a
+    name reaches only the first function of that name (Functions.index_of); the
+    profile's address is exact (it was recorded for this build)."""
+    c = prof.counts().tolist()
+    local = prof.func_local.astype(bool).tolist() if len(prof.func_local) else \
+        [False] * len(c)
+    out = {}
+    for n, a, is_local, v in zip(prof.func_name, prof.func_addr.tolist(), local, c):
+        if v:
+            k = f"{int(a):#x}" if is_local else n
+            out[k] = out.get(k, 0) + v
+    return out
+
+
 def _hotness(doc, prof, per_loop):
-    """(hotness {name: count}, build_id, calls by name) from either form."""
+    """(hotness {name or address: count}, build_id, calls by name) from either form."""
     if prof is None:
         return ({k: float(v) for k, v in doc["functions"].items()}, doc.get("build_id"),
                 doc.get("calls") or [])
-    counts = prof.function_counts()
+    counts = function_hotness(prof)
     loops = prof.meta.get("loops")
     if per_loop and loops:
         # Counts per workload iteration: min_count 1 = "runs once per iteration".

@@ -234,7 +234,7 @@ def split(run):
     """Block level: the CFG of every unit, block counts from the profile, which hot
     functions split into a hot and a cold part, and the planning units (relayout/blocks.py)."""
     from ..image.cfg import CFG, NORETURN, block_counts
-    from .blocks import choose_splits, planning_units, prefix_heads, reason_summary
+    from .blocks import choose_splits, planning_for, prefix_heads, reason_summary
     timings.phase("CFG, block counts, split")
     image, units, dis, heat, strat, log = (run.image, run.units, run.dis, run.heat,
                                            run.strategy, run.log)
@@ -293,8 +293,7 @@ def split(run):
     run.split = {"cfg": cfg, "splits": splits, "reason": reason, "block_count": counts,
                  "eh_split": eh_split, "reasons": reason_summary(reason, heat, strat.min_count,
                                                        userspace=run.target.kind == "userspace"),
-                 "planning": planning_units(units, heat, splits,
-                                           getattr(strat, "split_hot_align", None))}
+                 "planning": planning_for(units, heat, splits, strat)}
     run.orig_heat = heat
     run.units, run.heat, _, _ = run.split["planning"]
     run.split_stats = st = _split_stats(run.split, run.orig_units)
@@ -389,7 +388,7 @@ def _unsplit_before(run, pinned_regions, shortfalls=None):
     all handled in one re-plan; a run still short in the next plan loses its
     next least hot splits. False when none is left to unsplit."""
     from ..image.cfg import R_NO_ROOM
-    from .blocks import planning_units, reason_summary
+    from .blocks import planning_for, reason_summary
     if not pinned_regions:
         return False
     regs, orig = run.orig_units.regions, run.orig_units
@@ -428,8 +427,7 @@ def _unsplit_before(run, pinned_regions, shortfalls=None):
     sp["splits"] = [sf for sf in sp["splits"] if sf.unit not in drop]
     sp["reasons"] = reason_summary(sp["reason"], run.orig_heat, run.strategy.min_count,
                                    userspace=run.target.kind == "userspace")
-    sp["planning"] = planning_units(orig, run.orig_heat, sp["splits"],
-                                    getattr(run.strategy, "split_hot_align", None))
+    sp["planning"] = planning_for(orig, run.orig_heat, sp["splits"], run.strategy)
     run.units, run.heat, _, _ = sp["planning"]
     run.split_stats.__dict__.update(_split_stats(sp, orig).__dict__)   # the split pass's stats
     where = regs[pinned_regions[0]].name if len(pinned_regions) == 1 else \
