@@ -9,24 +9,10 @@ pieces of a ``.linepack.blockmap`` take precedence inside split functions.
 import numpy as np
 
 from ..image import blockmap as bm
+from ..image.intervals import in_slices
 
 KERNEL_MAP = 0xFFFFFFFF80000000      # x86-64 __START_KERNEL_map
 
-
-# addresses per slice of a bulk map: mapping all of an image's instructions at once
-# held about ten temporaries of their size (zstd: 14 MiB over verify's peak)
-_MAP_ROWS = 1 << 15
-
-
-def in_slices(fn, addrs):
-    """``fn`` (an elementwise map of a uint64 array) over ``addrs``, a slice at a time."""
-    a = np.asarray(addrs, dtype=np.uint64)
-    if a.ndim != 1 or len(a) <= _MAP_ROWS:
-        return fn(a)
-    out = np.empty(len(a), np.uint64)
-    for lo in range(0, len(a), _MAP_ROWS):
-        out[lo:lo + _MAP_ROWS] = fn(a[lo:lo + _MAP_ROWS])
-    return out
 
 
 class FunctionMap:

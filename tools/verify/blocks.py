@@ -39,6 +39,7 @@ import capstone
 from capstone import x86 as cx86
 
 from ..image import blockmap as bm
+from ..image.intervals import in_slices
 from ..image.operands import rip_relative
 
 NOP2 = bytes.fromhex("6690")
@@ -93,7 +94,6 @@ class BlockMap:
         return np.where(ok, i, -1)
 
     def map(self, addrs):
-        from .addrmap import in_slices
         return in_slices(self._map, addrs)
 
     def _map(self, a):
