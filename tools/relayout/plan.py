@@ -245,7 +245,8 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
     list that collects (index, message) of every outgrown one; a plan with
     any is not returned (None).
 
-    ``memo``: {(region, pinned prefix, start): placements} of earlier tries (None:
+    ``memo``: {(region, pinned prefix, start): placements} of earlier tries, and
+    {("group", first, last, start): (units, new starts, cursor)} of cut groups (None:
     lay out every region).
 
     ``calls``: _call_units' arrays of the call edges (by unit);
@@ -290,8 +291,16 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
             region_new_start[ri] = rstart
             skip_to = groups[ri]
             laid_groups.append((ri, skip_to))
-            cursor = _layout_group(units, strategy, heat, calls, functions, ranges, ri, skip_to,
-                                   rstart, new_start)
+            gkey = ("group", ri, skip_to, int(rstart))
+            hit = memo.get(gkey) if memo is not None else None
+            if hit is None:
+                cursor, moved = _layout_group(units, strategy, heat, calls, functions, ranges,
+                                              ri, skip_to, rstart, new_start)
+                if memo is not None:
+                    memo[gkey] = (moved, new_start[moved].copy(), cursor)
+            else:
+                moved, addrs, cursor = hit
+                new_start[moved] = addrs
             continue
         if reg.pinned and moved_away:
             continue                   # stays; the movable code is elsewhere
@@ -414,7 +423,8 @@ def _layout_group(units, strategy, heat, calls, functions, ranges, first, last, 
                   new_start):
     """Lay out the movable units of regions first..last as one region from
     ``rstart``, then flow them around the pinned units in between (_flow_around).
-    Fills ``new_start``; returns the cursor after the group."""
+    Fills ``new_start``; returns the cursor after the group and the indexes of
+    the units it placed."""
     grp = np.arange(first, last + 1)
     idx = np.nonzero(np.isin(units.region, grp))[0]
     idx = idx[np.argsort(units.start[idx], kind="stable")]
@@ -439,7 +449,7 @@ def _layout_group(units, strategy, heat, calls, functions, ranges, first, last, 
     if obstacles and obstacles[0][0] < rstart:
         raise LayoutError(f"layout does not fit: the code before {units.regions[first].name} "
                           f"runs past pinned code at {obstacles[0][0]:#x}")
-    return max([end, rstart] + [e for _, e in obstacles])
+    return max([end, rstart] + [e for _, e in obstacles]), movable
 
 
 def _flow_around(view, placed, obstacles, start, hot):
