@@ -481,6 +481,16 @@ def _flow_around(view, placed, obstacles, start, hot):
         p = np.where(p >= c, p, p + 16)
         return np.where(ph != 0, p, plain)
 
+    align_l, phase_l = align.tolist(), phase.tolist()
+
+    def legal_one(cur, k):
+        """legal() of one unit, in plain ints (called once per cold unit)."""
+        c, al, ph = cur - base, align_l[k], phase_l[k]
+        if not ph:
+            return (c + al - 1) // al * al
+        p = (c - ph + 15) // 16 * 16 + ph
+        return p if p >= c else p + 16
+
     def fill(cur, limit):
         nonlocal pi
         nxt = bisect.bisect_left(o_starts, cur)         # never over a pinned unit
@@ -504,14 +514,15 @@ def _flow_around(view, placed, obstacles, start, hot):
             cur = base + int(p[b]) + int(size[k])
         return cur
 
+    hot_l, size_l = hot.tolist(), size.tolist()
     for k, pos in order:
         if done[k]:
             continue
         while True:
-            a = int(pos) + shift if hot[k] else base + int(legal(cur, np.array([k]))[0])
+            a = int(pos) + shift if hot_l[k] else base + legal_one(cur, k)
             while oi < len(obstacles) and obstacles[oi][1] <= cur:
                 oi += 1
-            if oi == len(obstacles) or a + int(size[k]) <= obstacles[oi][0]:
+            if oi == len(obstacles) or a + size_l[k] <= obstacles[oi][0]:
                 break
             o_start, o_end = obstacles[oi]
             if a >= o_end:                 # the pinned unit lies in the gap before it
@@ -520,7 +531,7 @@ def _flow_around(view, placed, obstacles, start, hot):
             done[k] = True                 # not a filler for its own hole
             cur = fill(cur, o_start)
             done[k] = False
-            if hot[k]:
+            if hot_l[k]:
                 # whole lines: the hot units after it keep their places in their lines
                 moved = a + align_up(o_end - a, LINE)
                 shift += moved - a
@@ -531,7 +542,7 @@ def _flow_around(view, placed, obstacles, start, hot):
                 cur = o_end
         out.append((k, a))
         done[k] = True
-        cur = a + int(size[k])
+        cur = a + size_l[k]
     return out
 
 
