@@ -86,11 +86,8 @@ def rip_relative(raw, size):
                     rows = np.frombuffer(ctypes.string_at(ctypes.addressof(insn.contents),
                                                           count * _INSN_SIZE), _INSN)
                     # in step with the candidates while the lengths agree
-                    # (a candidate that decodes shorter than its size makes the
-                    # rest of its bytes more instructions: count may pass n - k)
-                    want = size[k:k + count]
-                    agree = rows["size"][:len(want)].astype(np.int64) == want
-                    got = len(want) if agree.all() else int(np.argmin(agree))
+                    agree = rows["size"].astype(np.int64) == size[k:k + count]
+                    got = count if agree.all() else int(np.argmin(agree))
                     if got:
                         blob = b"".join(ctypes.string_at(int(p), _DETAIL_BYTES)
                                         for p in rows["detail"][:got].tolist())

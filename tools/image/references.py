@@ -177,6 +177,7 @@ def _insn_end(dis, field):
 def code_references(dis):
     """PC-relative fields of code: rel32 branches and RIP-relative operands.
     Returns (field, end, target, origin, instruction index)."""
+    from .operands import rip_relative
     idx, target, kind = dis.branch_targets()
     b = kind == 4
     bi = idx[b]
@@ -187,19 +188,14 @@ def code_references(dis):
     branch = np.zeros(len(dis), bool)
     branch[idx] = True
     cand = np.zeros(len(dis), bool)
-    hyps = np.zeros(len(dis), np.int8)       # how many ModRM places fit
-    mpos_of = np.zeros(len(dis), np.int64)
     rows = np.arange(len(dis))
     for imm in (0, 1, 2, 4):
         mpos = size - 5 - imm
         ok = (mpos >= 0) & ~branch
         modrm = raw[rows, np.clip(mpos, 0, 15)]
-        m = ok & ((modrm & 0xC7) == 0x05)
-        cand |= m
-        hyps += m
-        mpos_of[m] = mpos[m]
+        cand |= ok & ((modrm & 0xC7) == 0x05)
     ci = np.nonzero(cand)[0]
-    rip, doff = _rip_relative_by_shape(raw[ci], size[ci], hyps[ci] == 1, mpos_of[ci])
+    rip, doff = rip_relative(raw[ci], size[ci])
     ri, doff = ci[rip], doff[rip]
     r_field = dis.addr[ri] + doff.astype(np.uint64)
     r_end = dis.addr[ri] + size[ri].astype(np.uint64)
@@ -214,39 +210,6 @@ def code_references(dis):
     origin = np.concatenate([np.full(len(bi), CODE_BRANCH, np.uint8),
                              np.full(len(ri), CODE_RIP, np.uint8)])
     return field, end, tgt, origin, np.concatenate([bi, ri])
-
-
-def _rip_relative_by_shape(raw, size, one, mpos):
-    """rip_relative(raw, size), Capstone asked once per instruction shape.
-
-    Where one ModRM place fits (``one``, at ``mpos``), the instruction's bytes
-    with the 4 bytes after it zeroed are its shape: the decoder reads the
-    displacement where prefixes, opcode and ModRM put it, and its value
-    decides nothing. A shape Capstone decodes with a RIP-based operand whose
-    displacement is right there answers for every instruction of that shape
-    (the same bytes before, the same after); any other is asked with its own
-    bytes (about 93,000 candidates on 6.1, a few thousand shapes)."""
-    from .operands import rip_relative
-    n = len(size)
-    has, disp_off = np.zeros(n, bool), np.zeros(n, np.int64)
-    sh = np.nonzero(one)[0]
-    if len(sh):
-        cols = np.arange(raw.shape[1])
-        shape = np.where(cols[None, :] < size[sh, None], raw[sh], 0).astype(np.uint8)
-        disp = (cols[None, :] > mpos[sh, None]) & (cols[None, :] <= mpos[sh, None] + 4)
-        shape[disp] = 0
-        key = np.concatenate([shape, size[sh, None].astype(np.uint8)], axis=1)
-        key = np.ascontiguousarray(key).view(f"V{key.shape[1]}").ravel()
-        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        s_has, s_off = rip_relative(shape[first], size[sh][first])
-        ok = s_has[inv] & (s_off[inv] == mpos[sh] + 1)
-        has[sh[ok]], disp_off[sh[ok]] = True, mpos[sh[ok]] + 1
-        rest = np.setdiff1d(np.arange(n), sh[ok])
-    else:
-        rest = np.arange(n)
-    if len(rest):
-        has[rest], disp_off[rest] = rip_relative(raw[rest], size[rest])
-    return has, disp_off
 
 
 def _percpu(image):
