@@ -75,3 +75,41 @@ def test_stock_keeps_its_pieces():
     t = _table(gap=40)                        # padding between units: stock keeps it
     plan = make_plan(t, strategies.get("stock"), np.zeros(len(t)))
     assert plan.groups == [] and plan.is_identity()
+
+
+def test_retries_reuse_the_group_layout(monkeypatch):
+    """A retry (a region after the group gets no room before pinned code) lays the
+    group out again only if it starts elsewhere: the group's layout is reused, and
+    the plan is the one a fresh layout of the group gives."""
+    import linepack.relayout.plan as P
+    n, m = 400, 40
+    rng = np.random.default_rng(7)
+    sizes = np.concatenate([rng.integers(8, 300, n), np.full(m, 70)])
+    starts, cur = [], BASE
+    for s in sizes.tolist():
+        starts.append(cur)
+        cur = (cur + s + 15) // 16 * 16
+    split = starts[n]
+    regs = [Region(".text:r", BASE, split, 1), Region(".text:s", split, cur, 1),
+            Region(".text:__kprobes_text_start", cur, cur + 64, 1, True)]
+    t = UnitTable(starts, sizes, [0] * n + [1] * m, regs)
+    pin_units(t, np.array([50, 120, 121, 300]))
+    heat = np.zeros(len(t))
+    heat[[10, 200, 350]] = [50, 40, 30]
+    heat[n:] = 5.0              # hot, 70 bytes each at 64 B lines: no room in a tight .text:s
+    calls = []
+    real = P._layout_group
+
+    def counted(*a, **k):
+        calls.append(int(a[8]))               # rstart
+        return real(*a, **k)
+    monkeypatch.setattr(P, "_layout_group", counted)
+    logged = []
+    plan = make_plan(t, strategies.get("pack"), heat, log=logged.append)
+    assert any(".text:s" in x for x in logged)  # the retry happened
+    assert len(calls) == len(set(calls)) == 1
+    # the same plan as laying the group out on every try
+    monkeypatch.setattr(P, "_regions_independent", lambda s: False)
+    again = make_plan(t, strategies.get("pack"), heat)
+    assert (again.new_start == plan.new_start).all()
+    assert again.compact_regions == plan.compact_regions and again.kept_regions == plan.kept_regions

@@ -118,6 +118,13 @@ class Disassembly:
         self._branch_targets = found
         return found
 
+    def adopt_branch_targets(self, found):
+        """Cache ``found`` as branch_targets() (a merge of disassemblies whose
+        rows were decoded already: each row decodes alone)."""
+        for a in found:
+            a.flags.writeable = False
+        self._branch_targets = found
+
     def _decode_branch_targets(self):
         raw, addr, size = self.raw, self.addr, self.size.astype(np.uint64)
         skip, op, op2 = skip_prefixes(raw, (0x2E, 0x3E, 0xF2))

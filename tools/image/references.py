@@ -86,6 +86,16 @@ class References:
             np.zeros(a.shape, bool)
 
 
+def in_sorted(a, s):
+    """np.isin(a, s) for ``s`` sorted ascending, of ``a``'s dtype (a binary
+    search per value: no sort of ``a``, which may have a million values)."""
+    a = np.asarray(a)
+    if not len(s):
+        return np.zeros(a.shape, bool)
+    i = np.searchsorted(s, a)
+    return (i < len(s)) & (s[np.minimum(i, len(s) - 1)] == a)
+
+
 # -- reading fields ------------------------------------------------------------
 def _section_spans(image):
     """(starts, ends, sections) of every allocated section with contents,
@@ -324,10 +334,20 @@ def code_disassembly(image, units, unit_dis):
     addr = np.concatenate([unit_dis.addr, other.addr])
     o = np.argsort(addr, kind="stable")
     cat = lambda a, b: np.concatenate([a, b])[o]        # noqa: E731
-    return Disassembly(addr[o], cat(unit_dis.size, other.size),
-                       cat(unit_dis.func, np.full(len(other), -1, unit_dis.func.dtype)),
-                       cat(unit_dis.raw, other.raw), list(unit_dis.undecodable) +
-                       list(other.undecodable))
+    d = Disassembly(addr[o], cat(unit_dis.size, other.size),
+                    cat(unit_dis.func, np.full(len(other), -1, unit_dis.func.dtype)),
+                    cat(unit_dis.raw, other.raw), list(unit_dis.undecodable) +
+                    list(other.undecodable))
+    # each row's branch decodes alone: the units' decode (cached) and the sweep's,
+    # renumbered, are the merged one's, without decoding all of it again
+    row = np.empty(len(o), np.int64)
+    row[o] = np.arange(len(o))
+    (ui, ut, uk), (oi, ot, ok) = unit_dis.branch_targets(), other.branch_targets()
+    index = np.concatenate([row[ui], row[oi + len(unit_dis)]])
+    order = np.argsort(index, kind="stable")
+    d.adopt_branch_targets((index[order], np.concatenate([ut, ot])[order],
+                            np.concatenate([uk, ok])[order]))
+    return d
 
 
 def recover(image, kaslr, log=None, dis=None):
@@ -566,9 +586,11 @@ def as_relocations(image, refs, skip=None, named=None):
     info = (sym.astype(np.uint64) << np.uint64(32)) | rtype.astype(np.uint64)
     fk = containing(lo, hi, field)
     out = {}
+    by_sec = np.argsort(fk, kind="stable")          # each section's rows in field order
+    cut = np.searchsorted(fk[by_sec], np.arange(len(secs) + 1))
     for k in np.unique(fk[fk >= 0]).tolist():
-        m = fk == k
-        rows = np.zeros(int(m.sum()), RELA)
+        m = by_sec[cut[k]:cut[k + 1]]
+        rows = np.zeros(len(m), RELA)
         rows["offset"], rows["info"], rows["addend"] = field[m], info[m], A[m]
         out[secs[k].name] = Relocations(None, secs[k], rows)
     return out
@@ -594,7 +616,7 @@ def install(image, refs, functions=None, units=None):
             j = np.searchsorted(val, refs.target)
             jc = np.minimum(j, len(val) - 1)
             hit = (j < len(val)) & (val[jc] == refs.target) & (refs.origin != CODE_BRANCH) & \
-                (refs.origin != TABLE) & ~np.isin(refs.target, units.start)
+                (refs.origin != TABLE) & ~in_sorted(refs.target, units.start)
             named = np.where(hit, lab[jc], -1)
             refs.stats["references.boundary_labels"] = int(hit.sum())
     drag = getattr(refs, "drag", None)

@@ -245,7 +245,8 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
     list that collects (index, message) of every outgrown one; a plan with
     any is not returned (None).
 
-    ``memo``: {(region, pinned prefix, start): placements} of earlier tries (None:
+    ``memo``: {(region, pinned prefix, start): placements} of earlier tries, and
+    {("group", first, last, start): (units, new starts, cursor)} of cut groups (None:
     lay out every region).
 
     ``calls``: _call_units' arrays of the call edges (by unit);
@@ -290,8 +291,16 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
             region_new_start[ri] = rstart
             skip_to = groups[ri]
             laid_groups.append((ri, skip_to))
-            cursor = _layout_group(units, strategy, heat, calls, functions, ranges, ri, skip_to,
-                                   rstart, new_start)
+            gkey = ("group", ri, skip_to, int(rstart))
+            hit = memo.get(gkey) if memo is not None else None
+            if hit is None:
+                cursor, moved = _layout_group(units, strategy, heat, calls, functions, ranges,
+                                              ri, skip_to, rstart, new_start)
+                if memo is not None:
+                    memo[gkey] = (moved, new_start[moved].copy(), cursor)
+            else:
+                moved, addrs, cursor = hit
+                new_start[moved] = addrs
             continue
         if reg.pinned and moved_away:
             continue                   # stays; the movable code is elsewhere
@@ -414,7 +423,8 @@ def _layout_group(units, strategy, heat, calls, functions, ranges, first, last, 
                   new_start):
     """Lay out the movable units of regions first..last as one region from
     ``rstart``, then flow them around the pinned units in between (_flow_around).
-    Fills ``new_start``; returns the cursor after the group."""
+    Fills ``new_start``; returns the cursor after the group and the indexes of
+    the units it placed."""
     grp = np.arange(first, last + 1)
     idx = np.nonzero(np.isin(units.region, grp))[0]
     idx = idx[np.argsort(units.start[idx], kind="stable")]
@@ -439,7 +449,7 @@ def _layout_group(units, strategy, heat, calls, functions, ranges, first, last, 
     if obstacles and obstacles[0][0] < rstart:
         raise LayoutError(f"layout does not fit: the code before {units.regions[first].name} "
                           f"runs past pinned code at {obstacles[0][0]:#x}")
-    return max([end, rstart] + [e for _, e in obstacles])
+    return max([end, rstart] + [e for _, e in obstacles]), movable
 
 
 def _flow_around(view, placed, obstacles, start, hot):
@@ -471,6 +481,16 @@ def _flow_around(view, placed, obstacles, start, hot):
         p = np.where(p >= c, p, p + 16)
         return np.where(ph != 0, p, plain)
 
+    align_l, phase_l = align.tolist(), phase.tolist()
+
+    def legal_one(cur, k):
+        """legal() of one unit, in plain ints (called once per cold unit)."""
+        c, al, ph = cur - base, align_l[k], phase_l[k]
+        if not ph:
+            return (c + al - 1) // al * al
+        p = (c - ph + 15) // 16 * 16 + ph
+        return p if p >= c else p + 16
+
     def fill(cur, limit):
         nonlocal pi
         nxt = bisect.bisect_left(o_starts, cur)         # never over a pinned unit
@@ -494,14 +514,15 @@ def _flow_around(view, placed, obstacles, start, hot):
             cur = base + int(p[b]) + int(size[k])
         return cur
 
+    hot_l, size_l = hot.tolist(), size.tolist()
     for k, pos in order:
         if done[k]:
             continue
         while True:
-            a = int(pos) + shift if hot[k] else base + int(legal(cur, np.array([k]))[0])
+            a = int(pos) + shift if hot_l[k] else base + legal_one(cur, k)
             while oi < len(obstacles) and obstacles[oi][1] <= cur:
                 oi += 1
-            if oi == len(obstacles) or a + int(size[k]) <= obstacles[oi][0]:
+            if oi == len(obstacles) or a + size_l[k] <= obstacles[oi][0]:
                 break
             o_start, o_end = obstacles[oi]
             if a >= o_end:                 # the pinned unit lies in the gap before it
@@ -510,7 +531,7 @@ def _flow_around(view, placed, obstacles, start, hot):
             done[k] = True                 # not a filler for its own hole
             cur = fill(cur, o_start)
             done[k] = False
-            if hot[k]:
+            if hot_l[k]:
                 # whole lines: the hot units after it keep their places in their lines
                 moved = a + align_up(o_end - a, LINE)
                 shift += moved - a
@@ -521,7 +542,7 @@ def _flow_around(view, placed, obstacles, start, hot):
                 cur = o_end
         out.append((k, a))
         done[k] = True
-        cur = a + int(size[k])
+        cur = a + size_l[k]
     return out
 
 

@@ -17,7 +17,7 @@ from ...image.intervals import containing
 from ...image.elf import STT_SECTION
 from ...image.references import (CODE_BRANCH, CODE_RIP, KASLR32, KASLR64, TABLE,
                                  _boundary_labels, _table_ranges, code_disassembly,
-                                 install, read_kaslr, recover)
+                                 in_sorted, install, read_kaslr, recover)
 from ..units import Region
 
 
@@ -69,7 +69,7 @@ def pin_boundary_targets(image, refs, units, d, log=None):
     b = _boundary_labels(image, units)[0]
     # kernel tables list code (a ksymtab entry means the function): no ambiguity
     t = refs.target[(refs.origin != CODE_BRANCH) & (refs.origin != TABLE)]
-    t = np.unique(t[np.isin(t, b)])             # targets exactly at a boundary label
+    t = np.unique(t[in_sorted(t, b)])           # targets exactly at a boundary label
     u = units.find(t)
     u = np.unique(u[u >= 0])
     u = u[np.isin(units.start[u], t)]           # a unit starts right there
@@ -101,7 +101,7 @@ def pin_boundary_targets(image, refs, units, d, log=None):
     si = np.nonzero(sym_ok)[0]
     o = np.argsort(sv, kind="stable")
     sv, si = sv[o], si[o]
-    at &= np.isin(t, sv)
+    at &= in_sorted(t, sv)
     # The base of the arithmetic is, as the compiler wrote it, a symbol the
     # same code names elsewhere (``__memcpy(dst, core_restore_code, PAGE_SIZE)``
     # reads the page's last 8 bytes at core_restore_code + 4088 and starts at
@@ -111,12 +111,15 @@ def pin_boundary_targets(image, refs, units, d, log=None):
     drag = refs.drag
     arith = np.nonzero(~at)[0]
     if len(arith):
-        src_u = units.find(refs.field)
+        # the targets of the non-branch references of each unit, grouped by unit
+        nb = np.nonzero(refs.origin != CODE_BRANCH)[0]
+        src_u = units.find(refs.field[nb])
+        o = np.argsort(src_u, kind="stable")
+        src_u, nb_target = src_u[o], refs.target[nb][o]
         for j in arith[kf[arith] >= 0].tolist():        # from code only
-            same = (src_u == kf[j]) & (refs.origin != CODE_BRANCH) & (refs.target <= t[j]) & \
-                (refs.target + np.uint64(1 << 16) > t[j])
-            cand = np.unique(refs.target[same])
-            cand = cand[np.isin(cand, sv)]
+            tt = nb_target[np.searchsorted(src_u, kf[j]):np.searchsorted(src_u, kf[j], "right")]
+            cand = np.unique(tt[(tt <= t[j]) & (tt + np.uint64(1 << 16) > t[j])])
+            cand = cand[in_sorted(cand, sv)]
             if len(cand):
                 base = cand[-1]
                 drag[int(ridx[j])] = int(si[np.searchsorted(sv, base)])
@@ -273,7 +276,7 @@ def scan_unexplained(image, refs, units, d, log=None, examples=10):
                 t = vals.astype(np.uint64)
             else:
                 t = (addr.astype(np.int64) + vals.astype(np.int64)).astype(np.uint64)
-            k = containing(mlo, mhi, t)
+            k = _containing_near(mlo, mhi, t)
             if width == 4:
                 # a PC-relative reference reaches an instruction (or the end of
                 # one: ``foo + size``); random data mostly lands inside one
@@ -335,6 +338,16 @@ def scan_unexplained(image, refs, units, d, log=None, examples=10):
         log(f"{len(f)} data values look like references into movable code and are no known "
             f"reference: {len(newly)} units pinned (reason: unexplained reference)")
     return refs.unexplained
+
+
+def _containing_near(lo, hi, t):
+    """containing(lo, hi, t), asked only of the values within [lo[0], max(hi)):
+    most data values are nowhere near the code."""
+    k = np.full(len(t), -1, np.int64)
+    if len(lo):
+        near = np.nonzero((t >= lo[0]) & (t < hi.max()))[0]
+        k[near] = containing(lo, hi, t[near])
+    return k
 
 
 # Sections of symbol CRCs (genksyms: ``.long`` checksums, one per export): no
