@@ -60,8 +60,7 @@ def check(image, against=None, layout_map=None, json_path=None, strict=False, qu
             if not is_boot_image(image):
                 raise LinepackError(f"{image}: not a boot image (bzImage/vmlinuz): --vmlinux "
                                     "checks a boot image's payload")
-            ElfImage(vmlinux)
-            boot = check_boot_image(image, vmlinux, log=log)      # a bad image fails now
+            boot = check_boot_image(image, vmlinux, log=log)      # bad inputs fail now
             image = vmlinux
         elif is_boot_image(image):
             raise LinepackError(f"{image}: a boot image (bzImage/vmlinuz): give the vmlinux its "

@@ -123,7 +123,7 @@ def read_fields(image, addrs, width):
     return np.where(ok, val, np.uint64(0))
 
 
-def _sext32(v):
+def sext32(v):
     return np.asarray(v, np.uint64).astype(np.uint32).view(np.int32).astype(np.int64).view(np.uint64)
 
 
@@ -139,11 +139,11 @@ def field_targets(image, field, rtype, end):
             continue
         v = read_fields(image, field[m], w)
         if t in (R_X86_64_PC32, R_X86_64_PLT32):
-            out[m] = end[m] + _sext32(v)
+            out[m] = end[m] + sext32(v)
         elif t == R_X86_64_PC64:
             out[m] = end[m] + v
         elif t == R_X86_64_32S:
-            out[m] = _sext32(v)
+            out[m] = sext32(v)
         else:
             out[m] = v
     return out
@@ -235,7 +235,7 @@ def kaslr_references(image, kaslr):
     f64, f32 = out[0][0], out[1][0]
     v64 = read_fields(image, f64, 8)
     v32 = read_fields(image, f32, 4)
-    t32 = _sext32(v32)
+    t32 = sext32(v32)
     # a 32-bit field is 32S when its sign-extended value is a kernel address,
     # else R_X86_64_32 (``sym - __START_KERNEL_map``: a physical address)
     is_s = t32 >= np.uint64(START_KERNEL_MAP)

@@ -49,29 +49,6 @@ def _payload_phdrs(elf):
     return int(eh["entry"]), np.frombuffer(elf, PHDR, n, off)
 
 
-def _field_reader(image, loads):
-    """read(addrs, width) -> uint64 values of the fields at virtual ``addrs`` in the
-    vmlinux's file (0 and a False mask where no PT_LOAD has file bytes there)."""
-    data = np.frombuffer(image.data, np.uint8)
-
-    def read(addrs, width):
-        addrs = np.asarray(addrs, np.uint64)
-        out = np.zeros(len(addrs), np.uint64)
-        ok = np.zeros(len(addrs), bool)
-        for p in loads:
-            lo, n = int(p["vaddr"]), int(p["filesz"])
-            m = (addrs >= np.uint64(lo)) & (addrs + np.uint64(width) <= np.uint64(lo + n))
-            if not m.any():
-                continue
-            off = (addrs[m] - np.uint64(lo)).astype(np.int64) + int(p["offset"])
-            v = np.zeros(int(m.sum()), np.uint64)
-            for k in range(width):
-                v |= data[off + k].astype(np.uint64) << np.uint64(8 * k)
-            out[m], ok[m] = v, True
-        return out, ok
-    return read
-
-
 def check_boot_image(vmlinuz, vmlinux, log=lambda m: None):
     """Sink of findings of ``vmlinuz`` against ``vmlinux``; its ``extra`` holds the
     report's ``boot_image`` facts. BadInput for a file that is no readable boot image."""
@@ -116,7 +93,7 @@ def check_boot_image(vmlinuz, vmlinux, log=lambda m: None):
             None, "the vmlinux has no _text/__bss_start/_end symbols: the table's bounds "
                   "cannot be checked"))
         text = bss = end = 0
-    read = _field_reader(new, nloads)
+    from ..image.references import read_fields, sext32       # 0 outside file-backed bytes
     kaslr = img.kaslr
     widths = {"abs64": 8, "abs32": 4, "inv32": 4}
     out_of_range, wrong, counts = [], [], {}
@@ -133,16 +110,15 @@ def check_boot_image(vmlinuz, vmlinux, log=lambda m: None):
             out_of_range.append((None, f"{g} entries are not sorted and unique"))
         if g == "inv32" or not text:
             continue
-        vals, ok = read(addrs, widths[g])
+        vals = read_fields(new, addrs, widths[g])
         if g == "abs32":
-            vals = (vals & np.uint64(0xffffffff)).astype(np.uint32).astype(np.int32) \
-                .astype(np.int64).view(np.uint64)
+            vals = sext32(vals)
         # a kernel address: virtual, or physical (page-table entries and head code
         # hold _text - __START_KERNEL_map forms, with page flags in the low bits);
         # up to a 2 MiB page past _end (head code rounds _end up to one)
         hi = end + PMD_SIZE
         phys_end = np.uint64(hi - bi.START_KERNEL_MAP)
-        off = ok & ((vals < np.uint64(text)) | (vals > np.uint64(hi))) & (vals >= phys_end)
+        off = ((vals < np.uint64(text)) | (vals > np.uint64(hi))) & (vals >= phys_end)
         wrong += [(int(a), f"{g} field at {int(a):#x} holds {int(v):#x}, not a kernel address "
                            f"({text:#x}..{end:#x} or its physical form)")
                   for a, v in zip(addrs[off], vals[off])]
@@ -162,8 +138,8 @@ def check_boot_image(vmlinuz, vmlinux, log=lambda m: None):
             if not sel.any():
                 continue
             fields = np.asarray(rel.offset[sel], np.uint64)
-            vals, ok = read(fields, 8)
-            want = ok & (vals >= np.uint64(text)) & (vals <= np.uint64(end)) & \
+            vals = read_fields(new, fields, 8)
+            want = (vals >= np.uint64(text)) & (vals <= np.uint64(end)) & \
                 (fields >= np.uint64(text)) & (fields + np.uint64(8) <= np.uint64(bss))
             f = fields[want]
             gone = f[~np.isin(f, listed)]
