@@ -369,10 +369,11 @@ def planning_units(units, heat, splits, hot_align=None, whole_align=None, min_co
     pn = np.where(cold, False, units.pinned[par])
     al = np.where(cold, 1, units.align[par])
     ph = np.where(cold, 0, units.phase[par])
+    # a unit with a prefix member (6.12's __pfx_ padding, which call-depth tracking
+    # rewrites at boot) keeps its alignment: it applies to the padding's start
+    single = np.array([len(units.members[u]) <= 1 for u in range(n)], bool) \
+        if hot_align is not None or whole_align is not None else None
     if hot_align is not None:
-        # a unit with a prefix member (6.12's __pfx_ padding, which call-depth tracking
-        # rewrites at boot) keeps its alignment: it applies to the padding's start
-        single = np.array([len(units.members[u]) <= 1 for u in range(n)], bool)
         ordered = np.zeros(n, bool)
         ordered[list(by_unit)] = True
         hot_split = ~cold & ordered[par] & single[par]
@@ -381,7 +382,6 @@ def planning_units(units, heat, splits, hot_align=None, whole_align=None, min_co
     if whole_align is not None:
         # a hot function moved whole: its 16 B alignment pads the loop's lines as a
         # split hot part's would (gcc's -falign-functions, not a need of the code)
-        single = np.array([len(units.members[u]) <= 1 for u in range(n)], bool)
         whole = ~cold & ~is_split[par] & single[par] & ~pn & (ph == 0) & \
             (np.asarray(heat, np.float64)[par] >= min_count)
         al = np.where(whole, np.minimum(al, int(whole_align)), al)
