@@ -32,6 +32,7 @@ from ..dwarf import encoding as enc
 from ..dwarf import native
 from ..image.elf import SHT_NOBITS, ElfImage
 from ..image.intervals import append_range, merge_ranges
+from ..dwarf.fields import read_section
 from ..dwarf.native import LineRows
 from ..kernel.base import Finding
 from .findings import add_findings
@@ -181,14 +182,7 @@ def _sec(image, name):
     s = image.section(name) if hasattr(image, "section") else None
     if s is None or not s.size:
         return None
-    if type(image) is ElfImage and s.type != SHT_NOBITS:
-        # read from the file: a copy through the mapping would also make the
-        # mapped pages resident (.debug_info is 156 MB per kernel image)
-        with open(image.path, "rb") as f:
-            data = os.pread(f.fileno(), s.size, s.offset)
-        if len(data) == s.size:
-            return data
-    return bytes(image.section_bytes(s))
+    return read_section(image, s)        # from the file, not through the mapping
 
 
 def _mapped(image, name):
