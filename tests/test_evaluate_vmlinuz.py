@@ -41,6 +41,16 @@ def test_a_missing_vmlinuz_is_one_line(shipped, tmp_path):
     assert "no such boot image (--vmlinuz)" in helpers.refusal_line(p)
 
 
+def test_an_output_on_the_vmlinuz_is_refused(shipped, tmp_path):
+    vmlinux, _ = shipped
+    z = tmp_path / "vmlinuz"
+    z.write_bytes(b"not touched")
+    p = run_linepack("evaluate", "--kernel", vmlinux, "--vmlinuz", z, "--layout", "pack",
+                     "--whatif", "--json", z, timeout=300)
+    helpers.refusal_line(p)
+    assert z.read_bytes() == b"not touched"
+
+
 @pytest.mark.qemu
 def test_whatif_layouts_from_the_vmlinuz(shipped, tmp_path):
     """The trace of one boot of the stock kernel replayed under ``pack`` rewritten

@@ -108,7 +108,7 @@ class Evaluate:
             # --report reads every result file there: --plot may not be one of them
             inputs += [os.path.join(args.report, n) for n in sorted(os.listdir(args.report))
                        if n.endswith((".json", ".csv"))]
-        with OutputSet(inputs=inputs + [args.profile],
+        with OutputSet(inputs=inputs + [args.profile, args.vmlinuz],
                        outputs={"--json": args.json, "--csv": args.csv, "--plot": args.plot,
                                 "--heatmap": args.heatmap, "--sets-plot": args.sets_plot}):
             return modes.run(args, log=_log)
