@@ -55,3 +55,17 @@ def build(name, sources, kind, what, headers=()):
             if os.path.exists(tmp):
                 os.unlink(tmp)
     return ctypes.CDLL(so)
+
+
+def release_free_memory():
+    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``).
+
+    Freed numpy arrays below malloc's mmap threshold (which glibc raises after
+    large frees) stay in the heap, counted in the resident set; a long command
+    calls this after dropping big tables so the next phase's peak does not sit
+    on top of them. A no-op where the C library has no malloc_trim."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)

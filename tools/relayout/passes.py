@@ -12,6 +12,7 @@ kernel and an executable do differently is asked of ``run.target``
                     static keys, metadata, symbols, DWARF, write, summary, maps
 """
 
+import gc
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -22,6 +23,7 @@ from .. import timings
 from ..errors import BadInput
 from ..image.elf import ET_DYN, ET_EXEC
 from ..image.functions import text_size
+from ..native import release_free_memory
 from . import stats as S
 from . import strategies
 from .plan import LayoutError, make_plan
@@ -548,6 +550,23 @@ def block_symbols(run):
     return S.SymbolStats(count.counters())
 
 
+def _drop_instructions(run):
+    """Release the per-instruction tables before the DWARF rewrite: the code,
+    references and kernel tables are rewritten, and the passes left (DWARF,
+    write, summary, maps) read blocks and the address map only. On 7.3 the
+    disassembly and the CFG's instruction arrays are ~360 MB, and the DWARF
+    rewrite's copies come on top of what is still alive: this is the peak."""
+    run.dis = None
+    run.rewriter.dis = run.rewriter.other_dis = None
+    if run.split is not None:
+        run.split["cfg"].drop_instructions()
+    ctx = getattr(run.image, "context", None)
+    if ctx is not None:
+        ctx.drop_instructions()
+    gc.collect()          # the arrays sit in reference cycles (cfg <-> split tables)
+    release_free_memory()
+
+
 def dwarf(run):
     """Rewrite the DWARF for the new layout (its address fields from the link's
     ``.rela.debug_*``, or found by parsing it when the image has none), or drop
@@ -562,6 +581,7 @@ def dwarf(run):
         log(f"dropping DWARF ({len(is_debug)} .debug_* sections), as asked")
         return S.DwarfStats("dropped")
     timings.phase("DWARF rewrite")
+    _drop_instructions(run)
     from ..dwarf.fields import has_debug_relocations
     from ..dwarf.rewrite import rewrite_dwarf
     if has_debug_relocations(image):
