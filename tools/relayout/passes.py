@@ -14,6 +14,7 @@ kernel and an executable do differently is asked of ``run.target``
 
 import gc
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -155,6 +156,10 @@ def _split_first_runs(orig_units, split, blocks):
     return dict(zip(hot.tolist(), earliest[parent[hot]].tolist()))
 
 
+# the advice the planner's "does not fit" message ends with (plan.py)
+_NO_FIT_ADVICE = re.compile(r"; use a strategy with less padding$")
+
+
 def _no_fit_message(err, strat, units, heat, calls, functions, log):
     """The planner's "does not fit" line; for ``align-all N`` also the largest
     alignment that does fit (found by planning smaller ones)."""
@@ -162,7 +167,7 @@ def _no_fit_message(err, strat, units, heat, calls, functions, log):
     align = getattr(strat, "align", None)
     if not isinstance(align, int) or not strat.name.startswith("align-all"):
         return msg
-    msg = msg.replace("; use a strategy with less padding", "")
+    msg = _NO_FIT_ADVICE.sub("", msg)
     fits = None
     a = align // 2
     while a >= 1:
@@ -368,7 +373,9 @@ def plan(run):
             if run.segment is None:
                 raise LayoutError(_no_fit_message(e, strat, run.units, run.heat, run.calls,
                                                   run.functions, run.log)) from None
-            run.log(f"{e}: the moved code goes to a new segment at {run.segment.vaddr:#x}")
+            # the planner's advice is for a layout that must fit: this one need not
+            run.log(f"{_NO_FIT_ADVICE.sub('', str(e))}: the moved code goes to a new segment "
+                    f"at {run.segment.vaddr:#x}")
     if run.segment is not None:
         run.plan = plan_(run.segment.relocate)
     if run.recovered is not None:
