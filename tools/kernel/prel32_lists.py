@@ -18,7 +18,9 @@ references of a kernel without link relocations (linepack.image.references):
   is there (7.3's ``runtime_mask___futex_mask``).
 
 Their fields are plain: the link's generic relocation pass keeps them right,
-so they have no parse/check of their own in verify (not in ``TABLES``).
+so they are not in ``TABLES``; verify --against checks every field of them
+(verify/reference_lists.py), the only check of them on a kernel without link
+relocations.
 """
 
 import numpy as np

@@ -25,7 +25,8 @@ The checks are registered in CHECKS, in the order their findings go into the
 report; each reads one AgainstContext (context.py) and writes into a Sink of
 its own (findings.py). One module per subject: code.py (steps 1 and 2),
 data.py and reloc_fields.py (step 3), tables.py, symbols.py, unwind.py (step
-4), split.py (block level), pie.py, debuginfo.py, layout_map.py.
+4), reference_lists.py (the plain PC-relative lists into code), split.py
+(block level), pie.py, debuginfo.py, layout_map.py.
 """
 
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from typing import Callable, Optional
 from .. import timings
 from ..image.elf import ElfImage
 from ..kernel.base import Finding, ImageContext
-from . import code, data, layout_map, reloc_fields, split, symbols, tables, unwind
+from . import code, data, layout_map, reference_lists, reloc_fields, split, symbols, tables, unwind
 from .context import AgainstContext
 from .debuginfo import check_debuginfo
 from .findings import Sink, add_findings
@@ -132,6 +133,8 @@ CHECKS = [
     Check("regions", data.check_regions),
     Check("relocations", reloc_fields.check_relocations),
     Check("kernel-tables", tables.check_tables, phase="against: tables, symbols"),
+    Check("reference-lists", reference_lists.check_reference_lists,
+          when=lambda ctx: ctx.octx.is_kernel),
     Check("eh-frame", unwind.check_eh_frame),
     Check("symbols", symbols.check_symbols),
     Check("code-fields", _check_code_fields),
