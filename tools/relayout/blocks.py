@@ -191,6 +191,63 @@ def _relax(sf):
         sf.first = getattr(sf, "first", [None, None])
         sf.first[part] = first
 
+# what a branch into the other part costs over its short form (long minus short size)
+_GROWTH = {FORM_JMP: 3, FORM_JCC: 4, FORM_KEY_NOP: 3, FORM_KEY_JMP: 3}
+
+
+def keep_small_cold(cfg, f_unit, sf, hot_mask, falls, max_size, build):
+    """``sf`` with some small cold blocks kept in the hot part: a cold block of at most
+    ``max_size`` bytes that a hot block branches or falls into goes into the hot part
+    when that makes the hot part smaller (a jcc to the cold part is 6 bytes where a
+    jcc to a block close by is 2: a 2-4 byte cold block such as a lone ``jmp`` or
+    ``xor eax, eax; jmp`` costs fewer hot bytes inline than the longer branch does).
+    Each candidate is tried at the end of the hot order, right after a hot block
+    that reaches it and right before the hot block it continues into; the hot part's
+    exact size (build_parts, branches relaxed) decides. The cold part keeps at least
+    one block. ``hot_mask`` (per CFG block) is updated for the blocks kept;
+    ``build(mask, order)`` builds the function's parts for a mask and a hot order."""
+    a, z = cfg.blocks_of(f_unit)
+    hot = list(sf.blocks[0])
+    cold = set(sf.blocks[1])
+    if len(cold) < 2:
+        return sf
+    size = cfg.end - cfg.start
+    # hot blocks reaching each small cold block: by a re-encodable branch or by falling
+    preds = {}
+    for part_pieces in sf.parts[:1]:
+        for p in part_pieces:
+            if p.kind in (BRANCH, INSERTED) and p.target_block in cold and p.long and \
+                    int(size[p.target_block]) <= max_size:
+                preds.setdefault(p.target_block, []).append((p.block, _GROWTH[p.form]))
+    best = sf
+    for c in sorted(preds):
+        if len(cold) < 2:
+            break
+        # the most it can save: every long branch into it made short; it costs at
+        # least its bytes bar a branch that disappears
+        if int(size[c]) - 5 >= sum(g for _, g in preds[c]):
+            continue
+        succ = [s for s in (c + 1 if falls[c] and c + 1 < z else -1,
+                            int(cfg.target_block[c]) if int(cfg.term[c]) == TERM_JMP else -1)
+                if s >= 0 and s in best.block_part and best.block_part[s] == 0]
+        spots = {len(hot)} | {hot.index(b) + 1 for b, _ in preds[c] if b in hot} | \
+            {hot.index(s) for s in succ if s in hot and hot.index(s) > 0}
+        hot_mask[c] = True
+        chosen = None
+        for k in sorted(spots):
+            order = hot[:k] + [c] + hot[k:]
+            got = build(hot_mask, order)
+            if got is not None and got.sizes[0] < (chosen or best).sizes[0]:
+                chosen, chosen_order = got, order
+        if chosen is None:
+            hot_mask[c] = False
+            continue
+        best, hot = chosen, chosen_order
+        cold.discard(c)
+    if best is not sf:
+        best.order_score = sf.order_score
+    return best
+
 
 def prefix_heads(units, functions):
     """Per unit: the length of its function's prefix when the unit is exactly a
@@ -234,7 +291,7 @@ def _trailing_code(dis, units, functions, candidates):
 
 def choose_splits(cfg, units, heat, block_count, min_count, functions, short_keys, cold_min=8,
                   invert_jcc=False, block_order="original", edges=None, log=None, heads=None,
-                  split_noinstr=False, order_whole=False):
+                  split_noinstr=False, order_whole=False, inline_cold_max=0):
     """SplitFunction list and per-unit reason codes (REASONS) for every unit.
 
     ``block_order``: "original" keeps the hot blocks in their original order,
@@ -247,7 +304,9 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
     ``order_whole`` (ext-TSP only): a hot function with too little cold code to
     split still gets its hot blocks in ext-TSP order, its other blocks after them
     in the same part (a SplitFunction with an empty cold
-    part, ``whole`` set), when that order scores better than the original."""
+    part, ``whole`` set), when that order scores better than the original.
+    ``inline_cold_max``: cold blocks up to this size may stay in the hot part where
+    that makes the hot part smaller (keep_small_cold); 0: never."""
     nu = len(units)
     reason = np.array(cfg.reason, dtype=np.int8)
     reason = reason.copy()
@@ -333,6 +392,11 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
         if sf is None:
             reason[u] = R_NO_COLD
             continue
+        if inline_cold_max and not whole:
+            sf = keep_small_cold(cfg, u, sf, hot_block, falls, inline_cold_max,
+                                 lambda m, o: build_parts(cfg, u, u, functions.name[fi], m,
+                                                          short_keys, int(functions.sym_index[fi]),
+                                                          falls, invert_jcc, o))
         sf.order_score = score
         sf.head = head
         sf.whole = whole
