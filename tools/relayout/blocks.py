@@ -221,29 +221,46 @@ def keep_small_cold(cfg, f_unit, sf, hot_mask, falls, max_size, build):
                 preds.setdefault(p.target_block, []).append((p.block, _GROWTH[p.form]))
     best = sf
     for c in sorted(preds):
-        if len(cold) < 2:
-            break
+        if c not in cold or len(cold) < 2:
+            continue
         # the most it can save: every long branch into it made short; it costs at
         # least its bytes bar a branch that disappears
         if int(size[c]) - 5 >= sum(g for _, g in preds[c]):
             continue
-        succ = [s for s in (c + 1 if falls[c] and c + 1 < z else -1,
-                            int(cfg.target_block[c]) if int(cfg.term[c]) == TERM_JMP else -1)
-                if s >= 0 and s in best.block_part and best.block_part[s] == 0]
-        spots = {len(hot)} | {hot.index(b) + 1 for b, _ in preds[c] if b in hot} | \
-            {hot.index(s) for s in succ if s in hot and hot.index(s) > 0}
-        hot_mask[c] = True
+        # c and the cold blocks it continues into (falling or by a jmp) while they fit:
+        # a 4-byte ``mov`` falling into a cold ``jmp`` to the return thunk moves as one
+        run, total = [c], int(size[c])
+        while True:
+            b, t = run[-1], int(cfg.term[run[-1]])
+            nxt = b + 1 if falls[b] and b + 1 < z else \
+                int(cfg.target_block[b]) if t == TERM_JMP else -1
+            if nxt < 0 or nxt not in cold or nxt in run or total + int(size[nxt]) > max_size:
+                break
+            run.append(nxt)
+            total += int(size[nxt])
         chosen = None
-        for k in sorted(spots):
-            order = hot[:k] + [c] + hot[k:]
-            got = build(hot_mask, order)
-            if got is not None and got.sizes[0] < (chosen or best).sizes[0]:
-                chosen, chosen_order = got, order
+        for n in range(1, len(run) + 1):
+            if len(cold) - n < 1:
+                break
+            seq = run[:n]
+            last, t = seq[-1], int(cfg.term[seq[-1]])
+            succ = [x for x in (last + 1 if falls[last] and last + 1 < z else -1,
+                                int(cfg.target_block[last]) if t == TERM_JMP else -1)
+                    if x >= 0 and x not in cold]
+            spots = {len(hot)} | {hot.index(b) + 1 for b, _ in preds[c] if b in hot} | \
+                {hot.index(x) for x in succ if x in hot and hot.index(x) > 0}
+            hot_mask[seq] = True
+            for k in sorted(spots):
+                order = hot[:k] + seq + hot[k:]
+                got = build(hot_mask, order)
+                if got is not None and got.sizes[0] < (chosen or best).sizes[0]:
+                    chosen, chosen_order, chosen_seq = got, order, seq
+            hot_mask[seq] = False
         if chosen is None:
-            hot_mask[c] = False
             continue
+        hot_mask[chosen_seq] = True
         best, hot = chosen, chosen_order
-        cold.discard(c)
+        cold.difference_update(chosen_seq)
     if best is not sf:
         best.order_score = sf.order_score
     return best
