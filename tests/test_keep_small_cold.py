@@ -165,3 +165,86 @@ def test_the_rewritten_program_runs_the_same_and_verifies(prog, tmp_path):
     verify_against(report, str(out), str(exe))
     bad = [f for f in report.findings if f.check.startswith("equiv.") or f.severity == "error"]
     assert bad == [], [(f.check, f.message) for f in bad]
+
+
+# k(x) with a kernel-style prefix: a cold ``jmp k`` (x == -1) is worth keeping (2 bytes
+# against the long je's 4 more); right before the entry the jmp would disappear, but
+# the prefix's padding must end at the entry (the symbol and its ENDBR)
+PFX_ASM = r"""
+    .section .text.hot,"ax",@progbits
+    .fill 4096, 1, 0xcc
+    .p2align 4
+    .type __pfx_k, @function
+__pfx_k:
+    .fill 16, 1, 0x90
+    .size __pfx_k, 16
+    .globl k
+    .type k, @function
+k:
+    endbr64
+    inc %edi
+    mov %edi, %eax
+    test %edi, %edi
+    jne .Lk_skip
+.Lk_again:
+    jmp k
+.Lk_skip:
+    cmp $100000, %edi
+    jg .Lk_big
+    add $7, %eax
+    ret
+.Lk_big:
+    .rept 40
+    add $3, %eax
+    .endr
+    ret
+    .size k, .-k
+    .globl k_again, k_skip, k_big
+    .set k_again, .Lk_again
+    .set k_skip, .Lk_skip
+    .set k_big, .Lk_big
+    .section .note.GNU-stack,"",@progbits
+"""
+
+
+def test_a_kept_block_never_goes_between_the_prefix_and_the_entry(tmp_path):
+    (tmp_path / "k.s").write_text(PFX_ASM)
+    (tmp_path / "main.c").write_text(MAIN.replace("h(", "k("))
+    exe = tmp_path / "prog"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o", str(exe),
+                    str(tmp_path / "main.c"), str(tmp_path / "k.s")], check=True)
+    im = ElfImage(str(exe))
+    fn = FunctionTable(im)
+    units, dis = build_units(im, fn, lambda u: disassemble(im, u))
+    heads = B.prefix_heads(units, fn)
+    u = int(units.find([im.symbol_address("k")])[0])
+    assert heads[u] == 16
+    from linepack.image.cfg import TableSites
+    cfg = CFG(dis, units.start, units.end,
+              TableSites(leaders=(units.start + heads.astype(np.uint64))[heads > 0]))
+    k, again, skip, big = (im.symbol_address(n) for n in ("k", "k_again", "k_skip", "k_big"))
+    counts = block_counts(cfg, np.array([k, skip], np.uint64),
+                          np.array([again - k, big - skip], np.uint64), np.array([100.0, 100.0]))
+    heat = np.zeros(len(units))
+    heat[u] = 100.0
+    for order in ("original", "ext-tsp"):
+        splits, _ = B.choose_splits(cfg, units, heat, counts, 1.0, fn, True, invert_jcc=True,
+                                    block_order=order, heads=heads, inline_cold_max=16)
+        (sf,) = [s for s in splits if s.unit == u]
+        hot = sf.parts[0]
+        assert hot[0].old == im.symbol_address("__pfx_k") and hot[0].size == 16
+        assert hot[1].kind == B.COPY and hot[1].old == k
+        # kept, after the entry block
+        assert _part_of(im, cfg, sf, "k_again") == 0
+        assert sf.blocks[0].index(int(np.searchsorted(cfg.start, np.uint64(again)))) > 1
+    # the program still computes the same
+    out = tmp_path / "k.out"
+    summary, _, _ = relayout(str(exe), str(out), strategies.get("blocks"),
+                             hotness={"k": 100.0, "main": 100.0},
+                             blocks=(np.array([k, skip], np.uint64),
+                                     np.array([again - k, big - skip], np.uint64),
+                                     np.array([100.0, 100.0])))
+    assert not summary["problems"]
+    want = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    res = subprocess.run([str(out)], capture_output=True, text=True, timeout=20)
+    assert res.returncode == 0 and res.stdout == want

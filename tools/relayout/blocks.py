@@ -195,7 +195,7 @@ def _relax(sf):
 _GROWTH = {FORM_JMP: 3, FORM_JCC: 4, FORM_KEY_NOP: 3, FORM_KEY_JMP: 3}
 
 
-def keep_small_cold(cfg, f_unit, sf, hot_mask, falls, max_size, build):
+def keep_small_cold(cfg, f_unit, sf, hot_mask, falls, max_size, build, fixed=1):
     """``sf`` with some small cold blocks kept in the hot part: a cold block of at most
     ``max_size`` bytes that a hot block branches or falls into goes into the hot part
     when that makes the hot part smaller (a jcc to the cold part is 6 bytes where a
@@ -204,8 +204,10 @@ def keep_small_cold(cfg, f_unit, sf, hot_mask, falls, max_size, build):
     Each candidate is tried at the end of the hot order, right after a hot block
     that reaches it and right before the hot block it continues into; the hot part's
     exact size (build_parts, branches relaxed) decides. The cold part keeps at least
-    one block. ``hot_mask`` (per CFG block) is updated for the blocks kept;
-    ``build(mask, order)`` builds the function's parts for a mask and a hot order."""
+    one block, and the first ``fixed`` blocks of the hot order stay first (the entry,
+    after its prefix block when it has one: the symbol and its ENDBR stay there).
+    ``hot_mask`` (per CFG block) is updated for the blocks kept; ``build(mask, order)``
+    builds the function's parts for a mask and a hot order."""
     a, z = cfg.blocks_of(f_unit)
     hot = list(sf.blocks[0])
     cold = set(sf.blocks[1])
@@ -248,7 +250,8 @@ def keep_small_cold(cfg, f_unit, sf, hot_mask, falls, max_size, build):
                                 int(cfg.target_block[last]) if t == TERM_JMP else -1)
                     if x >= 0 and x not in cold]
             spots = {len(hot)} | {hot.index(b) + 1 for b, _ in preds[c] if b in hot} | \
-                {hot.index(x) for x in succ if x in hot and hot.index(x) > 0}
+                {hot.index(x) for x in succ if x in hot}
+            spots = {k for k in spots if k >= fixed}
             hot_mask[seq] = True
             for k in sorted(spots):
                 order = hot[:k] + seq + hot[k:]
@@ -413,7 +416,8 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
             sf = keep_small_cold(cfg, u, sf, hot_block, falls, inline_cold_max,
                                  lambda m, o: build_parts(cfg, u, u, functions.name[fi], m,
                                                           short_keys, int(functions.sym_index[fi]),
-                                                          falls, invert_jcc, o))
+                                                          falls, invert_jcc, o),
+                                 fixed=2 if head else 1)
         sf.order_score = score
         sf.head = head
         sf.whole = whole
