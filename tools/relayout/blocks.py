@@ -89,13 +89,14 @@ def _cond(raw, skip):
 
 
 def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, falls=None,
-                invert_jcc=False, hot_order=None):
+                invert_jcc=False, hot_order=None, hot_only=False):
     """Pieces of both parts of one function (blocks [a, z) of ``cfg``).
 
     ``invert_jcc``: a jcc whose taken target comes next in its part and whose
     fall-through went elsewhere branches on the opposite condition instead of
     getting an appended jmp. ``hot_order``: the hot blocks in the order to
-    place them (the entry first; default: original order)."""
+    place them (the entry first; default: original order). ``hot_only``: the hot
+    part's pieces and size only (the cold part left empty: a size to compare)."""
     a, z = cfg.blocks_of(f_unit)
     hot = [b for b in range(a, z) if hot_mask[b]] if hot_order is None else list(hot_order)
     cold = [b for b in range(a, z) if not hot_mask[b]]
@@ -105,7 +106,7 @@ def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, fall
     for part, order in ((0, hot), (1, cold)):
         for b in order:
             sf.block_part[b] = part
-    for part, order in ((0, hot), (1, cold)):
+    for part, order in ((0, hot),) if hot_only else ((0, hot), (1, cold)):
         pieces = sf.parts[part]
         for k, b in enumerate(order):
             nxt = order[k + 1] if k + 1 < len(order) else -1
@@ -158,13 +159,13 @@ def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, fall
                 p = Piece(int(cfg.start[b + 1]), 0, INSERTED, b, FORM_JMP, 0, b + 1)
                 p.long = sf.block_part[b + 1] != part
                 pieces.append(p)
-    _relax(sf)
+    _relax(sf, (0,) if hot_only else (0, 1))
     return sf
 
 
-def _relax(sf):
+def _relax(sf, parts=(0, 1)):
     """Branch sizes inside each part to a fixpoint; offsets of every piece."""
-    for part in (0, 1):
+    for part in parts:
         pieces = sf.parts[part]
         changed = True
         while changed:
@@ -206,40 +207,48 @@ def keep_small_cold(cfg, f_unit, sf, hot_mask, falls, max_size, build, fixed=1):
     exact size (build_parts, branches relaxed) decides. The cold part keeps at least
     one block, and the first ``fixed`` blocks of the hot order stay first (the entry,
     after its prefix block when it has one: the symbol and its ENDBR stay there).
-    ``hot_mask`` (per CFG block) is updated for the blocks kept; ``build(mask, order)``
-    builds the function's parts for a mask and a hot order."""
+    ``hot_mask`` (per CFG block) is updated for the blocks kept; ``build(mask, order,
+    hot_only)`` builds the function's parts for a mask and a hot order (its hot part
+    only when ``hot_only``)."""
     a, z = cfg.blocks_of(f_unit)
     hot = list(sf.blocks[0])
     cold = set(sf.blocks[1])
     if len(cold) < 2:
         return sf
-    size = cfg.end - cfg.start
+    sizes = (cfg.end[a:z] - cfg.start[a:z]).tolist()     # this function's blocks only
+
+    def size(b):
+        return sizes[b - a]
     # hot blocks reaching each small cold block: by a re-encodable branch or by falling
     preds = {}
     for part_pieces in sf.parts[:1]:
         for p in part_pieces:
             if p.kind in (BRANCH, INSERTED) and p.target_block in cold and p.long and \
-                    int(size[p.target_block]) <= max_size:
+                    size(p.target_block) <= max_size:
                 preds.setdefault(p.target_block, []).append((p.block, _GROWTH[p.form]))
     best = sf
     for c in sorted(preds):
         if c not in cold or len(cold) < 2:
             continue
         # the most it can save: every long branch into it made short; it costs at
-        # least its bytes bar a branch that disappears
-        if int(size[c]) - 5 >= sum(g for _, g in preds[c]):
+        # least its bytes bar a jmp that may disappear (a jcc stays, 2 bytes at least)
+        li, t = int(cfg.insn_last[c]), int(cfg.term[c])
+        last = int(cfg.dis.size[li])
+        least = size(c) - (last if t == TERM_JMP else
+                                last - 2 if t in (TERM_JCC, TERM_KEY) else 0)
+        if least >= sum(g for _, g in preds[c]):
             continue
         # c and the cold blocks it continues into (falling or by a jmp) while they fit:
         # a 4-byte ``mov`` falling into a cold ``jmp`` to the return thunk moves as one
-        run, total = [c], int(size[c])
+        run, total = [c], size(c)
         while True:
             b, t = run[-1], int(cfg.term[run[-1]])
             nxt = b + 1 if falls[b] and b + 1 < z else \
                 int(cfg.target_block[b]) if t == TERM_JMP else -1
-            if nxt < 0 or nxt not in cold or nxt in run or total + int(size[nxt]) > max_size:
+            if nxt < 0 or nxt not in cold or nxt in run or total + size(nxt) > max_size:
                 break
             run.append(nxt)
-            total += int(size[nxt])
+            total += size(nxt)
         chosen = None
         for n in range(1, len(run) + 1):
             if len(cold) - n < 1:
@@ -255,14 +264,18 @@ def keep_small_cold(cfg, f_unit, sf, hot_mask, falls, max_size, build, fixed=1):
             hot_mask[seq] = True
             for k in sorted(spots):
                 order = hot[:k] + seq + hot[k:]
-                got = build(hot_mask, order)
+                got = build(hot_mask, order, True)
                 if got is not None and got.sizes[0] < (chosen or best).sizes[0]:
                     chosen, chosen_order, chosen_seq = got, order, seq
             hot_mask[seq] = False
         if chosen is None:
             continue
         hot_mask[chosen_seq] = True
-        best, hot = chosen, chosen_order
+        full = build(hot_mask, chosen_order, False)
+        if full is None:
+            hot_mask[chosen_seq] = False
+            continue
+        best, hot = full, chosen_order
         cold.difference_update(chosen_seq)
     if best is not sf:
         best.order_score = sf.order_score
@@ -414,9 +427,10 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
             continue
         if inline_cold_max and not whole:
             sf = keep_small_cold(cfg, u, sf, hot_block, falls, inline_cold_max,
-                                 lambda m, o: build_parts(cfg, u, u, functions.name[fi], m,
-                                                          short_keys, int(functions.sym_index[fi]),
-                                                          falls, invert_jcc, o),
+                                 lambda m, o, h: build_parts(cfg, u, u, functions.name[fi], m,
+                                                             short_keys,
+                                                             int(functions.sym_index[fi]), falls,
+                                                             invert_jcc, o, h),
                                  fixed=2 if head else 1)
         sf.order_score = score
         sf.head = head
