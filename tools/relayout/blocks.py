@@ -230,13 +230,11 @@ def keep_small_cold(cfg, f_unit, sf, hot_mask, falls, max_size, build, fixed=1):
     for c in sorted(preds):
         if c not in cold or len(cold) < 2:
             continue
-        # the most it can save: every long branch into it made short; it costs at
-        # least its bytes bar a jmp that may disappear (a jcc stays, 2 bytes at least)
-        li, t = int(cfg.insn_last[c]), int(cfg.term[c])
-        last = int(cfg.dis.size[li])
-        least = size(c) - (last if t == TERM_JMP else
-                                last - 2 if t in (TERM_JCC, TERM_KEY) else 0)
-        if least >= sum(g for _, g in preds[c]):
+        # about the most it can save: every long branch into it made short (an
+        # appended jmp that disappears, or branches the shorter part brings into rel8
+        # reach, save a little more); it costs at least its bytes bar a jmp that may
+        # disappear (5 bytes at most)
+        if size(c) - 5 >= sum(g for _, g in preds[c]):
             continue
         # c and the cold blocks it continues into (falling or by a jmp) while they fit:
         # a 4-byte ``mov`` falling into a cold ``jmp`` to the return thunk moves as one
