@@ -159,12 +159,20 @@ def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, fall
                 p = Piece(int(cfg.start[b + 1]), 0, INSERTED, b, FORM_JMP, 0, b + 1)
                 p.long = sf.block_part[b + 1] != part
                 pieces.append(p)
-    _relax(sf, (0,) if hot_only else (0, 1))
+    if hot_only:
+        _relax_parts(sf, (0,))
+    else:
+        _relax(sf)
     return sf
 
 
-def _relax(sf, parts=(0, 1)):
+def _relax(sf):
     """Branch sizes inside each part to a fixpoint; offsets of every piece."""
+    _relax_parts(sf, (0, 1))
+
+
+def _relax_parts(sf, parts):
+    """_relax for the parts listed only."""
     for part in parts:
         pieces = sf.parts[part]
         changed = True
