@@ -200,6 +200,7 @@ def _relax_parts(sf, parts):
         sf.first = getattr(sf, "first", [None, None])
         sf.first[part] = first
 
+
 # what a branch into the other part costs over its short form (long minus short size)
 _GROWTH = {FORM_JMP: 3, FORM_JCC: 4, FORM_KEY_NOP: 3, FORM_KEY_JMP: 3}
 
