@@ -89,13 +89,14 @@ def _cond(raw, skip):
 
 
 def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, falls=None,
-                invert_jcc=False, hot_order=None):
+                invert_jcc=False, hot_order=None, hot_only=False):
     """Pieces of both parts of one function (blocks [a, z) of ``cfg``).
 
     ``invert_jcc``: a jcc whose taken target comes next in its part and whose
     fall-through went elsewhere branches on the opposite condition instead of
     getting an appended jmp. ``hot_order``: the hot blocks in the order to
-    place them (the entry first; default: original order)."""
+    place them (the entry first; default: original order). ``hot_only``: the hot
+    part's pieces and size only (the cold part left empty: a size to compare)."""
     a, z = cfg.blocks_of(f_unit)
     hot = [b for b in range(a, z) if hot_mask[b]] if hot_order is None else list(hot_order)
     cold = [b for b in range(a, z) if not hot_mask[b]]
@@ -105,7 +106,7 @@ def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, fall
     for part, order in ((0, hot), (1, cold)):
         for b in order:
             sf.block_part[b] = part
-    for part, order in ((0, hot), (1, cold)):
+    for part, order in ((0, hot),) if hot_only else ((0, hot), (1, cold)):
         pieces = sf.parts[part]
         for k, b in enumerate(order):
             nxt = order[k + 1] if k + 1 < len(order) else -1
@@ -158,13 +159,21 @@ def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, fall
                 p = Piece(int(cfg.start[b + 1]), 0, INSERTED, b, FORM_JMP, 0, b + 1)
                 p.long = sf.block_part[b + 1] != part
                 pieces.append(p)
-    _relax(sf)
+    if hot_only:
+        _relax_parts(sf, (0,))
+    else:
+        _relax(sf)
     return sf
 
 
 def _relax(sf):
     """Branch sizes inside each part to a fixpoint; offsets of every piece."""
-    for part in (0, 1):
+    _relax_parts(sf, (0, 1))
+
+
+def _relax_parts(sf, parts):
+    """_relax for the parts listed only."""
+    for part in parts:
         pieces = sf.parts[part]
         changed = True
         while changed:
@@ -190,6 +199,94 @@ def _relax(sf):
                         p.long = changed = True
         sf.first = getattr(sf, "first", [None, None])
         sf.first[part] = first
+
+
+# what a branch into the other part costs over its short form (long minus short size)
+_GROWTH = {FORM_JMP: 3, FORM_JCC: 4, FORM_KEY_NOP: 3, FORM_KEY_JMP: 3}
+
+
+def keep_small_cold(cfg, f_unit, sf, hot_mask, falls, max_size, build, fixed=1):
+    """``sf`` with some small cold blocks kept in the hot part: a cold block of at most
+    ``max_size`` bytes that a hot block branches or falls into goes into the hot part
+    when that makes the hot part smaller (a jcc to the cold part is 6 bytes where a
+    jcc to a block close by is 2: a 2-4 byte cold block such as a lone ``jmp`` or
+    ``xor eax, eax; jmp`` costs fewer hot bytes inline than the longer branch does).
+    Each candidate is tried at the end of the hot order, right after a hot block
+    that reaches it and right before the hot block it continues into; the hot part's
+    exact size (build_parts, branches relaxed) decides. The cold part keeps at least
+    one block, and the first ``fixed`` blocks of the hot order stay first (the entry,
+    after its prefix block when it has one: the symbol and its ENDBR stay there).
+    ``hot_mask`` (per CFG block) is updated for the blocks kept; ``build(mask, order,
+    hot_only)`` builds the function's parts for a mask and a hot order (its hot part
+    only when ``hot_only``)."""
+    a, z = cfg.blocks_of(f_unit)
+    hot = list(sf.blocks[0])
+    cold = set(sf.blocks[1])
+    if len(cold) < 2:
+        return sf
+    sizes = (cfg.end[a:z] - cfg.start[a:z]).tolist()     # this function's blocks only
+
+    def size(b):
+        return sizes[b - a]
+    # hot blocks reaching each small cold block: by a re-encodable branch or by falling
+    preds = {}
+    for part_pieces in sf.parts[:1]:
+        for p in part_pieces:
+            if p.kind in (BRANCH, INSERTED) and p.target_block in cold and p.long and \
+                    size(p.target_block) <= max_size:
+                preds.setdefault(p.target_block, []).append((p.block, _GROWTH[p.form]))
+    best = sf
+    for c in sorted(preds):
+        if c not in cold or len(cold) < 2:
+            continue
+        # about the most it can save: every long branch into it made short (an
+        # appended jmp that disappears, or branches the shorter part brings into rel8
+        # reach, save a little more); it costs at least its bytes bar a jmp that may
+        # disappear (5 bytes at most)
+        if size(c) - 5 >= sum(g for _, g in preds[c]):
+            continue
+        # c and the cold blocks it continues into (falling or by a jmp) while they fit:
+        # a 4-byte ``mov`` falling into a cold ``jmp`` to the return thunk moves as one
+        run, total = [c], size(c)
+        while True:
+            b, t = run[-1], int(cfg.term[run[-1]])
+            nxt = b + 1 if falls[b] and b + 1 < z else \
+                int(cfg.target_block[b]) if t == TERM_JMP else -1
+            if nxt < 0 or nxt not in cold or nxt in run or total + size(nxt) > max_size:
+                break
+            run.append(nxt)
+            total += size(nxt)
+        chosen = None
+        for n in range(1, len(run) + 1):
+            if len(cold) - n < 1:
+                break
+            seq = run[:n]
+            last, t = seq[-1], int(cfg.term[seq[-1]])
+            succ = [x for x in (last + 1 if falls[last] and last + 1 < z else -1,
+                                int(cfg.target_block[last]) if t == TERM_JMP else -1)
+                    if x >= 0 and x not in cold]
+            spots = {len(hot)} | {hot.index(b) + 1 for b, _ in preds[c] if b in hot} | \
+                {hot.index(x) for x in succ if x in hot}
+            spots = {k for k in spots if k >= fixed}
+            hot_mask[seq] = True
+            for k in sorted(spots):
+                order = hot[:k] + seq + hot[k:]
+                got = build(hot_mask, order, True)
+                if got is not None and got.sizes[0] < (chosen or best).sizes[0]:
+                    chosen, chosen_order, chosen_seq = got, order, seq
+            hot_mask[seq] = False
+        if chosen is None:
+            continue
+        hot_mask[chosen_seq] = True
+        full = build(hot_mask, chosen_order, False)
+        if full is None:
+            hot_mask[chosen_seq] = False
+            continue
+        best, hot = full, chosen_order
+        cold.difference_update(chosen_seq)
+    if best is not sf:
+        best.order_score = sf.order_score
+    return best
 
 
 def prefix_heads(units, functions):
@@ -234,7 +331,7 @@ def _trailing_code(dis, units, functions, candidates):
 
 def choose_splits(cfg, units, heat, block_count, min_count, functions, short_keys, cold_min=8,
                   invert_jcc=False, block_order="original", edges=None, log=None, heads=None,
-                  split_noinstr=False, order_whole=False):
+                  split_noinstr=False, order_whole=False, inline_cold_max=0):
     """SplitFunction list and per-unit reason codes (REASONS) for every unit.
 
     ``block_order``: "original" keeps the hot blocks in their original order,
@@ -247,7 +344,9 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
     ``order_whole`` (ext-TSP only): a hot function with too little cold code to
     split still gets its hot blocks in ext-TSP order, its other blocks after them
     in the same part (a SplitFunction with an empty cold
-    part, ``whole`` set), when that order scores better than the original."""
+    part, ``whole`` set), when that order scores better than the original.
+    ``inline_cold_max``: cold blocks up to this size may stay in the hot part where
+    that makes the hot part smaller (keep_small_cold); 0: never."""
     nu = len(units)
     reason = np.array(cfg.reason, dtype=np.int8)
     reason = reason.copy()
@@ -333,6 +432,13 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
         if sf is None:
             reason[u] = R_NO_COLD
             continue
+        if inline_cold_max and not whole:
+            sf = keep_small_cold(cfg, u, sf, hot_block, falls, inline_cold_max,
+                                 lambda m, o, h: build_parts(cfg, u, u, functions.name[fi], m,
+                                                             short_keys,
+                                                             int(functions.sym_index[fi]), falls,
+                                                             invert_jcc, o, h),
+                                 fixed=2 if head else 1)
         sf.order_score = score
         sf.head = head
         sf.whole = whole

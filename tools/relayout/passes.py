@@ -275,7 +275,8 @@ def split(run):
                                    getattr(run.blocks, "edges", None), log, heads=heads,
                                    split_noinstr=getattr(strat, "split_noinstr", False),
                                    order_whole=getattr(strat, "order_whole", False) and
-                                   run.target.kind == "userspace")
+                                   run.target.kind == "userspace",
+                                   inline_cold_max=getattr(strat, "inline_cold_max", 0))
     if eh_split is not None:
         n = len(splits)
         kept = eh_split.accept(splits, units.start, heat, reason)
