@@ -55,3 +55,24 @@ def build(name, sources, kind, what, headers=()):
             if os.path.exists(tmp):
                 os.unlink(tmp)
     return ctypes.CDLL(so)
+
+
+_libc = False           # False: not looked up yet; None: not glibc
+
+
+def trim_heap():
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``).
+
+    A whole image's decode frees more than it keeps (Capstone's instruction
+    records, numpy's temporaries below the mmap threshold): glibc keeps those
+    pages mapped, and the next phase's peak lands on top of them (zstd: about
+    9 MiB per decoded image). Nothing elsewhere (another C library)."""
+    global _libc
+    if _libc is False:
+        try:
+            _libc = ctypes.CDLL(None).malloc_trim
+            _libc.argtypes, _libc.restype = [ctypes.c_size_t], ctypes.c_int
+        except (OSError, AttributeError):
+            _libc = None
+    if _libc is not None:
+        _libc(0)

@@ -131,6 +131,9 @@ class ImageContext:
         merged = merge(self.function_disasm, self.coverage.extra)
         # the merged arrays hold every function instruction: keep one copy
         self._function_disasm = None
+        # the decode's transients, freed, go back to the system before the next phase
+        from ..native import trim_heap
+        trim_heap()
         return merged
 
     def in_code(self, addrs):
