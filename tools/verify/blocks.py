@@ -320,6 +320,45 @@ def _same_plain_relaxed(ins, new_read, new_addr, new_len, want):
     return (new_addr + new_len + rel) & (2**64 - 1) == want
 
 
+def _plain_inversion(ins, plain, new_read, new_addr, new_len, map1):
+    """The plain jcc ``ins`` (``plain``: _plain_branch's answer) re-encoded at
+    ``new_addr`` as a plain jcc of ``new_len`` bytes on the opposite condition that
+    branches to the translated fall-through and falls into the translated target:
+    a correct inversion, what the full check (_inverted_jcc, _inversion_problem)
+    passes, without decoding. False sends the pair to the full check."""
+    old_form = _plain_form(bytes(ins.bytes))
+    if old_form is None or old_form[0] != "jcc":
+        return False
+    try:
+        new = bytes(new_read(new_addr, new_len))
+    except ValueError:
+        return False
+    new_form = _plain_form(new)
+    if new_form is None or new_form[0] != "jcc" or new_form[1] != old_form[1] ^ 1 or \
+            new_form[2] != new_len:
+        return False
+    rel = int.from_bytes(new[new_form[3]:new_len], "little", signed=True)
+    got = (new_addr + new_len + rel) & (2**64 - 1)
+    target = map1(plain[1])
+    return got != target and got == map1(ins.address + ins.size) and \
+        target == new_addr + new_len
+
+
+def _plain_jmp_to(new_read, new_addr, new_len, want):
+    """NEW holds at ``new_addr`` a plain jmp (EB rel8 / E9 rel32) of ``new_len`` bytes
+    to ``want``: what the inserted-jmp check passes, without decoding. False sends
+    it to the full check."""
+    try:
+        new = bytes(new_read(new_addr, new_len))
+    except ValueError:
+        return False
+    form = _plain_form(new)
+    if form is None or form[0] != "jmp" or form[2] != new_len:
+        return False
+    rel = int.from_bytes(new[form[3]:new_len], "little", signed=True)
+    return (new_addr + new_len + rel) & (2**64 - 1) == want
+
+
 def _direct_target(ins):
     """Target of a direct jmp/jcc/call, else None."""
     if len(ins.operands) == 1 and ins.operands[0].type == cx86.X86_OP_IMM and (
@@ -690,6 +729,13 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
                 if plain is not None and \
                         _same_plain_relaxed(ins, new_read, n, new_len, amap.map1(plain[1])):
                     n_end = n + new_len     # the full check below finds nothing for it
+                elif plain is not None and \
+                        _plain_inversion(ins, plain, new_read, n, new_len, amap.map1):
+                    # both edges kept (the full check below counts it the same)
+                    stats["jcc_inverted"] = stats.get("jcc_inverted", 0) + 1
+                    if orc_ok:
+                        orc_pairs.append((a, n, piece_start, p))
+                    continue
                 else:
                     ins = _full(cs, ins)
                     new_ins = _decode_one(cs, new_read, n)
@@ -737,6 +783,10 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     for r in rows[rows["kind"] == bm.KIND_JMP_INSERTED] if tail else []:
         stats["jmps_inserted"] += 1
         n, want = int(r["new"]), amap.map1(int(r["old"]))
+        if _plain_jmp_to(new_read, n, int(r["new_len"]), want):
+            if orc_ok:
+                orc_pairs.append((int(r["old"]), n, True, len(amap.old) + n))
+            continue
         j = _decode_one(cs, new_read, n)
         got = _direct_target(j) if j is not None and j.mnemonic == "jmp" else None
         if got is None or j.size != int(r["new_len"]) or got != want:
