@@ -100,20 +100,24 @@ def _records(data, addr, eh):
 
 
 def _compact(prog, info):
-    """The shorter of ``prog`` without its trailing DW_CFA_nop padding and the
-    program cfi.py writes for the same rows (redundant instructions dropped),
-    checked to give the same rows; ``prog`` itself when it cannot be evaluated."""
+    """(program, its rows): the shorter of ``prog`` without its trailing DW_CFA_nop
+    padding and the program cfi.py writes for the same rows (redundant instructions
+    dropped), checked to give the same rows; ``prog`` itself when it cannot be
+    evaluated. The rows are what ``evaluate`` gives for the program returned, when
+    this evaluation made them (else None: reason() evaluates it)."""
     if info is None:
-        return prog
+        return prog, None
     try:
         rows, used = evaluate_with_length(prog, info, info.init_state)
         trimmed = prog[:used]
         canon = write_program(rows, info)
-        if len(canon) < len(trimmed) and _same_rows(evaluate(canon, info, info.init_state), rows):
-            return canon
-        return trimmed
+        if len(canon) < len(trimmed):
+            canon_rows = evaluate(canon, info, info.init_state)
+            if _same_rows(canon_rows, rows):
+                return canon, canon_rows
+        return trimmed, (rows if used == len(prog) else None)
     except (CfiError, IndexError, struct.error):
-        return prog
+        return prog, None
 
 
 def _same_rows(a, b):
@@ -167,9 +171,12 @@ class EhSplit:
             raise EhFrameError(".eh_frame_hdr does not precede .eh_frame")
         self.hdr = hdr
         self.end = self.sec.addr + self.sec.size
+        self._evaluated = {}      # FDE offset -> rows of its program, from _compact
         if compact:
             for r in self.fdes:
-                r.prog = _compact(r.prog, self.cie_info.get(r.cie))
+                r.prog, rows = _compact(r.prog, self.cie_info.get(r.cie))
+                if rows is not None:
+                    self._evaluated[r.start] = rows
         size = sum(_pad(r.end - r.start) if r.is_cie else _fde_size(r.enc, r.aug, r.prog)
                    for r in self.records)
         self.free = self.end - self._eh_start(len(self.fdes)) - size - 4
@@ -230,10 +237,13 @@ class EhSplit:
         info = self.cie_info.get(r.cie)
         if info is None:
             return R_EH_FRAME
-        try:
-            self.rows[start] = evaluate(r.prog, info, info.init_state)
-        except (CfiError, IndexError, struct.error):
-            return R_EH_FRAME
+        rows = self._evaluated.pop(r.start, None)
+        if rows is None:
+            try:
+                rows = evaluate(r.prog, info, info.init_state)
+            except (CfiError, IndexError, struct.error):
+                return R_EH_FRAME
+        self.rows[start] = rows
         return None
 
     def programs(self, sf, base):
