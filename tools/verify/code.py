@@ -27,8 +27,10 @@ def check_code(ctx, out):
     matched_func = np.zeros(len(of), dtype=bool)
     matched_func[oi] = True
     use = compared_instructions(octx, od, matched_func, same_size)
-    fidx = od.func.astype(np.int64)
-    use &= ~((fidx >= 0) & ctx.split[np.maximum(fidx, 0)])     # split functions: block-level checks
+    for lo in range(0, len(use), _COMPARE_ROWS):      # (slices: no int64 copy of every row)
+        fidx = od.func[lo:lo + _COMPARE_ROWS]
+        # split functions: block-level checks
+        use[lo:lo + _COMPARE_ROWS] &= ~((fidx >= 0) & ctx.split[np.maximum(fidx, 0)])
     timings.phase("against: instructions")
     out.extra.update(compare_instructions(octx, ctx.nctx, ctx.amap, use, ctx.kernel, out.findings,
                                           out.counter, ctx.data_moves))
@@ -45,32 +47,41 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
         return data_moves is not None and data_moves.explains(field_addr, old_value, new_value,
                                                                size)
     od, nd = octx.disasm, nctx.disasm
-    o_addr = od.addr[use]
-    o_size = od.size[use]
-    n_addr = amap.map(o_addr)
-    ni_idx = np.searchsorted(nd.addr, n_addr)
-    nic = np.minimum(ni_idx, len(nd.addr) - 1)
-    found = (ni_idx < len(nd.addr)) & (nd.addr[nic] == n_addr) & (nd.size[nic] == o_size)
-    bad = np.nonzero(~found)[0]
-    _add(findings, "error", "equiv.instruction", bad.tolist(),
-         lambda k: (int(n_addr[k]), f"instruction of {octx.symbol_at(int(o_addr[k]))} has no "
-                    f"same-length counterpart at {int(n_addr[k]):#x}"), counter)
+    # step 1 and the byte comparison of step 2 a slice of OLD's rows at a time: the
+    # per-row temporaries over all rows at once (addresses, their map, the matched
+    # rows, the (rows, 16) byte matrices) were verify's peak (zstd: 12 MiB over it)
+    use_idx = np.nonzero(use)[0]
+    col = np.arange(16)[None, :]
+    # the matched rows (old and new disasm index) and whether their bytes differ,
+    # filled in place slice after slice (no list of parts concatenated beside them)
+    o_idx_all = np.empty(len(use_idx), np.int64)
+    n_idx_all = np.empty(len(use_idx), np.int64)
+    differs = np.empty(len(use_idx), bool)
+    matched, missing = 0, []
+    for lo in range(0, len(use_idx), _COMPARE_ROWS):
+        oi = use_idx[lo:lo + _COMPARE_ROWS]
+        o_addr, o_size = od.addr[oi], od.size[oi]
+        n_addr = amap.map(o_addr)
+        ni_idx = np.searchsorted(nd.addr, n_addr)
+        nic = np.minimum(ni_idx, len(nd.addr) - 1)
+        found = (ni_idx < len(nd.addr)) & (nd.addr[nic] == n_addr) & (nd.size[nic] == o_size)
+        missing += zip(n_addr[~found].tolist(), o_addr[~found].tolist())
+        oi, nic = oi[found], nic[found]
+        sizes = od.size[oi].astype(np.int64)
+        end = matched + len(oi)
+        differs[matched:end] = ((od.raw[oi] != nd.raw[nic]) & (col < sizes[:, None])).any(axis=1)
+        o_idx_all[matched:end], n_idx_all[matched:end] = oi, nic
+        matched = end
+    _add(findings, "error", "equiv.instruction", missing,
+         lambda m: (m[0], f"instruction of {octx.symbol_at(m[1])} has no "
+                    f"same-length counterpart at {m[0]:#x}"), counter)
 
     # 2. differing bytes must be translated address fields
-    o_idx_all = np.nonzero(use)[0][found]          # old disasm index
-    n_idx_all = nic[found]
-    sizes = od.size[o_idx_all].astype(np.int64)
-    col = np.arange(16)[None, :]
-    differs = np.zeros(len(o_idx_all), bool)
-    # compared in slices: the whole (rows, 16) byte matrices would be a transient
-    # of several times the decoded code (zstd: 18 MiB over the peak)
-    for lo in range(0, len(o_idx_all), _COMPARE_ROWS):
-        hi = lo + _COMPARE_ROWS
-        differs[lo:hi] = ((od.raw[o_idx_all[lo:hi]] != nd.raw[n_idx_all[lo:hi]]) &
-                          (col < sizes[lo:hi, None])).any(axis=1)
+    o_idx_all, n_idx_all, differs = o_idx_all[:matched], n_idx_all[:matched], differs[:matched]
     k_diff = np.nonzero(differs)[0]
     # only the changed rows' bytes are looked at again
-    o_raw, n_raw, sizes_diff = od.raw[o_idx_all[k_diff]], nd.raw[n_idx_all[k_diff]], sizes[k_diff]
+    o_raw, n_raw = od.raw[o_idx_all[k_diff]], nd.raw[n_idx_all[k_diff]]
+    sizes_diff = od.size[o_idx_all[k_diff]].astype(np.int64)
     # branches: compare decoded targets, all at once (most changed instructions are
     # calls and jumps to moved functions)
     ob_i, ob_t, _ = od.branch_targets()
@@ -147,7 +158,7 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
     _add(findings, "error", "equiv.instruction-bytes", unexplained,
          lambda u: (u[0], f"{octx.symbol_at(u[0])}: '{u[1]}' changed in a way that is not a "
                     "translated address"), counter)
-    return {"equivalence_instructions": int(found.sum()),
+    return {"equivalence_instructions": int(len(o_idx_all)),
             "equivalence_translated_branches": branch_fixed,
             "equivalence_translated_fields": field_fixed}
 
@@ -171,10 +182,15 @@ def compared_instructions(octx, od, matched_func, same_size):
     address (it moves with the code symbol or function before it, or stays)
     with the same length and translated bytes."""
     from ..image.coverage import R_PADDING
-    f = od.func.astype(np.int64)
-    inside = f >= 0
-    fc = np.where(inside, f, 0)
     extra = octx.coverage.extra
-    k = np.minimum(np.searchsorted(extra.addr, od.addr), max(len(extra.addr) - 1, 0))
-    padding = ~inside & (octx.coverage.reason[k] == R_PADDING) if len(extra.addr) else ~inside
-    return np.where(inside, matched_func[fc] & same_size[fc], ~padding)
+    out = np.zeros(len(od.func), bool)
+    for lo in range(0, len(out), _COMPARE_ROWS):      # (slices: small per-row temporaries)
+        f = od.func[lo:lo + _COMPARE_ROWS]
+        inside = f >= 0
+        fc = np.where(inside, f, 0)
+        k = np.minimum(np.searchsorted(extra.addr, od.addr[lo:lo + _COMPARE_ROWS]),
+                       max(len(extra.addr) - 1, 0))
+        padding = ~inside & (octx.coverage.reason[k] == R_PADDING) if len(extra.addr) \
+            else ~inside
+        out[lo:lo + _COMPARE_ROWS] = np.where(inside, matched_func[fc] & same_size[fc], ~padding)
+    return out
