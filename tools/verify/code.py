@@ -50,16 +50,17 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
     # step 1 and the byte comparison of step 2 a slice of OLD's rows at a time: the
     # per-row temporaries over all rows at once (addresses, their map, the matched
     # rows, the (rows, 16) byte matrices) were verify's peak (zstd: 12 MiB over it)
-    use_idx = np.nonzero(use)[0]
     col = np.arange(16)[None, :]
-    # the matched rows (old and new disasm index) and whether their bytes differ,
-    # filled in place slice after slice (no list of parts concatenated beside them)
-    o_idx_all = np.empty(len(use_idx), np.int64)
-    n_idx_all = np.empty(len(use_idx), np.int64)
-    differs = np.empty(len(use_idx), bool)
+    # the matched rows (old and new disasm index: int32 while the rows allow) and
+    # whether their bytes differ, filled in place slice after slice
+    n_use = int(np.count_nonzero(use))
+    index = np.int32 if max(len(od.addr), len(nd.addr)) < 2**31 else np.int64
+    o_idx_all = np.empty(n_use, index)
+    n_idx_all = np.empty(n_use, index)
+    differs = np.empty(n_use, bool)
     matched, missing = 0, []
-    for lo in range(0, len(use_idx), _COMPARE_ROWS):
-        oi = use_idx[lo:lo + _COMPARE_ROWS]
+    for lo in range(0, len(use), _COMPARE_ROWS):
+        oi = lo + np.nonzero(use[lo:lo + _COMPARE_ROWS])[0]
         o_addr, o_size = od.addr[oi], od.size[oi]
         n_addr = amap.map(o_addr)
         ni_idx = np.searchsorted(nd.addr, n_addr)
