@@ -93,3 +93,20 @@ def test_units_keep_prefixes(vmlinux):
 
 
 # relayout --vmlinuz + bzimage --vmlinuz of both kernels, booted: test_newkernels_boot.py
+
+
+def test_runtime_const_sites_all_listed(vmlinux, series):
+    """Every runtime-const section (``runtime_*``: sites whose immediate the boot
+    patches) is a reference table of the recovery: 7.3 adds ``runtime_mask_``,
+    whose site left at its old address made a rewritten 7.3 crash in the code
+    that moved there (the boot wrote the futex hash mask into it)."""
+    from linepack.kernel.prel32_lists import RuntimeConsts
+    ctx = ImageContext(ElfImage(vmlinux))
+    secs = [s for s in ctx.image.sections if s.is_alloc and s.size and s.name.startswith("runtime_")]
+    assert len(secs) >= (10 if series == "7.3" else 3)
+    fields, _ = RuntimeConsts().references(ctx)
+    for s in secs:
+        inside = (fields >= np.uint64(s.addr)) & (fields < np.uint64(s.addr + s.size))
+        assert int(inside.sum()) == s.size // 4, s.name
+    if series == "7.3":
+        assert any(s.name.startswith("runtime_mask_") for s in secs)

@@ -113,3 +113,38 @@ def test_retries_reuse_the_group_layout(monkeypatch):
     again = make_plan(t, strategies.get("pack"), heat)
     assert (again.new_start == plan.new_start).all()
     assert again.compact_regions == plan.compact_regions and again.kept_regions == plan.kept_regions
+
+
+def test_region_after_a_group_takes_the_room_the_group_left():
+    """Debian's 6.12: the cut main text, laid out as one, ends before its original end
+    (here the gaps between its units go); the region after it needs more than its
+    own span (hot 70-byte units on 64 B lines) before pinned kprobes text. It starts
+    right after the group instead: the group stays one, nothing keeps its original
+    layout or loses its alignment."""
+    n, m = 400, 6
+    rng = np.random.default_rng(7)
+    sizes = np.concatenate([rng.integers(8, 300, n), np.full(m, 70)])
+    starts, cur = [], BASE
+    for k, s in enumerate(sizes.tolist()):
+        starts.append(cur)
+        cur = (cur + s + (20 if k < n else 0) + 15) // 16 * 16
+    split = starts[n]
+    regs = [Region(".text:r", BASE, split, 1), Region(".text:s", split, cur, 1),
+            Region(".text:__kprobes_text_start", cur, cur + 64, 1, True)]
+    t = UnitTable(starts, sizes, [0] * n + [1] * m, regs)
+    pin_units(t, np.array([50, 120, 121, 300]))
+    s_index = [r.name for r in t.regions].index(".text:s")
+    heat = np.zeros(len(t))
+    heat[[10, 200, 350]] = [50, 40, 30]
+    heat[n:] = 5.0
+    logged = []
+    plan = make_plan(t, strategies.get("pack"), heat, log=logged.append)
+    assert plan.groups == [(0, s_index - 1)]
+    assert plan.kept_regions == [] and plan.compact_regions == []
+    assert any("start right after the code before them" in x for x in logged)
+    assert plan.region_new_start[s_index] < t.regions[s_index].start
+    hot_s = np.arange(n, n + m)
+    assert (plan.new_start[hot_s] % 64 == 0).all()         # the strategy's own layout
+    pinned = np.nonzero(t.pinned)[0]
+    assert (plan.new_start[pinned] == t.start[pinned]).all()
+    assert int(plan.new_end.max()) <= t.regions[-1].start

@@ -122,13 +122,31 @@ def test_pinned_region_and_overflow():
 def test_overflow_before_pinned_keeps_the_nearest_region_only():
     """Two movable regions before a pinned one: only the one whose growth does not
     fit keeps its layout; the first is still laid out by the strategy."""
+    # a's layout ends where c starts: nothing for c to start earlier into
+    regs = [Region("a", BASE, BASE + 0x80, 1), Region("c", BASE + 0x80, BASE + 0xc0, 1),
+            Region("b", BASE + 0xc0, BASE + 0x200, 1, True)]
+    t = UnitTable([BASE, BASE + 0x30, BASE + 0x80, BASE + 0xa0, BASE + 0xc0],
+                  [0x30, 0x30, 0x20, 0x20, 0x10], [0, 0, 1, 1, 2], regs)
+    p = lay(t, "align-all 64")
+    assert p.kept_regions == ["c"]
+    assert p.new_start.tolist() == [BASE, BASE + 0x40, BASE + 0x80, BASE + 0xa0, BASE + 0xc0]
+
+
+def test_overflow_before_pinned_first_uses_the_room_left_before():
+    """The region before a pinned one outgrows its space while the region before it
+    ends early (its layout needs less than it had): the region starts right after
+    that code (its labels move back) and keeps the strategy's layout; nothing is
+    kept or compacted. Without the early end it keeps its original layout."""
     regs = [Region("a", BASE, BASE + 0x100, 1), Region("c", BASE + 0x100, BASE + 0x140, 1),
             Region("b", BASE + 0x140, BASE + 0x200, 1, True)]
     t = UnitTable([BASE, BASE + 0x30, BASE + 0x100, BASE + 0x120, BASE + 0x140],
                   [0x30, 0x30, 0x20, 0x20, 0x10], [0, 0, 1, 1, 2], regs)
     p = lay(t, "align-all 64")
-    assert p.kept_regions == ["c"]
-    assert p.new_start.tolist() == [BASE, BASE + 0x40, BASE + 0x100, BASE + 0x120, BASE + 0x140]
+    assert p.kept_regions == [] and p.compact_regions == []
+    assert p.region_new_start == [BASE, BASE + 0x80, BASE + 0x140]
+    assert p.new_start.tolist() == [BASE, BASE + 0x40, BASE + 0x80, BASE + 0xc0, BASE + 0x140]
+    # a layout that fits leaves every region at its start
+    assert lay(t, "align-all 16").region_new_start == [BASE, BASE + 0x100, BASE + 0x140]
 
 
 def test_region_shift_when_previous_grows():
@@ -179,17 +197,17 @@ def test_overflows_of_separate_runs_found_in_one_plan():
     outgrows its space even at its original layout (a block-level split grew it),
     the error names every such pinned region, so blocks un-splits them together."""
     B2 = BASE + 0x200
-    regs = [Region("a", BASE, BASE + 0x100, 1), Region("c", BASE + 0x100, BASE + 0x140, 1),
-            Region("b", BASE + 0x140, BASE + 0x200, 1, True),
-            Region("d", B2, B2 + 0x100, 1), Region("e", B2 + 0x100, B2 + 0x140, 1),
-            Region("f", B2 + 0x140, B2 + 0x200, 1, True)]
-    starts = [BASE, BASE + 0x30, BASE + 0x100, BASE + 0x120, BASE + 0x140]
+    regs = [Region("a", BASE, BASE + 0x80, 1), Region("c", BASE + 0x80, BASE + 0xc0, 1),
+            Region("b", BASE + 0xc0, BASE + 0x200, 1, True),
+            Region("d", B2, B2 + 0x80, 1), Region("e", B2 + 0x80, B2 + 0xc0, 1),
+            Region("f", B2 + 0xc0, B2 + 0x200, 1, True)]
+    starts = [BASE, BASE + 0x30, BASE + 0x80, BASE + 0xa0, BASE + 0xc0]
     sizes = [0x30, 0x30, 0x20, 0x20, 0x10]
     t = UnitTable(starts + [s + 0x200 for s in starts], sizes * 2,
                   [0, 0, 1, 1, 2, 3, 3, 4, 4, 5], regs)
     p = lay(t, "align-all 64")
     assert p.kept_regions == ["c", "e"]
-    assert p.new_start.tolist()[5:] == [B2, B2 + 0x40, B2 + 0x100, B2 + 0x120, B2 + 0x140]
+    assert p.new_start.tolist()[5:] == [B2, B2 + 0x40, B2 + 0x80, B2 + 0xa0, B2 + 0xc0]
     # the last unit before each pinned region grew past it
     t = UnitTable(starts + [s + 0x200 for s in starts], [0x30, 0x30, 0x20, 0x30, 0x10] * 2,
                   [0, 0, 1, 1, 2, 3, 3, 4, 4, 5], regs)

@@ -70,22 +70,15 @@ def build(name, sources, kind, what, headers=()):
     return ctypes.CDLL(so)
 
 
-_libc = False           # False: not looked up yet; None: not glibc
+def release_free_memory():
+    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``).
 
-
-def trim_heap():
-    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``).
-
-    A whole image's decode frees more than it keeps (Capstone's instruction
-    records, numpy's temporaries below the mmap threshold): glibc keeps those
-    pages mapped, and the next phase's peak lands on top of them (zstd: about
-    9 MiB per decoded image). Nothing elsewhere (another C library)."""
-    global _libc
-    if _libc is False:
-        try:
-            _libc = ctypes.CDLL(None).malloc_trim
-            _libc.argtypes, _libc.restype = [ctypes.c_size_t], ctypes.c_int
-        except (OSError, AttributeError):
-            _libc = None
-    if _libc is not None:
-        _libc(0)
+    Freed numpy arrays below malloc's mmap threshold (which glibc raises after
+    large frees) stay in the heap, counted in the resident set; a long command
+    calls this after dropping big tables so the next phase's peak does not sit
+    on top of them. A no-op where the C library has no malloc_trim."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)

@@ -37,6 +37,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import BadInput
+from .relocs import sext32
 
 # --- setup header -----------------------------------------------------------------
 
@@ -397,10 +398,6 @@ class KaslrRelocs:
         return np.concatenate(parts).tobytes()
 
 
-def _sign_extend32(words):
-    return words.astype(np.int32).astype(np.int64).view(np.uint64)
-
-
 def parse_relocs(table, layout, path="image"):
     """KaslrRelocs of the raw table bytes (the part of the payload after the ELF)."""
     if len(table) % 4:
@@ -416,7 +413,7 @@ def parse_relocs(table, layout, path="image"):
     # written front to back in the reverse of the reading order
     bounds = list(zeros) + [len(words)]
     for i, g in enumerate(reversed(layout.groups)):
-        groups[g] = _sign_extend32(words[bounds[i] + 1:bounds[i + 1]])
+        groups[g] = sext32(words[bounds[i] + 1:bounds[i + 1]])
     return KaslrRelocs(abs32=groups["abs32"], abs64=groups["abs64"],
                        inv32=groups.get("inv32", np.zeros(0, np.uint64)), layout=layout)
 

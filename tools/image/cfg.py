@@ -178,6 +178,18 @@ class TableSites:
 class CFG:
     """Blocks of a set of functions (``start``/``end`` arrays, sorted, disjoint)."""
 
+    # per-instruction arrays: one entry per decoded instruction (drop_instructions)
+    INSN_ARRAYS = ("insn_func", "insn_kind", "insn_target", "insn_rel", "insn_key",
+                   "insn_key_target", "insn_atomic", "insn_intra")
+
+    def drop_instructions(self):
+        """Keep the blocks, forget the instructions (the disassembly and every
+        ``insn_*`` array indexed by it): once the code is rewritten only the
+        blocks are read, and the instruction tables are most of the CFG's memory."""
+        self.dis = None
+        for name in self.INSN_ARRAYS:
+            setattr(self, name, None)
+
     def __init__(self, dis, fstart, fend, sites=None, noreturn_addrs=(), reloc_insn=None,
                  indirect_ok=False):
         # indirect_ok: indirect jumps do not stop a split (userspace jump tables whose

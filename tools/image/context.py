@@ -91,6 +91,18 @@ class ImageContext:
             setattr(self, slot, got)
         return got
 
+    def forget(self, *names):
+        """Drop what ``derived`` built under ``names``; it is built again on next use."""
+        for name in names:
+            self.__dict__.pop("_derived_" + name, None)
+
+    def drop_instructions(self):
+        """Forget every decoded instruction held here (decoded again on next use):
+        relayout's last passes need none, and on a distribution kernel they are
+        a few hundred MB that the DWARF rewrite needs for itself."""
+        self._disasm = self._function_disasm = None
+        self.forget("units", "other_code")
+
     def swept(self, sections):
         """Linear-sweep Disassembly of whole ``sections``, once per context: the
         code sections relayout does not lay out (the rewriter and reference
@@ -134,8 +146,8 @@ class ImageContext:
         self._function_disasm = None
         merged = merge(functions, extra, release=True)
         # the decode's transients, freed, go back to the system before the next phase
-        from ..native import trim_heap
-        trim_heap()
+        from ..native import release_free_memory
+        release_free_memory()
         return merged
 
     def in_code(self, addrs):

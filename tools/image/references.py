@@ -36,7 +36,7 @@ import numpy as np
 
 from .elf import RELA, STT_SECTION, Relocations
 from .relocs import (R_X86_64_32, R_X86_64_32S, R_X86_64_64, R_X86_64_PC32, R_X86_64_PC64,
-                     R_X86_64_PLT32)
+                     R_X86_64_PLT32, sext32)
 from .intervals import containing
 
 START_KERNEL_MAP = 0xFFFFFFFF80000000
@@ -121,10 +121,6 @@ def read_fields(image, addrs, width):
     raw = image.data[pos[:, None] + np.arange(width)[None, :]]
     val = raw.copy().view("<u8" if width == 8 else "<u4").ravel().astype(np.uint64)
     return np.where(ok, val, np.uint64(0))
-
-
-def sext32(v):
-    return np.asarray(v, np.uint64).astype(np.uint32).view(np.int32).astype(np.int64).view(np.uint64)
 
 
 def field_targets(image, field, rtype, end):

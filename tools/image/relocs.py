@@ -54,6 +54,12 @@ GOT_TYPES = tuple(t for t, r in RECIPES.items() if r.via_got)
 CHECKED_TYPES = tuple(t for t, r in RECIPES.items() if r.checked)
 
 
+def sext32(v):
+    """32-bit field values (any integer array) sign-extended to 64 bits, as uint64:
+    what an R_X86_64_32S field or a rel32 displacement means."""
+    return np.asarray(v, np.uint64).astype(np.uint32).view(np.int32).astype(np.int64).view(np.uint64)
+
+
 def field_values(image, sec, addrs, width):
     """The little-endian unsigned values of ``width``-byte fields at ``addrs`` in
     section ``sec`` (read through ``section_bytes``: a patched image's bytes)."""

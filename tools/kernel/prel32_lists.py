@@ -10,8 +10,12 @@ references of a kernel without link relocations (linepack.image.references):
   function (include/linux/init.h, same condition).
 
 - runtime constants (6.11+, CONFIG_RUNTIME_CONST: ``runtime_ptr_<name>``,
-  ``runtime_shift_<name>`` sections, arch/x86/include/asm/runtime-const.h):
-  s32 offsets to the instructions whose immediate is patched at boot.
+  ``runtime_shift_<name>`` sections, and from 7.x ``runtime_mask_<name>``
+  (``runtime_const_mask_32``), arch/x86/include/asm/runtime-const.h): s32 offsets
+  to the immediates patched at boot. They point inside an instruction, so the
+  scan for unexplained references does not see a list left out here: its sites
+  keep their old addresses and the boot writes the constant into whatever code
+  is there (7.3's ``runtime_mask___futex_mask``).
 
 Their fields are plain: the link's generic relocation pass keeps them right,
 so they have no parse/check of their own in verify (not in ``TABLES``).
@@ -46,11 +50,12 @@ class ConInitcalls(Initcalls):
 
 
 class RuntimeConsts(KernelTable):
-    """Every ``runtime_ptr_*`` / ``runtime_shift_*`` section: s32 site lists."""
+    """Every ``runtime_ptr_*`` / ``runtime_shift_*`` / ``runtime_mask_*`` section:
+    s32 site lists."""
     name = "runtime_const"
     dtype = np.dtype("<i4")
     relative_fields = (None,)
-    prefixes = ("runtime_ptr_", "runtime_shift_")
+    prefixes = ("runtime_ptr_", "runtime_shift_", "runtime_mask_")
 
     def _sections(self, ctx):
         return [s for s in ctx.image.sections if s.is_alloc and s.size and s.addr and

@@ -12,7 +12,9 @@ kernel and an executable do differently is asked of ``run.target``
                     static keys, metadata, symbols, DWARF, write, summary, maps
 """
 
+import gc
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -22,6 +24,7 @@ from .. import timings
 from ..errors import BadInput
 from ..image.elf import ET_DYN, ET_EXEC
 from ..image.functions import text_size
+from ..native import release_free_memory
 from . import stats as S
 from . import strategies
 from .plan import LayoutError, make_plan
@@ -153,6 +156,10 @@ def _split_first_runs(orig_units, split, blocks):
     return dict(zip(hot.tolist(), earliest[parent[hot]].tolist()))
 
 
+# the advice the planner's "does not fit" message ends with (plan.py)
+_NO_FIT_ADVICE = re.compile(r"; use a strategy with less padding$")
+
+
 def _no_fit_message(err, strat, units, heat, calls, functions, log):
     """The planner's "does not fit" line; for ``align-all N`` also the largest
     alignment that does fit (found by planning smaller ones)."""
@@ -160,7 +167,7 @@ def _no_fit_message(err, strat, units, heat, calls, functions, log):
     align = getattr(strat, "align", None)
     if not isinstance(align, int) or not strat.name.startswith("align-all"):
         return msg
-    msg = msg.replace("; use a strategy with less padding", "")
+    msg = _NO_FIT_ADVICE.sub("", msg)
     fits = None
     a = align // 2
     while a >= 1:
@@ -366,7 +373,9 @@ def plan(run):
             if run.segment is None:
                 raise LayoutError(_no_fit_message(e, strat, run.units, run.heat, run.calls,
                                                   run.functions, run.log)) from None
-            run.log(f"{e}: the moved code goes to a new segment at {run.segment.vaddr:#x}")
+            # the planner's advice is for a layout that must fit: this one need not
+            run.log(f"{_NO_FIT_ADVICE.sub('', str(e))}: the moved code goes to a new segment "
+                    f"at {run.segment.vaddr:#x}")
     if run.segment is not None:
         run.plan = plan_(run.segment.relocate)
     if run.recovered is not None:
@@ -548,6 +557,23 @@ def block_symbols(run):
     return S.SymbolStats(count.counters())
 
 
+def _drop_instructions(run):
+    """Release the per-instruction tables before the DWARF rewrite: the code,
+    references and kernel tables are rewritten, and the passes left (DWARF,
+    write, summary, maps) read blocks and the address map only. On 7.3 the
+    disassembly and the CFG's instruction arrays are ~360 MB, and the DWARF
+    rewrite's copies come on top of what is still alive: this is the peak."""
+    run.dis = None
+    run.rewriter.dis = run.rewriter.other_dis = None
+    if run.split is not None:
+        run.split["cfg"].drop_instructions()
+    ctx = getattr(run.image, "context", None)
+    if ctx is not None:
+        ctx.drop_instructions()
+    gc.collect()          # the arrays sit in reference cycles (cfg <-> split tables)
+    release_free_memory()
+
+
 def dwarf(run):
     """Rewrite the DWARF for the new layout (its address fields from the link's
     ``.rela.debug_*``, or found by parsing it when the image has none), or drop
@@ -562,6 +588,7 @@ def dwarf(run):
         log(f"dropping DWARF ({len(is_debug)} .debug_* sections), as asked")
         return S.DwarfStats("dropped")
     timings.phase("DWARF rewrite")
+    _drop_instructions(run)
     from ..dwarf.fields import has_debug_relocations
     from ..dwarf.rewrite import rewrite_dwarf
     if has_debug_relocations(image):

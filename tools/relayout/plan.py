@@ -164,7 +164,7 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
     relayout/user/segment.py): their movable regions are laid out one after
     another from there, their pinned regions stay where they are.
     """
-    keep, compact = set(), set()
+    keep, compact, pulled = set(), set(), set()
     calls = _call_units(units, calls, functions)     # by name once, not once per region
     # a retry lays out again every region the kept one does not change: a region's
     # layout is a function of the region and where it starts, kept from try to try
@@ -179,11 +179,25 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
         over = [] if together else None
         try:
             plan = _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep,
-                              relocate or {}, memo, overflows=over, compact=compact)
+                              relocate or {}, memo, overflows=over, compact=compact,
+                              pulled=pulled)
         except _PinnedOverflow as e:
             over = [(e.index, str(e), e.needed)]
         if over:
             regs = units.regions
+            # first the room the code before it left unused: its regions start right
+            # after the code before them instead of at their own starts
+            pull = set()
+            for index, _, _ in over:
+                pull.update(_run_before(regs, index, in_group))
+            pull -= pulled
+            if pull:
+                pulled |= pull
+                if log:
+                    log(f"{len(pull)} regions before {len(over)} pinned region(s) start right "
+                        f"after the code before them (the {strategy.name} layout does not fit "
+                        f"before pinned {regs[over[0][0]].name})")
+                continue
             stuck = []
             for index, msg, needed in over:
                 cands = []
@@ -231,6 +245,22 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
         return plan
 
 
+def _run_before(regs, index, in_group):
+    """Indexes of the movable regions between pinned region ``index`` and the pinned
+    region before it in its section (the pinned units of a group ``in_group`` are
+    laid out with it, they do not end the run)."""
+    out = []
+    for i in range(index - 1, -1, -1):
+        if regs[i].section != regs[index].section:
+            break
+        if regs[i].pinned:
+            if i in in_group:
+                continue
+            break
+        out.append(i)
+    return out
+
+
 def _regions_independent(strategy):
     """True when the strategy's layout of a region depends on that region alone (no
     state carried from region to region: pack's is for set-aware placement only)."""
@@ -238,7 +268,7 @@ def _regions_independent(strategy):
 
 
 def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep, relocate,
-               memo=None, overflows=None, compact=()):
+               memo=None, overflows=None, compact=(), pulled=()):
     """make_plan with the regions in ``keep`` (indexes) at their original layout,
     those in ``compact`` in the strategy's order without alignment padding.
     ``overflows``: None (an outgrown pinned region raises _PinnedOverflow) or a
@@ -284,10 +314,9 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
                        f"{cursor - reg.start} more bytes than the space before it "
                        f"(pinned at {reg.start:#x}); use a strategy with less padding")
                 if overflows is None:
-                    raise _PinnedOverflow(msg, ri)
-                overflows.append((ri, msg))
-            rstart = reg.start if reg.pinned else \
-                max(reg.start, align_up(cursor, _region_align(reg.start)))
+                    raise _PinnedOverflow(msg, ri, cursor - reg.start)
+                overflows.append((ri, msg, cursor - reg.start))
+            rstart = reg.start if reg.pinned else _region_start(reg, ri, cursor, pulled)
             region_new_start[ri] = rstart
             skip_to = groups[ri]
             laid_groups.append((ri, skip_to))
@@ -315,7 +344,7 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
             cursor = reg.end
             continue
         rstart = align_up(cursor, _region_align(reg.start)) if moved_away else \
-            max(reg.start, align_up(cursor, _region_align(reg.start)))
+            _region_start(reg, ri, cursor, pulled)
         region_new_start[ri] = rstart
         members = by_region[cuts[ri]:cuts[ri + 1]]
         view = RegionView(units, ri, heat, members=members)
@@ -613,6 +642,13 @@ def _check_section_end(last_region, cursor):
         raise LayoutError(f"layout does not fit: the code needs {cursor - last_region.end} bytes "
                           f"more than its section has (ends at {last_region.end:#x}); use a "
                           "strategy with less padding")
+
+
+def _region_start(reg, ri, cursor, pulled):
+    """Where a movable region starts after code ending at ``cursor``: its own start
+    unless that code grew into it; a pulled region (make_plan) right after it."""
+    at = align_up(cursor, _region_align(reg.start))
+    return at if ri in pulled else max(reg.start, at)
 
 
 def _region_align(addr):

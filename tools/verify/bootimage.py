@@ -93,7 +93,8 @@ def check_boot_image(vmlinuz, vmlinux, log=lambda m: None):
             None, "the vmlinux has no _text/__bss_start/_end symbols: the table's bounds "
                   "cannot be checked"))
         text = bss = end = 0
-    from ..image.references import read_fields, sext32       # 0 outside file-backed bytes
+    from ..image.references import read_fields       # 0 outside file-backed bytes
+    from ..image.relocs import sext32
     kaslr = img.kaslr
     widths = {"abs64": 8, "abs32": 4, "inv32": 4}
     out_of_range, wrong, counts = [], [], {}

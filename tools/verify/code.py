@@ -13,6 +13,8 @@ from .findings import add_findings as _add
 
 # rows per slice when OLD's and NEW's instruction bytes are compared
 _COMPARE_ROWS = 1 << 15
+# OLD's instructions per slice of compare_instructions
+_COMPARE_INSNS = 1 << 20
 
 
 def check_code(ctx, out):
@@ -41,41 +43,67 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
     at its mapped address in NEW with the same length, and every byte that
     differs is a translated address field (or a field relocated against a moved
     data symbol, ``data_moves`` from data.data_moves, that moved with it). Cost
-    follows ``use``, so the mutation test runs it on one instruction at a time."""
+    follows ``use``, so the mutation test runs it on one instruction at a time.
+
+    OLD's instructions are taken a slice at a time (_COMPARE_INSNS): each step
+    makes arrays as long as its instructions, which over a whole kernel (5 M
+    instructions) were a few hundred MB at once. The findings are gathered over
+    the slices and added in the order one pass adds them."""
+    sel = np.nonzero(use)[0]
+    missing, wrong_target, unexplained = [], [], []
+    totals = {"equivalence_instructions": 0, "equivalence_translated_branches": 0,
+              "equivalence_translated_fields": 0}
+    for lo in range(0, len(sel), _COMPARE_INSNS):
+        got = _compare_slice(octx, nctx, amap, sel[lo:lo + _COMPARE_INSNS], kernel, data_moves,
+                             missing, wrong_target, unexplained)
+        for k, v in got.items():
+            totals[k] += v
+    _add(findings, "error", "equiv.instruction", missing,
+         lambda m: (m[1], f"instruction of {octx.symbol_at(m[0])} has no "
+                    f"same-length counterpart at {m[1]:#x}"), counter)
+    _add(findings, "error", "equiv.branch-target", wrong_target,
+         lambda w: (w[1], f"branch at {octx.symbol_at(w[0])} went to {octx.symbol_at(w[2])}, "
+                    f"now goes to {w[3]:#x}" if w[3] is not None else
+                    f"branch at {octx.symbol_at(w[0])} is no longer a branch"), counter)
+    _add(findings, "error", "equiv.instruction-bytes", unexplained,
+         lambda u: (u[0], f"{octx.symbol_at(u[0])}: '{u[1]}' changed in a way that is not a "
+                    "translated address"), counter)
+    return totals
+
+
+def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_target, unexplained):
+    """compare_instructions on OLD's instructions ``sel`` (ascending indices):
+    what fails is appended to the three lists; returns the counts."""
     def moved_by(field_addr, old_value, new_value, size):
         """The field designates a moved data symbol and moved with it."""
         return data_moves is not None and data_moves.explains(field_addr, old_value, new_value,
                                                                size)
     od, nd = octx.disasm, nctx.disasm
-    # step 1 and the byte comparison of step 2 a slice of OLD's rows at a time: the
-    # per-row temporaries over all rows at once (addresses, their map, the matched
-    # rows, the (rows, 16) byte matrices) were verify's peak (zstd: 12 MiB over it)
+    # step 1 and the byte comparison of step 2 in slices of _COMPARE_ROWS: the
+    # matched rows (old and new disasm index, int32 while the rows allow) and whether
+    # their bytes differ are filled in place; the per-row temporaries of a whole
+    # slice at once (addresses, their map, the (rows, 16) byte matrices) were
+    # verify's peak on an executable (zstd: 12 MiB over it)
     col = np.arange(16)[None, :]
-    # the matched rows (old and new disasm index: int32 while the rows allow) and
-    # whether their bytes differ, filled in place slice after slice
-    n_use = int(np.count_nonzero(use))
     index = np.int32 if max(len(od.addr), len(nd.addr)) < 2**31 else np.int64
-    o_idx_all = np.empty(n_use, index)
-    n_idx_all = np.empty(n_use, index)
-    differs = np.empty(n_use, bool)
-    matched, missing = 0, []
-    for lo in range(0, len(use), _COMPARE_ROWS):
-        oi = lo + np.nonzero(use[lo:lo + _COMPARE_ROWS])[0]
+    o_idx_all = np.empty(len(sel), index)       # old disasm index
+    n_idx_all = np.empty(len(sel), index)
+    differs = np.empty(len(sel), bool)
+    matched = 0
+    for lo in range(0, len(sel), _COMPARE_ROWS):
+        oi = sel[lo:lo + _COMPARE_ROWS]
         o_addr, o_size = od.addr[oi], od.size[oi]
         n_addr = amap.map(o_addr)
         ni_idx = np.searchsorted(nd.addr, n_addr)
         nic = np.minimum(ni_idx, len(nd.addr) - 1)
         found = (ni_idx < len(nd.addr)) & (nd.addr[nic] == n_addr) & (nd.size[nic] == o_size)
-        missing += zip(n_addr[~found].tolist(), o_addr[~found].tolist())
+        missing.extend(zip(o_addr[~found].tolist(), n_addr[~found].tolist()))
         oi, nic = oi[found], nic[found]
         sizes = od.size[oi].astype(np.int64)
         end = matched + len(oi)
         differs[matched:end] = ((od.raw[oi] != nd.raw[nic]) & (col < sizes[:, None])).any(axis=1)
         o_idx_all[matched:end], n_idx_all[matched:end] = oi, nic
         matched = end
-    _add(findings, "error", "equiv.instruction", missing,
-         lambda m: (m[0], f"instruction of {octx.symbol_at(m[1])} has no "
-                    f"same-length counterpart at {m[0]:#x}"), counter)
 
     # 2. differing bytes must be translated address fields
     o_idx_all, n_idx_all, differs = o_idx_all[:matched], n_idx_all[:matched], differs[:matched]
@@ -99,11 +127,11 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
     t_new[sub_i] = sub_t
     br_ok = is_br & new_br & (amap.map(t_old) == t_new)
     branch_fixed = int(br_ok.sum())
-    wrong_target = [(int(od.addr[o]), int(nd.addr[n]), int(t), int(tn) if nb else None)
+    wrong_target.extend((int(od.addr[o]), int(nd.addr[n]), int(t), int(tn) if nb else None)
                     for o, n, t, tn, nb in zip(jo[is_br & ~br_ok].tolist(), jn[is_br & ~br_ok].tolist(),
                                                t_old[is_br & ~br_ok].tolist(),
                                                t_new[is_br & ~br_ok].tolist(),
-                                               new_br[is_br & ~br_ok].tolist())]
+                                               new_br[is_br & ~br_ok].tolist()))
     # every other changed instruction: each changed byte must lie in an address
     # field (displacement or immediate) whose value translates; the field layout
     # comes from Capstone, once per distinct instruction header (fields.py)
@@ -144,7 +172,6 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
         np.logical_and.at(fields_ok, f_row, good)
     passed = all_covered & fields_ok
     field_fixed = int(passed.sum())
-    unexplained = []
     if not passed.all():
         cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
         for k in np.nonzero(~passed)[0].tolist():
@@ -152,14 +179,7 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
             ins = next(cs.disasm(bytes(r_raw_o[k][:size]), oa, 1), None)
             unexplained.append((oa, "undecodable" if ins is None or not decoded[k] else
                                 f"{ins.mnemonic} {ins.op_str}"))
-    _add(findings, "error", "equiv.branch-target", wrong_target,
-         lambda w: (w[1], f"branch at {octx.symbol_at(w[0])} went to {octx.symbol_at(w[2])}, "
-                    f"now goes to {w[3]:#x}" if w[3] is not None else
-                    f"branch at {octx.symbol_at(w[0])} is no longer a branch"), counter)
-    _add(findings, "error", "equiv.instruction-bytes", unexplained,
-         lambda u: (u[0], f"{octx.symbol_at(u[0])}: '{u[1]}' changed in a way that is not a "
-                    "translated address"), counter)
-    return {"equivalence_instructions": int(len(o_idx_all)),
+    return {"equivalence_instructions": int(matched),
             "equivalence_translated_branches": branch_fixed,
             "equivalence_translated_fields": field_fixed}
 

@@ -25,7 +25,9 @@ the old storage lies, by version (scripts/kallsyms.c write_src):
   tokens) but move as one unit when that joins names..offsets into one area.
   relative_base stays (its 8 bytes hold an absolute address, a field of the
   vmlinuz's KASLR table), so seqs_of_names' old slot can only take a small
-  array and seqs_of_names itself goes to the gap (~3 bytes per symbol).
+  array and seqs_of_names itself goes to the gap (~3 bytes per symbol); when the
+  names' and offsets' growth is more than the small arrays free (hundreds of .cold
+  parts: Debian's, 471), the offsets go instead (4 bytes per symbol).
 - 7.3: num_syms | names markers | token_table token_index | offsets
   seqs_of_names, no relative_base (offsets are PC-relative). With the tokens
   moved, names..seqs_of_names is one area and the gap takes the smallest
