@@ -88,6 +88,18 @@ def test_output_arrays_grow(core, monkeypatch):
     _same(fast, _python_loop(monkeypatch, img, [0x4000], [3001], 0))
 
 
+def test_batches_resume_where_they_stop(core, monkeypatch):
+    # Capstone is asked for 1024 instructions a call (decode.c BATCH): a full batch
+    # is no stop (the 1024th and 2525th nops end one), a byte it rejects is (named,
+    # decoding goes on after it), as in the Python loop
+    code = b"\x90" * 1500 + b"\x06" + b"\x90" * 2047 + b"\xc3"
+    img = _Bytes(code, 0x8000)
+    fast = disasm._decode_range_native(core, img, [0x8000], [len(code)], 3)
+    assert fast[4] == [(0x8000 + 1500, 3)]
+    assert len(fast[0]) == len(code) - 1
+    _same(fast, _python_loop(monkeypatch, img, [0x8000], [len(code)], 3))
+
+
 @pytest.mark.realkernel
 def test_vmlinux_functions_same_rows(core, monkeypatch):
     assert os.path.exists(VMLINUX), f"no cached vmlinux at {VMLINUX} (tools/setup.sh fetches it)"

@@ -150,6 +150,21 @@ def test_c_verify_against(c_case, tmp_path):
     assert extra["equivalence_eh_frame_part_states"] > 20
 
 
+def test_unwind_states_at_once_count_what_the_loop_counts(c_case, monkeypatch):
+    """check_split_cfi's array pass (_all_states_equal) answers for every point the
+    per-point loop checks: the same count on a correct output, and it leaves a
+    wrong one to the loop (above: the findings)."""
+    import linepack.relayout.user.eh_frame_split as split_mod
+    exe, out, _, rw = c_case
+    rows = rw.block_split["rows"]
+    at_once = split_mod._all_states_equal(*split_mod.parse_for_check(ElfImage(exe),
+                                                                     ElfImage(out)), rows)
+    monkeypatch.setattr(split_mod, "_all_states_equal", lambda *a: None)
+    probs, seen = check_split_cfi(ElfImage(exe), ElfImage(out), rows)
+    assert not probs and seen > 20
+    assert at_once == seen
+
+
 def test_verify_names_a_wrong_cold_fde(c_case, tmp_path):
     """Bump the CFA offset the cold FDE of process sets: verify names it."""
     exe, out, _, rw = c_case
@@ -170,6 +185,10 @@ def test_verify_names_a_wrong_cold_fde(c_case, tmp_path):
     probs, seen = check_split_cfi(ElfImage(exe), ElfImage(str(bad)),
                                   rw.block_split["rows"])
     assert seen and probs and all(cold <= a for a, _ in probs)
+    import linepack.relayout.user.eh_frame_split as split_mod
+    assert split_mod._all_states_equal(*split_mod.parse_for_check(ElfImage(exe),
+                                                                  ElfImage(str(bad))),
+                                       rw.block_split["rows"]) is None
     p = subprocess.run(["linepack", "verify", str(bad), "--against", exe],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 1

@@ -22,7 +22,8 @@ from helpers import run_linepack
 import helpers
 
 from linepack.image import blockmap as bm
-from linepack.verify.blocks import SplitFunction, blocks_in_halves, check_blocks
+from linepack.verify.blocks import (SplitFunction, _BlockCheck, _Found, blocks_in_halves,
+                                    check_blocks)
 
 C, B, I, R = bm.KIND_COPIED, bm.KIND_BRANCH, bm.KIND_JMP_INSERTED, bm.KIND_JMP_REMOVED
 HOT, COLD = bm.PART_HOT, bm.PART_COLD
@@ -248,8 +249,13 @@ def test_halves_give_the_whole_checks_answer(fork, monkeypatch):
     halves = blocks_in_halves(rows, [g, f], old.read, new.read, outside, **kw)
     assert checks(whole[0]) == ["equiv.block-instruction", "equiv.edge", "equiv.table-stale"]
     assert halves == whole
-    first = check_blocks(rows, [g, f], old.read, new.read, outside, half=0, **kw)[0]
-    assert [x.check for x in first] == ["equiv.block-instruction"]     # f's only
+    # the first half (the parent's part): the map's checks and f, f's finding only
+    check = _BlockCheck(rows, [g, f], old.read, new.read, outside, None, None, kw["tables"],
+                        frozenset(), frozenset(), None, None)
+    first = _Found(2)
+    check.map_checks(first)
+    check.functions(0, check.cut(), first)
+    assert [x.check for x in first.findings] == ["equiv.block-instruction"]
 
 
 def test_piece_outside_its_part():

@@ -35,7 +35,6 @@ temp file + rename at the end of their own ``with`` block.
 """
 
 import contextlib
-import hashlib
 import os
 import signal
 import stat
@@ -369,6 +368,7 @@ def file_hash(path):
     key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino)
     h = _hashes.get(key)
     if h is None:
+        import hashlib          # here: its OpenSSL library is 3.6 MiB resident
         d = hashlib.sha256()
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 22), b""):

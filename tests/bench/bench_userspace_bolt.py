@@ -30,7 +30,8 @@
    llvm-bolt full, interleaved (wall seconds, peak RSS, CPU seconds); linepack's
    modules run from compiled bytecode, as installed, its C cores already built
    (use_bytecode_cache), by the console script installed beside this interpreter
-   (linepack_script: not pyenv's shim).
+   (linepack_script: not pyenv's shim); the machine's load average before and after
+   the rounds is printed with them (on a shared machine the ratios follow it).
 6. ``evaluate --program`` (evaluate_programs) on each input with the intel-32k-8w and
    amd-64k-2w models, ``--reps`` repeats: L1i misses of every user-mode fetch. With
    ``--lock FILE`` only these QEMU runs hold an exclusive flock on FILE.
@@ -482,6 +483,7 @@ def tool_cost(exe, prof_path, bolt_data, work, reps=3, bolt_extra=()):
     lp, one, bolt = [], [], []
     if LINEPACK_ENV is None:
         use_bytecode_cache(work)
+    LOAD[:] = [os.getloadavg()[0]]
     for _ in range(reps):
         s1, r1, rc1, e1 = _run_rusage(["linepack", "relayout", exe, "--profile", prof_path,
                                        "--strategy", "blocks", "-q", "-o", out])
@@ -496,8 +498,18 @@ def tool_cost(exe, prof_path, bolt_data, work, reps=3, bolt_extra=()):
         lp.append((s1 + s2, max(r1, r2)))
         one.append((s4, r4))
         bolt.append((s3, r3))
+    LOAD.append(os.getloadavg()[0])
     med = lambda xs, i: statistics.median(x[i] for x in xs)   # noqa: E731
     return (med(lp, 0), med(lp, 1)), (med(bolt, 0), med(bolt, 1)), (med(one, 0), med(one, 1))
+
+
+# the machine's 1-minute load average before and after the tool-cost rounds: on a
+# shared 2-core machine the wall ratios follow it (a second core is not always free)
+LOAD = []
+
+
+def load_note():
+    return f"load average {LOAD[0]:.1f} -> {LOAD[-1]:.1f}" if LOAD else ""
 
 
 def measure(binaries, args, reps=3, models=MODELS, masks=(), log=print):
@@ -589,7 +601,7 @@ def cost_only(exe, train, work, reps, log):
             skip.append(m.group(1))
     print(f"{name}: relayout blocks + verify --against {lp_s:.2f} s, {lp_rss / 1024:.0f} MiB; "
           f"llvm-bolt full {b_s:.2f} s, {b_rss / 1024:.0f} MiB; {lp_s / b_s:.2f}x time, "
-          f"{lp_rss / b_rss:.2f}x memory (medians of {reps})"
+          f"{lp_rss / b_rss:.2f}x memory (medians of {reps}; {load_note()})"
           + (f"; BOLT skipped {','.join(skip)}" if skip else ""))
     print(f"  relayout blocks --verify (one command) {one_s:.2f} s, {one_rss / 1024:.0f} MiB; "
           f"{one_s / b_s:.2f}x time, {one_rss / b_rss:.2f}x memory")
@@ -662,7 +674,8 @@ def main(argv=None):
           f"{lp_cost[0]:.2f} s, {lp_cost[1] / 1024:.0f} MiB peak; llvm-bolt full "
           f"{bolt_secs:.2f} s, {bolt_rss / 1024:.0f} MiB peak; ratio "
           f"{lp_cost[0] / bolt_secs:.2f}x time, {lp_cost[1] / bolt_rss:.2f}x memory "
-          f"(BOLT's instrumentation profile: {cost['BOLT instrumentation'][0]:.2f} s more)")
+          f"(BOLT's instrumentation profile: {cost['BOLT instrumentation'][0]:.2f} s more; "
+          f"{load_note()})")
     print(f"  relayout blocks --verify (one command) {one_s:.2f} s, {one_rss / 1024:.0f} MiB; "
           f"{one_s / bolt_secs:.2f}x time, {one_rss / bolt_rss:.2f}x memory")
     print("  CPU seconds (medians): " + ", ".join(

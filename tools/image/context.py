@@ -140,9 +140,14 @@ class ImageContext:
         """Every decoded instruction of every executable section: functions
         (``func`` = their index) and the code outside them (``func`` = -1)."""
         from .coverage import merge
-        merged = merge(self.function_disasm, self.coverage.extra)
-        # the merged arrays hold every function instruction: keep one copy
+        functions, extra = self.function_disasm, self.coverage.extra
+        # the merged arrays hold every function instruction: keep one copy (the
+        # function rows are dropped column by column as merge copies them)
         self._function_disasm = None
+        merged = merge(functions, extra, release=True)
+        # the decode's transients, freed, go back to the system before the next phase
+        from ..native import release_free_memory
+        release_free_memory()
         return merged
 
     def in_code(self, addrs):

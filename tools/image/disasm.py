@@ -65,6 +65,9 @@ class _Decoder:
         _cs.cs_close(ctypes.byref(self.handle))
 
 
+_TARGET_ROWS = 1 << 15      # rows per slice when branch targets are decoded
+
+
 class Disassembly:
     """Instruction boundaries of a set of functions.
 
@@ -126,7 +129,18 @@ class Disassembly:
         self._branch_targets = found
 
     def _decode_branch_targets(self):
-        raw, addr, size = self.raw, self.addr, self.size.astype(np.uint64)
+        # a slice of rows at a time: the per-row int64 temporaries over a whole
+        # image's rows were a peak of their own (zstd's 240,000 rows: about 10 MiB)
+        n = len(self.addr)
+        if n <= _TARGET_ROWS:
+            return self._branch_targets_of(0, n)
+        parts = [self._branch_targets_of(lo, min(lo + _TARGET_ROWS, n))
+                 for lo in range(0, n, _TARGET_ROWS)]
+        return tuple(np.concatenate([p[k] for p in parts]) for k in range(3))
+
+    def _branch_targets_of(self, lo, hi):
+        """_decode_branch_targets of rows lo..hi-1 (row indices of the whole)."""
+        raw, addr, size = self.raw[lo:hi], self.addr[lo:hi], self.size[lo:hi].astype(np.uint64)
         skip, op, op2 = skip_prefixes(raw, (0x2E, 0x3E, 0xF2))
         rel8 = (op == 0xEB) | ((op >= 0x70) & (op <= 0x7F)) | (op == 0xE3)
         rel32 = (op == 0xE8) | (op == 0xE9) | ((op == 0x0F) & (op2 >= 0x80) & (op2 <= 0x8F))
@@ -148,7 +162,7 @@ class Disassembly:
                                  (end32.astype(np.int64) + d32).astype(np.uint64)])
         kind = np.concatenate([np.full(len(idx8), 1, np.int8), np.full(len(idx32), 4, np.int8)])
         order = np.argsort(index, kind="stable")
-        return index[order], target[order], kind[order]
+        return index[order] + lo, target[order], kind[order]
 
 
 def byte_at(raw, col, usual=0):

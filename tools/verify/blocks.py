@@ -320,6 +320,45 @@ def _same_plain_relaxed(ins, new_read, new_addr, new_len, want):
     return (new_addr + new_len + rel) & (2**64 - 1) == want
 
 
+def _plain_inversion(ins, plain, new_read, new_addr, new_len, map1):
+    """The plain jcc ``ins`` (``plain``: _plain_branch's answer) re-encoded at
+    ``new_addr`` as a plain jcc of ``new_len`` bytes on the opposite condition that
+    branches to the translated fall-through and falls into the translated target:
+    a correct inversion, what the full check (_inverted_jcc, _inversion_problem)
+    passes, without decoding. False sends the pair to the full check."""
+    old_form = _plain_form(bytes(ins.bytes))
+    if old_form is None or old_form[0] != "jcc":
+        return False
+    try:
+        new = bytes(new_read(new_addr, new_len))
+    except ValueError:
+        return False
+    new_form = _plain_form(new)
+    if new_form is None or new_form[0] != "jcc" or new_form[1] != old_form[1] ^ 1 or \
+            new_form[2] != new_len:
+        return False
+    rel = int.from_bytes(new[new_form[3]:new_len], "little", signed=True)
+    got = (new_addr + new_len + rel) & (2**64 - 1)
+    target = map1(plain[1])
+    return got != target and got == map1(ins.address + ins.size) and \
+        target == new_addr + new_len
+
+
+def _plain_jmp_to(new_read, new_addr, new_len, want):
+    """NEW holds at ``new_addr`` a plain jmp (EB rel8 / E9 rel32) of ``new_len`` bytes
+    to ``want``: what the inserted-jmp check passes, without decoding. False sends
+    it to the full check."""
+    try:
+        new = bytes(new_read(new_addr, new_len))
+    except ValueError:
+        return False
+    form = _plain_form(new)
+    if form is None or form[0] != "jmp" or form[2] != new_len:
+        return False
+    rel = int.from_bytes(new[form[3]:new_len], "little", signed=True)
+    return (new_addr + new_len + rel) & (2**64 - 1) == want
+
+
 def _direct_target(ins):
     """Target of a direct jmp/jcc/call, else None."""
     if len(ins.operands) == 1 and ins.operands[0].type == cx86.X86_OP_IMM and (
@@ -393,7 +432,7 @@ def _same_meaning(old_ins, new_ins, translate):
 
 def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None, orc_new=None,
                  tables=(), no_fallthrough=frozenset(), noreturn=frozenset(), data_moves=None,
-                 patch_sites=None, half=None):
+                 patch_sites=None):
     """Check a block map; returns (findings, stats).
 
     ``rows``: block map rows; ``functions``: SplitFunction per function that has
@@ -407,399 +446,496 @@ def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None,
     move): an instruction holding one may differ by exactly that move.
     ``patch_sites``: {end: start} of the alternative sites in OLD: a jmp that ends
     one becomes NOPs when the kernel patches it, so it also falls through.
-    ``half``: 0 or 1 to check one half of the functions (split by original bytes):
-    half 0 also makes the checks of the whole map that come before the functions,
-    half 1 those that come after them (inserted jmps, tables; not ORC: its pairs come
-    from all functions), so that half 0's findings then half 1's are the whole
-    check's, in its order, and the stats add up (blocks_in_halves).
     """
-    findings = []
-    stats = {"split_functions": len(functions), "pieces": 0, "instructions": 0,
-             "branches_reencoded": 0, "jmps_inserted": 0, "jmps_removed": 0, "edges": 0}
+    check = _BlockCheck(rows, functions, old_read, new_read, outside_map, orc_old, orc_new,
+                        tables, no_fallthrough, noreturn, data_moves, patch_sites)
+    out = _Found(len(functions))
+    check.map_checks(out)
+    check.functions(0, len(check.split), out)
+    check.jmps_and_tables(out)
+    check.orc(out)
+    return out.findings, out.stats
 
-    def add(check, addr, msg):
-        findings.append(BlockFinding(check, None if addr is None else int(addr), msg))
 
-    head, tail = half in (None, 0), half in (None, 1)
-    bad = bm.check_rows(rows) if head else []
-    for b in bad:
-        add("equiv.block-map", None, f"block map: {b}")
-    amap = BlockMap(rows, outside_map)
-    cs = _cs()
-    lite = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    f_start = np.array([f.old_start for f in functions], np.uint64)
-    order = np.argsort(f_start, kind="stable")
-    functions = [functions[i] for i in order]
-    f_start = f_start[order]
-    f_end = np.array([f.old_end for f in functions], np.uint64)
+class _Found:
+    """What a run of block checks found: findings, stats and (kernels) the ORC pairs."""
 
-    # which function each row belongs to, by its original address
-    old = rows["old"].astype(np.uint64)
-    fi = np.searchsorted(f_start, old, side="right").astype(np.int64) - 1
-    fic = np.maximum(fi, 0)
-    inside = (fi >= 0) & (old < f_end[fic]) if len(functions) else np.zeros(len(rows), bool)
-    # an inserted jmp may name its function's end (a fall-through off the last block)
-    at_end = (fi >= 0) & (old == f_end[fic]) & (rows["kind"] == bm.KIND_JMP_INSERTED)
-    for k in np.nonzero(~(inside | at_end))[0].tolist() if head else []:
-        add("equiv.block-map", int(rows["new"][k]),
-            f"piece at original {int(old[k]):#x} is in no split function")
+    def __init__(self, n_functions):
+        self.findings = []
+        self.stats = {"split_functions": n_functions, "pieces": 0, "instructions": 0,
+                      "branches_reencoded": 0, "jmps_inserted": 0, "jmps_removed": 0,
+                      "edges": 0}
+        self.orc_pairs = []         # (old addr, new addr, is piece start, piece)
 
-    # new-side overlap: two pieces on the same new bytes
-    nz = rows[rows["new_len"] > 0]
-    if len(nz) > 1 and head:
-        o = np.argsort(nz["new"], kind="stable")
-        ns, ne = nz["new"][o].astype(np.uint64), nz["new"][o] + nz["new_len"][o].astype(np.uint64)
-        for k in np.nonzero(ne[:-1] > ns[1:])[0].tolist():
-            add("equiv.block-twice", int(ns[k + 1]),
-                f"two pieces placed on the same bytes at {int(ns[k + 1]):#x} (originals "
-                f"{int(nz['old'][o][k]):#x} and {int(nz['old'][o][k + 1]):#x})")
+    def add(self, check, addr, msg):
+        self.findings.append(BlockFinding(check, None if addr is None else int(addr), msg))
 
-    insert_at = {}
-    for r in rows[rows["kind"] == bm.KIND_JMP_INSERTED]:
-        insert_at[int(r["new"])] = r
 
-    orc_ok = orc_old is not None and orc_new is not None and len(orc_old[0]) and len(orc_new[0])
+def _orc_key(orc, addrs):
+    ips, keys = orc
+    i = np.searchsorted(ips, np.asarray(addrs, np.uint64), side="right").astype(np.int64) - 1
+    return np.where(i >= 0, keys[np.maximum(i, 0)], -1)
 
-    def orc_key(orc, addrs):
-        ips, keys = orc
-        i = np.searchsorted(ips, np.asarray(addrs, np.uint64), side="right").astype(np.int64) - 1
-        return np.where(i >= 0, keys[np.maximum(i, 0)], -1)
 
-    orc_pairs = []          # (old addr, new addr, is piece start)
-    # the pieces' columns and the moved data fields as lists: the loop below reads
-    # them per instruction, where one-element numpy indexing costs more than the check
-    piece_kind, piece_old, piece_old_end = amap.kind.tolist(), amap.old.tolist(), \
-        amap.old_end.tolist()
-    piece_new, piece_new_len = amap.new.tolist(), amap.new_len.tolist()
-    moved_field_addrs, moved_field_deltas = (data_moves.addrs.tolist(),
-                                             data_moves.deltas.tolist()) \
-        if data_moves is not None and len(data_moves.addrs) else ([], [])
-    # an image without relocations: fields designating a moved data symbol by value
-    moved_extents = data_moves if data_moves is not None and data_moves.extents else None
-    # The common instruction, a copied one whose bytes NEW holds unchanged at its
-    # place in the piece (one comparison per piece: most pieces are equal whole, the
-    # others hold a changed call or branch beside unchanged instructions),
-    # neither a branch nor RIP-relative nor holding a moved data field, has the same
-    # meaning without a read or a decode; with its successor in the same piece (the
-    # pieces not overlapping) its fall-through lands on the next byte of the piece
-    # without a map lookup. It is counted as the full path counts it (instructions,
-    # edges, ORC pairs); the last one of a piece gets the full fall-through check.
-    fast = len(amap.old) < 2 or bool(np.all(amap.old[1:] >= amap.old_end[:-1]))
-    piece_same = {}
-    maybe_branch = {}
-    # where each piece's end maps (map1 of it, for all pieces at once)
-    end_new = amap.map(amap.old_end).tolist() if fast and len(amap.old) else []
+class _BlockCheck:
+    """check_blocks' parts over one block map: the map's own checks (map_checks),
+    each split function's (functions: any range of them, in original order), the
+    inserted jmps and tables (jmps_and_tables) and ORC (orc), each adding to a
+    _Found; what they share (the map, the pieces' columns) is made once here."""
 
-    n_insns = n_fast_edges = 0      # stats' instructions and (fast path) edges
+    def __init__(self, rows, functions, old_read, new_read, outside_map, orc_old, orc_new,
+                 tables, no_fallthrough, noreturn, data_moves, patch_sites):
+        self.rows, self.old_read, self.new_read = rows, old_read, new_read
+        self.orc_old, self.orc_new, self.tables = orc_old, orc_new, tables
+        self.no_fallthrough, self.noreturn, self.patch_sites = no_fallthrough, noreturn, \
+            patch_sites
+        amap = BlockMap(rows, outside_map)
+        cs = _cs()
+        lite = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        f_start = np.array([f.old_start for f in functions], np.uint64)
+        order = np.argsort(f_start, kind="stable")
+        functions = [functions[i] for i in order]
+        f_start = f_start[order]
+        f_end = np.array([f.old_end for f in functions], np.uint64)
 
-    def piece_diff(p):
-        """True: NEW holds piece p's bytes unchanged; False: not comparable (another
-        length, unreadable); else the running count of changed bytes (a list, [0] first)."""
-        lo, n = piece_old[p], piece_old_end[p] - piece_old[p]
-        if piece_new_len[p] != n:
-            return False
-        try:
-            nb, ob = bytes(new_read(piece_new[p], n)), bytes(old_read(lo, n))
-        except ValueError:
-            return False
-        if nb == ob:
-            return True
-        return [0] + np.cumsum(np.frombuffer(nb, np.uint8) != np.frombuffer(ob, np.uint8)).tolist()
+        # which function each row belongs to, by its original address
+        old = rows["old"].astype(np.uint64)
+        fi = np.searchsorted(f_start, old, side="right").astype(np.int64) - 1
+        fic = np.maximum(fi, 0)
+        inside = (fi >= 0) & (old < f_end[fic]) if len(functions) else np.zeros(len(rows), bool)
+        # an inserted jmp may name its function's end (a fall-through off the last block)
+        at_end = (fi >= 0) & (old == f_end[fic]) & (rows["kind"] == bm.KIND_JMP_INSERTED)
+        insert_at = {}
+        for r in rows[rows["kind"] == bm.KIND_JMP_INSERTED]:
+            insert_at[int(r["new"])] = r
 
-    def unchanged(p, a, succ):
-        """NEW holds the bytes [a, succ) of copied piece p unchanged at their place."""
-        got = piece_same.get(p)
-        if got is None:
-            got = piece_same[p] = piece_diff(p)
-        if got is True or got is False:
-            return got
-        return got[succ - piece_old[p]] == got[a - piece_old[p]]
+        orc_ok = orc_old is not None and orc_new is not None and len(orc_old[0]) and len(orc_new[0])
 
-    def fall_edge(f, ins, a, target, n_end):
-        """The fall-through edge after ``ins`` (at ``a``, ending at ``n_end`` in NEW)."""
-        succ = a + ins.size
-        falls = ins.mnemonic not in _NO_FALLTHROUGH and a not in no_fallthrough and \
-            not (target is not None and ins.group(capstone.CS_GRP_CALL) and
-                 target in noreturn)
-        if not falls and ins.mnemonic == "jmp" and patch_sites and \
-                patch_sites.get(succ, succ + 1) <= a:
-            falls = True        # a jmp ending a patch site: NOPs once patched
-        if not falls or succ >= f.old_end:
-            return
-        stats["edges"] += 1
-        want = amap.map1(succ)
-        if want == n_end:
-            return
-        ins_row = insert_at.get(n_end)
-        if ins_row is not None and int(ins_row["old"]) == succ:
-            return                              # checked with the inserted jmps below
-        sp = int(amap.piece([succ])[0])
-        removed = sp >= 0 and piece_kind[sp] == bm.KIND_JMP_REMOVED
-        add("equiv.edge", n_end, f"{f.name}: fall-through from '{ins.mnemonic} {ins.op_str}' at "
-            f"{a:#x} to {succ:#x} is broken: NEW continues at {n_end:#x}, the successor "
-            + ("is a removed jmp whose target is" if removed else "is") + f" at {want:#x}"
-            + _between(lite, new_read, n_end, want))
+        # the pieces' columns and the moved data fields as lists: the loop below reads
+        # them per instruction, where one-element numpy indexing costs more than the check
+        piece_kind, piece_old, piece_old_end = amap.kind.tolist(), amap.old.tolist(), \
+            amap.old_end.tolist()
+        piece_new, piece_new_len = amap.new.tolist(), amap.new_len.tolist()
+        moved_field_addrs, moved_field_deltas = (data_moves.addrs.tolist(),
+                                                 data_moves.deltas.tolist()) \
+            if data_moves is not None and len(data_moves.addrs) else ([], [])
+        # an image without relocations: fields designating a moved data symbol by value
+        moved_extents = data_moves if data_moves is not None and data_moves.extents else None
+        # The common instruction, a copied one whose bytes NEW holds unchanged at its
+        # place in the piece (one comparison per piece: most pieces are equal whole, the
+        # others hold a changed call or branch beside unchanged instructions),
+        # neither a branch nor RIP-relative nor holding a moved data field, has the same
+        # meaning without a read or a decode; with its successor in the same piece (the
+        # pieces not overlapping) its fall-through lands on the next byte of the piece
+        # without a map lookup. It is counted as the full path counts it (instructions,
+        # edges, ORC pairs); the last one of a piece gets the full fall-through check.
+        fast = len(amap.old) < 2 or bool(np.all(amap.old[1:] >= amap.old_end[:-1]))
+        piece_same = {}
+        maybe_branch = {}
+        # where each piece's end maps (map1 of it, for all pieces at once)
+        end_new = amap.map(amap.old_end).tolist() if fast and len(amap.old) else []
 
-    # each function's rows (ascending row order), grouped once
-    in_rows = np.nonzero(inside)[0]
-    in_rows = in_rows[np.argsort(fic[in_rows], kind="stable")]
-    group_at = np.searchsorted(fic[in_rows], np.arange(len(functions) + 1)).tolist()
-    f_lo, f_hi = 0, len(functions)
-    if half is not None:
-        # the halves hold about as many original bytes each
-        done = np.cumsum((f_end - f_start).astype(np.int64))
-        cut = int(np.searchsorted(done, done[-1] // 2)) + 1 if len(done) else 0
-        f_lo, f_hi = (0, cut) if half == 0 else (cut, len(functions))
-    for fidx in range(f_lo, f_hi):
-        f = functions[fidx]
-        sel = in_rows[group_at[fidx]:group_at[fidx + 1]]
-        fr = rows[sel]
-        pieces = fr[fr["old_len"] > 0]
-        stats["pieces"] += int(len(fr))
-        code = bytes(old_read(f.old_start, f.old_end - f.old_start))
-        insns = _decode_all(cs, code, f.old_start, lite)
-        rip_disp_offsets = _rip_disp_offsets(
-            [i for i in insns if isinstance(i, _Light) and "rip" in i.op_str])
-        starts = {i.address for i in insns}
-        decoded_end = insns[-1].address + insns[-1].size if insns else f.old_start
-        if decoded_end != f.old_end:
-            add("equiv.block-map", f.old_start, f"{f.name}: original does not decode to its end")
-        # coverage: the pieces tile [old_start, old_end)
-        p_old = [int(v) for v in pieces["old"].tolist()]
-        p_end = [a + int(n) for a, n in zip(p_old, pieces["old_len"].tolist())]
-        pos = f.old_start
-        for a, e in zip(p_old, p_end):
-            if a > pos:
-                add("equiv.block-lost", pos, f"{f.name}: original bytes {pos:#x}..{a:#x} are in "
-                    "no piece (a block was lost)")
-            elif a < pos:
-                add("equiv.block-twice", a, f"{f.name}: original bytes {a:#x}..{min(pos, e):#x} "
-                    "are in two pieces (a block placed twice)")
-            pos = max(pos, e)
-        if pos < f.old_end:
-            add("equiv.block-lost", pos, f"{f.name}: original bytes {pos:#x}..{f.old_end:#x} are "
-                "in no piece (a block was lost)")
-        for a, e in zip(p_old, p_end):
-            for edge in (a, e):
-                if edge < f.old_end and edge not in starts:
-                    add("equiv.block-map", edge, f"{f.name}: piece boundary {edge:#x} is inside "
-                        "an instruction")
-        # placement: inside the part the row names
-        part_ranges = {p: (s, e) for p, s, e in f.parts}
-        for r_old, ns, r_len, r_part in zip(fr["old"].tolist(), fr["new"].tolist(),
-                                            fr["new_len"].tolist(), fr["part"].tolist()):
-            if not r_len:
-                continue
-            rng = part_ranges.get(r_part)
-            ne = ns + r_len
-            if rng is None or ns < rng[0] or ne > rng[1]:
-                where = "hot part" if r_part == bm.PART_HOT else "cold part"
-                add("equiv.block-outside", ns, f"{f.name}: piece of original {r_old:#x} "
-                    f"at {ns:#x}..{ne:#x} is outside its {where}"
-                    + (f" {rng[0]:#x}..{rng[1]:#x}" if rng else " (no such symbol in NEW)"))
+        # each function's rows (ascending row order), grouped once
+        in_rows = np.nonzero(inside)[0]
+        in_rows = in_rows[np.argsort(fic[in_rows], kind="stable")]
+        group_at = np.searchsorted(fic[in_rows], np.arange(len(functions) + 1)).tolist()
+        self.amap, self.cs, self.lite, self.split = amap, cs, lite, functions
+        self.f_start, self.f_end, self.old, self.inside, self.at_end = f_start, f_end, old, \
+            inside, at_end
+        self.insert_at, self.orc_ok = insert_at, orc_ok
+        self.piece_kind, self.piece_old, self.piece_old_end = piece_kind, piece_old, \
+            piece_old_end
+        self.piece_new, self.piece_new_len = piece_new, piece_new_len
+        self.moved_field_addrs, self.moved_field_deltas = moved_field_addrs, moved_field_deltas
+        self.moved_extents, self.fast, self.end_new = moved_extents, fast, end_new
+        self.piece_same, self.maybe_branch = piece_same, maybe_branch
+        self.in_rows, self.group_at = in_rows, group_at
 
-        # instructions and edges
-        pidx = amap.piece(np.array([i.address for i in insns], np.uint64)) if insns else []
-        for ins, p in zip(insns, pidx.tolist() if len(insns) else []):
-            if p < 0:
-                continue                        # reported as lost above
-            n_insns += 1
-            a = ins.address
-            kind = piece_kind[p]
-            if fast and kind == bm.KIND_COPIED and type(ins) is _Light:
-                succ = a + ins.size
-                mb = maybe_branch.get(ins.mnemonic)
-                if mb is None:
-                    mb = maybe_branch[ins.mnemonic] = _maybe_branch(ins.mnemonic)
-                if succ <= piece_old_end[p] and not mb and "rip" not in ins.op_str and \
-                        unchanged(p, a, succ):
-                    k = bisect_left(moved_field_addrs, a) if moved_field_addrs else 0
-                    if not (k < len(moved_field_addrs) and moved_field_addrs[k] < succ):
-                        n = piece_new[p] + (a - piece_old[p])
-                        if orc_ok:
-                            orc_pairs.append((a, n, piece_old[p] == a, p))
-                        if succ < piece_old_end[p] and succ < f.old_end or \
-                                end_new[p] == n + ins.size:
-                            # its successor is the piece's next byte, in NEW too, or
-                            # the piece's end maps to where the instruction ends
-                            if ins.mnemonic not in _NO_FALLTHROUGH and \
-                                    a not in no_fallthrough and succ < f.old_end:
-                                n_fast_edges += 1
+    def cut(self):
+        """Where the split functions divide into two halves of about as many original
+        bytes each."""
+        done = np.cumsum((self.f_end - self.f_start).astype(np.int64))
+        return int(np.searchsorted(done, done[-1] // 2)) + 1 if len(done) else 0
+
+    def map_checks(self, out):
+        """The block map's own rows: well-formed, each in a split function, no two
+        pieces on the same new bytes."""
+        rows, old, add = self.rows, self.old, out.add
+        bad = bm.check_rows(rows)
+        for b in bad:
+            add("equiv.block-map", None, f"block map: {b}")
+        for k in np.nonzero(~(self.inside | self.at_end))[0].tolist():
+            add("equiv.block-map", int(rows["new"][k]),
+                f"piece at original {int(old[k]):#x} is in no split function")
+
+        # new-side overlap: two pieces on the same new bytes
+        nz = rows[rows["new_len"] > 0]
+        if len(nz) > 1:
+            o = np.argsort(nz["new"], kind="stable")
+            ns = nz["new"][o].astype(np.uint64)
+            ne = ns + nz["new_len"][o].astype(np.uint64)
+            for k in np.nonzero(ne[:-1] > ns[1:])[0].tolist():
+                add("equiv.block-twice", int(ns[k + 1]),
+                    f"two pieces placed on the same bytes at {int(ns[k + 1]):#x} (originals "
+                    f"{int(nz['old'][o][k]):#x} and {int(nz['old'][o][k + 1]):#x})")
+
+    def functions(self, lo, hi, out):
+        """Split functions lo..hi-1 (in original order), instruction by instruction."""
+        rows, functions, amap, cs, lite = self.rows, self.split, self.amap, self.cs, self.lite
+        old_read, new_read = self.old_read, self.new_read
+        no_fallthrough, noreturn, patch_sites = self.no_fallthrough, self.noreturn, \
+            self.patch_sites
+        insert_at, orc_ok, fast, end_new = self.insert_at, self.orc_ok, self.fast, self.end_new
+        piece_kind, piece_old, piece_old_end = self.piece_kind, self.piece_old, \
+            self.piece_old_end
+        piece_new, piece_new_len = self.piece_new, self.piece_new_len
+        moved_field_addrs, moved_field_deltas = self.moved_field_addrs, self.moved_field_deltas
+        moved_extents, piece_same, maybe_branch = self.moved_extents, self.piece_same, \
+            self.maybe_branch
+        in_rows, group_at = self.in_rows, self.group_at
+        add, stats, orc_pairs = out.add, out.stats, out.orc_pairs
+
+        n_insns = n_fast_edges = 0      # stats' instructions and (fast path) edges
+
+        def piece_diff(p):
+            """True: NEW holds piece p's bytes unchanged; False: not comparable (another
+            length, unreadable); else the running count of changed bytes (a list, [0] first)."""
+            lo, n = piece_old[p], piece_old_end[p] - piece_old[p]
+            if piece_new_len[p] != n:
+                return False
+            try:
+                nb, ob = bytes(new_read(piece_new[p], n)), bytes(old_read(lo, n))
+            except ValueError:
+                return False
+            if nb == ob:
+                return True
+            return [0] + np.cumsum(np.frombuffer(nb, np.uint8) !=
+                                   np.frombuffer(ob, np.uint8)).tolist()
+
+        def unchanged(p, a, succ):
+            """NEW holds the bytes [a, succ) of copied piece p unchanged at their place."""
+            got = piece_same.get(p)
+            if got is None:
+                got = piece_same[p] = piece_diff(p)
+            if got is True or got is False:
+                return got
+            return got[succ - piece_old[p]] == got[a - piece_old[p]]
+
+        def fall_edge(f, ins, a, target, n_end):
+            """The fall-through edge after ``ins`` (at ``a``, ending at ``n_end`` in NEW)."""
+            succ = a + ins.size
+            falls = ins.mnemonic not in _NO_FALLTHROUGH and a not in no_fallthrough and \
+                not (target is not None and ins.group(capstone.CS_GRP_CALL) and
+                     target in noreturn)
+            if not falls and ins.mnemonic == "jmp" and patch_sites and \
+                    patch_sites.get(succ, succ + 1) <= a:
+                falls = True        # a jmp ending a patch site: NOPs once patched
+            if not falls or succ >= f.old_end:
+                return
+            stats["edges"] += 1
+            want = amap.map1(succ)
+            if want == n_end:
+                return
+            ins_row = insert_at.get(n_end)
+            if ins_row is not None and int(ins_row["old"]) == succ:
+                return                              # checked with the inserted jmps below
+            sp = int(amap.piece([succ])[0])
+            removed = sp >= 0 and piece_kind[sp] == bm.KIND_JMP_REMOVED
+            add("equiv.edge", n_end, f"{f.name}: fall-through from '{ins.mnemonic} "
+                f"{ins.op_str}' at {a:#x} to {succ:#x} is broken: NEW continues at "
+                f"{n_end:#x}, the successor "
+                + ("is a removed jmp whose target is" if removed else "is") + f" at {want:#x}"
+                + _between(lite, new_read, n_end, want))
+
+        for fidx in range(lo, hi):
+            f = functions[fidx]
+            sel = in_rows[group_at[fidx]:group_at[fidx + 1]]
+            fr = rows[sel]
+            pieces = fr[fr["old_len"] > 0]
+            stats["pieces"] += int(len(fr))
+            code = bytes(old_read(f.old_start, f.old_end - f.old_start))
+            insns = _decode_all(cs, code, f.old_start, lite)
+            rip_disp_offsets = _rip_disp_offsets(
+                [i for i in insns if isinstance(i, _Light) and "rip" in i.op_str])
+            starts = {i.address for i in insns}
+            decoded_end = insns[-1].address + insns[-1].size if insns else f.old_start
+            if decoded_end != f.old_end:
+                add("equiv.block-map", f.old_start,
+                    f"{f.name}: original does not decode to its end")
+            # coverage: the pieces tile [old_start, old_end)
+            p_old = [int(v) for v in pieces["old"].tolist()]
+            p_end = [a + int(n) for a, n in zip(p_old, pieces["old_len"].tolist())]
+            pos = f.old_start
+            for a, e in zip(p_old, p_end):
+                if a > pos:
+                    add("equiv.block-lost", pos, f"{f.name}: original bytes {pos:#x}..{a:#x} "
+                        "are in no piece (a block was lost)")
+                elif a < pos:
+                    add("equiv.block-twice", a, f"{f.name}: original bytes "
+                        f"{a:#x}..{min(pos, e):#x} are in two pieces (a block placed twice)")
+                pos = max(pos, e)
+            if pos < f.old_end:
+                add("equiv.block-lost", pos, f"{f.name}: original bytes "
+                    f"{pos:#x}..{f.old_end:#x} are in no piece (a block was lost)")
+            for a, e in zip(p_old, p_end):
+                for edge in (a, e):
+                    if edge < f.old_end and edge not in starts:
+                        add("equiv.block-map", edge, f"{f.name}: piece boundary {edge:#x} is "
+                            "inside an instruction")
+            # placement: inside the part the row names
+            part_ranges = {p: (s, e) for p, s, e in f.parts}
+            for r_old, ns, r_len, r_part in zip(fr["old"].tolist(), fr["new"].tolist(),
+                                                fr["new_len"].tolist(), fr["part"].tolist()):
+                if not r_len:
+                    continue
+                rng = part_ranges.get(r_part)
+                ne = ns + r_len
+                if rng is None or ns < rng[0] or ne > rng[1]:
+                    where = "hot part" if r_part == bm.PART_HOT else "cold part"
+                    add("equiv.block-outside", ns, f"{f.name}: piece of original {r_old:#x} "
+                        f"at {ns:#x}..{ne:#x} is outside its {where}"
+                        + (f" {rng[0]:#x}..{rng[1]:#x}" if rng else " (no such symbol in NEW)"))
+
+            # instructions and edges
+            pidx = amap.piece(np.array([i.address for i in insns], np.uint64)) if insns else []
+            for ins, p in zip(insns, pidx.tolist() if len(insns) else []):
+                if p < 0:
+                    continue                        # reported as lost above
+                n_insns += 1
+                a = ins.address
+                kind = piece_kind[p]
+                if fast and kind == bm.KIND_COPIED and type(ins) is _Light:
+                    succ = a + ins.size
+                    mb = maybe_branch.get(ins.mnemonic)
+                    if mb is None:
+                        mb = maybe_branch[ins.mnemonic] = _maybe_branch(ins.mnemonic)
+                    if succ <= piece_old_end[p] and not mb and "rip" not in ins.op_str and \
+                            unchanged(p, a, succ):
+                        k = bisect_left(moved_field_addrs, a) if moved_field_addrs else 0
+                        if not (k < len(moved_field_addrs) and moved_field_addrs[k] < succ):
+                            n = piece_new[p] + (a - piece_old[p])
+                            if orc_ok:
+                                orc_pairs.append((a, n, piece_old[p] == a, p))
+                            if succ < piece_old_end[p] and succ < f.old_end or \
+                                    end_new[p] == n + ins.size:
+                                # its successor is the piece's next byte, in NEW too, or
+                                # the piece's end maps to where the instruction ends
+                                if ins.mnemonic not in _NO_FALLTHROUGH and \
+                                        a not in no_fallthrough and succ < f.old_end:
+                                    n_fast_edges += 1
+                            else:
+                                fall_edge(f, ins, a, None, n + ins.size)
+                            continue
+                piece_start = piece_old[p] == a
+                plain = _plain_branch(ins) if kind in (bm.KIND_COPIED, bm.KIND_BRANCH) and \
+                    isinstance(ins, _Light) else None
+                if plain is None and (kind != bm.KIND_COPIED or maybe_branch.get(ins.mnemonic, True)
+                                      and _maybe_branch(ins.mnemonic)):
+                    ins = _full(cs, ins)
+                # a lite instruction is no direct branch (_maybe_branch said so) or a plain one
+                target = plain[1] if plain is not None else \
+                    None if isinstance(ins, _Light) else _direct_target(ins)
+                if kind == bm.KIND_COPIED:
+                    n = piece_new[p] + (a - piece_old[p])
+                    translate, data_moved = amap.map1, False
+                    if moved_field_addrs:
+                        k = bisect_left(moved_field_addrs, a)
+                        if k < len(moved_field_addrs) and moved_field_addrs[k] < a + ins.size:
+                            d = moved_field_deltas[k]
+                            translate = lambda v, d=d: (v + d) & (2**64 - 1)   # noqa: E731
+                            data_moved = True
+                    elif moved_extents is not None:
+                        def translate(v, base=amap.map1):
+                            m = moved_extents.moved_value(v)
+                            return base(v) if m is None else m
+                    # the same bytes mean the same unless an operand is relative to the
+                    # instruction's address (RIP operand, direct branch) or refers to a
+                    # moved data symbol: no decode needed
+                    rip_disp_offset = rip_disp_offsets.get(a) \
+                        if isinstance(ins, _Light) and not data_moved else None
+                    if rip_disp_offset is not None and \
+                            _same_rip_relative(ins, rip_disp_offset, new_read, n, translate):
+                        new_ins = ins       # same bytes but the displacement, the translated target
+                    else:
+                        if isinstance(ins, _Light) and "rip" in ins.op_str:
+                            ins = _full(cs, ins)            # decoded once, kept for below
+                        rip = not isinstance(ins, _Light) and _rip_relative(ins)
+                        if not data_moved and target is None and not rip and \
+                                bytes(new_read(n, ins.size)) == bytes(ins.bytes):
+                            new_ins = ins
+                        elif plain is not None and not data_moved and \
+                                _same_plain_branch(ins, plain, bytes(new_read(n, ins.size)), n,
+                                                   translate):
+                            new_ins = ins   # same opcode, same length, the translated target
                         else:
-                            fall_edge(f, ins, a, None, n + ins.size)
+                            ins = _full(cs, ins)
+                            new_ins = _decode_one(cs, new_read, n)
+                    if new_ins is None or new_ins.size != ins.size or \
+                            (new_ins is not ins and not _same_meaning(ins, new_ins, translate)):
+                        add("equiv.block-instruction", n, f"{f.name}: '{ins.mnemonic} "
+                            f"{ins.op_str}' at {a:#x} has no counterpart of the same meaning "
+                            f"at {n:#x}"
+                            + (f" (found '{new_ins.mnemonic} {new_ins.op_str}')"
+                               if new_ins else ""))
                         continue
-            piece_start = piece_old[p] == a
-            plain = _plain_branch(ins) if kind in (bm.KIND_COPIED, bm.KIND_BRANCH) and \
-                isinstance(ins, _Light) else None
-            if plain is None and (kind != bm.KIND_COPIED or maybe_branch.get(ins.mnemonic, True)
-                                  and _maybe_branch(ins.mnemonic)):
-                ins = _full(cs, ins)
-            # a lite instruction is no direct branch (_maybe_branch said so) or a plain one
-            target = plain[1] if plain is not None else \
-                None if isinstance(ins, _Light) else _direct_target(ins)
-            if kind == bm.KIND_COPIED:
-                n = piece_new[p] + (a - piece_old[p])
-                translate, data_moved = amap.map1, False
-                if moved_field_addrs:
-                    k = bisect_left(moved_field_addrs, a)
-                    if k < len(moved_field_addrs) and moved_field_addrs[k] < a + ins.size:
-                        d = moved_field_deltas[k]
-                        translate = lambda v, d=d: (v + d) & (2**64 - 1)   # noqa: E731
-                        data_moved = True
-                elif moved_extents is not None:
-                    def translate(v, base=amap.map1):
-                        m = moved_extents.moved_value(v)
-                        return base(v) if m is None else m
-                # the same bytes mean the same unless an operand is relative to the
-                # instruction's address (RIP operand, direct branch) or refers to a
-                # moved data symbol: no decode needed
-                rip_disp_offset = rip_disp_offsets.get(a) \
-                    if isinstance(ins, _Light) and not data_moved else None
-                if rip_disp_offset is not None and \
-                        _same_rip_relative(ins, rip_disp_offset, new_read, n, translate):
-                    new_ins = ins       # same bytes but the displacement, the translated target
-                else:
-                    if isinstance(ins, _Light) and "rip" in ins.op_str:
-                        ins = _full(cs, ins)            # decoded once, kept for below
-                    rip = not isinstance(ins, _Light) and _rip_relative(ins)
-                    if not data_moved and target is None and not rip and \
-                            bytes(new_read(n, ins.size)) == bytes(ins.bytes):
-                        new_ins = ins
-                    elif plain is not None and not data_moved and \
-                            _same_plain_branch(ins, plain, bytes(new_read(n, ins.size)), n,
-                                               translate):
-                        new_ins = ins   # same opcode, same length, the translated target
+                    n_end = n + ins.size
+                elif kind == bm.KIND_BRANCH:
+                    stats["branches_reencoded"] += 1
+                    n = piece_new[p]
+                    new_len = piece_new_len[p]
+                    if piece_old[p] != a or piece_old_end[p] != a + ins.size:
+                        add("equiv.block-map", a, f"{f.name}: branch piece {piece_old[p]:#x} is "
+                            f"not exactly the instruction at {a:#x}")
+                        continue
+                    if plain is not None and \
+                            _same_plain_relaxed(ins, new_read, n, new_len, amap.map1(plain[1])):
+                        n_end = n + new_len     # the full check below finds nothing for it
+                    elif plain is not None and \
+                            _plain_inversion(ins, plain, new_read, n, new_len, amap.map1):
+                        # both edges kept (the full check below counts it the same)
+                        stats["jcc_inverted"] = stats.get("jcc_inverted", 0) + 1
+                        if orc_ok:
+                            orc_pairs.append((a, n, piece_start, p))
+                        continue
                     else:
                         ins = _full(cs, ins)
                         new_ins = _decode_one(cs, new_read, n)
-                if new_ins is None or new_ins.size != ins.size or \
-                        (new_ins is not ins and not _same_meaning(ins, new_ins, translate)):
-                    add("equiv.block-instruction", n, f"{f.name}: '{ins.mnemonic} {ins.op_str}' "
-                        f"at {a:#x} has no counterpart of the same meaning at {n:#x}"
-                        + (f" (found '{new_ins.mnemonic} {new_ins.op_str}')" if new_ins else ""))
-                    continue
-                n_end = n + ins.size
-            elif kind == bm.KIND_BRANCH:
-                stats["branches_reencoded"] += 1
-                n = piece_new[p]
-                new_len = piece_new_len[p]
-                if piece_old[p] != a or piece_old_end[p] != a + ins.size:
-                    add("equiv.block-map", a, f"{f.name}: branch piece {piece_old[p]:#x} is "
-                        f"not exactly the instruction at {a:#x}")
-                    continue
-                if plain is not None and \
-                        _same_plain_relaxed(ins, new_read, n, new_len, amap.map1(plain[1])):
-                    n_end = n + new_len     # the full check below finds nothing for it
-                else:
-                    ins = _full(cs, ins)
-                    new_ins = _decode_one(cs, new_read, n)
-                    # an opposite condition to the original target is a flipped jcc
-                    # (relaxation); to anywhere else it claims to be an inversion
-                    if _inverted_jcc(ins, new_ins) and target is not None and \
-                            _direct_target(new_ins) != amap.map1(target):
-                        why = _inversion_problem(ins, new_ins, new_len, target, amap)
+                        # an opposite condition to the original target is a flipped jcc
+                        # (relaxation); to anywhere else it claims to be an inversion
+                        if _inverted_jcc(ins, new_ins) and target is not None and \
+                                _direct_target(new_ins) != amap.map1(target):
+                            why = _inversion_problem(ins, new_ins, new_len, target, amap)
+                            if why:
+                                add("equiv.jcc-inversion", n, f"{f.name}: '{ins.mnemonic}' at "
+                                    f"{a:#x} inverted to '{new_ins.mnemonic}' wrongly: {why}")
+                            else:
+                                stats["jcc_inverted"] = stats.get("jcc_inverted", 0) + 1
+                                if orc_ok:
+                                    orc_pairs.append((a, n, piece_start, p))
+                            continue                # both edges checked by the inversion
+                        why = _relaxation_problem(ins, new_ins, new_len, target, amap)
                         if why:
-                            add("equiv.jcc-inversion", n, f"{f.name}: '{ins.mnemonic}' at "
-                                f"{a:#x} inverted to '{new_ins.mnemonic}' wrongly: {why}")
-                        else:
-                            stats["jcc_inverted"] = stats.get("jcc_inverted", 0) + 1
-                            if orc_ok:
-                                orc_pairs.append((a, n, piece_start, p))
-                        continue                # both edges checked by the inversion
-                    why = _relaxation_problem(ins, new_ins, new_len, target, amap)
-                    if why:
-                        add("equiv.relaxation", n, f"{f.name}: branch at {a:#x} re-encoded "
-                            f"wrongly: {why}")
-                        continue
-                    n_end = n + new_len
-            elif kind == bm.KIND_JMP_REMOVED:
-                stats["jmps_removed"] += 1
-                if ins.mnemonic != "jmp" or target is None:
-                    add("equiv.edge", piece_new[p], f"{f.name}: removed '{ins.mnemonic} "
-                        f"{ins.op_str}' at {a:#x} is not an unconditional direct jmp")
-                elif amap.map1(target) != piece_new[p]:
-                    place, now = piece_new[p], amap.map1(target)
-                    add("equiv.edge", place, f"{f.name}: removed jmp at {a:#x} went to "
-                        f"{target:#x} (now {now:#x}), but its place leads to {place:#x}: the "
-                        "target must be the next instruction"
-                        + _between(lite, new_read, place, now))
+                            add("equiv.relaxation", n, f"{f.name}: branch at {a:#x} re-encoded "
+                                f"wrongly: {why}")
+                            continue
+                        n_end = n + new_len
+                elif kind == bm.KIND_JMP_REMOVED:
+                    stats["jmps_removed"] += 1
+                    if ins.mnemonic != "jmp" or target is None:
+                        add("equiv.edge", piece_new[p], f"{f.name}: removed '{ins.mnemonic} "
+                            f"{ins.op_str}' at {a:#x} is not an unconditional direct jmp")
+                    elif amap.map1(target) != piece_new[p]:
+                        place, now = piece_new[p], amap.map1(target)
+                        add("equiv.edge", place, f"{f.name}: removed jmp at {a:#x} went to "
+                            f"{target:#x} (now {now:#x}), but its place leads to {place:#x}: the "
+                            "target must be the next instruction"
+                            + _between(lite, new_read, place, now))
+                    continue
+                else:
+                    continue
+                if orc_ok:
+                    orc_pairs.append((a, n, piece_start, p))
+                fall_edge(f, ins, a, target, n_end)
+
+        # the per-instruction counts, kept in locals in the loop above
+        stats["instructions"] += n_insns
+        stats["edges"] += n_fast_edges
+    def jmps_and_tables(self, out):
+        """Every inserted jmp goes to the translated fall-through target; every table
+        entry inside a split function maps to an entry of NEW's column."""
+        rows, amap, cs, new_read, orc_ok = self.rows, self.amap, self.cs, self.new_read, \
+            self.orc_ok
+        f_start, f_end, tables = self.f_start, self.f_end, self.tables
+        add, stats, orc_pairs = out.add, out.stats, out.orc_pairs
+        # inserted jmps: each a jmp to the translated fall-through target
+        for r in rows[rows["kind"] == bm.KIND_JMP_INSERTED]:
+            stats["jmps_inserted"] += 1
+            n, want = int(r["new"]), amap.map1(int(r["old"]))
+            if _plain_jmp_to(new_read, n, int(r["new_len"]), want):
+                if orc_ok:
+                    orc_pairs.append((int(r["old"]), n, True, len(amap.old) + n))
                 continue
-            else:
+            j = _decode_one(cs, new_read, n)
+            got = _direct_target(j) if j is not None and j.mnemonic == "jmp" else None
+            if got is None or j.size != int(r["new_len"]) or got != want:
+                add("equiv.edge", n, f"inserted jmp at {n:#x} should go to {want:#x} (original "
+                    f"{int(r['old']):#x})" + (f", goes to {got:#x}" if got is not None else
+                                              ", is not a direct jmp of that length"))
+            elif orc_ok:
+                orc_pairs.append((int(r["old"]), n, True, len(amap.old) + n))
+
+        # tables: entries inside split functions must map to an entry of NEW's column
+        split_lo, split_hi = f_start, f_end
+        for name, col_old, col_new in tables:
+            col_old = np.asarray(col_old, np.uint64)
+            k = np.searchsorted(split_lo, col_old, side="right").astype(np.int64) - 1
+            kc = np.maximum(k, 0)
+            mine = (k >= 0) & (col_old < split_hi[kc]) if len(split_lo) else \
+                np.zeros(len(col_old), bool)
+            if not mine.any():
                 continue
-            if orc_ok:
-                orc_pairs.append((a, n, piece_start, p))
-            fall_edge(f, ins, a, target, n_end)
+            want = amap.map(col_old[mine])
+            have = np.isin(want, np.asarray(col_new, np.uint64))
+            for o, w in zip(col_old[mine][~have].tolist(), want[~have].tolist()):
+                add("equiv.table-stale", w, f"{name}: the entry for {o:#x} should now name {w:#x}; "
+                    "NEW has no such entry (stale)")
 
-    # the per-instruction counts, kept in locals in the loop above
-    stats["instructions"] += n_insns
-    stats["edges"] += n_fast_edges
-    # inserted jmps: each a jmp to the translated fall-through target
-    for r in rows[rows["kind"] == bm.KIND_JMP_INSERTED] if tail else []:
-        stats["jmps_inserted"] += 1
-        n, want = int(r["new"]), amap.map1(int(r["old"]))
-        j = _decode_one(cs, new_read, n)
-        got = _direct_target(j) if j is not None and j.mnemonic == "jmp" else None
-        if got is None or j.size != int(r["new_len"]) or got != want:
-            add("equiv.edge", n, f"inserted jmp at {n:#x} should go to {want:#x} (original "
-                f"{int(r['old']):#x})" + (f", goes to {got:#x}" if got is not None else
-                                          ", is not a direct jmp of that length"))
-        elif orc_ok:
-            orc_pairs.append((int(r["old"]), n, True, len(amap.old) + n))
-
-    # tables: entries inside split functions must map to an entry of NEW's column
-    split_lo, split_hi = f_start, f_end
-    for name, col_old, col_new in tables if tail else ():
-        col_old = np.asarray(col_old, np.uint64)
-        k = np.searchsorted(split_lo, col_old, side="right").astype(np.int64) - 1
-        kc = np.maximum(k, 0)
-        mine = (k >= 0) & (col_old < split_hi[kc]) if len(split_lo) else np.zeros(len(col_old), bool)
-        if not mine.any():
-            continue
-        want = amap.map(col_old[mine])
-        have = np.isin(want, np.asarray(col_new, np.uint64))
-        for o, w in zip(col_old[mine][~have].tolist(), want[~have].tolist()):
-            add("equiv.table-stale", w, f"{name}: the entry for {o:#x} should now name {w:#x}; "
-                "NEW has no such entry (stale)")
-
-    # ORC: the lookup at each new instruction gives the original's entry
-    if orc_ok and orc_pairs:
-        pa = np.array(orc_pairs, dtype=np.uint64)
-        ko, kn = orc_key(orc_old, pa[:, 0]), orc_key(orc_new, pa[:, 1])
-        wrong = pa[ko != kn].tolist()
-        # a piece whose start is wrong is reported once, at its start
-        bad_start = {p for _, _, start, p in wrong if start}
-        for (o, n, start, p) in wrong:
-            if start:
-                add("equiv.orc-block-start", n, f"ORC at the piece start {n:#x} differs from "
-                    f"the original's at {o:#x} (entry missing or wrong)")
-            elif p not in bad_start:
-                add("equiv.orc-block", n, f"ORC at {n:#x} differs from the original's at {o:#x}")
-        stats["orc_checked"] = int(len(pa))
-    return findings, stats
+    def orc(self, out):
+        """Kernels: the ORC lookup at each new instruction gives the original's entry
+        (the pairs the functions and jmps checks collected in ``out``)."""
+        orc_ok, orc_old, orc_new, orc_pairs, add, stats = self.orc_ok, self.orc_old, \
+            self.orc_new, out.orc_pairs, out.add, out.stats
+        # ORC: the lookup at each new instruction gives the original's entry
+        if orc_ok and orc_pairs:
+            pa = np.array(orc_pairs, dtype=np.uint64)
+            ko, kn = _orc_key(orc_old, pa[:, 0]), _orc_key(orc_new, pa[:, 1])
+            wrong = pa[ko != kn].tolist()
+            # a piece whose start is wrong is reported once, at its start
+            bad_start = {p for _, _, start, p in wrong if start}
+            for (o, n, start, p) in wrong:
+                if start:
+                    add("equiv.orc-block-start", n, f"ORC at the piece start {n:#x} differs from "
+                        f"the original's at {o:#x} (entry missing or wrong)")
+                elif p not in bad_start:
+                    add("equiv.orc-block", n,
+                        f"ORC at {n:#x} differs from the original's at {o:#x}")
+            stats["orc_checked"] = int(len(pa))
 
 
 def blocks_in_halves(rows, functions, old_read, new_read, outside_map, orc_old=None,
-                     orc_new=None, **kwargs):
-    """check_blocks on two cores: half 1 in a forked child (verify/forked.py) while
-    this process checks half 0; the same (findings, stats) as one call. With ORC
-    tables (kernels) one call: the ORC check needs every function's pairs."""
-    import functools
+                     orc_new=None, tables=(), no_fallthrough=frozenset(), noreturn=frozenset(),
+                     data_moves=None, patch_sites=None):
+    """check_blocks on two cores: the second half of the split functions, the inserted
+    jmps and the tables in a forked child (verify/forked.py) while this process makes
+    the map's own checks and the first half; the same (findings, stats) as one call.
+    With ORC tables (kernels) one call: the ORC check needs every function's pairs."""
     from .forked import Forked
-    args = (rows, functions, old_read, new_read, outside_map, orc_old, orc_new)
     orc = orc_old is not None and orc_new is not None and len(orc_old[0]) and len(orc_new[0])
     if orc or len(functions) < 2:
-        return check_blocks(*args, **kwargs)
-    other = Forked(functools.partial(check_blocks, **dict(kwargs, half=1)), *args)
+        return check_blocks(rows, functions, old_read, new_read, outside_map, orc_old, orc_new,
+                            tables, no_fallthrough, noreturn, data_moves, patch_sites)
+    check = _BlockCheck(rows, functions, old_read, new_read, outside_map, orc_old, orc_new,
+                        tables, no_fallthrough, noreturn, data_moves, patch_sites)
+    cut = check.cut()
+
+    def second_half():
+        out = _Found(len(functions))
+        check.functions(cut, len(check.split), out)
+        check.jmps_and_tables(out)
+        return out.findings, out.stats
+    other = Forked(second_half)
     try:
-        found, stats = check_blocks(*args, **dict(kwargs, half=0))
+        out = _Found(len(functions))
+        check.map_checks(out)
+        check.functions(0, cut, out)
     except BaseException:
         other.cancel()
         raise
     found_b, stats_b = other.result()
     for k, v in stats_b.items():
         if k != "split_functions":
-            stats[k] = stats.get(k, 0) + v
-    return found + found_b, stats
+            out.stats[k] = out.stats.get(k, 0) + v
+    return out.findings + found_b, out.stats
 
 
 def _between(lite, new_read, lo, hi):

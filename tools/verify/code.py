@@ -29,8 +29,10 @@ def check_code(ctx, out):
     matched_func = np.zeros(len(of), dtype=bool)
     matched_func[oi] = True
     use = compared_instructions(octx, od, matched_func, same_size)
-    fidx = od.func.astype(np.int64)
-    use &= ~((fidx >= 0) & ctx.split[np.maximum(fidx, 0)])     # split functions: block-level checks
+    for lo in range(0, len(use), _COMPARE_ROWS):      # (slices: no int64 copy of every row)
+        fidx = od.func[lo:lo + _COMPARE_ROWS]
+        # split functions: block-level checks
+        use[lo:lo + _COMPARE_ROWS] &= ~((fidx >= 0) & ctx.split[np.maximum(fidx, 0)])
     timings.phase("against: instructions")
     out.extra.update(compare_instructions(octx, ctx.nctx, ctx.amap, use, ctx.kernel, out.findings,
                                           out.counter, ctx.data_moves))
@@ -77,29 +79,38 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
         return data_moves is not None and data_moves.explains(field_addr, old_value, new_value,
                                                                size)
     od, nd = octx.disasm, nctx.disasm
-    o_addr = od.addr[sel]
-    o_size = od.size[sel]
-    n_addr = amap.map(o_addr)
-    ni_idx = np.searchsorted(nd.addr, n_addr)
-    nic = np.minimum(ni_idx, len(nd.addr) - 1)
-    found = (ni_idx < len(nd.addr)) & (nd.addr[nic] == n_addr) & (nd.size[nic] == o_size)
-    missing.extend(zip(o_addr[~found].tolist(), n_addr[~found].tolist()))
+    # step 1 and the byte comparison of step 2 in slices of _COMPARE_ROWS: the
+    # matched rows (old and new disasm index, int32 while the rows allow) and whether
+    # their bytes differ are filled in place; the per-row temporaries of a whole
+    # slice at once (addresses, their map, the (rows, 16) byte matrices) were
+    # verify's peak on an executable (zstd: 12 MiB over it)
+    col = np.arange(16)[None, :]
+    index = np.int32 if max(len(od.addr), len(nd.addr)) < 2**31 else np.int64
+    o_idx_all = np.empty(len(sel), index)       # old disasm index
+    n_idx_all = np.empty(len(sel), index)
+    differs = np.empty(len(sel), bool)
+    matched = 0
+    for lo in range(0, len(sel), _COMPARE_ROWS):
+        oi = sel[lo:lo + _COMPARE_ROWS]
+        o_addr, o_size = od.addr[oi], od.size[oi]
+        n_addr = amap.map(o_addr)
+        ni_idx = np.searchsorted(nd.addr, n_addr)
+        nic = np.minimum(ni_idx, len(nd.addr) - 1)
+        found = (ni_idx < len(nd.addr)) & (nd.addr[nic] == n_addr) & (nd.size[nic] == o_size)
+        missing.extend(zip(o_addr[~found].tolist(), n_addr[~found].tolist()))
+        oi, nic = oi[found], nic[found]
+        sizes = od.size[oi].astype(np.int64)
+        end = matched + len(oi)
+        differs[matched:end] = ((od.raw[oi] != nd.raw[nic]) & (col < sizes[:, None])).any(axis=1)
+        o_idx_all[matched:end], n_idx_all[matched:end] = oi, nic
+        matched = end
 
     # 2. differing bytes must be translated address fields
-    o_idx_all = sel[found]          # old disasm index
-    n_idx_all = nic[found]
-    sizes = od.size[o_idx_all].astype(np.int64)
-    col = np.arange(16)[None, :]
-    differs = np.zeros(len(o_idx_all), bool)
-    # compared in slices: the whole (rows, 16) byte matrices would be a transient
-    # of several times the decoded code (zstd: 18 MiB over the peak)
-    for lo in range(0, len(o_idx_all), _COMPARE_ROWS):
-        hi = lo + _COMPARE_ROWS
-        differs[lo:hi] = ((od.raw[o_idx_all[lo:hi]] != nd.raw[n_idx_all[lo:hi]]) &
-                          (col < sizes[lo:hi, None])).any(axis=1)
+    o_idx_all, n_idx_all, differs = o_idx_all[:matched], n_idx_all[:matched], differs[:matched]
     k_diff = np.nonzero(differs)[0]
     # only the changed rows' bytes are looked at again
-    o_raw, n_raw, sizes_diff = od.raw[o_idx_all[k_diff]], nd.raw[n_idx_all[k_diff]], sizes[k_diff]
+    o_raw, n_raw = od.raw[o_idx_all[k_diff]], nd.raw[n_idx_all[k_diff]]
+    sizes_diff = od.size[o_idx_all[k_diff]].astype(np.int64)
     # branches: compare decoded targets, all at once (most changed instructions are
     # calls and jumps to moved functions)
     ob_i, ob_t, _ = od.branch_targets()
@@ -168,7 +179,7 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
             ins = next(cs.disasm(bytes(r_raw_o[k][:size]), oa, 1), None)
             unexplained.append((oa, "undecodable" if ins is None or not decoded[k] else
                                 f"{ins.mnemonic} {ins.op_str}"))
-    return {"equivalence_instructions": int(found.sum()),
+    return {"equivalence_instructions": int(matched),
             "equivalence_translated_branches": branch_fixed,
             "equivalence_translated_fields": field_fixed}
 
@@ -192,10 +203,15 @@ def compared_instructions(octx, od, matched_func, same_size):
     address (it moves with the code symbol or function before it, or stays)
     with the same length and translated bytes."""
     from ..image.coverage import R_PADDING
-    f = od.func.astype(np.int64)
-    inside = f >= 0
-    fc = np.where(inside, f, 0)
     extra = octx.coverage.extra
-    k = np.minimum(np.searchsorted(extra.addr, od.addr), max(len(extra.addr) - 1, 0))
-    padding = ~inside & (octx.coverage.reason[k] == R_PADDING) if len(extra.addr) else ~inside
-    return np.where(inside, matched_func[fc] & same_size[fc], ~padding)
+    out = np.zeros(len(od.func), bool)
+    for lo in range(0, len(out), _COMPARE_ROWS):      # (slices: small per-row temporaries)
+        f = od.func[lo:lo + _COMPARE_ROWS]
+        inside = f >= 0
+        fc = np.where(inside, f, 0)
+        k = np.minimum(np.searchsorted(extra.addr, od.addr[lo:lo + _COMPARE_ROWS]),
+                       max(len(extra.addr) - 1, 0))
+        padding = ~inside & (octx.coverage.reason[k] == R_PADDING) if len(extra.addr) \
+            else ~inside
+        out[lo:lo + _COMPARE_ROWS] = np.where(inside, matched_func[fc] & same_size[fc], ~padding)
+    return out

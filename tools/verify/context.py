@@ -74,9 +74,11 @@ class AgainstContext:
         if self._old_decode is None:
             return
         timings.phase("against: decode OLD (wait)")
-        cov, dis = self._old_decode.result()
+        cov, dis, tables = self._old_decode.result()
         self._old_decode = None
         octx = self.octx
         cov.image = octx.image
         octx._coverage, octx._disasm, octx._function_disasm = cov, dis, None
+        if tables is not None:
+            octx._derived_switch_tables = tables        # what old_switch_tables would find
         self.log(f"OLD: {len(dis)} instructions, decoded beside NEW")

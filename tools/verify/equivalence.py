@@ -37,10 +37,10 @@ from ..image.elf import ElfImage
 from ..kernel.base import Finding, ImageContext
 from . import code, data, layout_map, reference_lists, reloc_fields, split, symbols, tables, unwind
 from .context import AgainstContext
-from .debuginfo import check_debuginfo
+from .debuginfo import _has, check_debuginfo
 from .findings import Sink, add_findings
 from .forked import Forked
-from .pie import check_code_fields, check_pie
+from .pie import check_code_fields, check_pie, old_switch_tables
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,9 @@ CHECKS = [
     Check("symbols", symbols.check_symbols),
     Check("code-fields", _check_code_fields),
     Check("pie", _check_pie),
-    Check("debuginfo", _add_debuginfo, forked=_debuginfo_results),
+    # (no fork for an original without DWARF: the check would find nothing)
+    Check("debuginfo", _add_debuginfo, forked=_debuginfo_results,
+          when=lambda ctx: _has(ctx.old, ".debug_info")),
     Check("layout-map", layout_map.check_layout_map, phase="against: rest",
           when=lambda ctx: ctx.layout_map),
 ]
@@ -147,12 +149,15 @@ CHECKS = [
 
 def _decoded_old(path):
     """What decoding OLD produces (its coverage, detached from the image, and its
-    instructions), computed in start_against's child."""
+    instructions) and, in an executable, its switch tables (pie.switch_tables: they
+    depend on OLD alone), computed in start_against's child (``relayout --verify``:
+    beside the rewrite)."""
     ctx = ImageContext(ElfImage(path))
     dis = ctx.disasm
     cov = ctx.coverage
+    tables = None if ctx.is_kernel else old_switch_tables(ctx)
     cov.image = None
-    return cov, dis
+    return cov, dis, tables
 
 
 def start_against(old_path):

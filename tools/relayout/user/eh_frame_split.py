@@ -100,20 +100,24 @@ def _records(data, addr, eh):
 
 
 def _compact(prog, info):
-    """The shorter of ``prog`` without its trailing DW_CFA_nop padding and the
-    program cfi.py writes for the same rows (redundant instructions dropped),
-    checked to give the same rows; ``prog`` itself when it cannot be evaluated."""
+    """(program, its rows): the shorter of ``prog`` without its trailing DW_CFA_nop
+    padding and the program cfi.py writes for the same rows (redundant instructions
+    dropped), checked to give the same rows; ``prog`` itself when it cannot be
+    evaluated. The rows are what ``evaluate`` gives for the program returned, when
+    this evaluation made them (else None: reason() evaluates it)."""
     if info is None:
-        return prog
+        return prog, None
     try:
         rows, used = evaluate_with_length(prog, info, info.init_state)
         trimmed = prog[:used]
         canon = write_program(rows, info)
-        if len(canon) < len(trimmed) and _same_rows(evaluate(canon, info, info.init_state), rows):
-            return canon
-        return trimmed
+        if len(canon) < len(trimmed):
+            canon_rows = evaluate(canon, info, info.init_state)
+            if _same_rows(canon_rows, rows):
+                return canon, canon_rows
+        return trimmed, (rows if used == len(prog) else None)
     except (CfiError, IndexError, struct.error):
-        return prog
+        return prog, None
 
 
 def _same_rows(a, b):
@@ -167,9 +171,12 @@ class EhSplit:
             raise EhFrameError(".eh_frame_hdr does not precede .eh_frame")
         self.hdr = hdr
         self.end = self.sec.addr + self.sec.size
+        self._evaluated = {}      # FDE offset -> rows of its program, from _compact
         if compact:
             for r in self.fdes:
-                r.prog = _compact(r.prog, self.cie_info.get(r.cie))
+                r.prog, rows = _compact(r.prog, self.cie_info.get(r.cie))
+                if rows is not None:
+                    self._evaluated[r.start] = rows
         size = sum(_pad(r.end - r.start) if r.is_cie else _fde_size(r.enc, r.aug, r.prog)
                    for r in self.records)
         self.free = self.end - self._eh_start(len(self.fdes)) - size - 4
@@ -230,10 +237,13 @@ class EhSplit:
         info = self.cie_info.get(r.cie)
         if info is None:
             return R_EH_FRAME
-        try:
-            self.rows[start] = evaluate(r.prog, info, info.init_state)
-        except (CfiError, IndexError, struct.error):
-            return R_EH_FRAME
+        rows = self._evaluated.pop(r.start, None)
+        if rows is None:
+            try:
+                rows = evaluate(r.prog, info, info.init_state)
+            except (CfiError, IndexError, struct.error):
+                return R_EH_FRAME
+        self.rows[start] = rows
         return None
 
     def programs(self, sf, base):
@@ -502,6 +512,10 @@ def check_split_cfi(old_image, new_image, rows, parsed=None):
         old, new = parsed or parse_for_check(old_image, new_image)
     except EhFrameError as e:
         return [(None, str(e))], 0
+    seen = _all_states_equal(old, new, rows)
+    if seen is not None:
+        return [], seen
+    # something differs (or is not plain): the same points one by one, for the findings
     seen = 0
     locs = {}               # FDE start -> its rows' locations (sorted)
     kinds, olds, news = rows["kind"].tolist(), rows["old"].tolist(), rows["new"].tolist()
@@ -544,6 +558,108 @@ def check_split_cfi(old_image, new_image, rows, parsed=None):
                 problems.append((na, f"unwind state at {na:#x} (original {oa:#x}) differs: "
                                      f"{got} != {want}"))
     return problems, seen
+
+
+def _all_states_equal(old, new, rows):
+    """check_split_cfi's points, all at once: how many there are when the state NEW's
+    FDE gives equals the original's at every one of them, else None (some state
+    differs, an FDE is missing or does not evaluate, FDEs share a start or overlap:
+    then check_split_cfi looks at each point itself and says what is wrong). The
+    same points, FDE lookups (the original's FDE containing the piece, NEW's
+    through .eh_frame_hdr) and row evaluations as its loop, on arrays: the loop's
+    per-point lookups were most of verify's unwind check."""
+    from ...image import blockmap as bm
+    keep = (rows["kind"] != bm.KIND_JMP_REMOVED) & (rows["new_len"] > 0)
+    kind = rows["kind"][keep]
+    o = rows["old"][keep].astype(np.int64)
+    nw = rows["new"][keep].astype(np.int64)
+    ln = rows["old_len"][keep].astype(np.int64)
+    # the original's FDE containing each piece (fde_containing)
+    begins = old._begins.astype(np.int64)
+    if not len(begins):
+        return None
+    fi = np.searchsorted(begins, o, side="right") - 1
+    ends_at = np.full(len(begins), -1, np.int64)
+    for u in np.unique(fi[fi >= 0]).tolist():
+        recs = old.by_begin.get(int(begins[u]), [])
+        if len(recs) != 1:
+            return None
+        ends_at[u] = recs[0].pc_begin + recs[0].pc_range
+    has = (fi >= 0) & (o < ends_at[np.maximum(fi, 0)])
+    kind, o, nw, ln, fi = kind[has], o[has], nw[has], ln[has], fi[has]
+    if not len(o):
+        return 0
+    # the rows of those FDEs, end to end (each FDE's a run of g_old, in address order)
+    first, count, g_old, s_old = {}, {}, [], []
+    ids = {}                # unwind state -> a number, for both images
+    pos = 0
+    for u in np.unique(fi).tolist():
+        r = old.by_begin[int(begins[u])][0]
+        orows = old.rows_of(r)
+        if not orows:
+            return None
+        first[u], count[u] = pos, len(orows)
+        pos += len(orows)
+        g_old.extend(r.pc_begin + loc for loc, _ in orows)
+        s_old.extend(ids.setdefault(st, len(ids)) for _, st in orows)
+    g_old = np.array(g_old, np.int64)
+    if len(g_old) > 1 and (g_old[1:] < g_old[:-1]).any():
+        return None
+    lo_row = np.array([first[u] for u in fi.tolist()], np.int64)
+    hi_row = lo_row + np.array([count[u] for u in fi.tolist()], np.int64)
+    # the points: each piece's start (an inserted jmp: the byte before its original
+    # place) and every original row strictly inside a copied piece
+    copied = kind == bm.KIND_COPIED
+    oa0 = np.where(kind == bm.KIND_JMP_INSERTED, o - 1, o)
+    in_lo = np.clip(np.searchsorted(g_old, o, side="right"), lo_row, hi_row)
+    in_hi = np.clip(np.searchsorted(g_old, o + ln, side="left"), lo_row, hi_row)
+    n_in = np.where(copied, np.maximum(in_hi - in_lo, 0), 0)
+    piece = np.repeat(np.arange(len(o)), n_in)
+    step = np.arange(int(n_in.sum())) - np.repeat(np.cumsum(n_in) - n_in, n_in)
+    g_in = g_old[in_lo[piece] + step]
+    oa = np.concatenate([oa0, g_in])
+    na = np.concatenate([nw, nw[piece] + g_in - o[piece]])
+    at = np.concatenate([np.arange(len(o)), piece])
+    # the original's state at each point (state_at: the last row at or before it)
+    want = np.clip(np.searchsorted(g_old, oa, side="right") - 1, lo_row[at], hi_row[at] - 1)
+    # NEW's FDE at each point, as the unwinder finds it (fde_at), and its state there
+    table = np.array(new.loc, np.int64)
+    nj = np.searchsorted(table, na, side="right") - 1
+    if not len(table) or (nj < 0).any():
+        return None
+    n_first, n_count, g_new, s_new = {}, {}, [], []
+    pos = 0
+    n_lo, n_hi = np.empty(len(table), np.int64), np.empty(len(table), np.int64)
+    for j in np.unique(nj).tolist():
+        r = new.fde[j]
+        if r is None:
+            return None
+        got = new.cache.get(r.start)
+        if got is None:
+            info = new.info[r.cie]
+            try:
+                nrows = evaluate(r.prog, info, info.init_state)
+            except (CfiError, IndexError, struct.error):
+                return None
+            got = new.cache[r.start] = (nrows, [loc for loc, _ in nrows])
+        nrows = got[0]
+        if not nrows:
+            return None
+        n_lo[j], n_hi[j] = r.pc_begin, r.pc_begin + r.pc_range
+        n_first[j], n_count[j] = pos, len(nrows)
+        pos += len(nrows)
+        g_new.extend(r.pc_begin + loc for loc, _ in nrows)
+        s_new.extend(ids.setdefault(st, len(ids)) for _, st in nrows)
+    if ((na < n_lo[nj]) | (na >= n_hi[nj])).any():
+        return None
+    g_new = np.array(g_new, np.int64)
+    if len(g_new) > 1 and (g_new[1:] < g_new[:-1]).any():
+        return None
+    nf = np.array([n_first[j] for j in nj.tolist()], np.int64)
+    nc = np.array([n_count[j] for j in nj.tolist()], np.int64)
+    got = np.clip(np.searchsorted(g_new, na, side="right") - 1, nf, nf + nc - 1)
+    same = np.array(s_old, np.int64)[want] == np.array(s_new, np.int64)[got]
+    return int(len(oa)) if same.all() else None
 
 
 def parse_for_check(old_image, new_image):
