@@ -31,7 +31,7 @@ Bulk state is numpy: one category byte per code byte, instruction arrays
 import capstone
 import numpy as np
 
-from .disasm import _INSN, RAW, Disassembly, _Decoder, _known_length
+from .disasm import RAW, Disassembly, _Decoder, _known_length
 
 DECODED, PADDING, DATA, UNEXPLAINED = 1, 2, 3, 0
 CATEGORY_NAMES = {DECODED: "decoded", PADDING: "padding", DATA: "data", UNEXPLAINED: "unexplained"}
