@@ -33,7 +33,7 @@ def packed(tmp_path_factory):
     hot = {n: float(1000 - k % 900) for k, n in enumerate(names)}
     d = tmp_path_factory.mktemp("dwk")
     out = d / "vmlinux.pack"
-    summary, plan, rw = relayout(VMLINUX, str(out), "pack", hotness=hot)
+    summary, plan, rw = relayout(VMLINUX, str(out), "pack", hotness=hot, keep_instructions=True)
     return out, summary, rw
 
 

@@ -44,7 +44,8 @@ def split_kernel(work, vmlinux):
     lp = load_profile_full(str(prof), vmlinux)
     out = work / "vmlinux.blocks"
     summary, plan, rw = relayout(vmlinux, str(out), strategies.get("blocks"), hotness=lp.hotness,
-                                 calls=lp.calls, profile_build_id=lp.build_id, blocks=lp.blocks)
+                                 calls=lp.calls, profile_build_id=lp.build_id, blocks=lp.blocks,
+                                 keep_instructions=True)      # the tests read rw.dis and the CFG
     return out, summary, rw
 
 

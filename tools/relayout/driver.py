@@ -107,11 +107,13 @@ def load_profile_full(path, image=None, per_loop=True):
 
 def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), profile_build_id=None,
              log=None, debug="rewrite", layout_map=None, system_map=None, blocks=None,
-             allow_missing=False, vmlinuz=None):
+             allow_missing=False, vmlinuz=None, keep_instructions=False):
     """Lay out ``image_path`` per ``strategy`` and write ``out_path``; returns
     (summary, plan, rewriter). The summary is the JSON dict, with the passes'
     stats objects in ``summary.stats`` (``summary.lines()`` prints them).
-    ``debug``: "rewrite" the DWARF for the new layout (default) or "strip" it."""
+    ``debug``: "rewrite" the DWARF for the new layout (default) or "strip" it.
+    ``keep_instructions``: the rewriter keeps its disassembly and CFG instruction
+    arrays (else dropped before a DWARF rewrite, to save memory; same output)."""
     if debug not in ("rewrite", "strip"):
         raise ValueError(f"debug={debug!r}: expected 'rewrite' or 'strip'")
     check_paths(image_path, out_path)
@@ -119,7 +121,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     run = RelayoutRun(image_path, out_path, strat, hotness or {}, calls=calls,
                       profile_build_id=profile_build_id, blocks=blocks,
                       log=log or (lambda m: None), debug=debug, layout_map=layout_map,
-                      system_map=system_map, allow_missing=allow_missing, vmlinuz=vmlinuz)
+                      system_map=system_map, allow_missing=allow_missing, vmlinuz=vmlinuz,
+                      keep_instructions=keep_instructions)
     summary = run_passes(run, passes_for(strat))
     return summary, run.plan, run.rewriter
 

@@ -46,6 +46,9 @@ class RelayoutRun:
     system_map: Optional[str] = None
     allow_missing: bool = False
     vmlinuz: Optional[str] = None    # a kernel's boot image: references recovered from it
+    # keep the per-instruction tables to the end (callers that inspect the rewriter's
+    # disassembly or CFG afterwards); else they are released before the DWARF rewrite
+    keep_instructions: bool = False
     # built by the passes
     recovered: Any = None            # image/references.py References (with --vmlinuz)
     image: Any = None
@@ -564,6 +567,8 @@ def _drop_instructions(run):
     write, summary, maps) read blocks and the address map only. On 7.3 the
     disassembly and the CFG's instruction arrays are ~360 MB, and the DWARF
     rewrite's copies come on top of what is still alive: this is the peak."""
+    if run.keep_instructions:
+        return
     run.dis = None
     run.rewriter.dis = run.rewriter.other_dis = None
     if run.split is not None:
