@@ -21,7 +21,18 @@ LINE = 64
 
 
 class LayoutError(LinepackError):
-    """The layout does not fit (it would run into pinned code)."""
+    """The layout does not fit (it would run into pinned code).
+
+    ``fact`` says what does not fit; ``advice`` (or None) what the user may do
+    about it. A caller with other means (a new segment) logs the fact alone."""
+
+    def __init__(self, fact, advice=None):
+        super().__init__(f"{fact}; {advice}" if advice else fact)
+        self.fact, self.advice = fact, advice
+
+
+# the advice for a layout that outgrows the space it must fit in
+LESS_PADDING = "use a strategy with less padding"
 
 
 def align_up(x, a):
@@ -138,8 +149,8 @@ def make_heat(units, functions, hotness):
 class _PinnedOverflow(LayoutError):
     """The regions before pinned region ``index`` grew past its start."""
 
-    def __init__(self, msg, index, needed):
-        super().__init__(msg)
+    def __init__(self, fact, index, needed):
+        super().__init__(fact, LESS_PADDING)
         self.index, self.needed = index, needed
 
 
@@ -232,7 +243,7 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
                     log(f"{regs[i].name}: {what} (the {strategy.name} layout does not fit "
                         f"before pinned {regs[index].name})")
             if stuck and len(stuck) == len(over):
-                err = LayoutError(stuck[0][1])
+                err = LayoutError(stuck[0][1], LESS_PADDING)
                 err.pinned_region = stuck[0][0]     # block level: relayout/passes.py retries
                 err.pinned_regions = [i for i, _, _ in stuck]
                 # bytes each is short with every region before it at its original layout
@@ -312,7 +323,7 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
             if cursor > reg.start and reg.pinned:
                 msg = (f"layout does not fit: the code before {reg.name} needs "
                        f"{cursor - reg.start} more bytes than the space before it "
-                       f"(pinned at {reg.start:#x}); use a strategy with less padding")
+                       f"(pinned at {reg.start:#x})")
                 if overflows is None:
                     raise _PinnedOverflow(msg, ri, cursor - reg.start)
                 overflows.append((ri, msg, cursor - reg.start))
@@ -337,7 +348,7 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
             if cursor > reg.start:
                 msg = (f"layout does not fit: the code before {reg.name} needs "
                        f"{cursor - reg.start} more bytes than the space before it "
-                       f"(pinned at {reg.start:#x}); use a strategy with less padding")
+                       f"(pinned at {reg.start:#x})")
                 if overflows is None:
                     raise _PinnedOverflow(msg, ri, cursor - reg.start)
                 overflows.append((ri, msg, cursor - reg.start))
@@ -640,8 +651,8 @@ def profile_calls(profile, functions, per_loop=True):
 def _check_section_end(last_region, cursor):
     if cursor > last_region.end:
         raise LayoutError(f"layout does not fit: the code needs {cursor - last_region.end} bytes "
-                          f"more than its section has (ends at {last_region.end:#x}); use a "
-                          "strategy with less padding")
+                          f"more than its section has (ends at {last_region.end:#x})",
+                          LESS_PADDING)
 
 
 def _region_start(reg, ri, cursor, pulled):
