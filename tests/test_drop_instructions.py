@@ -1,5 +1,5 @@
 """relayout releases the per-instruction tables before the DWARF rewrite
-(passes._drop_instructions): the passes after it read none of them, so the
+(the pass `release instructions`, passes.release_instructions): the passes after it read none of them, so the
 output is the same byte for byte, and whatever is asked for again is decoded
 again, equal to the first time."""
 

@@ -82,22 +82,9 @@ def build_parser(verb_hint=None):
     return p
 
 
-def _return_big_frees_to_the_os():
-    """glibc raises its mmap threshold (up to 32 MiB) each time a big block is
-    freed, after which numpy temporaries of a few MiB come from the heap and
-    stay resident as fragments: relayout and verify of a kernel peaked ~200 MiB
-    higher that way. A fixed 1 MiB threshold hands every big array back on free."""
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-3, 1 << 20)       # M_MMAP_THRESHOLD (fixed: no dynamic raise)
-        libc.mallopt(-1, 1 << 20)       # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass                            # not glibc: nothing to tune
-
-
 def main(argv=None):
-    _return_big_frees_to_the_os()
+    from .native import tune_malloc
+    tune_malloc()
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)

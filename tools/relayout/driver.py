@@ -113,7 +113,7 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     stats objects in ``summary.stats`` (``summary.lines()`` prints them).
     ``debug``: "rewrite" the DWARF for the new layout (default) or "strip" it.
     ``keep_instructions``: the rewriter keeps its disassembly and CFG instruction
-    arrays (else dropped before a DWARF rewrite, to save memory; same output)."""
+    arrays (else released before the DWARF rewrite, to save memory; same output)."""
     if debug not in ("rewrite", "strip"):
         raise ValueError(f"debug={debug!r}: expected 'rewrite' or 'strip'")
     check_paths(image_path, out_path)
@@ -121,9 +121,8 @@ def relayout(image_path, out_path, strategy="pack", hotness=None, calls=(), prof
     run = RelayoutRun(image_path, out_path, strat, hotness or {}, calls=calls,
                       profile_build_id=profile_build_id, blocks=blocks,
                       log=log or (lambda m: None), debug=debug, layout_map=layout_map,
-                      system_map=system_map, allow_missing=allow_missing, vmlinuz=vmlinuz,
-                      keep_instructions=keep_instructions)
-    summary = run_passes(run, passes_for(strat))
+                      system_map=system_map, allow_missing=allow_missing, vmlinuz=vmlinuz)
+    summary = run_passes(run, passes_for(strat, keep_instructions))
     return summary, run.plan, run.rewriter
 
 

@@ -14,7 +14,6 @@ kernel and an executable do differently is asked of ``run.target``
 
 import gc
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -46,9 +45,6 @@ class RelayoutRun:
     system_map: Optional[str] = None
     allow_missing: bool = False
     vmlinuz: Optional[str] = None    # a kernel's boot image: references recovered from it
-    # keep the per-instruction tables to the end (callers that inspect the rewriter's
-    # disassembly or CFG afterwards); else they are released before the DWARF rewrite
-    keep_instructions: bool = False
     # built by the passes
     recovered: Any = None            # image/references.py References (with --vmlinuz)
     image: Any = None
@@ -159,10 +155,6 @@ def _split_first_runs(orig_units, split, blocks):
     return dict(zip(hot.tolist(), earliest[parent[hot]].tolist()))
 
 
-# the advice the planner's "does not fit" message ends with (plan.py)
-_NO_FIT_ADVICE = re.compile(r"; use a strategy with less padding$")
-
-
 def _no_fit_message(err, strat, units, heat, calls, functions, log):
     """The planner's "does not fit" line; for ``align-all N`` also the largest
     alignment that does fit (found by planning smaller ones)."""
@@ -170,7 +162,7 @@ def _no_fit_message(err, strat, units, heat, calls, functions, log):
     align = getattr(strat, "align", None)
     if not isinstance(align, int) or not strat.name.startswith("align-all"):
         return msg
-    msg = _NO_FIT_ADVICE.sub("", msg)
+    msg = getattr(err, "fact", msg)
     fits = None
     a = align // 2
     while a >= 1:
@@ -378,7 +370,7 @@ def plan(run):
                 raise LayoutError(_no_fit_message(e, strat, run.units, run.heat, run.calls,
                                                   run.functions, run.log)) from None
             # the planner's advice is for a layout that must fit: this one need not
-            run.log(f"{_NO_FIT_ADVICE.sub('', str(e))}: the moved code goes to a new segment "
+            run.log(f"{e.fact}: the moved code goes to a new segment "
                     f"at {run.segment.vaddr:#x}")
     if run.segment is not None:
         run.plan = plan_(run.segment.relocate)
@@ -561,14 +553,13 @@ def block_symbols(run):
     return S.SymbolStats(count.counters())
 
 
-def _drop_instructions(run):
+def release_instructions(run):
     """Release the per-instruction tables before the DWARF rewrite: the code,
     references and kernel tables are rewritten, and the passes left (DWARF,
     write, summary, maps) read blocks and the address map only. On 7.3 the
     disassembly and the CFG's instruction arrays are ~360 MB, and the DWARF
-    rewrite's copies come on top of what is still alive: this is the peak."""
-    if run.keep_instructions:
-        return
+    rewrite's copies come on top of what is still alive: this is the peak.
+    (``passes_for(..., keep_instructions=True)`` leaves this pass out.)"""
     run.dis = None
     run.rewriter.dis = run.rewriter.other_dis = None
     if run.split is not None:
@@ -578,6 +569,7 @@ def _drop_instructions(run):
         ctx.drop_instructions()
     gc.collect()          # the arrays sit in reference cycles (cfg <-> split tables)
     release_free_memory()
+    return S.PassStats()
 
 
 def dwarf(run):
@@ -594,7 +586,6 @@ def dwarf(run):
         log(f"dropping DWARF ({len(is_debug)} .debug_* sections), as asked")
         return S.DwarfStats("dropped")
     timings.phase("DWARF rewrite")
-    _drop_instructions(run)
     from ..dwarf.fields import has_debug_relocations
     from ..dwarf.rewrite import rewrite_dwarf
     if has_debug_relocations(image):
@@ -707,18 +698,26 @@ def maps(run):
 FUNCTION_PASSES = [("load", load), ("disassemble", disassemble), ("plan", plan),
                    ("rewriter", rewriter), ("code", code), ("references", references),
                    ("static keys", static_keys), ("metadata", metadata), ("symbols", symbols),
-                   ("DWARF", dwarf), ("write", write), ("summary", summary),
+                   ("release instructions", release_instructions), ("DWARF", dwarf),
+                   ("write", write), ("summary", summary),
                    ("reference source", reference_source), ("maps", maps)]
 
 BLOCK_PASSES = [("load", load), ("disassemble", disassemble), ("split", split), ("plan", plan),
                 ("parts", parts), ("code", code), ("references", references),
                 ("static keys", static_keys), ("metadata", metadata),
-                ("symbols", block_symbols), ("DWARF", dwarf), ("write", write),
+                ("symbols", block_symbols), ("release instructions", release_instructions),
+                ("DWARF", dwarf), ("write", write),
                 ("summary", summary), ("reference source", reference_source), ("maps", maps)]
 
 
-def passes_for(strategy):
-    return BLOCK_PASSES if strategy.block_level else FUNCTION_PASSES
+def passes_for(strategy, keep_instructions=False):
+    """The strategy's passes; ``keep_instructions``: without the release of the
+    per-instruction tables (for callers that read the rewriter's disassembly or
+    CFG afterwards)."""
+    passes = BLOCK_PASSES if strategy.block_level else FUNCTION_PASSES
+    if keep_instructions:
+        passes = [p for p in passes if p[1] is not release_instructions]
+    return passes
 
 
 def check_paths(image_path, out_path):
