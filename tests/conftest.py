@@ -1,8 +1,36 @@
 """Shared pytest fixtures."""
 
 import os
+import shutil
 
 import pytest
+
+# tmp_path_factory directories of session-scoped fixtures begin so: they outlive the module
+# that first asked for them (every other one is removed when its module is done)
+SESSION_TMP = "session-"
+
+
+def pytest_runtest_makereport(item, call):
+    if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
+        module = getattr(item, "module", None)
+        if module is not None:
+            module.__dict__["_linepack_failed"] = True
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_tmp_cleanup(request, tmp_path_factory):
+    """Remove the tmp_path_factory directories a module made (its module fixtures' kernels
+    and images, hundreds of MB each) when the module is done and none of its tests failed.
+    setup.cfg's tmp_path_retention_policy = failed does the same for each test's tmp_path;
+    without both, one full run left 20 GB under /tmp and a CI machine ran out of disk."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(os.listdir(base))
+    yield
+    if request.module.__dict__.get("_linepack_failed"):
+        return
+    for name in set(os.listdir(base)) - before:
+        if not name.startswith(SESSION_TMP):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -36,4 +64,4 @@ def stock_held_traces(debian_vmlinux, tmp_path_factory):
     """drgn stack traces of Debian's stock 6.1 kernel parked after 50 VFS-mix loops
     (tests/drgn_stacks.py); shared by the rewritten kernels' drgn checks."""
     from drgn_stacks import held_traces
-    return held_traces(debian_vmlinux, tmp_path_factory.mktemp("stock-dump"), name="stock")
+    return held_traces(debian_vmlinux, tmp_path_factory.mktemp(SESSION_TMP + "stock-dump"), name="stock")
