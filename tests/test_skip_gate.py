@@ -132,3 +132,51 @@ def test_a_missing_tool_fails_instead_of_skipping(tmp_path):
     assert "2 errors" in p.stdout or "2 failed" in p.stdout or "1 failed, 1 error" in p.stdout, p.stdout
     assert "skipped" not in p.stdout
     assert "no-such-tool-lp not installed (tools/setup.sh installs it)" in p.stdout
+
+
+def _fake_df(tmp_path, free_kib):
+    """A `df -P -k` that reports ``free_kib`` free on every disk, first on PATH."""
+    bin_dir = tmp_path / f"bin{free_kib}"
+    bin_dir.mkdir()
+    df = bin_dir / "df"
+    df.write_text("#!/bin/sh\necho 'Filesystem 1024-blocks Used Available Capacity Mounted on'\n"
+                  f"echo 'fake 99999999 1 {free_kib} 1% /'\n")
+    df.chmod(0o755)
+    return dict(os.environ, LINEPACK_SKIP_SETUP="1", PATH=f"{bin_dir}:{os.environ['PATH']}")
+
+
+def test_run_tests_warns_when_the_disk_is_short(tmp_path):
+    f = _sample(tmp_path, "test_one.py", "def test_a(): pass\n")
+    for free_kib, warned in ((5 * 1048576, True), (40 * 1048576, False)):
+        p = subprocess.run(["bash", SCRIPT, "-p", "no:cacheprovider", str(f)],
+                           env=_fake_df(tmp_path, free_kib), capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert ("only 5 GB free" in p.stderr) == warned, p.stderr
+
+
+def test_module_outputs_are_removed_unless_a_test_failed(tmp_path):
+    """tests/conftest.py: a module's tmp_path_factory directories go when the module is
+    done, a failed module's stay (and a session fixture's, named session-*, always)."""
+    import shutil
+    shutil.copy(os.path.join(HERE, "conftest.py"), tmp_path / "conftest.py")
+    body = ("@pytest.fixture(scope='module')\n"
+            "def out(tmp_path_factory):\n"
+            "    d = tmp_path_factory.mktemp('{name}')\n"
+            "    (d / 'image').write_bytes(b'x' * 1000)\n"
+            "    return d\n"
+            "@pytest.fixture(scope='session')\n"
+            "def shared(tmp_path_factory):\n"
+            "    return tmp_path_factory.mktemp('session-{name}')\n"
+            "def test_a(out, shared):\n"
+            "    assert {ok}\n")
+    _sample(tmp_path, "test_pass.py", body.format(name="passmod", ok=True))
+    _sample(tmp_path, "test_fail.py", body.format(name="failmod", ok=False))
+    base = tmp_path / "base"
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        f"--basetemp={base}", "test_pass.py", "test_fail.py"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "1 failed, 1 passed" in p.stdout, p.stdout + p.stderr
+    left = sorted(n for n in os.listdir(base)
+                  if not n.startswith("test_") and not n.endswith("current"))   # pytest's links
+    assert left == ["failmod0", "session-failmod0", "session-passmod0"], left
