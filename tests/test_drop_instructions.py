@@ -40,6 +40,11 @@ def test_output_same_with_and_without_the_release(prog, tmp_path):
     _, _, rw_kept = relayout(str(prog), str(kept), "hot64", hotness=HOT, keep_instructions=True)
     assert rw_kept.dis is not None
     assert released.read_bytes() == kept.read_bytes()
+    # no DWARF rewrite, no release: evaluate lays out several layouts of one image on a
+    # shared context whose disassembly must stay (tests/test_evaluate_scale.py)
+    _, _, rw_strip = relayout(str(prog), str(tmp_path / "stripped"), "hot64", hotness=HOT,
+                              debug="strip")
+    assert rw_strip.dis is not None
 
 
 def test_context_decodes_again_after_drop(prog):

@@ -553,13 +553,24 @@ def block_symbols(run):
     return S.SymbolStats(count.counters())
 
 
+def _debug_sections(image):
+    """Indices of the image's DWARF sections (and their relocations)."""
+    return [s.index for s in image.sections if not s.is_alloc and
+            (s.name.startswith(".debug_") or s.name.startswith(".rela.debug_"))]
+
+
 def release_instructions(run):
     """Release the per-instruction tables before the DWARF rewrite: the code,
     references and kernel tables are rewritten, and the passes left (DWARF,
     write, summary, maps) read blocks and the address map only. On 7.3 the
     disassembly and the CFG's instruction arrays are ~360 MB, and the DWARF
     rewrite's copies come on top of what is still alive: this is the peak.
-    (``passes_for(..., keep_instructions=True)`` leaves this pass out.)"""
+    Only before a DWARF rewrite: without one there is no such peak, and a
+    caller that lays out several layouts of one image (evaluate's shared
+    context) keeps its disassembly. (``passes_for(..., keep_instructions=True)``
+    leaves this pass out.)"""
+    if run.debug != "rewrite" or not _debug_sections(run.image):
+        return S.PassStats()
     run.dis = None
     run.rewriter.dis = run.rewriter.other_dis = None
     if run.split is not None:
@@ -577,8 +588,7 @@ def dwarf(run):
     ``.rela.debug_*``, or found by parsing it when the image has none), or drop
     it when asked."""
     image, log = run.image, run.log
-    is_debug = [s.index for s in image.sections if not s.is_alloc and
-                (s.name.startswith(".debug_") or s.name.startswith(".rela.debug_"))]
+    is_debug = _debug_sections(image)
     if not is_debug:
         return S.DwarfStats("none in the input")
     if run.debug == "strip":
