@@ -98,25 +98,36 @@ def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, fall
     place them (the entry first; default: original order). ``hot_only``: the hot
     part's pieces and size only (the cold part left empty: a size to compare)."""
     a, z = cfg.blocks_of(f_unit)
-    hot = [b for b in range(a, z) if hot_mask[b]] if hot_order is None else list(hot_order)
-    cold = [b for b in range(a, z) if not hot_mask[b]]
+    in_f = np.asarray(hot_mask[a:z])
+    hot = (np.nonzero(in_f)[0] + a).tolist() if hot_order is None else list(hot_order)
+    cold = (np.nonzero(in_f == 0)[0] + a).tolist()
     sf = SplitFunction(unit_index, f_unit, name, hot, cold, sym)
     dis = cfg.dis
     falls = cfg.falls_through() if falls is None else falls
     for part, order in ((0, hot), (1, cold)):
         for b in order:
             sf.block_part[b] = part
+    # the blocks' columns as lists over [lo, hi) (every block named here): the loop
+    # reads them per block, where one-element numpy reads cost more than the work
+    lo, hi = min([a] + hot), max([z] + [b + 1 for b in hot])
+    li_of = cfg.insn_last[lo:hi]
+    start_of, end_of = cfg.start[lo:hi].tolist(), cfg.end[lo:hi].tolist()
+    term_of, tb_of = cfg.term[lo:hi].tolist(), cfg.target_block[lo:hi].tolist()
+    atomic_of, intra_of = cfg.insn_atomic[li_of].tolist(), cfg.insn_intra[li_of].tolist()
+    last_addr_of, falls_of, li_of = dis.addr[li_of].tolist(), \
+        np.asarray(falls[lo:hi]).tolist(), li_of.tolist()
     for part, order in ((0, hot),) if hot_only else ((0, hot), (1, cold)):
         pieces = sf.parts[part]
         for k, b in enumerate(order):
             nxt = order[k + 1] if k + 1 < len(order) else -1
-            start, end = int(cfg.start[b]), int(cfg.end[b])
-            li = int(cfg.insn_last[b])
-            t = int(cfg.term[b])
-            tb = int(cfg.target_block[b])
+            j = b - lo
+            start, end = start_of[j], end_of[j]
+            li = li_of[j]
+            t = term_of[j]
+            tb = tb_of[j]
             reencode = tb >= 0 and t in (TERM_JMP, TERM_JCC, TERM_KEY) and \
-                not cfg.insn_atomic[li] and (t == TERM_KEY or cfg.insn_intra[li])
-            body_end = int(dis.addr[li]) if reencode else end
+                not atomic_of[j] and (t == TERM_KEY or intra_of[j])
+            body_end = last_addr_of[j] if reencode else end
             if body_end > start:
                 pieces.append(Piece(start, body_end - start, COPY, b))
             if reencode:
@@ -141,7 +152,7 @@ def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, fall
                     if raw[skip] == 0xE3:          # jrcxz has no long form
                         return None
                     p = Piece(body_end, blen, BRANCH, b, FORM_JCC, _cond(raw, skip), tb)
-                    if invert_jcc and tb == nxt and falls[b] and b + 1 < z and b + 1 != nxt and \
+                    if invert_jcc and tb == nxt and falls_of[j] and b + 1 < z and b + 1 != nxt and \
                             body_end + blen == end and \
                             (0x70 <= raw[skip] <= 0x7F or raw[skip] == 0x0F):
                         # jcc inversion: the taken target follows in this part and the
@@ -155,8 +166,8 @@ def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, fall
                 pieces.append(p)
                 if body_end + blen < end:          # int3 padding after the branch stays
                     pieces.append(Piece(body_end + blen, end - body_end - blen, COPY, b))
-            if falls[b] and b + 1 < z and (b + 1) != nxt and not (pieces and pieces[-1].inverted):
-                p = Piece(int(cfg.start[b + 1]), 0, INSERTED, b, FORM_JMP, 0, b + 1)
+            if falls_of[j] and b + 1 < z and (b + 1) != nxt and not (pieces and pieces[-1].inverted):
+                p = Piece(start_of[j + 1], 0, INSERTED, b, FORM_JMP, 0, b + 1)
                 p.long = sf.block_part[b + 1] != part
                 pieces.append(p)
     if hot_only:
