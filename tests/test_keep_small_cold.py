@@ -248,3 +248,40 @@ def test_a_kept_block_never_goes_between_the_prefix_and_the_entry(tmp_path):
     want = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     res = subprocess.run([str(out)], capture_output=True, text=True, timeout=20)
     assert res.returncode == 0 and res.stdout == want
+
+
+def test_the_c_sizing_of_a_hot_part_is_build_parts_own(tmp_path):
+    """keep_small_cold sizes its tries in C (parts.c, HotPartSizer): on the functions of
+    a real static executable (glibc's code: jcc, jmp, jrcxz, padding after branches),
+    random hot sets and orders, the size is what build_parts + _relax_parts give."""
+    exe = helpers.build_c("split_user.c", tmp_path / "su", "-Wl,--emit-relocs", static=True)
+    im = ElfImage(exe)
+    fn = FunctionTable(im)
+    units, dis = build_units(im, fn, lambda u: disassemble(im, u))
+    cfg = CFG(dis, units.start, units.end, None)
+    falls = cfg.falls_through()
+    rng = np.random.default_rng(22)
+    many = [u for u in range(len(units)) if 3 <= cfg.blocks_of(u)[1] - cfg.blocks_of(u)[0]]
+    assert len(many) > 300
+    compared = native = 0
+    for u in rng.choice(many, 300, replace=False).tolist():
+        a, z = cfg.blocks_of(u)
+        for trial in range(4):
+            short_keys, invert = bool(trial & 1), bool(trial & 2)
+
+            def build(m, o, h, u=u, short_keys=short_keys, invert=invert):
+                return B.build_parts(cfg, u, u, "f", m, short_keys, 0, falls, invert, o, h)
+            mask = np.zeros(len(cfg.start), bool)
+            mask[a:z] = rng.random(z - a) < 0.6
+            mask[a] = True
+            order = [b for b in range(a, z) if mask[b]]
+            if trial >= 2:
+                rest = order[1:]
+                rng.shuffle(rest)
+                order = order[:1] + rest
+            want = build(mask, order, True)
+            sizer = B.HotPartSizer(cfg, u, short_keys, falls, invert, build)
+            assert sizer.size(mask, order) == (None if want is None else want.sizes[0])
+            native += sizer.lib is not None
+            compared += 1
+    assert native == compared        # all in C (a test machine has gcc)

@@ -632,3 +632,32 @@ def test_reencoded_plain_branch_checked_from_its_bytes(monkeypatch):
     rows, funcs, old, new, oo, on = case_a()
     found, stats = run(rows, funcs, old, new, oo, on)
     assert found == [] and stats["branches_reencoded"] == 1 and decodes == []
+
+
+def test_the_function_maps_one_address_form_is_its_array_form():
+    """FunctionMap.map1 (what the block check asks per branch target) gives map()'s
+    answer for every address: inside functions and at their ends, code labels
+    between functions (kernels), the fixed section ends (userspace), kernel
+    addresses and the extremes; and the block check uses it."""
+    from linepack.verify.addrmap import FunctionMap
+    from linepack.verify.blocks import BlockMap
+    rng = np.random.default_rng(7)
+    base = np.uint64(0xFFFFFFFF81000000)
+    old_start = base + np.sort(rng.choice(1 << 20, 400, replace=False).astype(np.uint64) * 16)
+    old_end = np.concatenate([old_start[1:], [old_start[-1] + np.uint64(64)]])
+    new_start = old_start[rng.permutation(len(old_start))] + np.uint64(1 << 24)
+    lab = np.sort(rng.choice(len(old_start) - 1, 30, replace=False))
+    old_end[lab] = old_end[lab] - np.uint64(8)        # a gap after those functions
+    label_old = old_end[lab] + np.uint64(2)           # a code label in the gap
+    label_end = label_old + np.uint64(4)
+    label_new = label_old + np.uint64(0x1000)
+    for fixed in (np.zeros(0, np.uint64), old_start[::37].copy(), old_end[::41].copy()):
+        fm = FunctionMap(old_start, old_end, new_start, label_old, label_new, label_end)
+        fm.fixed = fixed
+        a = np.concatenate([old_start, old_end, label_old, label_end, label_end - np.uint64(1),
+                            fixed, old_start + np.uint64(3),
+                            rng.integers(int(base) - 4096, int(old_end[-1]) + 4096, 5000,
+                                         dtype=np.uint64),
+                            np.array([0, 1, 1 << 63, (1 << 64) - 1], np.uint64)])
+        assert [fm.map1(x) for x in a.tolist()] == fm.map(a).tolist()
+    assert BlockMap(np.zeros(0, bm.BLOCKMAP_ROW), fm.map)._outside1 == fm.map1

@@ -9,9 +9,14 @@ import os
 import sys
 import time
 
-from . import __version__, timings
-from .errors import EXIT_USAGE, LinepackError
-from .io import Interrupted, trap_signals
+# numpy's OpenBLAS starts a thread pool when numpy is imported (about 0.04 s of CPU
+# of every command here, a fifth of Python's and numpy's start); nothing linepack
+# does calls BLAS (no float matrix products), so one thread (a user's setting wins)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from . import __version__, timings   # noqa: E402
+from .errors import EXIT_USAGE, LinepackError   # noqa: E402
+from .io import Interrupted, trap_signals   # noqa: E402
 
 VERBS = {}
 _IMPORTED = time.monotonic()

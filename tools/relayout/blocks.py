@@ -98,25 +98,36 @@ def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, fall
     place them (the entry first; default: original order). ``hot_only``: the hot
     part's pieces and size only (the cold part left empty: a size to compare)."""
     a, z = cfg.blocks_of(f_unit)
-    hot = [b for b in range(a, z) if hot_mask[b]] if hot_order is None else list(hot_order)
-    cold = [b for b in range(a, z) if not hot_mask[b]]
+    in_f = np.asarray(hot_mask[a:z])
+    hot = (np.nonzero(in_f)[0] + a).tolist() if hot_order is None else list(hot_order)
+    cold = (np.nonzero(in_f == 0)[0] + a).tolist()
     sf = SplitFunction(unit_index, f_unit, name, hot, cold, sym)
     dis = cfg.dis
     falls = cfg.falls_through() if falls is None else falls
     for part, order in ((0, hot), (1, cold)):
         for b in order:
             sf.block_part[b] = part
+    # the blocks' columns as lists over [lo, hi) (every block named here): the loop
+    # reads them per block, where one-element numpy reads cost more than the work
+    lo, hi = min([a] + hot), max([z] + [b + 1 for b in hot])
+    li_of = cfg.insn_last[lo:hi]
+    start_of, end_of = cfg.start[lo:hi].tolist(), cfg.end[lo:hi].tolist()
+    term_of, tb_of = cfg.term[lo:hi].tolist(), cfg.target_block[lo:hi].tolist()
+    atomic_of, intra_of = cfg.insn_atomic[li_of].tolist(), cfg.insn_intra[li_of].tolist()
+    last_addr_of, falls_of, li_of = dis.addr[li_of].tolist(), \
+        np.asarray(falls[lo:hi]).tolist(), li_of.tolist()
     for part, order in ((0, hot),) if hot_only else ((0, hot), (1, cold)):
         pieces = sf.parts[part]
         for k, b in enumerate(order):
             nxt = order[k + 1] if k + 1 < len(order) else -1
-            start, end = int(cfg.start[b]), int(cfg.end[b])
-            li = int(cfg.insn_last[b])
-            t = int(cfg.term[b])
-            tb = int(cfg.target_block[b])
+            j = b - lo
+            start, end = start_of[j], end_of[j]
+            li = li_of[j]
+            t = term_of[j]
+            tb = tb_of[j]
             reencode = tb >= 0 and t in (TERM_JMP, TERM_JCC, TERM_KEY) and \
-                not cfg.insn_atomic[li] and (t == TERM_KEY or cfg.insn_intra[li])
-            body_end = int(dis.addr[li]) if reencode else end
+                not atomic_of[j] and (t == TERM_KEY or intra_of[j])
+            body_end = last_addr_of[j] if reencode else end
             if body_end > start:
                 pieces.append(Piece(start, body_end - start, COPY, b))
             if reencode:
@@ -141,7 +152,7 @@ def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, fall
                     if raw[skip] == 0xE3:          # jrcxz has no long form
                         return None
                     p = Piece(body_end, blen, BRANCH, b, FORM_JCC, _cond(raw, skip), tb)
-                    if invert_jcc and tb == nxt and falls[b] and b + 1 < z and b + 1 != nxt and \
+                    if invert_jcc and tb == nxt and falls_of[j] and b + 1 < z and b + 1 != nxt and \
                             body_end + blen == end and \
                             (0x70 <= raw[skip] <= 0x7F or raw[skip] == 0x0F):
                         # jcc inversion: the taken target follows in this part and the
@@ -155,8 +166,8 @@ def build_parts(cfg, f_unit, unit_index, name, hot_mask, short_keys, sym=0, fall
                 pieces.append(p)
                 if body_end + blen < end:          # int3 padding after the branch stays
                     pieces.append(Piece(body_end + blen, end - body_end - blen, COPY, b))
-            if falls[b] and b + 1 < z and (b + 1) != nxt and not (pieces and pieces[-1].inverted):
-                p = Piece(int(cfg.start[b + 1]), 0, INSERTED, b, FORM_JMP, 0, b + 1)
+            if falls_of[j] and b + 1 < z and (b + 1) != nxt and not (pieces and pieces[-1].inverted):
+                p = Piece(start_of[j + 1], 0, INSERTED, b, FORM_JMP, 0, b + 1)
                 p.long = sf.block_part[b + 1] != part
                 pieces.append(p)
     if hot_only:
@@ -201,11 +212,92 @@ def _relax_parts(sf, parts):
         sf.first[part] = first
 
 
+class HotPartSizer:
+    """``size(mask, order)``: ``build(mask, order, True).sizes[0]`` (None where that
+    build is None) for one function's blocks, computed in C (parts.c: the same pieces
+    and fixpoint without a Piece per piece) when the native core is there, else by
+    ``build`` itself. ``build``: build_parts for this function (keep_small_cold's)."""
+
+    def __init__(self, cfg, f_unit, short_keys, falls, invert_jcc, build, native=True):
+        self.build = build
+        self.args = (cfg, f_unit, short_keys, falls, invert_jcc) if native else None
+        self.lib = None
+
+    def _prepare(self, cfg, f_unit, short_keys, falls, invert_jcc):
+        """The function's blocks as parts.c reads them (at the first size asked)."""
+        from .block_order import _native_lib
+        lib = _native_lib()
+        if lib is None:
+            return
+        a, z = cfg.blocks_of(f_unit)
+        nb = z - a
+        dis = cfg.dis
+        start, end = cfg.start[a:z].astype(np.int64), cfg.end[a:z].astype(np.int64)
+        li = cfg.insn_last[a:z]
+        t = cfg.term[a:z]
+        tb = cfg.target_block[a:z].astype(np.int64)
+        reenc = (tb >= 0) & np.isin(t, (TERM_JMP, TERM_JCC, TERM_KEY)) & \
+            ~cfg.insn_atomic[li] & ((t == TERM_KEY) | cfg.insn_intra[li])
+        if reenc.any() and not ((tb[reenc] >= a) & (tb[reenc] < z)).all():
+            return                          # a target outside the function: build decides
+        blen = dis.size[li].astype(np.int64)
+        body_end = np.where(reenc, dis.addr[li].astype(np.int64), end)
+        kind = np.zeros(nb, np.uint8)
+        kind[reenc & (t == TERM_KEY)] = 1
+        kind[reenc & (t == TERM_JMP)] = 2
+        kind[reenc & (t == TERM_JCC)] = 3
+        flags = np.where(reenc & (body_end + blen == end), 1, 0).astype(np.uint8)
+        for k in np.nonzero(kind == 3)[0].tolist():
+            raw = dis.raw[li[k]]
+            skip = 0
+            while raw[skip] in (0x2E, 0x3E, 0xF2):
+                skip += 1
+            if raw[skip] == 0xE3:
+                flags[k] |= 2
+            if 0x70 <= raw[skip] <= 0x7F or raw[skip] == 0x0F:
+                flags[k] |= 4
+        flags |= np.where(np.asarray(falls[a:z], bool), 8, 0).astype(np.uint8)
+        self.a, self.nb, self.lib = a, nb, lib
+        self.copy_len = np.ascontiguousarray(body_end - start, np.int64)
+        self.trail = np.ascontiguousarray(np.where(reenc, end - body_end - blen, 0), np.int64)
+        self.tb = np.ascontiguousarray(np.where(reenc, tb - a, -1), np.int32)
+        self.kind, self.flags = kind, flags
+        self.short_keys, self.invert_jcc = int(bool(short_keys)), int(bool(invert_jcc))
+
+    def size(self, mask, order):
+        if self.args is not None:
+            args, self.args = self.args, None
+            self._prepare(*args)
+        if self.lib is None:
+            got = self.build(mask, order, True)
+            return None if got is None else got.sizes[0]
+        a, nb = self.a, self.nb
+        part = np.full(nb, 2, np.int8)
+        o = np.asarray(order, np.int64) - a
+        if len(o) and (int(o.min()) < 0 or int(o.max()) >= nb):
+            got = self.build(mask, order, True)
+            return None if got is None else got.sizes[0]
+        part[o] = 0
+        part[~np.asarray(mask[a:a + nb], bool)] = 1
+        o32 = np.ascontiguousarray(o, np.int32)
+        p = lambda x: x.ctypes.data     # noqa: E731
+        got = self.lib.lp_hot_part_size(nb, p(o32), len(o32), p(part), p(self.copy_len),
+                                        p(self.trail), p(self.tb), p(self.kind), p(self.flags),
+                                        self.short_keys, self.invert_jcc)
+        if got >= 0:
+            return int(got)
+        if got == -1:
+            return None
+        got = self.build(mask, order, True)     # what build_parts says (or raises) there
+        return None if got is None else got.sizes[0]
+
+
 # what a branch into the other part costs over its short form (long minus short size)
 _GROWTH = {FORM_JMP: 3, FORM_JCC: 4, FORM_KEY_NOP: 3, FORM_KEY_JMP: 3}
 
 
-def keep_small_cold(cfg, f_unit, sf, hot_mask, falls, max_size, build, fixed=1):
+def keep_small_cold(cfg, f_unit, sf, hot_mask, falls, max_size, build, fixed=1,
+                    hot_size=None):
     """``sf`` with some small cold blocks kept in the hot part: a cold block of at most
     ``max_size`` bytes that a hot block branches or falls into goes into the hot part
     when that makes the hot part smaller (a jcc to the cold part is 6 bytes where a
@@ -218,7 +310,8 @@ def keep_small_cold(cfg, f_unit, sf, hot_mask, falls, max_size, build, fixed=1):
     after its prefix block when it has one: the symbol and its ENDBR stay there).
     ``hot_mask`` (per CFG block) is updated for the blocks kept; ``build(mask, order,
     hot_only)`` builds the function's parts for a mask and a hot order (its hot part
-    only when ``hot_only``)."""
+    only when ``hot_only``); ``hot_size(mask, order)``: the hot part's size such a
+    build has (HotPartSizer; default: from ``build``)."""
     a, z = cfg.blocks_of(f_unit)
     hot = list(sf.blocks[0])
     cold = set(sf.blocks[1])
@@ -256,7 +349,7 @@ def keep_small_cold(cfg, f_unit, sf, hot_mask, falls, max_size, build, fixed=1):
                 break
             run.append(nxt)
             total += size(nxt)
-        chosen = None
+        chosen_size, chosen_order = best.sizes[0], None
         for n in range(1, len(run) + 1):
             if len(cold) - n < 1:
                 break
@@ -271,11 +364,15 @@ def keep_small_cold(cfg, f_unit, sf, hot_mask, falls, max_size, build, fixed=1):
             hot_mask[seq] = True
             for k in sorted(spots):
                 order = hot[:k] + seq + hot[k:]
-                got = build(hot_mask, order, True)
-                if got is not None and got.sizes[0] < (chosen or best).sizes[0]:
-                    chosen, chosen_order, chosen_seq = got, order, seq
+                if hot_size is None:
+                    got = build(hot_mask, order, True)
+                    got = None if got is None else got.sizes[0]
+                else:
+                    got = hot_size(hot_mask, order)
+                if got is not None and got < chosen_size:
+                    chosen_size, chosen_order, chosen_seq = got, order, seq
             hot_mask[seq] = False
-        if chosen is None:
+        if chosen_order is None:
             continue
         hot_mask[chosen_seq] = True
         full = build(hot_mask, chosen_order, False)
@@ -433,12 +530,13 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
             reason[u] = R_NO_COLD
             continue
         if inline_cold_max and not whole:
-            sf = keep_small_cold(cfg, u, sf, hot_block, falls, inline_cold_max,
-                                 lambda m, o, h: build_parts(cfg, u, u, functions.name[fi], m,
-                                                             short_keys,
-                                                             int(functions.sym_index[fi]), falls,
-                                                             invert_jcc, o, h),
-                                 fixed=2 if head else 1)
+            def build(m, o, h, u=u, fi=fi):
+                return build_parts(cfg, u, u, functions.name[fi], m, short_keys,
+                                   int(functions.sym_index[fi]), falls, invert_jcc, o, h)
+            sf = keep_small_cold(cfg, u, sf, hot_block, falls, inline_cold_max, build,
+                                 fixed=2 if head else 1,
+                                 hot_size=HotPartSizer(cfg, u, short_keys, falls, invert_jcc,
+                                                       build).size)
         sf.order_score = score
         sf.head = head
         sf.whole = whole

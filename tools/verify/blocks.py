@@ -79,6 +79,10 @@ class BlockMap:
         self.kind = r["kind"]
         self.collapse = self.kind != bm.KIND_COPIED
         self.outside = outside
+        # outside is the function-level map (FunctionMap.map): its one-address form
+        from .addrmap import FunctionMap
+        owner = getattr(outside, "__self__", None)
+        self._outside1 = owner.map1 if isinstance(owner, FunctionMap) else None
         # map1 is called per instruction and edge: plain lists and a memo beat
         # one-element numpy calls
         self._old_l, self._end_l = self.old.tolist(), self.old_end.tolist()
@@ -114,6 +118,8 @@ class BlockMap:
         i = bisect_right(self._old_l, addr) - 1
         if i >= 0 and addr < self._end_l[i]:
             got = self._new_l[i] if self._col_l[i] else self._new_l[i] + (addr - self._old_l[i])
+        elif self._outside1 is not None:
+            got = self._outside1(addr)
         else:
             got = int(np.asarray(self.outside(np.array([addr], np.uint64)), np.uint64)[0])
         self._memo[addr] = got
