@@ -640,7 +640,7 @@ def test_the_function_maps_one_address_form_is_its_array_form():
     between functions (kernels), the fixed section ends (userspace), kernel
     addresses and the extremes; and the block check uses it."""
     from linepack.verify.addrmap import FunctionMap
-    from linepack.verify.blocks import BlockMap
+    from linepack.verify.addrmap import BlockMap
     rng = np.random.default_rng(7)
     base = np.uint64(0xFFFFFFFF81000000)
     old_start = base + np.sort(rng.choice(1 << 20, 400, replace=False).astype(np.uint64) * 16)

@@ -126,12 +126,72 @@ class FunctionMap:
         return ok
 
 
+class BlockMap:
+    """old -> new addresses through the pieces; ``outside`` maps everything else
+    (functions moved whole)."""
+
+    def __init__(self, rows, outside):
+        r = rows[rows["old_len"] > 0]
+        order = np.argsort(r["old"], kind="stable")
+        r = r[order]
+        self.old = r["old"].astype(np.uint64)
+        self.old_end = self.old + r["old_len"].astype(np.uint64)
+        self.new = r["new"].astype(np.uint64)
+        self.new_len = r["new_len"].astype(np.uint64)
+        self.kind = r["kind"]
+        self.collapse = self.kind != bm.KIND_COPIED
+        self.outside = outside
+        # outside is the function-level map (FunctionMap.map): its one-address form
+        owner = getattr(outside, "__self__", None)
+        self._outside1 = owner.map1 if isinstance(owner, FunctionMap) else None
+        # map1 is called per instruction and edge: plain lists and a memo beat
+        # one-element numpy calls
+        self._old_l, self._end_l = self.old.tolist(), self.old_end.tolist()
+        self._new_l, self._col_l = self.new.tolist(), self.collapse.tolist()
+        self._memo = {}
+
+    def piece(self, addrs):
+        """Index of the piece covering each address, -1 where none."""
+        a = np.asarray(addrs, dtype=np.uint64)
+        i = np.searchsorted(self.old, a, side="right").astype(np.int64) - 1
+        ic = np.maximum(i, 0)
+        ok = (i >= 0) & (a < self.old_end[ic]) if len(self.old) else np.zeros(a.shape, bool)
+        return np.where(ok, i, -1)
+
+    def map(self, addrs):
+        return in_slices(self._map, addrs)
+
+    def _map(self, a):
+        out = np.asarray(self.outside(a), dtype=np.uint64).copy()
+        if not len(self.old):
+            return out
+        p = self.piece(a)
+        pc = np.maximum(p, 0)
+        lin = self.new[pc] + (a - self.old[pc])
+        lin = np.where(self.collapse[pc], self.new[pc], lin)
+        return np.where(p >= 0, lin, out)
+
+    def map1(self, addr):
+        addr = int(addr)
+        got = self._memo.get(addr)
+        if got is not None:
+            return got
+        i = bisect_right(self._old_l, addr) - 1
+        if i >= 0 and addr < self._end_l[i]:
+            got = self._new_l[i] if self._col_l[i] else self._new_l[i] + (addr - self._old_l[i])
+        elif self._outside1 is not None:
+            got = self._outside1(addr)
+        else:
+            got = int(np.asarray(self.outside(np.array([addr], np.uint64)), np.uint64)[0])
+        self._memo[addr] = got
+        return got
+
+
 class BlockAwareMap:
     """The function-level map, with the pieces of a block map taking precedence
     inside split functions."""
 
     def __init__(self, base, rows):
-        from .blocks import BlockMap
         self.base = base
         self.rows = rows
         self.blocks = BlockMap(rows, base.map)
