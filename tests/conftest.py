@@ -10,6 +10,11 @@ import pytest
 SESSION_TMP = "session-"
 
 
+def session_tmp(tmp_path_factory, name):
+    """A directory for a session-scoped fixture (one module's cleanup leaves it)."""
+    return tmp_path_factory.mktemp(SESSION_TMP + name)
+
+
 def pytest_runtest_makereport(item, call):
     if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
         module = getattr(item, "module", None)
@@ -64,4 +69,4 @@ def stock_held_traces(debian_vmlinux, tmp_path_factory):
     """drgn stack traces of Debian's stock 6.1 kernel parked after 50 VFS-mix loops
     (tests/drgn_stacks.py); shared by the rewritten kernels' drgn checks."""
     from drgn_stacks import held_traces
-    return held_traces(debian_vmlinux, tmp_path_factory.mktemp(SESSION_TMP + "stock-dump"), name="stock")
+    return held_traces(debian_vmlinux, session_tmp(tmp_path_factory, "stock-dump"), name="stock")

@@ -11,8 +11,15 @@ import time
 
 # numpy's OpenBLAS starts a thread pool when numpy is imported (about 0.04 s of CPU
 # of every command here, a fifth of Python's and numpy's start); nothing linepack
-# does calls BLAS (no float matrix products), so one thread (a user's setting wins)
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# does calls BLAS (no float matrix products), so one thread (a user's setting wins).
+# OpenBLAS reads the setting as numpy loads it; the programs linepack runs (profiled
+# workloads, evaluate --program) get the environment as it was.
+_SET_BLAS = "OPENBLAS_NUM_THREADS" not in os.environ
+if _SET_BLAS:
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+import numpy  # noqa: E402,F401  (loaded here for the setting above)
+if _SET_BLAS:
+    del os.environ["OPENBLAS_NUM_THREADS"]
 
 from . import __version__, timings   # noqa: E402
 from .errors import EXIT_USAGE, LinepackError   # noqa: E402

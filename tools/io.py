@@ -63,6 +63,21 @@ _held = 0              # depth of _signals_blocked blocks in the main thread
 _pending = None        # a signal that arrived while held: raised when the block ends
 
 
+def sha256(data=b""):
+    """hashlib.sha256(data) without importing hashlib when CPython's own SHA-256
+    module is there: hashlib loads OpenSSL's libcrypto (3.6 MiB resident in every
+    relayout and verify, for the C cores' cache keys and file hashes). The same
+    digest either way."""
+    try:
+        from _sha2 import sha256 as impl            # CPython >= 3.12
+    except ImportError:
+        try:
+            from _sha256 import sha256 as impl      # CPython 3.11
+        except ImportError:
+            from hashlib import sha256 as impl
+    return impl(data)
+
+
 def _raise_interrupted(signum, frame):
     global _pending
     if _held:
@@ -368,8 +383,7 @@ def file_hash(path):
     key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino)
     h = _hashes.get(key)
     if h is None:
-        import hashlib          # here: its OpenSSL library is 3.6 MiB resident
-        d = hashlib.sha256()
+        d = sha256()
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 22), b""):
                 d.update(chunk)

@@ -11,29 +11,15 @@ so concurrent first uses never load a half-written object.
 import ctypes
 import os
 import shutil
-import subprocess
 import tempfile
 
 from .errors import ExternalToolError
+from .io import sha256
 
 
 def compiler():
     """The C compiler to use ($CC, else gcc, else cc), or None."""
     return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-
-
-def _sha256(data):
-    """hashlib.sha256(data) without importing hashlib when CPython's own SHA-256
-    module is there: hashlib loads OpenSSL's libcrypto (3.6 MiB resident in every
-    relayout and verify, for this one cache key). The same digest either way."""
-    try:
-        from _sha2 import sha256            # CPython >= 3.12
-    except ImportError:
-        try:
-            from _sha256 import sha256      # CPython 3.11
-        except ImportError:
-            from hashlib import sha256
-    return sha256(data)
 
 
 def build(name, sources, kind, what, headers=()):
@@ -52,12 +38,13 @@ def build(name, sources, kind, what, headers=()):
         raise ExternalToolError(f"{what} needs a C compiler (install gcc)")
     from .targets import cache_dir
     d = os.path.join(cache_dir(), kind)
-    so = os.path.join(d, f"{name}-{_sha256(src + cc.encode()).hexdigest()[:16]}.so")
+    so = os.path.join(d, f"{name}-{sha256(src + cc.encode()).hexdigest()[:16]}.so")
     if not os.path.exists(so):
         os.makedirs(d, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f"{name}-", suffix=".so", dir=d)
         os.close(fd)
         try:
+            import subprocess           # here: not every command builds a core
             p = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, *sources],
                                capture_output=True, text=True)
             if p.returncode != 0:

@@ -10,10 +10,12 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # A first full run fills the cache (kernels, their -dbg packages, two kernel source trees:
 # about 8 GB) and writes about 1.5 GB of test outputs at a time: say so up front when the
 # disk is short, rather than let tests die of ENOSPC half-way.
-cache="${LINEPACK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/linepack}"
+cache="${LINEPACK_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/linepack}"
 for d in "$cache" "${TMPDIR:-/tmp}"; do
   while [ ! -d "$d" ]; do d="$(dirname "$d")"; done
-  free_gb=$(( $(df -P -k "$d" | awk 'NR==2 {print $4}') / 1048576 ))
+  free_kb="$(df -P -k "$d" 2>/dev/null | awk 'NR==2 {print $4}')"
+  case "$free_kb" in ''|*[!0-9]*) continue ;; esac     # no answer: no warning, no stop
+  free_gb=$(( free_kb / 1048576 ))
   if [ "$free_gb" -lt 12 ]; then
     echo "run-tests: warning: only $free_gb GB free on the disk of $d; a first full run needs about 12 GB (docs/testing.md)" >&2
   fi

@@ -99,7 +99,7 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
         found = (ni_idx < len(nd.addr)) & (nd.addr[nic] == n_addr) & (nd.size[nic] == o_size)
         missing.extend(zip(o_addr[~found].tolist(), n_addr[~found].tolist()))
         oi, nic = oi[found], nic[found]
-        sizes = od.size[oi].astype(np.int64)
+        sizes = o_size[found].astype(np.int64)
         end = matched + len(oi)
         differs[matched:end] = ((od.raw[oi] != nd.raw[nic]) & (col < sizes[:, None])).any(axis=1)
         o_idx_all[matched:end], n_idx_all[matched:end] = oi, nic

@@ -79,6 +79,7 @@ class AgainstContext:
         octx = self.octx
         cov.image = octx.image
         octx._coverage, octx._disasm, octx._function_disasm = cov, dis, None
-        if tables is not None:
-            octx._derived_switch_tables = tables        # what old_switch_tables would find
+        if tables is not None:                          # what old_switch_tables finds
+            octx.forget("switch_tables")
+            octx.derived("switch_tables", lambda: tables)
         self.log(f"OLD: {len(dis)} instructions, decoded beside NEW")

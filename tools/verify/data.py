@@ -250,7 +250,7 @@ def check_moved_data_fields(ctx, out):
     from .fields import FieldLayouts, field_values
     od, nd = ctx.octx.disasm, ctx.nctx.disasm
     raw = od.raw
-    end = od.addr + od.size.astype(np.uint64)
+
     def inside(v):
         v = v.astype(np.uint64)
         phys = (v > 0) & (v < np.uint64(1 << 31))
@@ -264,7 +264,8 @@ def check_moved_data_fields(ctx, out):
     # a transient of ~100 bytes an instruction (7.3: 480 MB, the peak of verify)
     cand = np.zeros(len(raw), bool)
     for lo in range(0, len(raw), _WINDOW_ROWS):
-        r, e = raw[lo:lo + _WINDOW_ROWS], end[lo:lo + _WINDOW_ROWS]
+        r = raw[lo:lo + _WINDOW_ROWS]
+        e = od.addr[lo:lo + _WINDOW_ROWS] + od.size[lo:lo + _WINDOW_ROWS].astype(np.uint64)
         c = np.zeros(len(r), bool)
         for k in range(13):
             sv = np.ascontiguousarray(r[:, k:k + 4]).view("<i4")[:, 0].astype(np.int64) \
@@ -280,7 +281,7 @@ def check_moved_data_fields(ctx, out):
     decoded, d_off, d_sz, i_off, i_sz, rip = FieldLayouts().layouts(raw[rows], od.size[rows],
                                                                     od.addr[rows])
     dv = field_values(raw[rows], d_off, d_sz)
-    dv = np.where(rip, end[rows] + dv, dv)
+    dv = np.where(rip, od.addr[rows] + od.size[rows].astype(np.uint64) + dv, dv)
     iv = field_values(raw[rows], i_off, i_sz)
     n_addr = ctx.amap.map(od.addr[rows])
     k_new = np.minimum(np.searchsorted(nd.addr, n_addr), len(nd.addr) - 1)

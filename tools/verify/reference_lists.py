@@ -19,6 +19,7 @@ import numpy as np
 from ..image.references import read_fields
 from ..image.relocs import sext32
 from ..kernel import REFERENCE_TABLES, TABLES
+from ..kernel.base import rel32_targets
 
 # the lists with no table check of their own (tables.py checks the others)
 PLAIN_LISTS = [t for t in REFERENCE_TABLES if t not in TABLES]
@@ -26,7 +27,7 @@ PLAIN_LISTS = [t for t in REFERENCE_TABLES if t not in TABLES]
 
 def _targets(image, fields):
     """What each s32 field designates: its address plus its value."""
-    return fields + sext32(read_fields(image, fields, 4))
+    return rel32_targets(fields, sext32(read_fields(image, fields, 4)))
 
 
 def check_reference_lists(ctx, out):
