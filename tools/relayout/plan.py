@@ -805,7 +805,6 @@ def text_growth(plan):
     """How far the end of laid-out code moved, summed over sections' movable runs
     (a run moved away whole, to a userspace executable's new segment: how much
     longer it is there)."""
-    u = plan.units
     out = 0
     for m in _movable_runs(plan):
         out += run_growth(plan, m)
