@@ -211,16 +211,7 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
                 continue
             stuck = []
             for index, msg, needed in over:
-                cands = []
-                for i in range(index - 1, -1, -1):
-                    if regs[i].section != regs[index].section:
-                        break
-                    if regs[i].pinned:
-                        if i in in_group:
-                            continue    # pinned units a group is laid out around
-                        break
-                    if (units.region == i).any():
-                        cands.append(i)
+                cands = [i for i in _run_before(regs, index, in_group) if (units.region == i).any()]
                 # each region nearest-first: its order without padding, or its original
                 # layout when the strategy has no order of its own; then, still no
                 # room, the original layout of the compact ones, nearest first
