@@ -545,7 +545,8 @@ class _BlockCheck:
         """blocks.c's decode and states of split functions lo..hi-1 (``codes``: their
         original bytes): (addresses, lengths, pieces, states as lists, first row per
         function, stuck per function, (instructions passed, edges counted), the
-        "mnemonic\\top_str" text of each ST_FALL/ST_SLOW instruction in order); None
+        mnemonic and operand text, tab between, of each ST_FALL/ST_SLOW instruction in
+        order); None
         where the C scan cannot run (no compiler, a reader that is no ElfImage's, the
         pieces overlapping: the Python loop's fast path is off then too)."""
         lib = _native_lib() if self.fast and hi > lo else None
