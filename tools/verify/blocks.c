@@ -27,9 +27,11 @@ enum { OK = 0, FULL = 2 };
 enum { BATCH = 1024 };
 /* per instruction: no piece (Python reports it); passes, no edge counted; passes,
  * its fall-through edge counted; passes, Python checks its fall-through; Python
- * checks all of it */
-enum { ST_LOST = 0, ST_DONE = 1, ST_DONE_EDGE = 2, ST_FALL = 3, ST_SLOW = 4 };
-enum { KIND_COPIED = 0 };
+ * checks all of it; a plain branch that passes, Python checks its fall-through
+ * (with its target) */
+enum { ST_LOST = 0, ST_DONE = 1, ST_DONE_EDGE = 2, ST_FALL = 3, ST_SLOW = 4,
+       ST_BRANCH_FALL = 5 };
+enum { KIND_COPIED = 0, KIND_BRANCH = 1 };
 
 /* the greatest index i with v[i] <= x, or -1 */
 static int64_t last_le(const uint64_t *v, int64_t n, uint64_t x)
@@ -98,6 +100,149 @@ static const uint8_t *new_bytes(const uint8_t *data, const uint64_t *sec_lo,
     return 0;
 }
 
+/* blocks.py _plain_branch: opcode length of a direct call/jmp/jcc without
+ * prefixes (E8/E9 rel32, EB/7x rel8, 0F 8x rel32) of exactly ``n`` bytes, else 0 */
+static int plain_op(const uint8_t *b, int n)
+{
+    if (n == 5 && (b[0] == 0xE8 || b[0] == 0xE9)) return 1;
+    if (n == 2 && (b[0] == 0xEB || (b[0] >= 0x70 && b[0] <= 0x7F))) return 1;
+    if (n == 6 && b[0] == 0x0F && b[1] >= 0x80 && b[1] <= 0x8F) return 2;
+    return 0;
+}
+
+static int64_t rel_at(const uint8_t *b, int op, int n)
+{
+    if (n - op == 1) return (int8_t)b[op];
+    int32_t v;
+    memcpy(&v, b + op, 4);
+    return v;
+}
+
+/* blocks.py _plain_form's (kind, condition, length): kind 1 call, 2 jmp, 3 jcc;
+ * 0 when ``code`` (``n`` bytes readable) starts with no plain branch */
+static int plain_form(const uint8_t *c, int n, int *cond, int *len, int *op)
+{
+    *cond = -1;
+    if (n >= 5 && (c[0] == 0xE8 || c[0] == 0xE9)) { *len = 5; *op = 1; return c[0] == 0xE8 ? 1 : 2; }
+    if (n >= 2 && c[0] == 0xEB) { *len = 2; *op = 1; return 2; }
+    if (n >= 2 && c[0] >= 0x70 && c[0] <= 0x7F) { *len = 2; *op = 1; *cond = c[0] & 0xF; return 3; }
+    if (n >= 6 && c[0] == 0x0F && c[1] >= 0x80 && c[1] <= 0x8F) {
+        *len = 6; *op = 2; *cond = c[1] & 0xF; return 3;
+    }
+    return 0;
+}
+
+struct maps {
+    const uint64_t *p_old, *p_end, *p_new, *p_newlen;
+    const int64_t *p_kind;
+    int64_t npieces;
+    int64_t outside;                    /* FunctionMap.map1 below, else 0 */
+    const uint64_t *o_start, *o_end, *n_start, *l_old, *l_new, *l_end, *fixed;
+    int64_t nfun, nlab, nfixed;
+};
+
+/* BlockMap.map1: through the pieces, else FunctionMap.map1 (the function-level map
+ * of everything else); 0 in *ok where neither answers here (Python's then) */
+static uint64_t map1(const struct maps *m, uint64_t a, int *ok)
+{
+    int64_t i = last_le(m->p_old, m->npieces, a);
+    *ok = 1;
+    if (i >= 0 && a < m->p_end[i])
+        return m->p_kind[i] != KIND_COPIED ? m->p_new[i] : m->p_new[i] + (a - m->p_old[i]);
+    if (!m->outside || !m->nfun) { *ok = 0; return 0; }
+    i = last_le(m->o_start, m->nfun, a);
+    int64_t ic = i > 0 ? i : 0;
+    int inside = i >= 0 && a <= m->o_end[ic];
+    uint64_t out = inside ? a + m->n_start[ic] - m->o_start[ic] : a;
+    if (m->nlab) {
+        int64_t j = last_le(m->l_old, m->nlab, a);
+        int64_t jc = j > 0 ? j : 0;
+        if (!inside && j >= 0 && a < m->l_end[jc])
+            out = a + m->l_new[jc] - m->l_old[jc];
+    }
+    if (m->nfixed) {
+        int64_t k = last_le(m->fixed, m->nfixed, a);
+        if (k >= 0 && m->fixed[k] == a && !(inside && a == m->o_start[ic]))
+            out = a;
+    }
+    return out;
+}
+
+static int member(const uint64_t *v, int64_t n, uint64_t x)
+{
+    int64_t k = n ? last_le(v, n, x) : -1;
+    return k >= 0 && v[k] == x;
+}
+
+/* A plain branch (blocks.py _plain_branch) in a copied piece, the same opcode at its
+ * place in NEW with the translated target (_same_plain_branch), or a re-encoded one
+ * in its own piece, the same kind and condition of the map's length to the
+ * translated target (_same_plain_relaxed): ST_DONE / ST_DONE_EDGE as the Python loop
+ * counts it (its fall-through edge reaching the translated successor), ST_BRANCH_FALL
+ * where Python must check that edge; ST_SLOW for anything else (Python decides). */
+static int plain_branch_state(const struct maps *m, int64_t p, uint64_t a, int sz,
+                              const uint8_t *ob, uint64_t fs, uint64_t fe, const char *mn,
+                              const uint8_t *new_data, const uint64_t *sec_lo,
+                              const uint64_t *sec_hi, const int64_t *sec_off,
+                              const uint8_t *sec_file, int64_t nsec,
+                              const uint64_t *moved, int64_t nmoved,
+                              const uint64_t *nofall, int64_t nnofall,
+                              const uint64_t *noreturn, int64_t nnoreturn, int64_t *counts)
+{
+    (void)fs; (void)mn;
+    int op = plain_op(ob, sz);
+    if (!op)
+        return ST_SLOW;
+    uint64_t target = a + (uint64_t)sz + (uint64_t)rel_at(ob, op, sz);
+    uint64_t succ = a + (uint64_t)sz, n_end;
+    int ok;
+    if (m->p_kind[p] == KIND_COPIED) {
+        if (nmoved) {                       /* a moved data field: Python's translate */
+            int64_t k = first_ge(moved, nmoved, a);
+            if (k < nmoved && moved[k] < succ) return ST_SLOW;
+        }
+        uint64_t nn = m->p_new[p] + (a - m->p_old[p]);
+        const uint8_t *nb = new_bytes(new_data, sec_lo, sec_hi, sec_off, sec_file, nsec, nn,
+                                      (uint64_t)sz);
+        if (!nb || memcmp(nb, ob, (size_t)op)) return ST_SLOW;
+        uint64_t want = map1(m, target, &ok);
+        if (!ok || nn + (uint64_t)sz + (uint64_t)rel_at(nb, op, sz) != want) return ST_SLOW;
+        n_end = nn + (uint64_t)sz;
+    } else if (m->p_kind[p] == KIND_BRANCH) {
+        if (m->p_old[p] != a || m->p_end[p] != succ) return ST_SLOW;
+        uint64_t nn = m->p_new[p];
+        int64_t nl = (int64_t)m->p_newlen[p];
+        const uint8_t *nb = nl > 0 ? new_bytes(new_data, sec_lo, sec_hi, sec_off, sec_file,
+                                               nsec, nn, (uint64_t)nl) : 0;
+        if (!nb) return ST_SLOW;
+        int oc, olen, oop, nc, nlen, nop;
+        int ok_kind = plain_form(ob, sz, &oc, &olen, &oop);
+        int nk_kind = plain_form(nb, (int)nl, &nc, &nlen, &nop);
+        if (!ok_kind || !nk_kind || ok_kind != nk_kind || oc != nc || nlen != nl)
+            return ST_SLOW;
+        uint64_t want = map1(m, target, &ok);
+        if (!ok || nn + (uint64_t)nl + (uint64_t)rel_at(nb, nop, (int)nl) != want)
+            return ST_SLOW;
+        n_end = nn + (uint64_t)nl;
+        counts[3]++;
+    } else {
+        return ST_SLOW;
+    }
+    counts[0]++;
+    /* blocks.py fall_edge: jmp never falls through, a call to a noreturn target neither */
+    int is_jmp = ob[0] == 0xE9 || ob[0] == 0xEB, is_call = ob[0] == 0xE8;
+    int falls = !is_jmp && !member(nofall, nnofall, a) &&
+                !(is_call && member(noreturn, nnoreturn, target));
+    if (!falls || succ >= fe)
+        return ST_DONE;
+    uint64_t want = map1(m, succ, &ok);
+    if (ok && want == n_end) {
+        counts[1]++;
+        return ST_DONE_EDGE;
+    }
+    return ST_BRANCH_FALL;
+}
+
 /* Decode functions (their bytes end to end in ``code`` at ``code_off``, from
  * ``fstart``, ``flen`` bytes each) and decide each instruction's state.
  *
@@ -107,7 +252,8 @@ static const uint8_t *new_bytes(const uint8_t *data, const uint64_t *sec_lo,
  * addresses that never fall through. Out per instruction: address, length,
  * piece, state; ``ffirst``[f]..``ffirst``[f+1]: function f's rows,
  * ``fstuck``[f]: Capstone stopped inside it (no rows; Python decodes it).
- * ``counts``: {instructions passed here, edges counted here, text bytes}: the
+ * ``counts``: {instructions passed here, edges counted here, text bytes, re-encoded
+ * branches passed here}: the
  * mnemonic and operand text of every instruction left to Python (state
  * ST_FALL or ST_SLOW) go to ``otext``, one "mnemonic\top_str\n" line each, in
  * order (what Capstone's lite decode gives Python). Returns FULL when
@@ -123,17 +269,25 @@ int lp_block_scan(void *dis_p, void *free_p, size_t handle, int64_t stride, int6
                   const uint8_t *new_data, const uint64_t *sec_lo, const uint64_t *sec_hi,
                   const int64_t *sec_off, const uint8_t *sec_file, int64_t nsec,
                   const uint64_t *moved, int64_t nmoved, const uint64_t *nofall, int64_t nnofall,
+                  int64_t branches, const uint64_t *noreturn, int64_t nnoreturn,
+                  int64_t outside, const uint64_t *o_start, const uint64_t *o_end,
+                  const uint64_t *n_start, int64_t nfun, const uint64_t *l_old,
+                  const uint64_t *l_new, const uint64_t *l_end, int64_t nlab,
+                  const uint64_t *fixed, int64_t nfixed,
                   uint64_t *oaddr, uint8_t *osize, int64_t *opiece, int8_t *ostate, int64_t cap,
                   char *otext, int64_t tcap, int64_t *ffirst, uint8_t *fstuck, int64_t *counts)
 {
     disasm_fn dis = (disasm_fn)dis_p;
     free_fn fr = (free_fn)free_p;
     int64_t n = 0, t = 0;
-    counts[0] = counts[1] = counts[2] = 0;
+    struct maps m = {p_old, p_end, p_new, p_newlen, p_kind, npieces, outside, o_start, o_end, n_start,
+                     l_old, l_new, l_end, fixed, nfun, nlab, nfixed};
+    counts[0] = counts[1] = counts[2] = counts[3] = 0;
     for (int64_t f = 0; f < nfunc; f++) {
         const uint8_t *fc = code + code_off[f];
         uint64_t fs = fstart[f], fe = fstart[f] + (uint64_t)flen[f];
-        int64_t first = n, pos = 0, passed = counts[0], edges = counts[1], text = t;
+        int64_t first = n, pos = 0, passed = counts[0], edges = counts[1], text = t,
+                relaxed = counts[3];
         ffirst[f] = n;
         fstuck[f] = 0;
         while (pos < flen[f]) {
@@ -172,6 +326,18 @@ int lp_block_scan(void *dis_p, void *free_p, size_t handle, int64_t stride, int6
                 memcpy(otext + t + lm + 1, ops, lo);
                 otext[t + lm + 1 + lo] = '\n';
                 t += (int64_t)(lm + lo + 2);    /* taken back below where C passes it */
+                if (branches) {
+                    int st = plain_branch_state(&m, p, a, (int)sz, fc + (a - fs), fs, fe, mn,
+                                                new_data, sec_lo, sec_hi, sec_off, sec_file, nsec,
+                                                moved, nmoved, nofall, nnofall, noreturn,
+                                                nnoreturn, counts);
+                    if (st != ST_SLOW) {
+                        ostate[n] = (int8_t)st;
+                        if (st != ST_BRANCH_FALL)
+                            t -= (int64_t)(lm + lo + 2);    /* Python needs no text */
+                        continue;
+                    }
+                }
                 if (p_kind[p] != KIND_COPIED || succ > p_end[p] || maybe_branch(mn) ||
                     strstr(ops, "rip"))
                     continue;
@@ -215,6 +381,7 @@ int lp_block_scan(void *dis_p, void *free_p, size_t handle, int64_t stride, int6
                 n = first;
                 counts[0] = passed;
                 counts[1] = edges;
+                counts[3] = relaxed;
                 t = text;
                 break;
             }

@@ -376,7 +376,7 @@ def _same_meaning(old_ins, new_ins, translate):
 
 _lib = False            # the C scan (blocks.c): False not tried yet, None not available
 # blocks.c's states of an instruction
-ST_LOST, ST_DONE, ST_DONE_EDGE, ST_FALL, ST_SLOW = range(5)
+ST_LOST, ST_DONE, ST_DONE_EDGE, ST_FALL, ST_SLOW, ST_BRANCH_FALL = range(6)
 
 
 def _native_lib():
@@ -397,7 +397,8 @@ def _native_lib():
                 P, I64 = ctypes.c_void_p, ctypes.c_int64
                 lib.lp_block_scan.argtypes = [P, P, ctypes.c_size_t] + [I64] * 5 + \
                     [P, P, P, P, I64] + [P] * 6 + [I64] + [P] * 5 + [I64] + \
-                    [P, I64, P, I64] + [P] * 4 + [I64, P, I64] + [P] * 3
+                    [P, I64, P, I64] + [I64, P, I64, I64, P, P, P, I64, P, P, P, I64, P, I64] + \
+                    [P] * 4 + [I64, P, I64] + [P] * 3
                 lib.lp_block_scan.restype = ctypes.c_int
                 _lib = lib
             except ExternalToolError:
@@ -544,7 +545,8 @@ class _BlockCheck:
     def scan(self, lo, hi, codes):
         """blocks.c's decode and states of split functions lo..hi-1 (``codes``: their
         original bytes): (addresses, lengths, pieces, states as lists, first row per
-        function, stuck per function, (instructions passed, edges counted), the
+        function, stuck per function, (instructions passed, edges counted, re-encoded
+        branches passed), the
         mnemonic and operand text, tab between, of each ST_FALL/ST_SLOW instruction in
         order); None
         where the C scan cannot run (no compiler, a reader that is no ElfImage's, the
@@ -558,11 +560,22 @@ class _BlockCheck:
         amap = self.amap
         if not hasattr(self, "_scan_cols"):
             as_u64 = lambda v: np.ascontiguousarray(v, np.uint64)     # noqa: E731
+            # the function-level map of everything else (BlockMap.map1's outside1)
+            fmap = getattr(amap._outside1, "__self__", None)
+            fcols = (fmap.old_start, fmap.old_end, fmap.new_start, fmap.label_old,
+                     fmap.label_new, fmap.label_end, np.sort(fmap.fixed)) \
+                if fmap is not None else ((),) * 7
             self._scan_cols = (as_u64(amap.old), as_u64(amap.old_end), as_u64(amap.new),
                                as_u64(amap.new_len), np.ascontiguousarray(amap.kind, np.int64),
                                as_u64(self.end_new), as_u64(self.moved_field_addrs),
-                               as_u64(sorted(self.no_fallthrough)))
-        p_old, p_end, p_new, p_newlen, p_kind, p_endnew, moved, nofall = self._scan_cols
+                               as_u64(sorted(self.no_fallthrough)),
+                               as_u64(sorted(self.noreturn)), fmap is not None,
+                               [as_u64(c) for c in fcols])
+        p_old, p_end, p_new, p_newlen, p_kind, p_endnew, moved, nofall, noreturn, outside, \
+            (o_start, o_end, n_start, l_old, l_new, l_end, fixed) = self._scan_cols
+        # plain branches in C where the translation is BlockMap.map1's alone (no moved
+        # extents) and a jmp never falls through (no patch sites: kernels')
+        branches = self.moved_extents is None and not self.patch_sites
         data, sec_lo, sec_hi, sec_off, sec_file = secs
         flen = np.array([len(c) for c in codes], np.int64)
         code_off = np.concatenate([[0], np.cumsum(flen)[:-1]]).astype(np.int64)
@@ -571,7 +584,7 @@ class _BlockCheck:
         nfunc = hi - lo
         ffirst = np.zeros(nfunc + 1, np.int64)
         fstuck = np.zeros(nfunc, np.uint8)
-        counts = np.zeros(3, np.int64)
+        counts = np.zeros(4, np.int64)
         fields = dict(capstone._cs_insn._fields_)
         off = {n: getattr(capstone._cs_insn, n).offset for n in fields}
         ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)      # noqa: E731
@@ -590,6 +603,9 @@ class _BlockCheck:
                 ptr(p_old), ptr(p_end), ptr(p_new), ptr(p_newlen), ptr(p_kind), ptr(p_endnew),
                 len(p_old), ptr(data), ptr(sec_lo), ptr(sec_hi), ptr(sec_off), ptr(sec_file),
                 len(sec_lo), ptr(moved), len(moved), ptr(nofall), len(nofall),
+                int(branches), ptr(noreturn), len(noreturn), int(outside), ptr(o_start),
+                ptr(o_end), ptr(n_start), len(o_start), ptr(l_old), ptr(l_new), ptr(l_end),
+                len(l_old), ptr(fixed), len(fixed),
                 ptr(oaddr), ptr(osize), ptr(opiece), ptr(ostate), cap, ptr(otext), tcap,
                 ptr(ffirst), ptr(fstuck), ptr(counts))
             if rc == 0:
@@ -601,7 +617,7 @@ class _BlockCheck:
         text = otext[:int(counts[2])].tobytes().decode("ascii").split("\n")[:-1]
         return (oaddr[:n].tolist(), osize[:n].tolist(), opiece[:n].tolist(),
                 ostate[:n].tolist(), ffirst.tolist(), fstuck.tolist(),
-                (int(counts[0]), int(counts[1])), iter(text))
+                (int(counts[0]), int(counts[1]), int(counts[3])), iter(text))
 
     def cut(self):
         """Where the split functions divide into two halves of about as many original
@@ -842,10 +858,11 @@ class _BlockCheck:
                  for f in functions[lo:hi]]
         native = self.scan(lo, hi, codes)
         if native is not None:
-            c_addr, c_size, c_piece, c_state, c_first, c_stuck, (c_passed, c_edges), \
-                c_text = native
+            c_addr, c_size, c_piece, c_state, c_first, c_stuck, \
+                (c_passed, c_edges, c_relaxed), c_text = native
             n_insns += c_passed
             n_fast_edges += c_edges
+            stats["branches_reencoded"] += c_relaxed
         for fidx in range(lo, hi):
             f = functions[fidx]
             sel = in_rows[group_at[fidx]:group_at[fidx + 1]]
@@ -919,7 +936,7 @@ class _BlockCheck:
                     if c_state[k] >= ST_FALL or orc_ok and c_state[k] != ST_LOST]
             light = {}
             for k in todo:
-                if c_state[k] >= ST_FALL:
+                if c_state[k] >= ST_FALL:               # C gave its text
                     o, n = c_addr[k] - f.old_start, c_size[k]
                     m, _, ops = next(c_text).partition("\t")
                     light[k] = _Light(c_addr[k], n, code[o:o + n], m, ops)
@@ -936,6 +953,10 @@ class _BlockCheck:
                     orc_pairs.append((a, n, piece_old[p] == a, p))
                 if st == ST_FALL:
                     fall_edge(f, light[k], a, None, n + c_size[k])
+                elif st == ST_BRANCH_FALL:          # a plain branch C passed
+                    n_end = n + piece_new_len[p] if piece_kind[p] == bm.KIND_BRANCH else \
+                        n + c_size[k]
+                    fall_edge(f, light[k], a, _plain_branch(light[k])[1], n_end)
 
         # the per-instruction counts, kept in locals in the loop above
         stats["instructions"] += n_insns
