@@ -727,10 +727,12 @@ def test_the_c_scan_finds_what_the_python_loop_finds(lua_split, monkeypatch):
     assert c_py == [False] and c_c == [True]
 
 
-def test_a_changed_instruction_the_c_scan_would_pass_is_named(lua_split, monkeypatch,
-                                                                tmp_path):
-    """A one-byte push whose register changed in NEW, inside a copied piece where C
-    passes unchanged instructions: both ways name it (equiv.block-instruction)."""
+@pytest.mark.parametrize("what", ["push", "jcc"])
+def test_a_change_the_c_scan_would_pass_is_named(lua_split, monkeypatch, tmp_path, what):
+    """One bit flipped where C passes what it finds unchanged: a one-byte push whose
+    register changed in a copied piece (equiv.block-instruction), a re-encoded jcc
+    whose rel32 no longer names the translated target (equiv.relaxation). Both ways
+    name it, the same."""
     import capstone
     from linepack.image.elf import ElfImage
     cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
@@ -738,24 +740,30 @@ def test_a_changed_instruction_the_c_scan_would_pass_is_named(lua_split, monkeyp
     old_im, new_im = ElfImage(exe), ElfImage(out)
     rows = bm.read_blockmap(new_im)
     at = None
-    for r in rows[rows["kind"] == bm.KIND_COPIED]:
-        o, n = int(r["old"]), int(r["old_len"])
-        code = bytes(old_im.read(o, n))
-        k = next((a - o for a, size, m, _ in cs.disasm_lite(code[:-1], o)
-                  if size == 1 and m == "push" and a > o), None)     # push rbx/rbp/...
-        if k is not None and bytes(new_im.read(int(r["new"]), n)) == code:
-            at, old_at, byte = int(r["new"]) + k, o + k, code[k]
-            break
+    if what == "push":
+        for r in rows[rows["kind"] == bm.KIND_COPIED]:
+            o, n = int(r["old"]), int(r["old_len"])
+            code = bytes(old_im.read(o, n))
+            k = next((a - o for a, size, m, _ in cs.disasm_lite(code[:-1], o)
+                      if size == 1 and m == "push" and a > o), None)    # push rbx/rbp/...
+            if k is not None and bytes(new_im.read(int(r["new"]), n)) == code:
+                at, old_at, flip = int(r["new"]) + k, o + k, 0
+                break
+        want = ("equiv.block-instruction", f"at {old_at:#x} has no counterpart")
+    else:
+        r = next(r for r in rows[rows["kind"] == bm.KIND_BRANCH] if int(r["new_len"]) == 6)
+        at, old_at, flip = int(r["new"]), int(r["old"]), 2             # the rel32's low byte
+        want = ("equiv.relaxation", f"branch at {old_at:#x} re-encoded wrongly: displacement")
     assert at is not None
-    off = new_im.vaddr_to_offset(at)
+    off = new_im.vaddr_to_offset(at + flip)
     old_im.close()
     new_im.close()
     bad = tmp_path / "bad"
     data = bytearray(open(out, "rb").read())
-    data[off] = byte ^ 1
+    data[off] ^= 1
     bad.write_bytes(bytes(data))
     bad.chmod(0o755)
     (f_py, _, _), (f_c, _, c_c) = _block_check_both_ways(monkeypatch, exe, str(bad))
     assert c_c == [True] and f_py == f_c
-    assert [(c, a) for c, a, _ in f_c] == [("equiv.block-instruction", at)], f_c
-    assert f"at {old_at:#x} has no counterpart" in f_c[0][2]
+    assert [(c, a) for c, a, _ in f_c] == [(want[0], at)], f_c
+    assert want[1] in f_c[0][2]
