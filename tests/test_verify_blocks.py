@@ -727,12 +727,12 @@ def test_the_c_scan_finds_what_the_python_loop_finds(lua_split, monkeypatch):
     assert c_py == [False] and c_c == [True]
 
 
-@pytest.mark.parametrize("what", ["push", "jcc"])
+@pytest.mark.parametrize("what", ["push", "rip", "jcc"])
 def test_a_change_the_c_scan_would_pass_is_named(lua_split, monkeypatch, tmp_path, what):
     """One bit flipped where C passes what it finds unchanged: a one-byte push whose
-    register changed in a copied piece (equiv.block-instruction), a re-encoded jcc
-    whose rel32 no longer names the translated target (equiv.relaxation). Both ways
-    name it, the same."""
+    register changed in a copied piece, a copied RIP-relative lea whose displacement no
+    longer names the translated target (equiv.block-instruction), a re-encoded jcc
+    whose rel32 no longer does (equiv.relaxation). Both ways name it, the same."""
     import capstone
     from linepack.image.elf import ElfImage
     cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
@@ -748,6 +748,21 @@ def test_a_change_the_c_scan_would_pass_is_named(lua_split, monkeypatch, tmp_pat
                       if size == 1 and m == "push" and a > o), None)    # push rbx/rbp/...
             if k is not None and bytes(new_im.read(int(r["new"]), n)) == code:
                 at, old_at, flip = int(r["new"]) + k, o + k, 0
+                break
+        want = ("equiv.block-instruction", f"at {old_at:#x} has no counterpart")
+    elif what == "rip":
+        from linepack.image.operands import rip_relative
+        for r in rows[rows["kind"] == bm.KIND_COPIED]:
+            o, n = int(r["old"]), int(r["old_len"])
+            code = bytes(old_im.read(o, n))
+            lea = next(((a, size) for a, size, m, ops in cs.disasm_lite(code, o)
+                        if m == "lea" and "rip" in ops), None)
+            if lea is not None and bytes(new_im.read(int(r["new"]), n)) != code:
+                raw = np.zeros((1, 16), np.uint8)
+                raw[0, :lea[1]] = np.frombuffer(code[lea[0] - o:lea[0] - o + lea[1]], np.uint8)
+                has, disp = rip_relative(raw, [lea[1]])
+                assert has[0] and disp[0] > 0
+                at, old_at, flip = int(r["new"]) + lea[0] - o, lea[0], int(disp[0])
                 break
         want = ("equiv.block-instruction", f"at {old_at:#x} has no counterpart")
     else:

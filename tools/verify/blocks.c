@@ -243,6 +243,93 @@ static int plain_branch_state(const struct maps *m, int64_t p, uint64_t a, int s
     return ST_BRANCH_FALL;
 }
 
+/* Where Capstone's detail of an x86 instruction keeps what image/operands.py reads */
+struct detail_at {
+    int64_t handle;                     /* a Capstone handle with details on */
+    int64_t insn_detail;                /* cs_insn.detail */
+    int64_t op_count, operands, op_size, op_type, op_mem_base, disp_offset;
+    int64_t op_mem, reg_rip;            /* X86_OP_MEM, X86_REG_RIP */
+};
+
+/* image/operands.py rip_relative for one instruction's bytes alone (decoded at 0):
+ * the offset of its displacement when it has a RIP-based memory operand, else 0;
+ * -1 where the batch would not decode it in step (Python asks then) */
+static int rip_disp(disasm_fn dis, free_fn fr, const struct detail_at *dt, const uint8_t *b,
+                    int sz, int64_t off_size)
+{
+    void *insn = 0;
+    size_t count = dis((size_t)dt->handle, b, (size_t)sz, 0, 1, &insn);
+    if (count != 1) {
+        if (count) fr(insn, count);
+        return -1;
+    }
+    uint16_t got;
+    memcpy(&got, (const uint8_t *)insn + off_size, 2);
+    const uint8_t *d;
+    memcpy(&d, (const uint8_t *)insn + dt->insn_detail, sizeof d);
+    int res = -1;
+    if (got == sz && d) {
+        int rip = 0;
+        uint8_t nops = d[dt->op_count];
+        for (int j = 0; j < 8 && j < nops; j++) {
+            uint32_t typ, base;
+            const uint8_t *o = d + dt->operands + j * dt->op_size;
+            memcpy(&typ, o + dt->op_type, 4);
+            memcpy(&base, o + dt->op_mem_base, 4);
+            if (typ == (uint32_t)dt->op_mem && base == (uint32_t)dt->reg_rip) rip = 1;
+        }
+        res = rip ? d[dt->disp_offset] : 0;
+    }
+    fr(insn, count);
+    return res;
+}
+
+static uint64_t sext32(const uint8_t *b)
+{
+    int32_t v;
+    memcpy(&v, b, 4);
+    return (uint64_t)(int64_t)v;
+}
+
+/* A copied RIP-relative instruction (no branch) whose bytes in NEW differ from
+ * OLD's at most in the displacement, which designates the translated target
+ * (blocks.py _same_rip_relative): ST_DONE / ST_DONE_EDGE / ST_FALL as the
+ * Python loop goes on with it; ST_SLOW for anything else. */
+static int rip_state(disasm_fn dis, free_fn fr, const struct detail_at *dt,
+                     const struct maps *m, int64_t p, uint64_t a, int sz, const uint8_t *ob,
+                     uint64_t fe, const char *mn, const uint8_t *new_data,
+                     const uint64_t *sec_lo, const uint64_t *sec_hi, const int64_t *sec_off,
+                     const uint8_t *sec_file, int64_t nsec, const uint64_t *moved,
+                     int64_t nmoved, const uint64_t *nofall, int64_t nnofall, int64_t off_size,
+                     int64_t *counts)
+{
+    uint64_t succ = a + (uint64_t)sz;
+    if (nmoved) {                           /* a moved data field: Python's translate */
+        int64_t k = first_ge(moved, nmoved, a);
+        if (k < nmoved && moved[k] < succ) return ST_SLOW;
+    }
+    int d = rip_disp(dis, fr, dt, ob, sz, off_size);
+    if (d <= 0 || d + 4 > sz) return ST_SLOW;
+    uint64_t nn = m->p_new[p] + (a - m->p_old[p]);
+    const uint8_t *nb = new_bytes(new_data, sec_lo, sec_hi, sec_off, sec_file, nsec, nn,
+                                  (uint64_t)sz);
+    if (!nb || memcmp(nb, ob, (size_t)d) || memcmp(nb + d + 4, ob + d + 4, (size_t)(sz - d - 4)))
+        return ST_SLOW;
+    int ok;
+    uint64_t want = map1(m, a + (uint64_t)sz + sext32(ob + d), &ok);
+    if (!ok || nn + (uint64_t)sz + sext32(nb + d) != want) return ST_SLOW;
+    counts[0]++;
+    uint64_t n_end = nn + (uint64_t)sz;
+    if (no_fallthrough_mnemonic(mn) || member(nofall, nnofall, a) || succ >= fe)
+        return ST_DONE;
+    uint64_t next = map1(m, succ, &ok);
+    if (ok && next == n_end) {
+        counts[1]++;
+        return ST_DONE_EDGE;
+    }
+    return ST_FALL;
+}
+
 /* Decode functions (their bytes end to end in ``code`` at ``code_off``, from
  * ``fstart``, ``flen`` bytes each) and decide each instruction's state.
  *
@@ -273,13 +360,15 @@ int lp_block_scan(void *dis_p, void *free_p, size_t handle, int64_t stride, int6
                   int64_t outside, const uint64_t *o_start, const uint64_t *o_end,
                   const uint64_t *n_start, int64_t nfun, const uint64_t *l_old,
                   const uint64_t *l_new, const uint64_t *l_end, int64_t nlab,
-                  const uint64_t *fixed, int64_t nfixed,
+                  const uint64_t *fixed, int64_t nfixed, const int64_t *detail_at,
                   uint64_t *oaddr, uint8_t *osize, int64_t *opiece, int8_t *ostate, int64_t cap,
                   char *otext, int64_t tcap, int64_t *ffirst, uint8_t *fstuck, int64_t *counts)
 {
     disasm_fn dis = (disasm_fn)dis_p;
     free_fn fr = (free_fn)free_p;
     int64_t n = 0, t = 0;
+    struct detail_at dt;
+    memcpy(&dt, detail_at, sizeof dt);
     struct maps m = {p_old, p_end, p_new, p_newlen, p_kind, npieces, outside, o_start, o_end, n_start,
                      l_old, l_new, l_end, fixed, nfun, nlab, nfixed};
     counts[0] = counts[1] = counts[2] = counts[3] = 0;
@@ -338,9 +427,22 @@ int lp_block_scan(void *dis_p, void *free_p, size_t handle, int64_t stride, int6
                         continue;
                     }
                 }
-                if (p_kind[p] != KIND_COPIED || succ > p_end[p] || maybe_branch(mn) ||
-                    strstr(ops, "rip"))
+                if (p_kind[p] != KIND_COPIED || succ > p_end[p] || maybe_branch(mn))
                     continue;
+                if (strstr(ops, "rip")) {
+                    if (branches) {
+                        int st = rip_state(dis, fr, &dt, &m, p, a, (int)sz, fc + (a - fs), fe,
+                                           mn, new_data, sec_lo, sec_hi, sec_off, sec_file,
+                                           nsec, moved, nmoved, nofall, nnofall, off_size,
+                                           counts);
+                        if (st != ST_SLOW) {
+                            ostate[n] = (int8_t)st;
+                            if (st != ST_FALL)
+                                t -= (int64_t)(lm + lo + 2);
+                        }
+                    }
+                    continue;
+                }
                 /* the piece's bytes: OLD's from this function only (else Python) */
                 uint64_t plen = p_end[p] - p_old[p];
                 if (p_old[p] < fs || p_end[p] > fe || p_newlen[p] != plen)

@@ -397,7 +397,7 @@ def _native_lib():
                 P, I64 = ctypes.c_void_p, ctypes.c_int64
                 lib.lp_block_scan.argtypes = [P, P, ctypes.c_size_t] + [I64] * 5 + \
                     [P, P, P, P, I64] + [P] * 6 + [I64] + [P] * 5 + [I64] + \
-                    [P, I64, P, I64] + [I64, P, I64, I64, P, P, P, I64, P, P, P, I64, P, I64] + \
+                    [P, I64, P, I64] + [I64, P, I64, I64, P, P, P, I64, P, P, P, I64, P, I64, P] + \
                     [P] * 4 + [I64, P, I64] + [P] * 3
                 lib.lp_block_scan.restype = ctypes.c_int
                 _lib = lib
@@ -542,6 +542,14 @@ class _BlockCheck:
         self.piece_same, self.maybe_branch = piece_same, maybe_branch
         self.in_rows, self.group_at = in_rows, group_at
 
+    def _detail_at(self):
+        """blocks.c's struct detail_at: the detailed Capstone handle and where its
+        details keep the operands and the displacement's offset (image/operands.py's)."""
+        from ..image import operands as ops
+        return np.array([self.cs.csh.value, ops._INSN_OFF["detail"], ops._OP_COUNT,
+                         ops._OPERANDS, ops._OP, ops._OP_TYPE, ops._OP_MEM_BASE,
+                         ops._DISP_OFFSET, cx86.X86_OP_MEM, cx86.X86_REG_RIP], np.int64)
+
     def scan(self, lo, hi, codes):
         """blocks.c's decode and states of split functions lo..hi-1 (``codes``: their
         original bytes): (addresses, lengths, pieces, states as lists, first row per
@@ -573,8 +581,9 @@ class _BlockCheck:
                                [as_u64(c) for c in fcols])
         p_old, p_end, p_new, p_newlen, p_kind, p_endnew, moved, nofall, noreturn, outside, \
             (o_start, o_end, n_start, l_old, l_new, l_end, fixed) = self._scan_cols
-        # plain branches in C where the translation is BlockMap.map1's alone (no moved
-        # extents) and a jmp never falls through (no patch sites: kernels')
+        # plain branches and RIP-relative copies in C where the translation is
+        # BlockMap.map1's alone (no moved extents) and a jmp never falls through (no
+        # patch sites: kernels')
         branches = self.moved_extents is None and not self.patch_sites
         data, sec_lo, sec_hi, sec_off, sec_file = secs
         flen = np.array([len(c) for c in codes], np.int64)
@@ -605,7 +614,7 @@ class _BlockCheck:
                 len(sec_lo), ptr(moved), len(moved), ptr(nofall), len(nofall),
                 int(branches), ptr(noreturn), len(noreturn), int(outside), ptr(o_start),
                 ptr(o_end), ptr(n_start), len(o_start), ptr(l_old), ptr(l_new), ptr(l_end),
-                len(l_old), ptr(fixed), len(fixed),
+                len(l_old), ptr(fixed), len(fixed), ptr(self._detail_at()),
                 ptr(oaddr), ptr(osize), ptr(opiece), ptr(ostate), cap, ptr(otext), tcap,
                 ptr(ffirst), ptr(fstuck), ptr(counts))
             if rc == 0:
