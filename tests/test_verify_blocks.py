@@ -725,6 +725,12 @@ def test_the_c_scan_finds_what_the_python_loop_finds(lua_split, monkeypatch):
     assert s_py["split_functions"] > 30 and s_py["instructions"] > 5000, s_py
     assert f_py == f_c == [] and s_py == s_c
     assert c_py == [False] and c_c == [True]
+    # a first output too small for the rows and for the text: scanned again, the same
+    from linepack.verify import blocks as vb
+    monkeypatch.setattr(vb, "_BYTES_PER_ROW", 10 ** 6)
+    monkeypatch.setattr(vb, "_TEXT_PER_ROW", 0)
+    (_, _, _), (f_small, s_small, c_small) = _block_check_both_ways(monkeypatch, exe, out)
+    assert (f_small, s_small, c_small) == (f_c, s_c, c_c)
 
 
 @pytest.mark.parametrize("what", ["push", "rip", "jcc"])

@@ -23,7 +23,7 @@ typedef size_t (*disasm_fn)(size_t handle, const uint8_t *code, size_t size, uin
                             size_t count, void **insn);
 typedef void (*free_fn)(void *insn, size_t count);
 
-enum { OK = 0, FULL = 2 };
+enum { OK = 0, FULL = 2, TEXT_FULL = 3 };
 enum { BATCH = 1024 };
 /* per instruction: no piece (Python reports it); passes, no edge counted; passes,
  * its fall-through edge counted; passes, Python checks its fall-through; Python
@@ -344,8 +344,8 @@ static int rip_state(disasm_fn dis, free_fn fr, const struct detail_at *dt,
  * mnemonic and operand text of every instruction left to Python (state
  * ST_FALL or ST_SLOW) go to ``otext``, one "mnemonic\top_str\n" line each, in
  * order (what Capstone's lite decode gives Python). Returns FULL when
- * the output arrays cannot hold the next batch (nothing is kept: call again
- * with larger ones), else OK. */
+ * the output arrays cannot hold the next batch, TEXT_FULL when ``otext`` cannot
+ * hold the next line (nothing is kept: call again with larger ones), else OK. */
 int lp_block_scan(void *dis_p, void *free_p, size_t handle, int64_t stride, int64_t off_addr,
                   int64_t off_size, int64_t off_mnemonic, int64_t off_op_str,
                   const uint8_t *code, const int64_t *code_off, const uint64_t *fstart,
@@ -408,7 +408,7 @@ int lp_block_scan(void *dis_p, void *free_p, size_t handle, int64_t stride, int6
                 size_t lm = strnlen(mn, 32), lo = strnlen(ops, 160);
                 if (t + (int64_t)(lm + lo + 2) > tcap) {
                     fr(insn, count);
-                    return FULL;
+                    return TEXT_FULL;
                 }
                 memcpy(otext + t, mn, lm);
                 otext[t + lm] = '\t';

@@ -377,6 +377,10 @@ def _same_meaning(old_ins, new_ins, translate):
 _lib = False            # the C scan (blocks.c): False not tried yet, None not available
 # blocks.c's states of an instruction
 ST_LOST, ST_DONE, ST_DONE_EDGE, ST_FALL, ST_SLOW, ST_BRANCH_FALL = range(6)
+# the scan's first output size: a row per 3 bytes of code (x86-64 averages about 4), 8
+# bytes of text per row (the instructions C does not pass, about 1 in 5, take ~30 each);
+# a scan that runs out is repeated with room enough
+_BYTES_PER_ROW, _TEXT_PER_ROW = 3, 8
 
 
 def _native_lib():
@@ -597,8 +601,8 @@ class _BlockCheck:
         fields = dict(capstone._cs_insn._fields_)
         off = {n: getattr(capstone._cs_insn, n).offset for n in fields}
         ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)      # noqa: E731
-        cap = int(flen.sum()) // 3 + 1024
-        tcap = cap * 8
+        cap = int(flen.sum()) // _BYTES_PER_ROW + 1024
+        tcap = cap * _TEXT_PER_ROW
         while True:
             oaddr, osize = np.zeros(cap, np.uint64), np.zeros(cap, np.uint8)
             opiece, ostate = np.zeros(cap, np.int64), np.zeros(cap, np.int8)
@@ -619,9 +623,10 @@ class _BlockCheck:
                 ptr(ffirst), ptr(fstuck), ptr(counts))
             if rc == 0:
                 break
-            # FULL: room for one instruction a byte, each with the longest text
-            cap = int(flen.sum()) + 1024
-            tcap = cap * 194
+            if rc == 2:                 # FULL: room for one instruction a byte
+                cap = int(flen.sum()) + 1024
+            else:                       # TEXT_FULL: most instructions need their text
+                tcap = max(4 * tcap, 1 << 16)
         n = int(ffirst[-1])
         text = otext[:int(counts[2])].tobytes().decode("ascii").split("\n")[:-1]
         return (oaddr[:n].tolist(), osize[:n].tolist(), opiece[:n].tolist(),
