@@ -622,6 +622,34 @@ def test_rip_relative_copies_checked_from_their_bytes(monkeypatch):
         assert f"at {where:#x} has no counterpart" in found[0].message
 
 
+def test_eip_relative_copy_must_name_its_old_target():
+    """An EIP-relative operand (67 prefix) moves with its instruction like a
+    RIP-relative one: the same bytes at a new place read other memory."""
+    #   1000 mov eax, [eip + 0x100] (reads 0x1107); 1007 ret; moved to 2000
+    f = SplitFunction("f", 0x1000, 0x1008, [(HOT, 0x2000, 0x2008)])
+    rows = rows_of((0x1000, 8, 0x2000, 8, C, HOT))
+    old = Memory({0x1000: hx("678b0500010000 c3")})
+    found, _ = run(rows, [f], old, Memory({0x2000: hx("678b0500010000 c3")}))
+    assert checks(found) == ["equiv.block-instruction"]
+    # the displacement that still reads 0x1107 from 0x2000: 0x1107 - 0x2007 = -0xf00
+    found, _ = run(rows, [f], old, Memory({0x2000: hx("678b0500f1ffff c3")}))
+    assert found == []
+
+
+@pytest.mark.parametrize("stop", ["hlt", "nop"])
+def test_hlt_falls_through(stop):
+    """An interrupt or NMI resumes after hlt: the block after it must follow it (as
+    after any other instruction), not only what a jmp or ret would allow."""
+    #   1000 sti; 1001 hlt (or nop); 1002 xor eax,eax; 1004 ret: the block at 1002 moved
+    #   to the cold part, nothing but int3 after the hlt in the hot part
+    op = {"hlt": "f4", "nop": "90"}[stop]
+    f = SplitFunction("g", 0x1000, 0x1005, [(HOT, 0x2000, 0x2003), (COLD, 0x3000, 0x3003)])
+    rows = rows_of((0x1000, 2, 0x2000, 2, C, HOT), (0x1002, 3, 0x3000, 3, C, COLD))
+    new = Memory({0x2000: hx(f"fb {op} cc"), 0x3000: hx("31c0 c3")})
+    found, _ = run(rows, [f], Memory({0x1000: hx(f"fb {op} 31c0 c3")}), new)
+    assert checks(found) == ["equiv.edge"] and found[0].address == 0x2002
+
+
 def test_reencoded_plain_branch_checked_from_its_bytes(monkeypatch):
     """A jcc relaxed to rel32 with the same condition and the translated target passes
     without a decode of NEW (the wrong ones: test_relaxation_wrong_displacement_and_form)."""

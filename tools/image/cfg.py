@@ -13,9 +13,10 @@ patch site: the kernel rewrites its bytes as one piece).
 Each block records how it ends (``term``): TERM_FALL (falls into the next
 block; also a jmp that ends an alternative site, which boot-time patching may
 turn into NOPs), TERM_JMP, TERM_JCC, TERM_KEY (a static-key site: jump to its target or
-fall through, as the key flips), TERM_STOP (ret, ud2, hlt, indirect jmp, a
-noreturn call); ``target`` is the direct target (0 when none) and
-``insn_first``/``insn_last`` index the Disassembly.
+fall through, as the key flips), TERM_STOP (ret, ud2, indirect jmp, a
+noreturn call; not hlt: an interrupt resumes after it); ``target`` is the
+direct target (0 when none) and ``insn_first``/``insn_last`` index the
+Disassembly.
 
 ``splittable`` says per function whether its blocks can be placed apart, and
 ``reason`` why not (an index into REASONS).
@@ -236,7 +237,8 @@ class CFG:
             self.insn_kind = kind
         ends_block = (kind == 1) | (kind == 2) | (kind == 3) | (kind == 4) | (kind == 6) | \
             (kind == 7) | (kind == 9) | is_key | noret
-        stop = (kind == 3) | (kind == 4) | (kind == 6) | (kind == 7) | noret
+        # hlt ends a block that falls through: an interrupt or NMI resumes after it
+        stop = (kind == 3) | (kind == 4) | (kind == 7) | noret
         # leader flags per instruction
         lead = np.zeros(n, bool)
         start_i = dis.containing(fstart)

@@ -36,22 +36,25 @@ def _one(raw, size):
     md.detail = True
     ins = next(md.disasm(bytes(raw[:size]), 0), None)
     if ins is None:
-        return False, 0
-    rip = any(o.type == csx86.X86_OP_MEM and o.mem.base == csx86.X86_REG_RIP
-              for o in ins.operands)
-    return rip, int(ins.disp_offset)
+        return False, False, 0
+    bases = {o.mem.base for o in ins.operands if o.type == csx86.X86_OP_MEM}
+    return csx86.X86_REG_RIP in bases, csx86.X86_REG_EIP in bases, int(ins.disp_offset)
 
 
 def _facts(d):
-    """(RIP-based memory operand, displacement offset) from detail rows ``d``."""
+    """(RIP-based memory operand, EIP-based one, displacement offset) from detail
+    rows ``d``."""
     nops = d[:, _OP_COUNT]
     rip = np.zeros(len(d), bool)
+    eip = np.zeros(len(d), bool)
     for j in range(8):                            # cs_x86.operands[8]
         o = _OPERANDS + j * _OP
         typ = d[:, o + _OP_TYPE:o + _OP_TYPE + 4].copy().view("<u4")[:, 0]
         base = d[:, o + _OP_MEM_BASE:o + _OP_MEM_BASE + 4].copy().view("<u4")[:, 0]
-        rip |= (j < nops) & (typ == csx86.X86_OP_MEM) & (base == csx86.X86_REG_RIP)
-    return rip, d[:, _DISP_OFFSET].astype(np.int64)
+        mem = (j < nops) & (typ == csx86.X86_OP_MEM)
+        rip |= mem & (base == csx86.X86_REG_RIP)
+        eip |= mem & (base == csx86.X86_REG_EIP)
+    return rip, eip, d[:, _DISP_OFFSET].astype(np.int64)
 
 
 def rip_relative(raw, size):
@@ -59,13 +62,22 @@ def rip_relative(raw, size):
     (has a RIP-based memory operand, offset of its displacement in the
     instruction), as the wrapper answers for each instruction's bytes alone
     (nothing decoded: (False, 0))."""
+    rip, _, disp_off = ip_relative(raw, size)
+    return rip, disp_off
+
+
+def ip_relative(raw, size):
+    """rip_relative, and also EIP-based operands (a 67 prefix: the instruction's
+    end plus the displacement, truncated to 32 bits): (RIP-based, EIP-based,
+    displacement offset)."""
     raw = np.asarray(raw)
     size = np.asarray(size, np.int64)
     n = len(size)
     has = np.zeros(n, bool)
+    eip = np.zeros(n, bool)
     disp_off = np.zeros(n, np.int64)
     if not n:
-        return has, disp_off
+        return has, eip, disp_off
     starts = np.concatenate([[0], np.cumsum(size)])
     cols = np.arange(raw.shape[1])
     code = raw[cols[None, :] < size[:, None]].tobytes()      # row-major: rows in order
@@ -92,15 +104,15 @@ def rip_relative(raw, size):
                         blob = b"".join(ctypes.string_at(int(p), _DETAIL_BYTES)
                                         for p in rows["detail"][:got].tolist())
                         d = np.frombuffer(blob, np.uint8).reshape(got, _DETAIL_BYTES)
-                        has[k:k + got], disp_off[k:k + got] = _facts(d)
+                        has[k:k + got], eip[k:k + got], disp_off[k:k + got] = _facts(d)
                 finally:
                     _cs.cs_free(insn, count)
             k += got
             if k < n:
                 # candidate k stopped the batch (rejected, or decoded with the next
                 # candidate's bytes): ask about its bytes alone
-                has[k], disp_off[k] = _one(raw[k], int(size[k]))
+                has[k], eip[k], disp_off[k] = _one(raw[k], int(size[k]))
                 k += 1
     finally:
         _cs.cs_close(ctypes.byref(handle))
-    return has, disp_off
+    return has, eip, disp_off

@@ -356,9 +356,9 @@ def glue(units, dis, log=None, noreturn=()):
     first = dis.raw[lc, 0]
     second = dis.raw[lc, 1]
     # ret (c3, c2), jmp (e9, eb), ud2 (0f 0b), udb (d6), ud1 (0f b9), int3 (cc),
-    # jmp* (ff /4 /5), hlt (f4)
+    # jmp* (ff /4 /5); not hlt (f4): an interrupt or NMI resumes after it
     stop = ((first == 0xC3) | (first == 0xC2) | (first == 0xE9) | (first == 0xEB) |
-            (first == 0xCC) | (first == 0xF4) | ((first == 0x0F) & (second == 0x0B)) |
+            (first == 0xCC) | ((first == 0x0F) & (second == 0x0B)) |
             (first == 0xD6) | ((first == 0x0F) & (second == 0xB9)) |      # udb, ud1: #UD
             ((first == 0xFF) & (((second >> 3) & 7) >= 4) & (((second >> 3) & 7) <= 5)) |
             ((first == 0x2E) & (second == 0xE9)) | ((first == 0x3E) & (second == 0xFF)) |

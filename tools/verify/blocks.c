@@ -77,8 +77,8 @@ static int maybe_branch(const char *m)
 /* blocks.py _NO_FALLTHROUGH */
 static int no_fallthrough_mnemonic(const char *m)
 {
-    static const char *const names[] = {"jmp", "ret", "retf", "iret", "iretq", "int3", "hlt",
-                                        "sysret", "sysretq", "ljmp", 0};
+    static const char *const names[] = {"jmp", "ret", "retf", "iret", "iretq", "int3",
+                                        "sysret", "sysretq", "ljmp", 0};   /* not hlt */
     for (int k = 0; names[k]; k++)
         if (!strcmp(m, names[k])) return 1;
     return 0;
@@ -429,6 +429,8 @@ int lp_block_scan(void *dis_p, void *free_p, size_t handle, int64_t stride, int6
                 }
                 if (p_kind[p] != KIND_COPIED || succ > p_end[p] || maybe_branch(mn))
                     continue;
+                if (strstr(ops, "eip"))
+                    continue;               /* EIP-relative (67 prefix): Python decides */
                 if (strstr(ops, "rip")) {
                     if (branches) {
                         int st = rip_state(dis, fr, &dt, &m, p, a, (int)sz, fc + (a - fs), fe,

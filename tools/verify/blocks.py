@@ -45,8 +45,8 @@ from .addrmap import BlockMap
 NOP2 = bytes.fromhex("6690")
 NOP5 = bytes.fromhex("0f1f440000")
 # Instructions after which control never reaches the next byte.
-_NO_FALLTHROUGH = {"jmp", "ret", "retf", "iret", "iretq", "int3", "hlt", "sysret", "sysretq",
-                   "ljmp"}
+# (not hlt: an interrupt or NMI resumes after it)
+_NO_FALLTHROUGH = {"jmp", "ret", "retf", "iret", "iretq", "int3", "sysret", "sysretq", "ljmp"}
 
 
 @dataclass
@@ -311,9 +311,18 @@ def _direct_target(ins):
     return None
 
 
+_IP_BASES = (cx86.X86_REG_RIP, cx86.X86_REG_EIP)
+
+
 def _rip_relative(ins):
-    return any(op.type == cx86.X86_OP_MEM and op.mem.base == cx86.X86_REG_RIP
-               for op in ins.operands)
+    """A RIP- or EIP-based memory operand (EIP: a 67 prefix, the target truncated
+    to 32 bits): the target moves with the instruction unless its bytes change."""
+    return any(op.type == cx86.X86_OP_MEM and op.mem.base in _IP_BASES for op in ins.operands)
+
+
+def _ip_text(op_str):
+    """Capstone's operand text names rip or eip (a RIP/EIP-relative operand)."""
+    return "rip" in op_str or "eip" in op_str
 
 
 def _meaning(ins):
@@ -330,9 +339,10 @@ def _meaning(ins):
             ops.append(("target", v) if target is not None else ("imm", v, op.size))
         elif op.type == cx86.X86_OP_MEM:
             m = op.mem
-            if m.base == cx86.X86_REG_RIP:
-                t = (ins.address + ins.size + m.disp) & (2**64 - 1)
-                ops.append(("rip", t, m.segment, m.index, m.scale, op.size))
+            if m.base in _IP_BASES:
+                mask = 2**64 - 1 if m.base == cx86.X86_REG_RIP else 2**32 - 1
+                t = (ins.address + ins.size + m.disp) & mask
+                ops.append(("rip", t, m.base, m.segment, m.index, m.scale, op.size))
             else:
                 ops.append(("mem", m.disp & (2**64 - 1), m.base, m.index, m.scale, m.segment,
                             op.size))
@@ -740,7 +750,7 @@ class _BlockCheck:
                 mb = maybe_branch.get(ins.mnemonic)
                 if mb is None:
                     mb = maybe_branch[ins.mnemonic] = _maybe_branch(ins.mnemonic)
-                if succ <= piece_old_end[p] and not mb and "rip" not in ins.op_str and \
+                if succ <= piece_old_end[p] and not mb and not _ip_text(ins.op_str) and \
                         unchanged(p, a, succ):
                     k = bisect_left(moved_field_addrs, a) if moved_field_addrs else 0
                     if not (k < len(moved_field_addrs) and moved_field_addrs[k] < succ):
@@ -788,7 +798,7 @@ class _BlockCheck:
                         _same_rip_relative(ins, rip_disp_offset, new_read, n, translate):
                     new_ins = ins       # same bytes but the displacement, the translated target
                 else:
-                    if isinstance(ins, _Light) and "rip" in ins.op_str:
+                    if isinstance(ins, _Light) and _ip_text(ins.op_str):
                         ins = _full(cs, ins)            # decoded once, kept for below
                     rip = not isinstance(ins, _Light) and _rip_relative(ins)
                     if not data_moved and target is None and not rip and \
@@ -894,7 +904,7 @@ class _BlockCheck:
             else:
                 insns = _decode_all(cs, code, f.old_start, lite)
                 rip_disp_offsets = _rip_disp_offsets(
-                    [i for i in insns if isinstance(i, _Light) and "rip" in i.op_str])
+                    [i for i in insns if isinstance(i, _Light) and _ip_text(i.op_str)])
                 starts = {i.address for i in insns}
                 decoded_end = insns[-1].address + insns[-1].size if insns else f.old_start
             if decoded_end != f.old_end:
@@ -955,7 +965,7 @@ class _BlockCheck:
                     m, _, ops = next(c_text).partition("\t")
                     light[k] = _Light(c_addr[k], n, code[o:o + n], m, ops)
             rip_disp_offsets = _rip_disp_offsets(
-                [light[k] for k in todo if c_state[k] == ST_SLOW and "rip" in light[k].op_str])
+                [light[k] for k in todo if c_state[k] == ST_SLOW and _ip_text(light[k].op_str)])
             for k in todo:
                 st, p, a = c_state[k], c_piece[k], c_addr[k]
                 if st == ST_SLOW:

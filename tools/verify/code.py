@@ -50,12 +50,12 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
     instructions) were a few hundred MB at once. The findings are gathered over
     the slices and added in the order one pass adds them."""
     sel = np.nonzero(use)[0]
-    missing, wrong_target, unexplained = [], [], []
+    missing, wrong_target, unexplained, stale_operand = [], [], [], []
     totals = {"equivalence_instructions": 0, "equivalence_translated_branches": 0,
               "equivalence_translated_fields": 0}
     for lo in range(0, len(sel), _COMPARE_INSNS):
         got = _compare_slice(octx, nctx, amap, sel[lo:lo + _COMPARE_INSNS], kernel, data_moves,
-                             missing, wrong_target, unexplained)
+                             missing, wrong_target, unexplained, stale_operand)
         for k, v in got.items():
             totals[k] += v
     _add(findings, "error", "equiv.instruction", missing,
@@ -65,15 +65,20 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
          lambda w: (w[1], f"branch at {octx.symbol_at(w[0])} went to {octx.symbol_at(w[2])}, "
                     f"now goes to {w[3]:#x}" if w[3] is not None else
                     f"branch at {octx.symbol_at(w[0])} is no longer a branch"), counter)
+    _add(findings, "error", "equiv.operand-target", stale_operand,
+         lambda w: (w[1], f"{octx.symbol_at(w[0])}: the {'EIP' if w[4] else 'RIP'}-relative "
+                    f"operand designated {octx.symbol_at(w[2])}, now {w[3]:#x} (its bytes did "
+                    f"not change, the instruction moved by {w[1] - w[0]:+#x})"), counter)
     _add(findings, "error", "equiv.instruction-bytes", unexplained,
          lambda u: (u[0], f"{octx.symbol_at(u[0])}: '{u[1]}' changed in a way that is not a "
                     "translated address"), counter)
     return totals
 
 
-def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_target, unexplained):
+def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_target, unexplained,
+                   stale_operand):
     """compare_instructions on OLD's instructions ``sel`` (ascending indices):
-    what fails is appended to the three lists; returns the counts."""
+    what fails is appended to the four lists; returns the counts."""
     def moved_by(field_addr, old_value, new_value, size):
         """The field designates a moved data symbol and moved with it."""
         return data_moves is not None and data_moves.explains(field_addr, old_value, new_value,
@@ -108,12 +113,17 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
     # 2. differing bytes must be translated address fields
     o_idx_all, n_idx_all, differs = o_idx_all[:matched], n_idx_all[:matched], differs[:matched]
     k_diff = np.nonzero(differs)[0]
+    ob_i, ob_t, _ = od.branch_targets()
+    # the same bytes at another address: a PC-relative field then names a target
+    # moved by the same distance, right only where the target moved with it
+    k_same = np.nonzero(~differs)[0]
+    kept_pc_relative(od, nd, amap, o_idx_all[k_same], n_idx_all[k_same], ob_i, ob_t, moved_by,
+                     wrong_target, stale_operand)
     # only the changed rows' bytes are looked at again
     o_raw, n_raw = od.raw[o_idx_all[k_diff]], nd.raw[n_idx_all[k_diff]]
     sizes_diff = od.size[o_idx_all[k_diff]].astype(np.int64)
     # branches: compare decoded targets, all at once (most changed instructions are
     # calls and jumps to moved functions)
-    ob_i, ob_t, _ = od.branch_targets()
     jo, jn = o_idx_all[k_diff], n_idx_all[k_diff]
     po = np.minimum(np.searchsorted(ob_i, jo), max(len(ob_i) - 1, 0))
     is_br = (ob_i[po] == jo) if len(ob_i) else np.zeros(len(jo), bool)
@@ -182,6 +192,58 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
     return {"equivalence_instructions": int(matched),
             "equivalence_translated_branches": branch_fixed,
             "equivalence_translated_fields": field_fixed}
+
+
+def kept_pc_relative(od, nd, amap, oi, ni, ob_i, ob_t, moved_by, wrong_target, stale_operand):
+    """Instructions of OLD ``oi`` whose bytes NEW holds unchanged at ``ni``: where
+    the instruction moved, a direct branch or a RIP/EIP-relative operand now
+    designates its old target plus the distance moved. It must be where the map
+    puts that target (a branch into its own function, moved whole, is; a call to
+    another function or a reference to data that stayed is not, and needs new
+    bytes). Appends (old address, new address, old target, new target) to
+    ``wrong_target`` (branches), and that with "EIP-based" to ``stale_operand``."""
+    o_addr, n_addr = od.addr[oi], nd.addr[ni]
+    mv = np.nonzero(o_addr != n_addr)[0]
+    if not len(mv):
+        return
+    oi, o_addr, n_addr = oi[mv], o_addr[mv], n_addr[mv]
+    delta = n_addr - o_addr                                  # uint64: wraps like the CPU
+    branch = np.zeros(len(oi), bool)
+    if len(ob_i):
+        po = np.minimum(np.searchsorted(ob_i, oi), len(ob_i) - 1)
+        branch = ob_i[po] == oi
+        t = ob_t[po[branch]]
+        now = t + delta[branch]
+        bad = np.nonzero(amap.map(t) != now)[0]
+        wrong_target.extend(zip(o_addr[branch][bad].tolist(), n_addr[branch][bad].tolist(),
+                                t[bad].tolist(), now[bad].tolist()))
+    # RIP/EIP-relative operands: a mod=00 rm=101 ModRM byte somewhere before a
+    # 4-byte displacement (a superset), then Capstone's detail decides
+    raw, size = od.raw[oi], od.size[oi].astype(np.int64)
+    may = np.zeros(len(oi), bool)
+    for c in range(1, raw.shape[1] - 4):
+        may |= ((raw[:, c] & 0xC7) == 0x05) & (c + 5 <= size)
+    rows = np.nonzero(may & ~branch)[0]
+    if not len(rows):
+        return
+    from ..image.operands import ip_relative
+    rip, eip, d_off = ip_relative(raw[rows], size[rows])
+    has = rip | eip
+    rows, eip, d_off = rows[has], eip[has], d_off[has]
+    disp = np.zeros(len(rows), np.uint64)
+    for k in range(4):
+        disp |= raw[rows, d_off + k].astype(np.uint64) << np.uint64(8 * k)
+    disp = np.where(disp >= np.uint64(2**31), disp | np.uint64(0xFFFFFFFF00000000), disp)
+    end = size[rows].astype(np.uint64)
+    t = o_addr[rows] + end + disp
+    now = n_addr[rows] + end + disp
+    t = np.where(eip, t & np.uint64(0xFFFFFFFF), t)
+    now = np.where(eip, now & np.uint64(0xFFFFFFFF), now)
+    for k in np.nonzero(amap.map(t) != now)[0].tolist():
+        r = rows[k]
+        if not moved_by(int(o_addr[r] + d_off[k].astype(np.uint64)), int(t[k]), int(now[k]), 4):
+            stale_operand.append((int(o_addr[r]), int(n_addr[r]), int(t[k]), int(now[k]),
+                                  bool(eip[k])))
 
 
 def fill_instructions(octx, od):

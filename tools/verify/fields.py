@@ -37,7 +37,9 @@ class FieldLayouts:
         ins = next(self._cs.disasm(code, address, 1), None)
         if ins is None:
             return None
-        rip = any(op.type == cx86.X86_OP_MEM and op.mem.base == cx86.X86_REG_RIP
+        # EIP-based (67 prefix) as RIP-based: the end plus the displacement (a
+        # target above 4 GB would not translate: named, never passed)
+        rip = any(op.type == cx86.X86_OP_MEM and op.mem.base in (cx86.X86_REG_RIP, cx86.X86_REG_EIP)
                   for op in ins.operands)
         # 64-bit mode has only 1-, 4- (and moffs 8-) byte displacements; Capstone 5
         # reports 2 for RIP-relative operands of 16-bit instructions (66 prefix)
