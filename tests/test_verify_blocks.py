@@ -761,12 +761,13 @@ def test_the_c_scan_finds_what_the_python_loop_finds(lua_split, monkeypatch):
     assert (f_small, s_small, c_small) == (f_c, s_c, c_c)
 
 
-@pytest.mark.parametrize("what", ["push", "rip", "jcc"])
+@pytest.mark.parametrize("what", ["push", "rip", "jcc", "call", "cond"])
 def test_a_change_the_c_scan_would_pass_is_named(lua_split, monkeypatch, tmp_path, what):
     """One bit flipped where C passes what it finds unchanged: a one-byte push whose
     register changed in a copied piece, a copied RIP-relative lea whose displacement no
     longer names the translated target (equiv.block-instruction), a re-encoded jcc
-    whose rel32 no longer does (equiv.relaxation). Both ways name it, the same."""
+    whose rel32 no longer does (equiv.relaxation), a copied call made a jmp, a
+    re-encoded jcc whose condition was negated. Both ways name it, the same."""
     import capstone
     from linepack.image.elf import ElfImage
     cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
@@ -799,6 +800,23 @@ def test_a_change_the_c_scan_would_pass_is_named(lua_split, monkeypatch, tmp_pat
                 at, old_at, flip = int(r["new"]) + lea[0] - o, lea[0], int(disp[0])
                 break
         want = ("equiv.block-instruction", f"at {old_at:#x} has no counterpart")
+    elif what == "call":
+        # a copied call made a jmp (e8 -> e9): same displacement, other instruction
+        for r in rows[rows["kind"] == bm.KIND_COPIED]:
+            o, n = int(r["old"]), int(r["old_len"])
+            code = bytes(old_im.read(o, n))
+            k = next((a - o for a, size, m, _ in cs.disasm_lite(code, o)
+                      if m == "call" and size == 5 and code[a - o] == 0xE8), None)
+            if k is not None:
+                at, old_at, flip = int(r["new"]) + k, o + k, 0
+                break
+        want = None
+    elif what == "cond":
+        # a re-encoded jcc with its condition changed (0f 8x: the low bit negates it)
+        r = next(r for r in rows[rows["kind"] == bm.KIND_BRANCH] if int(r["new_len"]) == 6
+                 and bytes(new_im.read(int(r["new"]), 1)) == b"\x0f")
+        at, old_at, flip = int(r["new"]), int(r["old"]), 1
+        want = None
     else:
         r = next(r for r in rows[rows["kind"] == bm.KIND_BRANCH] if int(r["new_len"]) == 6)
         at, old_at, flip = int(r["new"]), int(r["old"]), 2             # the rel32's low byte
@@ -814,5 +832,8 @@ def test_a_change_the_c_scan_would_pass_is_named(lua_split, monkeypatch, tmp_pat
     bad.chmod(0o755)
     (f_py, _, _), (f_c, _, c_c) = _block_check_both_ways(monkeypatch, exe, str(bad))
     assert c_c == [True] and f_py == f_c
+    if want is None:                    # named at the changed instruction, both ways
+        assert f_c and all(a == at for _, a, _ in f_c), f_c
+        return
     assert [(c, a) for c, a, _ in f_c] == [(want[0], at)], f_c
     assert want[1] in f_c[0][2]
