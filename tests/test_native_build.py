@@ -49,3 +49,15 @@ def test_no_compiler_is_named(tmp_path, monkeypatch):
     src.write_text("int x;\n")
     with pytest.raises(ExternalToolError, match="the test core needs a C compiler"):
         native.build("x", [str(src)], "test", "the test core")
+
+
+def test_a_compiler_that_is_not_there_is_named(tmp_path, monkeypatch):
+    """$CC naming no program is the same one-line error as a failed build (the
+    cores' callers then fall back to Python), not an OSError."""
+    monkeypatch.setenv("LINEPACK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    src = tmp_path / "x.c"
+    src.write_text("int x;\n")
+    with pytest.raises(ExternalToolError, match="cannot build the test core with .*no-such-cc"):
+        native.build("x", [str(src)], "test", "the test core")
+    assert os.listdir(tmp_path / "cache" / "test") == []

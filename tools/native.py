@@ -45,8 +45,11 @@ def build(name, sources, kind, what, headers=()):
         os.close(fd)
         try:
             import subprocess           # here: not every command builds a core
-            p = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, *sources],
-                               capture_output=True, text=True)
+            try:
+                p = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, *sources],
+                                   capture_output=True, text=True)
+            except OSError as e:        # no such compiler: the callers fall back to Python
+                raise ExternalToolError(f"cannot build {what} with {cc}: {e.strerror}") from None
             if p.returncode != 0:
                 err = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
                 raise ExternalToolError(f"cannot build {what} with {cc}: {err}")

@@ -93,7 +93,7 @@ static const uint8_t *new_bytes(const uint8_t *data, const uint64_t *sec_lo,
 {
     for (int64_t k = 0; k < nsec; k++) {
         if (sec_lo[k] <= addr && addr < sec_hi[k]) {
-            if (!sec_file[k] || addr + n > sec_hi[k]) return 0;
+            if (!sec_file[k] || n > sec_hi[k] - addr) return 0;     /* no wrap-around */
             return data + sec_off[k] + (int64_t)(addr - sec_lo[k]);
         }
     }
