@@ -271,7 +271,8 @@ def split(run):
                                    split_noinstr=getattr(strat, "split_noinstr", False),
                                    order_whole=getattr(strat, "order_whole", False) and
                                    run.target.kind == "userspace",
-                                   inline_cold_max=getattr(strat, "inline_cold_max", 0))
+                                   inline_cold_max=getattr(strat, "inline_cold_max", 0),
+                                   prefix_keep=_prefix_keep(image, strat, heads, log))
     if eh_split is not None:
         n = len(splits)
         kept = eh_split.accept(splits, units.start, heat, reason)
@@ -301,6 +302,21 @@ def split(run):
     run.units, run.heat, _, _ = run.split["planning"]
     run.split_stats = st = _split_stats(run.split, run.orig_units)
     return st
+
+
+def _prefix_keep(image, strat, heads, log):
+    """How many bytes of a split function's prefix padding its hot part keeps: the
+    call-depth thunk's size (kernel/prefixes.py) with ``prefix_padding =
+    "template"`` on a kernel that has the thunk template, else 0 (all of them)."""
+    if getattr(strat, "prefix_padding", "full") != "template" or not heads.any():
+        return 0
+    from ..kernel.prefixes import thunk_template_size
+    keep = thunk_template_size(image) or 0
+    if keep and keep < int(heads.max()):
+        log(f"prefixes: split functions keep {keep} of their {int(heads.max())} padding "
+            "bytes (the call-depth thunk's size) and lose their alignment")
+        return keep
+    return 0
 
 
 def _split_stats(split, orig_units):
