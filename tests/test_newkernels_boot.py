@@ -374,6 +374,24 @@ def _phys(image, vaddr):
     raise ValueError(f"{vaddr:#x} in no segment")
 
 
+SARQ_RIP = b"\x65\x48\xc1\x3d"         # sarq $imm8, %gs:disp32(%rip)
+
+
+def _same_thunk(got, at, template, t):
+    """``got`` (the bytes at ``at``) is the template (at ``t``) as the kernel patches it:
+    the same bytes, a RIP-relative operand (6.12, 7.3: sarq $5, %gs:__x86_call_depth)
+    relocated to reach the same per-CPU variable from ``at``."""
+    if len(got) != len(template) or got[:4] != template[:4] or got[8:] != template[8:]:
+        return False
+    if template[:4] != SARQ_RIP:
+        return got == template
+    n = len(template)               # the disp32 is followed by the imm8: ends the insn
+
+    def disp(b):
+        return int.from_bytes(b[4:8], "little", signed=True)
+    return at + n + disp(got) == t + n + disp(template)
+
+
 def test_call_depth_thunks_patched_into_trimmed_paddings(layout, tmp_path):
     """``blocks`` keeps only the call-depth template's size of a split function's
     __pfx_ padding (kernel/prefixes.py). The rewritten vmlinux booted with call-depth
@@ -405,7 +423,7 @@ def test_call_depth_thunks_patched_into_trimmed_paddings(layout, tmp_path):
         patched, untouched, other = [], 0, []
         for n, a in trimmed:
             got = read(_phys(im, a), tmpl)
-            if got == template:
+            if _same_thunk(got, a, template, t):
                 patched.append(n)
             elif got == b"\x90" * tmpl:
                 untouched += 1
