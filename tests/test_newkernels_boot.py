@@ -434,7 +434,6 @@ def test_call_depth_thunks_patched_into_trimmed_paddings(layout, tmp_path):
             dump.unlink()
     assert not other, other[:10]
     assert len(patched) > 50, (len(patched), untouched)
-    assert "__pfx_vfs_read" in patched or "__pfx__raw_spin_lock" in patched, patched[:20]
 
 
 def test_prefix_room_mutation_is_found(layout, tmp_path):
