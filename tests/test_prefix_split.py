@@ -196,3 +196,36 @@ def test_prefix_trimmed_to_the_thunk_template(tmp_path):
         assert check_prefix_room(octx, nctx, oi, ni, found, counter, add_findings) == 1
         assert [(f.check, f.address) for f in found] == [("equiv.prefix-room",
                                                           int(syms["value"][g]))]
+
+
+def test_whole_hot_prefixed_function_trimmed_too(tmp_path):
+    """A hot prefixed function with no cold block (every block ran) moves whole, in one
+    part in its original order, with its prefix trimmed to the template's 9 bytes and
+    no alignment kept; it runs the same and verify --against is clean."""
+    from linepack.relayout import strategies
+    from linepack.verify.equivalence import verify_against
+    from linepack.verify.standalone import verify_image
+    exe, expected = g_program.build(tmp_path, prefix=True, extra=TEMPLATE)
+    im = ElfImage(str(exe))
+    fn = FunctionTable(im)
+    g = im.symbol_address("g")
+    every = (np.array([g], np.uint64), np.array([int(fn.end[fn.index_of("g")]) - g], np.uint64),
+             np.array([100.0]))
+    out = tmp_path / "whole"
+    summary, plan, rw = relayout(str(exe), str(out), strategies.get("blocks"),
+                                 hotness={"g": 100.0}, blocks=every)
+    assert not summary["problems"]
+    (sf,) = rw.block_split["splits"]
+    assert sf.whole and sf.sizes[1] == 0 and sf.head == 9
+    res = subprocess.run([str(out)], capture_output=True, text=True, timeout=20)
+    assert res.returncode == 0 and res.stdout == expected
+    new = ElfImage(str(out))
+    names, syms = new.symbol_table()
+    gi, pfx = names.index("g"), names.index("__pfx_g")
+    assert "g.cold" not in names
+    assert int(syms["value"][pfx]) + 9 == int(syms["value"][gi]) and int(syms["size"][pfx]) == 9
+    assert bytes(new.read(int(syms["value"][gi]) - 9, 9)) == b"\x90" * 9
+    rep = verify_image(str(out))
+    verify_against(rep, str(out), str(exe))
+    errors = [f for f in rep.findings if f.severity == "error"]
+    assert not errors, errors[:5]

@@ -430,6 +430,32 @@ def trim_prefix(sf, keep):
     return True
 
 
+def _note_prefix_sym(sf, units, functions):
+    """Remember the __pfx_ symbol of a trimmed split function (it gets the kept size)."""
+    mem = units.members[sf.unit]
+    if len(mem) == 2:
+        sf.prefix_sym = int(functions.sym_index[mem[0][0]])
+
+
+def _whole_trimmed(cfg, u, units, functions, hot_block, short_keys, falls, head, keep):
+    """A hot prefixed function with nothing worth splitting, moved whole but with its
+    prefix trimmed to ``keep`` bytes: one part, every block in its original order (a
+    SplitFunction with ``whole`` set and no cold part); None when it cannot be built."""
+    a, z = cfg.blocks_of(u)
+    mask = hot_block.copy()
+    mask[a:z] = True
+    fi = units.members[u][-1][0]
+    sf = build_parts(cfg, u, u, functions.name[fi], mask, short_keys,
+                     int(functions.sym_index[fi]), falls, False)
+    if sf is None or sf.sizes[1]:
+        return None
+    sf.head, sf.whole = head, True
+    if not trim_prefix(sf, keep):
+        return None
+    _note_prefix_sym(sf, units, functions)
+    return sf
+
+
 def _trailing_code(dis, units, functions, candidates):
     """Per unit: code that is not padding (NOPs, int3 fill) lies after its (last) function's end
     (an assembly label without a function symbol: relayout/units.py keeps it
@@ -531,6 +557,11 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
         whole = cold_bytes < cold_min
         if whole and not (order_whole and weights is not None):
             reason[u] = R_NO_COLD
+            if prefix_keep and heads[u]:
+                sf = _whole_trimmed(cfg, u, units, functions, hot_block, short_keys, falls,
+                                    int(heads[u]), prefix_keep)
+                if sf is not None:
+                    splits.append(sf)
             continue
         head = int(heads[u])
         fi = units.members[u][-1][0]           # the function (after its prefix, if any)
@@ -566,9 +597,7 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
         sf.head = head
         sf.whole = whole
         if prefix_keep and head and trim_prefix(sf, prefix_keep):
-            p, _ = units.members[u][0]
-            if len(units.members[u]) == 2:
-                sf.prefix_sym = int(functions.sym_index[p])
+            _note_prefix_sym(sf, units, functions)
         splits.append(sf)
     return splits, reason
 

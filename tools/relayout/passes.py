@@ -292,8 +292,10 @@ def split(run):
         if len(splits) < n:
             log(f".eh_frame: room for {len(splits)} of {n} cold-part FDEs; "
                 f"{n - len(splits)} functions moved whole")
-    log(f"CFG: {len(cfg)} blocks in {len(units)} units; {len(splits)} hot functions split, "
-        f"{int(((heat >= strat.min_count) & (reason != 0)).sum())} hot ones moved whole")
+    n_whole = sum(sf.whole for sf in splits)
+    log(f"CFG: {len(cfg)} blocks in {len(units)} units; {len(splits) - n_whole} hot functions "
+        f"split, {int(((heat >= strat.min_count) & (reason != 0)).sum())} hot ones moved whole"
+        + (f" ({n_whole} in one part: reordered, or their prefix trimmed)" if n_whole else ""))
     run.split = {"cfg": cfg, "splits": splits, "reason": reason, "block_count": counts,
                  "eh_split": eh_split, "reasons": reason_summary(reason, heat, strat.min_count,
                                                        userspace=run.target.kind == "userspace"),
