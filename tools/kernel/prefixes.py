@@ -18,11 +18,12 @@ it on the image). The 16 B function alignment matters to ``is_callthunk``
 alone, which rounds an address up to CONFIG_FUNCTION_ALIGNMENT (16) and asks
 whether the template sits before it; only the BPF JIT calls it
 (``x86_call_depth_emit_accounting``), with an entry address, to skip its own
-accounting. For an unaligned entry it answers no and the JIT accounts the call
-itself before calling the entry: the call is counted once; an aligned entry
-whose padding was patched gets no accounting at all (the call is under-counted,
-so the RSB is refilled one return early: the safe side). Nothing else uses the
-padding: no ``__cfi_`` symbols (kCFI/FineIBT need clang's CFI; gcc 14 built
+accounting. For an unaligned entry it looks before the next 16-byte boundary
+inside the function and answers no (unless a tiny function ends right where the
+next one's patched thunk does), so the JIT accounts the call itself before
+calling the entry: counted once. A yes leaves the call unaccounted, which
+refills the RSB one return early (the safe side), as the stock kernel does for
+every aligned entry whose padding was patched. Nothing else uses the padding: no ``__cfi_`` symbols (kCFI/FineIBT need clang's CFI; gcc 14 built
 both), and ITS picks its thunks from the branch's own address at boot.
 With ``--against`` (``check_prefix_room``): every function that had a prefix in
 the original has at least the template's size of single-byte NOPs right before
