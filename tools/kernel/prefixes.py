@@ -23,8 +23,9 @@ inside the function and answers no (unless a tiny function ends right where the
 next one's patched thunk does), so the JIT accounts the call itself before
 calling the entry: counted once. A yes leaves the call unaccounted, which
 refills the RSB one return early (the safe side), as the stock kernel does for
-every aligned entry whose padding was patched. Nothing else uses the padding: no ``__cfi_`` symbols (kCFI/FineIBT need clang's CFI; gcc 14 built
-both), and ITS picks its thunks from the branch's own address at boot.
+every aligned entry whose padding was patched. Nothing else uses the padding:
+no ``__cfi_`` symbols (kCFI/FineIBT need clang's CFI; gcc 14 built both), and
+ITS picks its thunks from the branch's own address at boot.
 With ``--against`` (``check_prefix_room``): every function that had a prefix in
 the original has at least the template's size of single-byte NOPs right before
 its entry in the new image.
