@@ -661,3 +661,130 @@ def test_the_function_maps_one_address_form_is_its_array_form():
                             np.array([0, 1, 1 << 63, (1 << 64) - 1], np.uint64)])
         assert [fm.map1(x) for x in a.tolist()] == fm.map(a).tolist()
     assert BlockMap(np.zeros(0, bm.BLOCKMAP_ROW), fm.map)._outside1 == fm.map1
+
+
+# -- the C scan (blocks.c) against the Python loop, on a real program's rewrite -------------
+@pytest.fixture(scope="module")
+def lua_split(tmp_path_factory):
+    """lua 5.4 (Debian's source, as the userspace bench builds it: non-PIE, nobody tuned
+    it for us), profiled on the bench's script and split by ``relayout --strategy
+    blocks``."""
+    import os
+    import sys
+    from linepack.profile.user import record_user
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench"))
+    import bench_userspace_bolt as bench
+    d = tmp_path_factory.mktemp("bc")
+    exe = bench.build_lua(str(d), log=lambda m: None)
+    script = d / "work.lua"
+    script.write_text(bench.LUA_SCRIPT)
+    prof = exe + ".lpprof"
+    record_user(exe, [str(script)], output=prof)
+    out = d / "lua.blocks"
+    p = run_linepack("relayout", exe, "--profile", prof, "--strategy", "blocks", "-q", "-o", out,
+                     timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return exe, str(out)
+
+
+def _block_check_both_ways(monkeypatch, exe, out):
+    """verify --against ``out`` in this process (no forked children), its block check run
+    by the Python loop alone and with the C scan: [(findings, stats, C scans that ran)]
+    for each."""
+    from linepack.cli import main
+    monkeypatch.setenv("LINEPACK_VERIFY_NOFORK", "1")
+    from linepack.verify import blocks as vb
+    from linepack.verify import split as vsplit
+    got = []
+    scans = []
+    real_scan = vb._BlockCheck.scan
+
+    def scan(self, lo, hi, codes):
+        r = real_scan(self, lo, hi, codes)
+        scans.append(r is not None)
+        return r
+    monkeypatch.setattr(vb._BlockCheck, "scan", scan)
+
+    def both(*a, **k):
+        for lib in (None, False):               # None: no C core; False: build/load it
+            monkeypatch.setattr(vb, "_lib", lib)
+            scans.clear()
+            found, stats = check_blocks(*a, **k)
+            got.append(([(f.check, f.address, f.message) for f in found], stats, list(scans)))
+        return found, stats
+    monkeypatch.setattr(vsplit, "blocks_in_halves", both)
+    main(["verify", "-q", out, "--against", exe])
+    return got
+
+
+def test_the_c_scan_finds_what_the_python_loop_finds(lua_split, monkeypatch):
+    """blocks.c decides the common copied instruction; on a real rewrite (lua's split
+    functions) the findings and every count are the Python loop's, and C ran."""
+    exe, out = lua_split
+    (f_py, s_py, c_py), (f_c, s_c, c_c) = _block_check_both_ways(monkeypatch, exe, out)
+    assert s_py["split_functions"] > 30 and s_py["instructions"] > 5000, s_py
+    assert f_py == f_c == [] and s_py == s_c
+    assert c_py == [False] and c_c == [True]
+    # a first output too small for the rows and for the text: scanned again, the same
+    from linepack.verify import blocks as vb
+    monkeypatch.setattr(vb, "_BYTES_PER_ROW", 10 ** 6)
+    monkeypatch.setattr(vb, "_TEXT_PER_ROW", 0)
+    (_, _, _), (f_small, s_small, c_small) = _block_check_both_ways(monkeypatch, exe, out)
+    assert (f_small, s_small, c_small) == (f_c, s_c, c_c)
+
+
+@pytest.mark.parametrize("what", ["push", "rip", "jcc"])
+def test_a_change_the_c_scan_would_pass_is_named(lua_split, monkeypatch, tmp_path, what):
+    """One bit flipped where C passes what it finds unchanged: a one-byte push whose
+    register changed in a copied piece, a copied RIP-relative lea whose displacement no
+    longer names the translated target (equiv.block-instruction), a re-encoded jcc
+    whose rel32 no longer does (equiv.relaxation). Both ways name it, the same."""
+    import capstone
+    from linepack.image.elf import ElfImage
+    cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    exe, out = lua_split
+    old_im, new_im = ElfImage(exe), ElfImage(out)
+    rows = bm.read_blockmap(new_im)
+    at = None
+    if what == "push":
+        for r in rows[rows["kind"] == bm.KIND_COPIED]:
+            o, n = int(r["old"]), int(r["old_len"])
+            code = bytes(old_im.read(o, n))
+            k = next((a - o for a, size, m, _ in cs.disasm_lite(code[:-1], o)
+                      if size == 1 and m == "push" and a > o), None)    # push rbx/rbp/...
+            if k is not None and bytes(new_im.read(int(r["new"]), n)) == code:
+                at, old_at, flip = int(r["new"]) + k, o + k, 0
+                break
+        want = ("equiv.block-instruction", f"at {old_at:#x} has no counterpart")
+    elif what == "rip":
+        from linepack.image.operands import rip_relative
+        for r in rows[rows["kind"] == bm.KIND_COPIED]:
+            o, n = int(r["old"]), int(r["old_len"])
+            code = bytes(old_im.read(o, n))
+            lea = next(((a, size) for a, size, m, ops in cs.disasm_lite(code, o)
+                        if m == "lea" and "rip" in ops), None)
+            if lea is not None and bytes(new_im.read(int(r["new"]), n)) != code:
+                raw = np.zeros((1, 16), np.uint8)
+                raw[0, :lea[1]] = np.frombuffer(code[lea[0] - o:lea[0] - o + lea[1]], np.uint8)
+                has, disp = rip_relative(raw, [lea[1]])
+                assert has[0] and disp[0] > 0
+                at, old_at, flip = int(r["new"]) + lea[0] - o, lea[0], int(disp[0])
+                break
+        want = ("equiv.block-instruction", f"at {old_at:#x} has no counterpart")
+    else:
+        r = next(r for r in rows[rows["kind"] == bm.KIND_BRANCH] if int(r["new_len"]) == 6)
+        at, old_at, flip = int(r["new"]), int(r["old"]), 2             # the rel32's low byte
+        want = ("equiv.relaxation", f"branch at {old_at:#x} re-encoded wrongly: displacement")
+    assert at is not None
+    off = new_im.vaddr_to_offset(at + flip)
+    old_im.close()
+    new_im.close()
+    bad = tmp_path / "bad"
+    data = bytearray(open(out, "rb").read())
+    data[off] ^= 1
+    bad.write_bytes(bytes(data))
+    bad.chmod(0o755)
+    (f_py, _, _), (f_c, _, c_c) = _block_check_both_ways(monkeypatch, exe, str(bad))
+    assert c_c == [True] and f_py == f_c
+    assert [(c, a) for c, a, _ in f_c] == [(want[0], at)], f_c
+    assert want[1] in f_c[0][2]

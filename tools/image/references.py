@@ -38,6 +38,7 @@ from .elf import RELA, STT_SECTION, Relocations
 from .relocs import (R_X86_64_32, R_X86_64_32S, R_X86_64_64, R_X86_64_PC32, R_X86_64_PC64,
                      R_X86_64_PLT32, sext32)
 from .intervals import containing
+from .words import section_spans, read_words
 
 START_KERNEL_MAP = 0xFFFFFFFF80000000
 
@@ -97,32 +98,6 @@ def in_sorted(a, s):
 
 
 # -- reading fields ------------------------------------------------------------
-def _section_spans(image):
-    """(starts, ends, sections) of every allocated section with contents,
-    .data..percpu included at its ELF address (0)."""
-    secs = sorted((s for s in image.sections if s.is_alloc and s.size and s.type != 8),
-                  key=lambda s: s.addr)
-    return (np.array([s.addr for s in secs], np.uint64),
-            np.array([s.end for s in secs], np.uint64), secs)
-
-
-def read_fields(image, addrs, width):
-    """Little-endian unsigned values of ``width`` bytes at ELF addresses
-    (0 where the field is not in a file-backed section)."""
-    addrs = np.asarray(addrs, np.uint64)
-    lo, hi, secs = _section_spans(image)
-    k = containing(lo, hi, addrs)
-    ok = (k >= 0)
-    kc = np.maximum(k, 0)
-    ok &= addrs + np.uint64(width) <= hi[kc]
-    offs = np.array([s.offset for s in secs], np.int64)
-    pos = offs[kc] + (addrs - lo[kc]).astype(np.int64)
-    pos = np.where(ok, pos, 0)
-    raw = image.data[pos[:, None] + np.arange(width)[None, :]]
-    val = raw.copy().view("<u8" if width == 8 else "<u4").ravel().astype(np.uint64)
-    return np.where(ok, val, np.uint64(0))
-
-
 def field_targets(image, field, rtype, end):
     """What each field reaches today: absolute = its value (32S sign-extended),
     PC-relative = end + value."""
@@ -133,7 +108,7 @@ def field_targets(image, field, rtype, end):
         m = np.nonzero(rtype == t)[0]
         if not len(m):
             continue
-        v = read_fields(image, field[m], w)
+        v, _ = read_words(image, field[m], w)
         if t in (R_X86_64_PC32, R_X86_64_PLT32):
             out[m] = end[m] + sext32(v)
         elif t == R_X86_64_PC64:
@@ -229,8 +204,8 @@ def kaslr_references(image, kaslr):
             f[pc] -= np.uint64(load)
         out.append((f, origin))
     f64, f32 = out[0][0], out[1][0]
-    v64 = read_fields(image, f64, 8)
-    v32 = read_fields(image, f32, 4)
+    v64, _ = read_words(image, f64, 8)
+    v32, _ = read_words(image, f32, 4)
     t32 = sext32(v32)
     # a 32-bit field is 32S when its sign-extended value is a kernel address,
     # else R_X86_64_32 (``sym - __START_KERNEL_map``: a physical address)
@@ -551,7 +526,7 @@ def as_relocations(image, refs, skip=None, named=None):
     sec_syms = np.nonzero(typ == STT_SECTION)[0]
     by_shndx = {int(syms["shndx"][i]): int(i) for i in sec_syms}
     any_sec = int(sec_syms[0]) if len(sec_syms) else 0
-    lo, hi, secs = _section_spans(image)
+    lo, hi, secs = section_spans(image)
     keep = np.ones(len(refs), bool) if skip is None else ~np.asarray(skip, bool)
     field, rtype, end, target = refs.field[keep], refs.rtype[keep], refs.end[keep], refs.target[keep]
     # the symbol: the SECTION symbol of the target's section (mapped through the
@@ -658,7 +633,7 @@ def compare(image, recovered, link, movable_lo, movable_hi):
     field the recovery does not list (or lists with another width); extra =
     recovered fields the link has no relocation for (the assembler's own
     references, mostly). Returns a dict for reports."""
-    lo, hi, secs = _section_spans(image)
+    lo, hi, secs = section_spans(image)
 
     def sec_names(addrs):
         k = containing(lo, hi, addrs)

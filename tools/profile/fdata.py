@@ -277,7 +277,6 @@ def export_fdata(profile, path, image=None, log=None):
     profile.check_image(image)
     sym = Symbolizer(image)
     ft = sym.functions
-    image_name = os.path.basename(image.path)
     out = []
     local_id = _local_ids(ft)
     names = [f"{n}/{local_id[i]}" if i in local_id else n for i, n in enumerate(ft.name)]

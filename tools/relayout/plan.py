@@ -211,16 +211,7 @@ def make_plan(units, strategy, heat, calls=(), functions=None, blocks=None, hot_
                 continue
             stuck = []
             for index, msg, needed in over:
-                cands = []
-                for i in range(index - 1, -1, -1):
-                    if regs[i].section != regs[index].section:
-                        break
-                    if regs[i].pinned:
-                        if i in in_group:
-                            continue    # pinned units a group is laid out around
-                        break
-                    if (units.region == i).any():
-                        cands.append(i)
+                cands = [i for i in _run_before(regs, index, in_group) if (units.region == i).any()]
                 # each region nearest-first: its order without padding, or its original
                 # layout when the strategy has no order of its own; then, still no
                 # room, the original layout of the compact ones, nearest first
@@ -805,7 +796,6 @@ def text_growth(plan):
     """How far the end of laid-out code moved, summed over sections' movable runs
     (a run moved away whole, to a userspace executable's new segment: how much
     longer it is there)."""
-    u = plan.units
     out = 0
     for m in _movable_runs(plan):
         out += run_growth(plan, m)

@@ -374,6 +374,57 @@ def _same_meaning(old_ins, new_ins, translate):
     return True
 
 
+_lib = False            # the C scan (blocks.c): False not tried yet, None not available
+# blocks.c's states of an instruction
+ST_LOST, ST_DONE, ST_DONE_EDGE, ST_FALL, ST_SLOW, ST_BRANCH_FALL = range(6)
+# the scan's first output size: a row per 3 bytes of code (x86-64 averages about 4), 8
+# bytes of text per row (the instructions C does not pass, about 1 in 5, take ~30 each);
+# a scan that runs out is repeated with room enough
+_BYTES_PER_ROW, _TEXT_PER_ROW = 3, 8
+
+
+def _native_lib():
+    """The block check's C scan (blocks.c, built at first use), or None (no compiler):
+    the Python loop then decides every instruction, with the same results."""
+    global _lib
+    if _lib is False:
+        _lib = None
+        import ctypes
+        import os
+        from .. import native as nat
+        from ..errors import ExternalToolError
+        if nat.compiler():
+            try:
+                here = os.path.dirname(os.path.abspath(__file__))
+                lib = nat.build("blocks", [os.path.join(here, "blocks.c")], "verify",
+                                "the block check core")
+                P, I64 = ctypes.c_void_p, ctypes.c_int64
+                lib.lp_block_scan.argtypes = [P, P, ctypes.c_size_t] + [I64] * 5 + \
+                    [P, P, P, P, I64] + [P] * 6 + [I64] + [P] * 5 + [I64] + \
+                    [P, I64, P, I64] + [I64, P, I64, I64, P, P, P, I64, P, P, P, I64, P, I64, P] + \
+                    [P] * 4 + [I64, P, I64] + [P] * 3
+                lib.lp_block_scan.restype = ctypes.c_int
+                _lib = lib
+            except ExternalToolError:
+                pass
+    return _lib
+
+
+def _new_sections(read):
+    """(data, section starts, ends, file offsets, file-backed) of the ElfImage whose
+    ``read`` this is, as ElfImage.read finds a section (the first allocated one in
+    header order); None for any other reader (tests' byte readers): Python decides."""
+    from ..image.elf import SHT_NOBITS, ElfImage
+    im = getattr(read, "__self__", None)
+    if not isinstance(im, ElfImage) or getattr(read, "__func__", None) is not ElfImage.read:
+        return None
+    secs = im.alloc_sections()
+    return (im.data, np.array([s.addr for s in secs], np.uint64),
+            np.array([s.end for s in secs], np.uint64),
+            np.array([s.offset for s in secs], np.int64),
+            np.array([s.type != SHT_NOBITS for s in secs], np.uint8))
+
+
 def check_blocks(rows, functions, old_read, new_read, outside_map, orc_old=None, orc_new=None,
                  tables=(), no_fallthrough=frozenset(), noreturn=frozenset(), data_moves=None,
                  patch_sites=None):
@@ -495,6 +546,93 @@ class _BlockCheck:
         self.piece_same, self.maybe_branch = piece_same, maybe_branch
         self.in_rows, self.group_at = in_rows, group_at
 
+    def _detail_at(self):
+        """blocks.c's struct detail_at: the detailed Capstone handle and where its
+        details keep the operands and the displacement's offset (image/operands.py's)."""
+        from ..image import operands as ops
+        return np.array([self.cs.csh.value, ops._INSN_OFF["detail"], ops._OP_COUNT,
+                         ops._OPERANDS, ops._OP, ops._OP_TYPE, ops._OP_MEM_BASE,
+                         ops._DISP_OFFSET, cx86.X86_OP_MEM, cx86.X86_REG_RIP], np.int64)
+
+    def scan(self, lo, hi, codes):
+        """blocks.c's decode and states of split functions lo..hi-1 (``codes``: their
+        original bytes): (addresses, lengths, pieces, states as lists, first row per
+        function, stuck per function, (instructions passed, edges counted, re-encoded
+        branches passed), the
+        mnemonic and operand text, tab between, of each ST_FALL/ST_SLOW instruction in
+        order); None
+        where the C scan cannot run (no compiler, a reader that is no ElfImage's, the
+        pieces overlapping: the Python loop's fast path is off then too)."""
+        lib = _native_lib() if self.fast and hi > lo else None
+        secs = _new_sections(self.new_read) if lib is not None else None
+        if secs is None:
+            return None
+        import ctypes
+        from capstone import _cs
+        amap = self.amap
+        if not hasattr(self, "_scan_cols"):
+            as_u64 = lambda v: np.ascontiguousarray(v, np.uint64)     # noqa: E731
+            # the function-level map of everything else (BlockMap.map1's outside1)
+            fmap = getattr(amap._outside1, "__self__", None)
+            fcols = (fmap.old_start, fmap.old_end, fmap.new_start, fmap.label_old,
+                     fmap.label_new, fmap.label_end, np.sort(fmap.fixed)) \
+                if fmap is not None else ((),) * 7
+            self._scan_cols = (as_u64(amap.old), as_u64(amap.old_end), as_u64(amap.new),
+                               as_u64(amap.new_len), np.ascontiguousarray(amap.kind, np.int64),
+                               as_u64(self.end_new), as_u64(self.moved_field_addrs),
+                               as_u64(sorted(self.no_fallthrough)),
+                               as_u64(sorted(self.noreturn)), fmap is not None,
+                               [as_u64(c) for c in fcols])
+        p_old, p_end, p_new, p_newlen, p_kind, p_endnew, moved, nofall, noreturn, outside, \
+            (o_start, o_end, n_start, l_old, l_new, l_end, fixed) = self._scan_cols
+        # plain branches and RIP-relative copies in C where the translation is
+        # BlockMap.map1's alone (no moved extents) and a jmp never falls through (no
+        # patch sites: kernels')
+        branches = self.moved_extents is None and not self.patch_sites
+        data, sec_lo, sec_hi, sec_off, sec_file = secs
+        flen = np.array([len(c) for c in codes], np.int64)
+        code_off = np.concatenate([[0], np.cumsum(flen)[:-1]]).astype(np.int64)
+        fstart = np.array([f.old_start for f in self.split[lo:hi]], np.uint64)
+        buf = np.frombuffer(b"".join(codes), np.uint8)
+        nfunc = hi - lo
+        ffirst = np.zeros(nfunc + 1, np.int64)
+        fstuck = np.zeros(nfunc, np.uint8)
+        counts = np.zeros(4, np.int64)
+        fields = dict(capstone._cs_insn._fields_)
+        off = {n: getattr(capstone._cs_insn, n).offset for n in fields}
+        ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)      # noqa: E731
+        cap = int(flen.sum()) // _BYTES_PER_ROW + 1024
+        tcap = cap * _TEXT_PER_ROW
+        while True:
+            oaddr, osize = np.zeros(cap, np.uint64), np.zeros(cap, np.uint8)
+            opiece, ostate = np.zeros(cap, np.int64), np.zeros(cap, np.int8)
+            otext = np.zeros(tcap, np.uint8)
+            rc = lib.lp_block_scan(
+                ctypes.cast(_cs.cs_disasm, ctypes.c_void_p).value,
+                ctypes.cast(_cs.cs_free, ctypes.c_void_p).value, self.lite.csh.value,
+                ctypes.sizeof(capstone._cs_insn), off["address"], off["size"],
+                off["mnemonic"], off["op_str"],
+                ptr(buf), ptr(code_off), ptr(fstart), ptr(flen), nfunc,
+                ptr(p_old), ptr(p_end), ptr(p_new), ptr(p_newlen), ptr(p_kind), ptr(p_endnew),
+                len(p_old), ptr(data), ptr(sec_lo), ptr(sec_hi), ptr(sec_off), ptr(sec_file),
+                len(sec_lo), ptr(moved), len(moved), ptr(nofall), len(nofall),
+                int(branches), ptr(noreturn), len(noreturn), int(outside), ptr(o_start),
+                ptr(o_end), ptr(n_start), len(o_start), ptr(l_old), ptr(l_new), ptr(l_end),
+                len(l_old), ptr(fixed), len(fixed), ptr(self._detail_at()),
+                ptr(oaddr), ptr(osize), ptr(opiece), ptr(ostate), cap, ptr(otext), tcap,
+                ptr(ffirst), ptr(fstuck), ptr(counts))
+            if rc == 0:
+                break
+            if rc == 2:                 # FULL: room for one instruction a byte
+                cap = int(flen.sum()) + 1024
+            else:                       # TEXT_FULL: most instructions need their text
+                tcap = max(4 * tcap, 1 << 16)
+        n = int(ffirst[-1])
+        text = otext[:int(counts[2])].tobytes().decode("ascii").split("\n")[:-1]
+        return (oaddr[:n].tolist(), osize[:n].tolist(), opiece[:n].tolist(),
+                ostate[:n].tolist(), ffirst.tolist(), fstuck.tolist(),
+                (int(counts[0]), int(counts[1]), int(counts[3])), iter(text))
+
     def cut(self):
         """Where the split functions divide into two halves of about as many original
         bytes each."""
@@ -591,18 +729,186 @@ class _BlockCheck:
                 + ("is a removed jmp whose target is" if removed else "is") + f" at {want:#x}"
                 + _between(lite, new_read, n_end, want))
 
+        def one(f, ins, p, rip_disp_offsets):
+            """The checks of the original instruction ``ins`` in piece ``p`` (counted
+            by the caller): the Python fast path, else in full."""
+            nonlocal n_fast_edges
+            a = ins.address
+            kind = piece_kind[p]
+            if fast and kind == bm.KIND_COPIED and type(ins) is _Light:
+                succ = a + ins.size
+                mb = maybe_branch.get(ins.mnemonic)
+                if mb is None:
+                    mb = maybe_branch[ins.mnemonic] = _maybe_branch(ins.mnemonic)
+                if succ <= piece_old_end[p] and not mb and "rip" not in ins.op_str and \
+                        unchanged(p, a, succ):
+                    k = bisect_left(moved_field_addrs, a) if moved_field_addrs else 0
+                    if not (k < len(moved_field_addrs) and moved_field_addrs[k] < succ):
+                        n = piece_new[p] + (a - piece_old[p])
+                        if orc_ok:
+                            orc_pairs.append((a, n, piece_old[p] == a, p))
+                        if succ < piece_old_end[p] and succ < f.old_end or \
+                                end_new[p] == n + ins.size:
+                            # its successor is the piece's next byte, in NEW too, or
+                            # the piece's end maps to where the instruction ends
+                            if ins.mnemonic not in _NO_FALLTHROUGH and \
+                                    a not in no_fallthrough and succ < f.old_end:
+                                n_fast_edges += 1
+                        else:
+                            fall_edge(f, ins, a, None, n + ins.size)
+                        return
+            piece_start = piece_old[p] == a
+            plain = _plain_branch(ins) if kind in (bm.KIND_COPIED, bm.KIND_BRANCH) and \
+                isinstance(ins, _Light) else None
+            if plain is None and (kind != bm.KIND_COPIED or maybe_branch.get(ins.mnemonic, True)
+                                  and _maybe_branch(ins.mnemonic)):
+                ins = _full(cs, ins)
+            # a lite instruction is no direct branch (_maybe_branch said so) or a plain one
+            target = plain[1] if plain is not None else \
+                None if isinstance(ins, _Light) else _direct_target(ins)
+            if kind == bm.KIND_COPIED:
+                n = piece_new[p] + (a - piece_old[p])
+                translate, data_moved = amap.map1, False
+                if moved_field_addrs:
+                    k = bisect_left(moved_field_addrs, a)
+                    if k < len(moved_field_addrs) and moved_field_addrs[k] < a + ins.size:
+                        d = moved_field_deltas[k]
+                        translate = lambda v, d=d: (v + d) & (2**64 - 1)   # noqa: E731
+                        data_moved = True
+                elif moved_extents is not None:
+                    def translate(v, base=amap.map1):
+                        m = moved_extents.moved_value(v)
+                        return base(v) if m is None else m
+                # the same bytes mean the same unless an operand is relative to the
+                # instruction's address (RIP operand, direct branch) or refers to a
+                # moved data symbol: no decode needed
+                rip_disp_offset = rip_disp_offsets.get(a) \
+                    if isinstance(ins, _Light) and not data_moved else None
+                if rip_disp_offset is not None and \
+                        _same_rip_relative(ins, rip_disp_offset, new_read, n, translate):
+                    new_ins = ins       # same bytes but the displacement, the translated target
+                else:
+                    if isinstance(ins, _Light) and "rip" in ins.op_str:
+                        ins = _full(cs, ins)            # decoded once, kept for below
+                    rip = not isinstance(ins, _Light) and _rip_relative(ins)
+                    if not data_moved and target is None and not rip and \
+                            bytes(new_read(n, ins.size)) == bytes(ins.bytes):
+                        new_ins = ins
+                    elif plain is not None and not data_moved and \
+                            _same_plain_branch(ins, plain, bytes(new_read(n, ins.size)), n,
+                                               translate):
+                        new_ins = ins   # same opcode, same length, the translated target
+                    else:
+                        ins = _full(cs, ins)
+                        new_ins = _decode_one(cs, new_read, n)
+                if new_ins is None or new_ins.size != ins.size or \
+                        (new_ins is not ins and not _same_meaning(ins, new_ins, translate)):
+                    add("equiv.block-instruction", n, f"{f.name}: '{ins.mnemonic} "
+                        f"{ins.op_str}' at {a:#x} has no counterpart of the same meaning "
+                        f"at {n:#x}"
+                        + (f" (found '{new_ins.mnemonic} {new_ins.op_str}')"
+                           if new_ins else ""))
+                    return
+                n_end = n + ins.size
+            elif kind == bm.KIND_BRANCH:
+                stats["branches_reencoded"] += 1
+                n = piece_new[p]
+                new_len = piece_new_len[p]
+                if piece_old[p] != a or piece_old_end[p] != a + ins.size:
+                    add("equiv.block-map", a, f"{f.name}: branch piece {piece_old[p]:#x} is "
+                        f"not exactly the instruction at {a:#x}")
+                    return
+                if plain is not None and \
+                        _same_plain_relaxed(ins, new_read, n, new_len, amap.map1(plain[1])):
+                    n_end = n + new_len     # the full check below finds nothing for it
+                elif plain is not None and \
+                        _plain_inversion(ins, plain, new_read, n, new_len, amap.map1):
+                    # both edges kept (the full check below counts it the same)
+                    stats["jcc_inverted"] = stats.get("jcc_inverted", 0) + 1
+                    if orc_ok:
+                        orc_pairs.append((a, n, piece_start, p))
+                    return
+                else:
+                    ins = _full(cs, ins)
+                    new_ins = _decode_one(cs, new_read, n)
+                    # an opposite condition to the original target is a flipped jcc
+                    # (relaxation); to anywhere else it claims to be an inversion
+                    if _inverted_jcc(ins, new_ins) and target is not None and \
+                            _direct_target(new_ins) != amap.map1(target):
+                        why = _inversion_problem(ins, new_ins, new_len, target, amap)
+                        if why:
+                            add("equiv.jcc-inversion", n, f"{f.name}: '{ins.mnemonic}' at "
+                                f"{a:#x} inverted to '{new_ins.mnemonic}' wrongly: {why}")
+                        else:
+                            stats["jcc_inverted"] = stats.get("jcc_inverted", 0) + 1
+                            if orc_ok:
+                                orc_pairs.append((a, n, piece_start, p))
+                        return                # both edges checked by the inversion
+                    why = _relaxation_problem(ins, new_ins, new_len, target, amap)
+                    if why:
+                        add("equiv.relaxation", n, f"{f.name}: branch at {a:#x} re-encoded "
+                            f"wrongly: {why}")
+                        return
+                    n_end = n + new_len
+            elif kind == bm.KIND_JMP_REMOVED:
+                stats["jmps_removed"] += 1
+                if ins.mnemonic != "jmp" or target is None:
+                    add("equiv.edge", piece_new[p], f"{f.name}: removed '{ins.mnemonic} "
+                        f"{ins.op_str}' at {a:#x} is not an unconditional direct jmp")
+                elif amap.map1(target) != piece_new[p]:
+                    place, now = piece_new[p], amap.map1(target)
+                    add("equiv.edge", place, f"{f.name}: removed jmp at {a:#x} went to "
+                        f"{target:#x} (now {now:#x}), but its place leads to {place:#x}: the "
+                        "target must be the next instruction"
+                        + _between(lite, new_read, place, now))
+                return
+            elif kind == bm.KIND_PAD_DROPPED:
+                # the front of a prefix's NOP padding, not kept: single-byte NOPs only,
+                # and its place is where the kept padding starts
+                stats["padding_dropped"] = stats.get("padding_dropped", 0) + 1
+                if bytes(ins.bytes) != b"\x90":
+                    add("equiv.padding-dropped", piece_new[p], f"{f.name}: dropped "
+                        f"'{ins.mnemonic} {ins.op_str}' at {a:#x} is not padding (a NOP)")
+                elif piece_start and amap.map1(piece_old_end[p]) != piece_new[p]:
+                    add("equiv.padding-dropped", piece_new[p], f"{f.name}: dropped padding "
+                        f"at {a:#x} does not lead to the kept padding at "
+                        f"{amap.map1(piece_old_end[p]):#x}")
+                return
+            else:
+                return
+            if orc_ok:
+                orc_pairs.append((a, n, piece_start, p))
+            fall_edge(f, ins, a, target, n_end)
+
+        codes = [bytes(old_read(f.old_start, f.old_end - f.old_start))
+                 for f in functions[lo:hi]]
+        native = self.scan(lo, hi, codes)
+        if native is not None:
+            c_addr, c_size, c_piece, c_state, c_first, c_stuck, \
+                (c_passed, c_edges, c_relaxed), c_text = native
+            n_insns += c_passed
+            n_fast_edges += c_edges
+            stats["branches_reencoded"] += c_relaxed
         for fidx in range(lo, hi):
             f = functions[fidx]
             sel = in_rows[group_at[fidx]:group_at[fidx + 1]]
             fr = rows[sel]
             pieces = fr[fr["old_len"] > 0]
             stats["pieces"] += int(len(fr))
-            code = bytes(old_read(f.old_start, f.old_end - f.old_start))
-            insns = _decode_all(cs, code, f.old_start, lite)
-            rip_disp_offsets = _rip_disp_offsets(
-                [i for i in insns if isinstance(i, _Light) and "rip" in i.op_str])
-            starts = {i.address for i in insns}
-            decoded_end = insns[-1].address + insns[-1].size if insns else f.old_start
+            code = codes[fidx - lo]
+            if native is not None and not c_stuck[fidx - lo]:
+                # decoded in C, the common instructions decided there (scan)
+                insns = None
+                c_lo, c_hi = c_first[fidx - lo], c_first[fidx - lo + 1]
+                starts = set(c_addr[c_lo:c_hi])
+                decoded_end = c_addr[c_hi - 1] + c_size[c_hi - 1] if c_hi > c_lo else \
+                    f.old_start
+            else:
+                insns = _decode_all(cs, code, f.old_start, lite)
+                rip_disp_offsets = _rip_disp_offsets(
+                    [i for i in insns if isinstance(i, _Light) and "rip" in i.op_str])
+                starts = {i.address for i in insns}
+                decoded_end = insns[-1].address + insns[-1].size if insns else f.old_start
             if decoded_end != f.old_end:
                 add("equiv.block-map", f.old_start,
                     f"{f.name}: original does not decode to its end")
@@ -641,157 +947,42 @@ class _BlockCheck:
                         + (f" {rng[0]:#x}..{rng[1]:#x}" if rng else " (no such symbol in NEW)"))
 
             # instructions and edges
-            pidx = amap.piece(np.array([i.address for i in insns], np.uint64)) if insns else []
-            for ins, p in zip(insns, pidx.tolist() if len(insns) else []):
-                if p < 0:
-                    continue                        # reported as lost above
-                n_insns += 1
-                a = ins.address
-                kind = piece_kind[p]
-                if fast and kind == bm.KIND_COPIED and type(ins) is _Light:
-                    succ = a + ins.size
-                    mb = maybe_branch.get(ins.mnemonic)
-                    if mb is None:
-                        mb = maybe_branch[ins.mnemonic] = _maybe_branch(ins.mnemonic)
-                    if succ <= piece_old_end[p] and not mb and "rip" not in ins.op_str and \
-                            unchanged(p, a, succ):
-                        k = bisect_left(moved_field_addrs, a) if moved_field_addrs else 0
-                        if not (k < len(moved_field_addrs) and moved_field_addrs[k] < succ):
-                            n = piece_new[p] + (a - piece_old[p])
-                            if orc_ok:
-                                orc_pairs.append((a, n, piece_old[p] == a, p))
-                            if succ < piece_old_end[p] and succ < f.old_end or \
-                                    end_new[p] == n + ins.size:
-                                # its successor is the piece's next byte, in NEW too, or
-                                # the piece's end maps to where the instruction ends
-                                if ins.mnemonic not in _NO_FALLTHROUGH and \
-                                        a not in no_fallthrough and succ < f.old_end:
-                                    n_fast_edges += 1
-                            else:
-                                fall_edge(f, ins, a, None, n + ins.size)
-                            continue
-                piece_start = piece_old[p] == a
-                plain = _plain_branch(ins) if kind in (bm.KIND_COPIED, bm.KIND_BRANCH) and \
-                    isinstance(ins, _Light) else None
-                if plain is None and (kind != bm.KIND_COPIED or maybe_branch.get(ins.mnemonic, True)
-                                      and _maybe_branch(ins.mnemonic)):
-                    ins = _full(cs, ins)
-                # a lite instruction is no direct branch (_maybe_branch said so) or a plain one
-                target = plain[1] if plain is not None else \
-                    None if isinstance(ins, _Light) else _direct_target(ins)
-                if kind == bm.KIND_COPIED:
-                    n = piece_new[p] + (a - piece_old[p])
-                    translate, data_moved = amap.map1, False
-                    if moved_field_addrs:
-                        k = bisect_left(moved_field_addrs, a)
-                        if k < len(moved_field_addrs) and moved_field_addrs[k] < a + ins.size:
-                            d = moved_field_deltas[k]
-                            translate = lambda v, d=d: (v + d) & (2**64 - 1)   # noqa: E731
-                            data_moved = True
-                    elif moved_extents is not None:
-                        def translate(v, base=amap.map1):
-                            m = moved_extents.moved_value(v)
-                            return base(v) if m is None else m
-                    # the same bytes mean the same unless an operand is relative to the
-                    # instruction's address (RIP operand, direct branch) or refers to a
-                    # moved data symbol: no decode needed
-                    rip_disp_offset = rip_disp_offsets.get(a) \
-                        if isinstance(ins, _Light) and not data_moved else None
-                    if rip_disp_offset is not None and \
-                            _same_rip_relative(ins, rip_disp_offset, new_read, n, translate):
-                        new_ins = ins       # same bytes but the displacement, the translated target
-                    else:
-                        if isinstance(ins, _Light) and "rip" in ins.op_str:
-                            ins = _full(cs, ins)            # decoded once, kept for below
-                        rip = not isinstance(ins, _Light) and _rip_relative(ins)
-                        if not data_moved and target is None and not rip and \
-                                bytes(new_read(n, ins.size)) == bytes(ins.bytes):
-                            new_ins = ins
-                        elif plain is not None and not data_moved and \
-                                _same_plain_branch(ins, plain, bytes(new_read(n, ins.size)), n,
-                                                   translate):
-                            new_ins = ins   # same opcode, same length, the translated target
-                        else:
-                            ins = _full(cs, ins)
-                            new_ins = _decode_one(cs, new_read, n)
-                    if new_ins is None or new_ins.size != ins.size or \
-                            (new_ins is not ins and not _same_meaning(ins, new_ins, translate)):
-                        add("equiv.block-instruction", n, f"{f.name}: '{ins.mnemonic} "
-                            f"{ins.op_str}' at {a:#x} has no counterpart of the same meaning "
-                            f"at {n:#x}"
-                            + (f" (found '{new_ins.mnemonic} {new_ins.op_str}')"
-                               if new_ins else ""))
-                        continue
-                    n_end = n + ins.size
-                elif kind == bm.KIND_BRANCH:
-                    stats["branches_reencoded"] += 1
-                    n = piece_new[p]
-                    new_len = piece_new_len[p]
-                    if piece_old[p] != a or piece_old_end[p] != a + ins.size:
-                        add("equiv.block-map", a, f"{f.name}: branch piece {piece_old[p]:#x} is "
-                            f"not exactly the instruction at {a:#x}")
-                        continue
-                    if plain is not None and \
-                            _same_plain_relaxed(ins, new_read, n, new_len, amap.map1(plain[1])):
-                        n_end = n + new_len     # the full check below finds nothing for it
-                    elif plain is not None and \
-                            _plain_inversion(ins, plain, new_read, n, new_len, amap.map1):
-                        # both edges kept (the full check below counts it the same)
-                        stats["jcc_inverted"] = stats.get("jcc_inverted", 0) + 1
-                        if orc_ok:
-                            orc_pairs.append((a, n, piece_start, p))
-                        continue
-                    else:
-                        ins = _full(cs, ins)
-                        new_ins = _decode_one(cs, new_read, n)
-                        # an opposite condition to the original target is a flipped jcc
-                        # (relaxation); to anywhere else it claims to be an inversion
-                        if _inverted_jcc(ins, new_ins) and target is not None and \
-                                _direct_target(new_ins) != amap.map1(target):
-                            why = _inversion_problem(ins, new_ins, new_len, target, amap)
-                            if why:
-                                add("equiv.jcc-inversion", n, f"{f.name}: '{ins.mnemonic}' at "
-                                    f"{a:#x} inverted to '{new_ins.mnemonic}' wrongly: {why}")
-                            else:
-                                stats["jcc_inverted"] = stats.get("jcc_inverted", 0) + 1
-                                if orc_ok:
-                                    orc_pairs.append((a, n, piece_start, p))
-                            continue                # both edges checked by the inversion
-                        why = _relaxation_problem(ins, new_ins, new_len, target, amap)
-                        if why:
-                            add("equiv.relaxation", n, f"{f.name}: branch at {a:#x} re-encoded "
-                                f"wrongly: {why}")
-                            continue
-                        n_end = n + new_len
-                elif kind == bm.KIND_JMP_REMOVED:
-                    stats["jmps_removed"] += 1
-                    if ins.mnemonic != "jmp" or target is None:
-                        add("equiv.edge", piece_new[p], f"{f.name}: removed '{ins.mnemonic} "
-                            f"{ins.op_str}' at {a:#x} is not an unconditional direct jmp")
-                    elif amap.map1(target) != piece_new[p]:
-                        place, now = piece_new[p], amap.map1(target)
-                        add("equiv.edge", place, f"{f.name}: removed jmp at {a:#x} went to "
-                            f"{target:#x} (now {now:#x}), but its place leads to {place:#x}: the "
-                            "target must be the next instruction"
-                            + _between(lite, new_read, place, now))
+            if insns is not None:
+                pidx = amap.piece(np.array([i.address for i in insns], np.uint64)) \
+                    if insns else []
+                for ins, p in zip(insns, pidx.tolist() if len(insns) else []):
+                    if p < 0:
+                        continue                    # reported as lost above
+                    n_insns += 1
+                    one(f, ins, p, rip_disp_offsets)
+                continue
+            # C passed the common instructions (counted above); the others as lite
+            # instructions (C's decode: their text) through the Python checks
+            todo = [k for k in range(c_lo, c_hi)
+                    if c_state[k] >= ST_FALL or orc_ok and c_state[k] != ST_LOST]
+            light = {}
+            for k in todo:
+                if c_state[k] >= ST_FALL:               # C gave its text
+                    o, n = c_addr[k] - f.old_start, c_size[k]
+                    m, _, ops = next(c_text).partition("\t")
+                    light[k] = _Light(c_addr[k], n, code[o:o + n], m, ops)
+            rip_disp_offsets = _rip_disp_offsets(
+                [light[k] for k in todo if c_state[k] == ST_SLOW and "rip" in light[k].op_str])
+            for k in todo:
+                st, p, a = c_state[k], c_piece[k], c_addr[k]
+                if st == ST_SLOW:
+                    n_insns += 1
+                    one(f, light[k], p, rip_disp_offsets)
                     continue
-                elif kind == bm.KIND_PAD_DROPPED:
-                    # the front of a prefix's NOP padding, not kept: single-byte NOPs
-                    # only, and its place is where the kept padding starts
-                    stats["padding_dropped"] = stats.get("padding_dropped", 0) + 1
-                    if bytes(ins.bytes) != b"\x90":
-                        add("equiv.padding-dropped", piece_new[p], f"{f.name}: dropped "
-                            f"'{ins.mnemonic} {ins.op_str}' at {a:#x} is not padding (a NOP)")
-                    elif piece_start and amap.map1(piece_old_end[p]) != piece_new[p]:
-                        add("equiv.padding-dropped", piece_new[p], f"{f.name}: dropped padding "
-                            f"at {a:#x} does not lead to the kept padding at "
-                            f"{amap.map1(piece_old_end[p]):#x}")
-                    continue
-                else:
-                    continue
+                n = piece_new[p] + (a - piece_old[p])
                 if orc_ok:
-                    orc_pairs.append((a, n, piece_start, p))
-                fall_edge(f, ins, a, target, n_end)
+                    orc_pairs.append((a, n, piece_old[p] == a, p))
+                if st == ST_FALL:
+                    fall_edge(f, light[k], a, None, n + c_size[k])
+                elif st == ST_BRANCH_FALL:          # a plain branch C passed
+                    n_end = n + piece_new_len[p] if piece_kind[p] == bm.KIND_BRANCH else \
+                        n + c_size[k]
+                    fall_edge(f, light[k], a, _plain_branch(light[k])[1], n_end)
 
         # the per-instruction counts, kept in locals in the loop above
         stats["instructions"] += n_insns

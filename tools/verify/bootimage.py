@@ -93,7 +93,7 @@ def check_boot_image(vmlinuz, vmlinux, log=lambda m: None):
             None, "the vmlinux has no _text/__bss_start/_end symbols: the table's bounds "
                   "cannot be checked"))
         text = bss = end = 0
-    from ..image.references import read_fields       # 0 outside file-backed bytes
+    from ..image.words import read_words             # 0 outside file-backed bytes
     from ..image.relocs import sext32
     kaslr = img.kaslr
     widths = {"abs64": 8, "abs32": 4, "inv32": 4}
@@ -111,7 +111,7 @@ def check_boot_image(vmlinuz, vmlinux, log=lambda m: None):
             out_of_range.append((None, f"{g} entries are not sorted and unique"))
         if g == "inv32" or not text:
             continue
-        vals = read_fields(new, addrs, widths[g])
+        vals, _ = read_words(new, addrs, widths[g])
         if g == "abs32":
             vals = sext32(vals)
         # a kernel address: virtual, or physical (page-table entries and head code
@@ -139,7 +139,7 @@ def check_boot_image(vmlinuz, vmlinux, log=lambda m: None):
             if not sel.any():
                 continue
             fields = np.asarray(rel.offset[sel], np.uint64)
-            vals = read_fields(new, fields, 8)
+            vals, _ = read_words(new, fields, 8)
             want = (vals >= np.uint64(text)) & (vals <= np.uint64(end)) & \
                 (fields >= np.uint64(text)) & (fields + np.uint64(8) <= np.uint64(bss))
             f = fields[want]

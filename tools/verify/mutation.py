@@ -365,7 +365,6 @@ def undetectable(ctx, table, field, kind, entries, k, patches, pctx):
     Decided from what the mutation wrote (never from whether it was caught):
     a value that is well-formed by every rule the image can show.
     """
-    img = ctx.image
     if table.name in ("__ex_table", "orc_unwind") and field.name in ("insn", "fixup", "ip"):
         old = int(entries[field.name][k])
         news = [int(x) for x in _reparsed(table, pctx, patches, field.name, k)]

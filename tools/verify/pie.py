@@ -31,11 +31,13 @@ import numpy as np
 
 from ..image.elf import RELA
 from ..relayout.user.pie import (DT_FINI, DT_INIT, R_X86_64_IRELATIVE, R_X86_64_RELATIVE, dynamic_entries,
-                            dynamic_rela_sections, is_pie, read_fields, relr_addresses)
+                            dynamic_rela_sections, is_pie, relr_addresses)
+from ..image.words import read_s32, read_words
 
 
 def _read(image, addrs, size):
-    return read_fields(image, addrs, size)
+    """(values, have): 4-byte fields sign-extended (int64), 8-byte ones uint64."""
+    return read_s32(image, addrs) if size == 4 else read_words(image, addrs, size)
 
 
 def check_dynamic_entries(old, new, amap, findings, counter, add):

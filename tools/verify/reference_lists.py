@@ -16,8 +16,7 @@ not move.
 
 import numpy as np
 
-from ..image.references import read_fields
-from ..image.relocs import sext32
+from ..image.words import read_s32
 from ..kernel import REFERENCE_TABLES, TABLES
 from ..kernel.base import rel32_targets
 
@@ -27,7 +26,7 @@ PLAIN_LISTS = [t for t in REFERENCE_TABLES if t not in TABLES]
 
 def _targets(image, fields):
     """What each s32 field designates: its address plus its value."""
-    return rel32_targets(fields, sext32(read_fields(image, fields, 4)))
+    return rel32_targets(fields, read_s32(image, fields)[0])
 
 
 def check_reference_lists(ctx, out):

@@ -32,16 +32,15 @@ def check_eh_frame(ctx, out):
     got = np.sort(en.pc_begin)
     if block_rows is not None and len(got) > len(want):
         cold = block_rows[(block_rows["part"] == bm.PART_COLD) & (block_rows["new_len"] > 0)]
-        starts, fstart = {}, {}
-        for f, a in zip(cold["func"].tolist(), cold["new"].tolist()):
-            starts[f] = min(a, starts.get(f, a))
-        for f, a in zip(block_rows["func"].tolist(), block_rows["old"].tolist()):
-            fstart[f] = min(a, fstart.get(f, a))
+        # each function's cold part starts at its lowest cold piece; the function
+        # itself at its lowest original piece
+        c_func, c_start = _group_min(cold["func"], cold["new"])
+        f_func, f_start = _group_min(block_rows["func"], block_rows["old"])
+        fstart = f_start[np.searchsorted(f_func, c_func)]
         # a function without an FDE (assembly without CFI) gets no cold-part FDE
-        lo, hi = eo.pc_begin, eo.pc_begin + eo.pc_range
-        starts = {f: a for f, a in starts.items()
-                  if ((lo <= fstart[f]) & (fstart[f] < hi)).any()}
-        want = np.sort(np.concatenate([want, np.array(sorted(starts.values()), np.uint64)]))
+        has_fde = _in_any(eo.pc_begin.astype(np.uint64),
+                          (eo.pc_begin + eo.pc_range).astype(np.uint64), fstart)
+        want = np.sort(np.concatenate([want, np.sort(c_start[has_fde])]))
         try:
             parsed = parse_for_check(old, new)
         except EhFrameError as e:
@@ -62,3 +61,24 @@ def check_eh_frame(ctx, out):
         bad = [(int(want[i]), f".eh_frame: no FDE starts at {int(want[i]):#x} (the translated "
                 f"start of an original FDE)") for i in idx.tolist()]
     out.add("equiv.eh_frame", bad, lambda b: b)
+
+
+def _group_min(keys, values):
+    """(the distinct keys, sorted; the least value of each), values as uint64."""
+    keys = np.asarray(keys)
+    values = np.asarray(values).astype(np.uint64)
+    order = np.lexsort((values, keys))
+    k = keys[order]
+    first = np.nonzero(np.concatenate([[True], k[1:] != k[:-1]]))[0] if len(k) else \
+        np.zeros(0, np.int64)
+    return k[first], values[order][first]
+
+
+def _in_any(lo, hi, x):
+    """Per address of ``x``: some range [lo, hi) holds it (ranges may overlap)."""
+    if not len(lo):
+        return np.zeros(len(x), bool)
+    order = np.argsort(lo, kind="stable")
+    lo_s, reach = lo[order], np.maximum.accumulate(hi[order])
+    i = np.searchsorted(lo_s, x, side="right").astype(np.int64) - 1
+    return (i >= 0) & (x < reach[np.maximum(i, 0)])

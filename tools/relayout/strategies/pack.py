@@ -215,7 +215,6 @@ class Pack(Strategy):
         return out
 
     def _layout_blocks(self, view, base, order, ranges):
-        line = self.line
         out = []
         holes = []
         touched = set()     # lines holding hot bytes of units placed so far

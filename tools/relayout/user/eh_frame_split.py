@@ -310,6 +310,10 @@ class EhSplit:
         from ..blocks import COPY
         amap = rw.amap
         by_unit = {int(starts[sf.unit]): sf for sf in splits if getattr(sf, "cfi", None)}
+        # every FDE start mapped at once (map is per address; one call, not one per FDE)
+        fde_begin = [r.pc_begin for r in self.records if not r.is_cie]
+        mapped, mapped_ok = amap.map(np.array(fde_begin, np.uint64))
+        mapped = dict(zip(fde_begin, zip(mapped.tolist(), mapped_ok.tolist())))
         recs = []                 # (old record or None, kind, fields)
         for r in self.records:
             if r.is_cie:
@@ -317,10 +321,10 @@ class EhSplit:
                 continue
             sf = by_unit.get(r.pc_begin)
             if sf is None:
-                nb, ok = amap.map(np.array([r.pc_begin], np.uint64))
-                if not ok[0]:
+                nb, ok = mapped[r.pc_begin]
+                if not ok:
                     raise EhFrameError(f".eh_frame FDE {r.pc_begin:#x}: in padding the layout drops")
-                recs.append(("fde", r, (int(nb[0]), r.pc_range, r.prog)))
+                recs.append(("fde", r, (nb, r.pc_range, r.prog)))
                 continue
             hot, cold = sf.cfi
             recs.append(("fde", r, (sf.new_start[0], sf.sizes[0], hot, (sf, 0))))
@@ -358,6 +362,7 @@ class EhSplit:
         hdr_size = new_addr - H
         end = self.end
         out = bytearray()
+        sec_bytes = bytes(self.image.section_bytes(self.sec))       # read once, not per record
         cie_new = {}
         field_map = {}            # old offset in .eh_frame -> new offset (relocated fields)
         lsda_fields = {}          # new offset of a hot FDE's LSDA pointer -> its new LSDA
@@ -365,7 +370,7 @@ class EhSplit:
         for kind, r, f in recs:
             at = len(out)
             if kind == "cie":
-                body = bytearray(bytes(self.image.section_bytes(self.sec))[r.start:r.end])
+                body = bytearray(sec_bytes[r.start:r.end])
                 body += b"\0" * (_pad(len(body)) - len(body))
                 struct.pack_into("<I", body, 0, len(body) - 4)
                 c = self.eh.cies[r.start]
@@ -395,8 +400,8 @@ class EhSplit:
             if len(aug) > 1 and c.lsda_enc != DW_EH_PE_omit:
                 # the LSDA pointer: a part's new LSDA, or the old one (pc-relative: re-encoded)
                 _, p = _uleb(aug, 0)
-                lsda, _, _ = _read_ptr(bytes(self.image.section_bytes(self.sec)),
-                                       r.field + 2 * size + p, c.lsda_enc, self.sec.addr)
+                lsda, _, _ = _read_ptr(sec_bytes, r.field + 2 * size + p, c.lsda_enc,
+                                       self.sec.addr)
                 if len(f) > 3 and (id(f[3][0]), f[3][1]) in new_lsda:
                     lsda = new_lsda[(id(f[3][0]), f[3][1])]
                     lsda_fields[at + 8 + 2 * size + p] = lsda

@@ -29,6 +29,7 @@ and go through the same rewrite. Two things are PIE-only:
 import numpy as np
 
 from ...image.elf import RELA, SHT_RELA
+from ...image.words import read_s32, read_words
 from ...image.relocs import (R_X86_64_64, R_X86_64_IRELATIVE, R_X86_64_PC32, R_X86_64_PLT32,
                             R_X86_64_RELATIVE)
 
@@ -197,8 +198,8 @@ def pic_table_entries(image, dis, functions=None):
                 continue
             P = r.offset[m].astype(np.uint64)
             S_A = (sym_value[r.sym[m].astype(np.int64)] + r.addend[m]).astype(np.uint64)
-            v, have = read_fields(image, P, size)
-            v = v.astype(np.int64) if size == 4 else v.view(np.int64)
+            v, have = read_s32(image, P) if size == 4 else read_words(image, P, 8)
+            v = v.view(np.int64) if size == 8 else v
             T_self = (P.astype(np.int64) + v).astype(np.uint64)
             k = np.searchsorted(ubases, P, side="right").astype(np.int64) - 1
             # readings relative to the nearest bases in this section
@@ -260,31 +261,6 @@ def _rows_in(pairs, bases, users):
     for n in np.nonzero(j > i)[0].tolist():
         out[n] = pairs[n, 1] in users[i[n]:j[n]]
     return out
-
-
-def read_fields(image, addrs, size=8, patched=None):
-    """(values, have) of little-endian ``size``-byte fields at ``addrs`` (uint64;
-    4-byte fields signed): from ``patched`` (section index -> new bytes) where
-    given, else from the file. ``have`` is False outside file-backed sections."""
-    addrs = np.asarray(addrs, np.uint64)
-    out = np.zeros(len(addrs), np.uint64)
-    have = np.zeros(len(addrs), bool)
-    for s in image.alloc_sections():
-        if s.type == 8:
-            continue
-        m = np.nonzero((addrs >= np.uint64(s.addr)) &
-                       (addrs + np.uint64(size) <= np.uint64(s.end)))[0]
-        if not len(m):
-            continue
-        buf = (patched or {}).get(s.index)
-        buf = np.asarray(image.section_bytes(s) if buf is None else buf)
-        pos = (addrs[m] - np.uint64(s.addr)).astype(np.int64)
-        raw = buf[pos[:, None] + np.arange(size)[None, :]].copy()
-        out[m] = raw.view("<u8" if size == 8 else "<u4").ravel().astype(np.uint64)
-        have[m] = True
-    if size == 4:
-        return out.astype(np.uint32).view(np.int32).astype(np.int64), have
-    return out, have
 
 
 SHT_RELR = 19
@@ -370,8 +346,8 @@ def update_dynamic(rw, image, log=None):
         if not ok.all():
             rw.problem("dynamic-reloc-in-padding", P[~ok], f"{sec.name}: addend in dropped padding")
         covered = np.isin(P, static)
-        now, have = read_fields(image, P, 8, rw.patched)
-        old, _ = read_fields(image, P, 8)
+        now, have = read_words(image, P, 8, rw.patched)
+        old, _ = read_words(image, P, 8)
         # a link relocation rewrote the field: the addend takes exactly its value
         take = covered & have & (old == A)
         newA = np.where(take, now, newA)
@@ -385,7 +361,7 @@ def update_dynamic(rw, image, log=None):
     # rewrote theirs, ld's own slots are mapped here
     relr = relr_addresses(image)
     if len(relr):
-        old, have = read_fields(image, relr, 8)
+        old, have = read_words(image, relr, 8)
         own = have & ~np.isin(relr, static) & rw.amap.in_extent(old)
         new, ok = rw.amap.map(old[own])
         if not ok.all():
