@@ -8,8 +8,9 @@ that the padding is NOPs and skips the function otherwise, so a lost padding
 does not crash, it silently loses the accounting). After a relayout every
 prefix must still end at its function and hold only NOPs.
 
-What the kernel needs of the padding (6.12 and 7.3 callthunks.c, Debian's
-gcc-built cloud kernels): ``patch_dest`` compares and overwrites only the
+What the kernel needs of the padding (Debian's 6.12 callthunks.c; 7.3's image has
+the same 9-byte template and its boot patches trimmed paddings the same way;
+both gcc-built cloud kernels): ``patch_dest`` compares and overwrites only the
 ``SKL_TMPL_SIZE`` bytes right before the entry, the size of the call-depth
 template (``skl_call_thunk_tail - skl_call_thunk_template``: 9 bytes on both
 images, one ``sarq $5, %gs:...``; more with CONFIG_CALL_THUNKS_DEBUG, off on
