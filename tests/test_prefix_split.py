@@ -180,6 +180,10 @@ def test_prefix_trimmed_to_the_thunk_template(tmp_path):
         errors = [f for f in rep.findings if f.severity == "error"]
         assert not errors, errors[:5]
         assert rep.extra["equivalence_blocks"]["padding_dropped"] == 7
+        # evaluate's .text growth of a booted output rebuilds the parts from the block map
+        # (planning units from sizes alone: it raised on the trimmed prefix)
+        from linepack.evaluate.booted import text_growth_between
+        assert isinstance(text_growth_between(str(exe), str(out)), int)
         # the kept padding overwritten with int3
         data = bytearray(out.read_bytes())
         sec = new.section_at(int(syms["value"][pfx]))

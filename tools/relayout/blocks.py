@@ -639,7 +639,8 @@ def planning_units(units, heat, splits, hot_align=None, whole_align=None, min_co
         if hot_align is not None or whole_align is not None else None
     trimmed = np.zeros(n, bool)
     for u, sf in by_unit.items():
-        trimmed[u] = any(p.kind == PAD_DROPPED for p in sf.parts[0][:1])
+        parts = getattr(sf, "parts", None)     # (evaluate's booted.py passes sizes only)
+        trimmed[u] = bool(parts) and any(p.kind == PAD_DROPPED for p in parts[0][:1])
     if hot_align is not None:
         ordered = np.zeros(n, bool)
         ordered[list(by_unit)] = True
