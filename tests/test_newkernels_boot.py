@@ -112,6 +112,12 @@ def test_verify_against_clean(layout):
     assert r["ibt_entries_checked"] > 10_000
     pf = r["function_prefixes"]
     assert pf["count"] > 40_000 and pf["detached"] == 0 and pf["not_nop"] == 0
+    # every function with a prefix in the shipped kernel keeps the call-depth thunk's
+    # room of NOPs (9 bytes: blocks trims split functions' paddings to it)
+    assert pf["thunk_template"] == 9 and pf["short"] == 0
+    assert r["prefix_room_checked"] > 40_000
+    if layout["strategy"] == "blocks":
+        assert pf["bytes"] == [9, 16] and r["equivalence_blocks"]["padding_dropped"] > 100
     bi = r["boot_image"]
     assert bi["segments_compared"] >= 2 and bi["relocations"]["abs64"] > 100_000
     assert r["boot_image_counts"] == {"bootimage.payload": 0, "bootimage.reloc-range": 0,
@@ -298,10 +304,15 @@ def _padding_warnings(res):
 def lost_paddings(layout):
     """Moved functions whose 16 bytes before the entry were single-byte NOPs in stock
     (the padding call-depth tracking patches, with or without a __pfx_ symbol) and
-    are not in the rewrite: the kernel refuses to patch those (and says so only once)."""
+    whose last SKL_TMPL_SIZE bytes before the entry (the call-depth template, measured
+    on the image: all the kernel compares and patches) are not NOPs in the rewrite:
+    the kernel refuses to patch those (and says so only once)."""
     from linepack.image.elf import ElfImage
-    nops = b"\x90" * 16
+    from linepack.kernel.prefixes import thunk_template_size
     old_im, new_im = ElfImage(str(layout["vmlinux"])), ElfImage(str(layout["out"]))
+    tmpl = thunk_template_size(old_im)
+    assert tmpl == 9, tmpl                  # one sarq $5, %gs:depth (CALL_THUNKS_DEBUG off)
+    nops, need = b"\x90" * 16, b"\x90" * tmpl
     lost, kept, seen = [], 0, set()
     for line in open(layout["tsv"]):
         if line.startswith("#"):
@@ -312,7 +323,7 @@ def lost_paddings(layout):
             continue
         seen.add(old)
         if bytes(old_im.read(old - 16, 16)) == nops:
-            if bytes(new_im.read(new - 16, 16)) == nops:
+            if bytes(new_im.read(new - tmpl, tmpl)) == need:
                 kept += 1
             else:
                 lost.append(name)
@@ -335,6 +346,129 @@ def test_call_depth_tracking_boot(layout, cdt_stock):
     assert _padding_warnings(res) == _padding_warnings(cdt_stock)
     assert not [ln for ln in _complaints(res.serial) if "Invalid padding" not in ln]
     assert not [ln for ln in res.serial.splitlines() if "Oops" in ln or "BUG:" in ln]
+
+
+def _core_reader(core_path):
+    """read(phys, n) over a QEMU ``dump-guest-memory`` ELF core (paging off: its
+    PT_LOAD segments are guest-physical ranges)."""
+    from elftools.elf.elffile import ELFFile
+    f = open(core_path, "rb")
+    segs = [(s["p_paddr"], s["p_filesz"], s["p_offset"]) for s in ELFFile(f).iter_segments()
+            if s["p_type"] == "PT_LOAD"]
+
+    def read(phys, n):
+        for pa, size, off in segs:
+            if pa <= phys and phys + n <= pa + size:
+                f.seek(off + phys - pa)
+                return f.read(n)
+        raise ValueError(f"{phys:#x} not in the dump")
+    return read
+
+
+def _phys(image, vaddr):
+    """The physical load address of ``vaddr`` (the vmlinux's program headers: a PVH
+    boot loads it there, without KASLR)."""
+    for ph in image.phdrs:
+        if ph["type"] == 1 and ph["vaddr"] <= vaddr < ph["vaddr"] + ph["memsz"]:
+            return int(ph["paddr"]) + vaddr - int(ph["vaddr"])
+    raise ValueError(f"{vaddr:#x} in no segment")
+
+
+SARQ_RIP = b"\x65\x48\xc1\x3d"         # sarq $imm8, %gs:disp32(%rip)
+
+
+def _same_thunk(got, at, template, t):
+    """``got`` (the bytes at ``at``) is the template (at ``t``) as the kernel patches it:
+    the same bytes, a RIP-relative operand (6.12, 7.3: sarq $5, %gs:__x86_call_depth)
+    relocated to reach the same per-CPU variable from ``at``."""
+    if len(got) != len(template) or got[:4] != template[:4] or got[8:] != template[8:]:
+        return False
+    if template[:4] != SARQ_RIP:
+        return got == template
+    n = len(template)               # the disp32 is followed by the imm8: ends the insn
+
+    def disp(b):
+        return int.from_bytes(b[4:8], "little", signed=True)
+    return at + n + disp(got) == t + n + disp(template)
+
+
+def test_call_depth_thunks_patched_into_trimmed_paddings(layout, tmp_path):
+    """``blocks`` keeps only the call-depth template's size of a split function's
+    __pfx_ padding (kernel/prefixes.py). The rewritten vmlinux booted with call-depth
+    tracking selected, parked after vfs-mix and its memory dumped: the kernel patched
+    its accounting thunk (the template's bytes) into the trimmed paddings of the
+    functions it calls directly, and every other trimmed padding is still NOPs."""
+    if layout["strategy"] != "blocks":
+        pytest.skip("only blocks trims prefix paddings")
+    from linepack.image.elf import ElfImage
+    from linepack.kernel.prefixes import prefix_symbols, thunk_template_size
+    from linepack.profile.qemu import dump_at_hold
+    im = ElfImage(str(layout["out"]))
+    tmpl = thunk_template_size(im)
+    template = bytes(im.read(im.symbol_address("skl_call_thunk_template"), tmpl))
+    names, addr, size = prefix_symbols(im)
+    trimmed = [(n, a) for n, a, z in zip(names, addr.tolist(), size.tolist()) if z == tmpl]
+    assert len(trimmed) > 100
+    dump = tmp_path / "cdt.core"
+    try:
+        res = dump_at_hold(str(layout["out"]), "vfs-mix", str(dump), loops=BOOT_LOOPS,
+                           timeout=900, env=CDT["env"], extra_args=CDT["extra_args"])
+        assert "RETBleed: Mitigation: Stuffing" in res.serial
+        assert "callthunks: Setting up call depth tracking" in res.serial
+        assert not _padding_warnings(res) or all("__pfx_" not in w for w in _padding_warnings(res))
+        read = _core_reader(dump)
+        # the dump holds the image where the program headers say (no KASLR)
+        t = im.symbol_address("skl_call_thunk_template")
+        assert read(_phys(im, t), tmpl) == template
+        patched, untouched, other = [], 0, []
+        for n, a in trimmed:
+            got = read(_phys(im, a), tmpl)
+            if _same_thunk(got, a, template, t):
+                patched.append(n)
+            elif got == b"\x90" * tmpl:
+                untouched += 1
+            else:
+                other.append((n, got.hex()))
+    finally:
+        if dump.exists():
+            dump.unlink()
+    assert not other, other[:10]
+    assert len(patched) > 50, (len(patched), untouched)
+
+
+def test_prefix_room_mutation_is_found(layout, tmp_path):
+    """verify's --against prefix check on the real rewrite: clean as written; with the
+    bytes right before one moved function's entry overwritten (int3), one named
+    finding, ``equiv.prefix-room``, at that entry."""
+    from linepack.image.elf import ElfImage
+    from linepack.kernel.base import ImageContext
+    from linepack.kernel.prefixes import check_prefix_room, thunk_template_size
+    from linepack.verify.addrmap import match_functions
+    from linepack.verify.findings import add_findings
+    im = ElfImage(str(layout["out"]))
+    tmpl = thunk_template_size(im)
+    victim = next(n for n in ("vfs_read", "_raw_spin_lock", "do_sys_openat2")
+                  if im.symbol_address(n) is not None)
+    entry = im.symbol_address(victim)
+    assert bytes(im.read(entry - tmpl, tmpl)) == b"\x90" * tmpl
+    bad = tmp_path / "vmlinux"
+    data = bytearray(open(layout["out"], "rb").read())
+    sec = im.section_at(entry)
+    off = sec.offset + entry - tmpl - sec.addr
+    data[off:off + tmpl] = b"\xcc" * tmpl
+    bad.write_bytes(bytes(data))
+    del data
+    try:
+        octx = ImageContext(ElfImage(str(layout["vmlinux"])))
+        for new, lost in ((str(layout["out"]), []), (str(bad), [entry])):
+            nctx = ImageContext(ElfImage(new))
+            oi, ni, _ = match_functions(octx, nctx)
+            findings, counter = [], {}
+            assert check_prefix_room(octx, nctx, oi, ni, findings, counter, add_findings) > 40_000
+            assert [f.address for f in findings if f.check == "equiv.prefix-room"] == lost
+            assert counter.get("equiv.prefix-room", 0) == len(lost)
+    finally:
+        bad.unlink()
 
 
 # -- every workload -------------------------------------------------------------------------

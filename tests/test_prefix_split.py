@@ -125,3 +125,111 @@ def test_call_after_the_entry_keeps_it_whole(tmp_path):
     splits, reason = B.choose_splits(cfg, units, heat, block_counts(cfg, *_ranges(im)), 1.0, fn,
                                      True, heads=heads)
     assert reason[u] == R_CALL_INSIDE and not splits
+
+
+# the call-depth template symbols of a 6.12 kernel (9 bytes: sarq $5, %gs:0): with them the
+# blocks strategy keeps only 9 of the prefix's 16 NOPs (prefix_padding = "template")
+TEMPLATE = r"""
+    .section .rodata
+    .globl skl_call_thunk_template, skl_call_thunk_tail
+skl_call_thunk_template:
+    .byte 0x65, 0x48, 0xc1, 0x3c, 0x25, 0, 0, 0, 0
+skl_call_thunk_tail:
+"""
+
+
+def test_prefix_trimmed_to_the_thunk_template(tmp_path):
+    """The hot part keeps the template's 9 bytes of padding right before the entry: the
+    prefix symbol moves to them and is sized 9, the dropped 7 NOPs are a padding-dropped
+    row leading to the kept padding, verify --against is clean and checks that row; with
+    the kept padding overwritten, verify names it (prefix.padding, equiv.prefix-room).
+    ``prefix_padding = "full"`` keeps all 16 bytes."""
+    from linepack.kernel.base import ImageContext
+    from linepack.kernel.prefixes import check_prefix_room, check_prefixes
+    from linepack.relayout import strategies
+    from linepack.verify.addrmap import match_functions
+    from linepack.verify.equivalence import verify_against
+    from linepack.verify.findings import add_findings
+    from linepack.verify.standalone import verify_image
+    exe, expected = g_program.build(tmp_path, prefix=True, extra=TEMPLATE)
+    im = ElfImage(str(exe))
+    for mode, kept in (("template", 9), ("full", 16)):
+        out = tmp_path / f"split-{mode}"
+        strat = strategies.get("blocks", prefix_padding=mode)
+        summary, plan, rw = relayout(str(exe), str(out), strat, hotness={"g": 100.0},
+                                     blocks=_ranges(im))
+        assert not summary["problems"]
+        res = subprocess.run([str(out)], capture_output=True, text=True, timeout=20)
+        assert res.returncode == 0 and res.stdout == expected
+        new = ElfImage(str(out))
+        names, syms = new.symbol_table()
+        g, pfx = (names.index(n) for n in ("g", "__pfx_g"))
+        assert int(syms["value"][pfx]) + kept == int(syms["value"][g])
+        assert int(syms["size"][pfx]) == kept
+        assert bytes(new.read(int(syms["value"][g]) - kept, kept)) == b"\x90" * kept
+        rows = bm.read_blockmap(new)
+        assert bm.check_rows(rows) == []
+        dropped = rows[rows["kind"] == bm.KIND_PAD_DROPPED]
+        if kept == 16:
+            assert not len(dropped)
+            continue
+        assert len(dropped) == 1 and int(dropped["old"][0]) == im.symbol_address("__pfx_g")
+        assert int(dropped["old_len"][0]) == 7 and int(dropped["new"][0]) == int(syms["value"][pfx])
+        rep = verify_image(str(out))
+        verify_against(rep, str(out), str(exe))
+        errors = [f for f in rep.findings if f.severity == "error"]
+        assert not errors, errors[:5]
+        assert rep.extra["equivalence_blocks"]["padding_dropped"] == 7
+        # evaluate's .text growth of a booted output rebuilds the parts from the block map
+        # (planning units from sizes alone: it raised on the trimmed prefix)
+        from linepack.evaluate.booted import text_growth_between
+        assert isinstance(text_growth_between(str(exe), str(out)), int)
+        # the kept padding overwritten with int3
+        data = bytearray(out.read_bytes())
+        sec = new.section_at(int(syms["value"][pfx]))
+        off = sec.offset + int(syms["value"][pfx]) - sec.addr
+        data[off:off + 9] = b"\xcc" * 9
+        bad = tmp_path / "bad"
+        bad.write_bytes(bytes(data))
+        found = []
+        check_prefixes(ImageContext(ElfImage(str(bad))), found)
+        assert [f.check for f in found] == ["prefix.padding"]
+        octx, nctx = ImageContext(im), ImageContext(ElfImage(str(bad)))
+        oi, ni, _ = match_functions(octx, nctx)
+        found, counter = [], {}
+        assert check_prefix_room(octx, nctx, oi, ni, found, counter, add_findings) == 1
+        assert [(f.check, f.address) for f in found] == [("equiv.prefix-room",
+                                                          int(syms["value"][g]))]
+
+
+def test_whole_hot_prefixed_function_trimmed_too(tmp_path):
+    """A hot prefixed function with no cold block (every block ran) moves whole, in one
+    part in its original order, with its prefix trimmed to the template's 9 bytes and
+    no alignment kept; it runs the same and verify --against is clean."""
+    from linepack.relayout import strategies
+    from linepack.verify.equivalence import verify_against
+    from linepack.verify.standalone import verify_image
+    exe, expected = g_program.build(tmp_path, prefix=True, extra=TEMPLATE)
+    im = ElfImage(str(exe))
+    fn = FunctionTable(im)
+    g = im.symbol_address("g")
+    every = (np.array([g], np.uint64), np.array([int(fn.end[fn.index_of("g")]) - g], np.uint64),
+             np.array([100.0]))
+    out = tmp_path / "whole"
+    summary, plan, rw = relayout(str(exe), str(out), strategies.get("blocks"),
+                                 hotness={"g": 100.0}, blocks=every)
+    assert not summary["problems"]
+    (sf,) = rw.block_split["splits"]
+    assert sf.whole and sf.sizes[1] == 0 and sf.head == 9
+    res = subprocess.run([str(out)], capture_output=True, text=True, timeout=20)
+    assert res.returncode == 0 and res.stdout == expected
+    new = ElfImage(str(out))
+    names, syms = new.symbol_table()
+    gi, pfx = names.index("g"), names.index("__pfx_g")
+    assert "g.cold" not in names
+    assert int(syms["value"][pfx]) + 9 == int(syms["value"][gi]) and int(syms["size"][pfx]) == 9
+    assert bytes(new.read(int(syms["value"][gi]) - 9, 9)) == b"\x90" * 9
+    rep = verify_image(str(out))
+    verify_against(rep, str(out), str(exe))
+    errors = [f for f in rep.findings if f.severity == "error"]
+    assert not errors, errors[:5]

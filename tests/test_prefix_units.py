@@ -67,6 +67,11 @@ label_code:                     # code without a function symbol (7.3's common_s
 e:  mov $5, %eax
     ret
     .size e, .-e
+    .section .rodata
+    .globl skl_call_thunk_template, skl_call_thunk_tail
+skl_call_thunk_template:        # the call-depth template: sarq $5, %gs:0 (9 bytes)
+    .byte 0x65, 0x48, 0xc1, 0x3c, 0x25, 0, 0, 0, 0
+skl_call_thunk_tail:
 """
 MAIN = ("int a(void), b(void), c(void), d(void), e(void);\n"
         "int main(void) { return a() + b() + c() + d() + e() - 15; }\n")
@@ -199,3 +204,58 @@ def test_address_at_a_moved_piece_end_that_a_staying_unit_starts():
     new, ok = amap.map(np.array([0x1060, 0x1065, 0x1030, 0x1000], np.uint64))
     assert ok.all()
     assert new.tolist() == [0x1060, 0x1065, 0x1000, 0x1030]
+
+
+def _patched(prog, tmp_path, name, writes):
+    """A copy of ``prog`` with ``writes`` ({address: bytes}) applied to its file and,
+    for ``("sym", index, field)`` keys, symbol-table fields set (value / size)."""
+    im = ElfImage(prog)
+    data = bytearray(open(prog, "rb").read())
+    for where, b in writes.items():
+        if isinstance(where, tuple):
+            _, i, field = where
+            sec = next(x for x in im.sections if x.type == 2)          # SHT_SYMTAB
+            off = sec.offset + 24 * i + (8 if field == "value" else 16)
+            data[off:off + 8] = int(b).to_bytes(8, "little")
+            continue
+        sec = im.section_at(where)
+        off = sec.offset + where - sec.addr
+        data[off:off + len(b)] = b
+    out = tmp_path / name
+    out.write_bytes(bytes(data))
+    return str(out)
+
+
+def test_thunk_template_and_prefix_room(prog, tmp_path):
+    """The call-depth template's size comes from the image's symbols; --against, every
+    function that had a prefix keeps that many NOPs right before its entry: a padding
+    trimmed to it (the prefix symbol moved and sized to match) is clean, a NOP short of
+    it or overwritten is found (prefix.short / equiv.prefix-room)."""
+    from linepack.kernel.base import ImageContext
+    from linepack.kernel.prefixes import check_prefix_room, check_prefixes, thunk_template_size
+    from linepack.verify.addrmap import match_functions
+    from linepack.verify.findings import add_findings as _add
+    im = ElfImage(prog)
+    assert thunk_template_size(im) == 9
+    b, pfx = im.symbol_address("b"), im.symbol_address("__pfx_b")
+    names, _ = im.symbol_table()
+    k = names.index("__pfx_b")
+    int3 = b"\xcc"
+    cases = {
+        # trimmed as relayout does: the front 7 bytes are no longer padding
+        "trimmed": ({pfx: int3 * 7, ("sym", k, "value"): pfx + 7, ("sym", k, "size"): 9}, [], []),
+        "short": ({pfx: int3 * 8, ("sym", k, "value"): pfx + 8, ("sym", k, "size"): 8},
+                  ["prefix.short"], [b]),
+        "overwritten": ({b - 9: int3 * 9}, ["prefix.padding"], [b]),
+    }
+    for name, (writes, standalone, room) in cases.items():
+        new = _patched(prog, tmp_path, name, writes)
+        findings = []
+        census = check_prefixes(ImageContext(ElfImage(new)), findings)
+        assert census["thunk_template"] == 9
+        assert sorted({f.check for f in findings} - {"prefix.detached"}) == standalone, name
+        octx, nctx = ImageContext(ElfImage(prog)), ImageContext(ElfImage(new))
+        oi, ni, _ = match_functions(octx, nctx)
+        findings, counter = [], {}
+        assert check_prefix_room(octx, nctx, oi, ni, findings, counter, _add) == 1   # b
+        assert [f.address for f in findings if f.check == "equiv.prefix-room"] == room, name

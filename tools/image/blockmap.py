@@ -21,7 +21,8 @@ Row fields:
                   ORIGINAL image (the output inserts `name.cold` locals before the
                   globals, so a global's index there is larger by the number of
                   .cold symbols; look the function up by name in the output)
-    kind     u8   KIND_COPIED, KIND_BRANCH, KIND_JMP_INSERTED, KIND_JMP_REMOVED
+    kind     u8   KIND_COPIED, KIND_BRANCH, KIND_JMP_INSERTED, KIND_JMP_REMOVED,
+                  KIND_PAD_DROPPED
     part     u8   PART_HOT (the function's main part, at its symbol) or PART_COLD
                   (the ``name.cold`` part)
 
@@ -39,6 +40,12 @@ Kinds:
     KIND_JMP_REMOVED (3)   an unconditional jmp to the block now placed next
                            disappeared: ``old``/``old_len`` the jmp, new_len 0,
                            ``new`` the address where its target now starts.
+    KIND_PAD_DROPPED (4)   the front of a function's prefix padding (single-byte
+                           NOPs before its entry) that the layout did not keep
+                           (call-depth tracking needs only its thunk template's
+                           size of it: kernel/prefixes.py): ``old``/``old_len`` the
+                           dropped NOPs, new_len 0, ``new`` where the kept padding
+                           now starts.
 
 The pieces of a function tile its original bytes exactly (kind 2 rows take no
 original bytes); nothing outside split functions appears in the map (whole
@@ -54,9 +61,9 @@ SECTION_NAME = ".linepack.blockmap"
 MAGIC = b"LPBM"
 VERSION = 1
 
-KIND_COPIED, KIND_BRANCH, KIND_JMP_INSERTED, KIND_JMP_REMOVED = 0, 1, 2, 3
+KIND_COPIED, KIND_BRANCH, KIND_JMP_INSERTED, KIND_JMP_REMOVED, KIND_PAD_DROPPED = 0, 1, 2, 3, 4
 KIND_NAMES = {KIND_COPIED: "copied", KIND_BRANCH: "branch", KIND_JMP_INSERTED: "jmp-inserted",
-              KIND_JMP_REMOVED: "jmp-removed"}
+              KIND_JMP_REMOVED: "jmp-removed", KIND_PAD_DROPPED: "padding-dropped"}
 PART_HOT, PART_COLD = 0, 1
 
 HEADER = np.dtype([("magic", "S4"), ("version", "<u4"), ("rows", "<u4"), ("zero", "<u4")])
@@ -95,8 +102,8 @@ def check_rows(rows):
     if (np.diff(old.astype(np.int64)) < 0).any():
         bad.append("rows not sorted by old address")
     k = rows["kind"]
-    if (k > KIND_JMP_REMOVED).any():
-        bad.append(f"{int((k > KIND_JMP_REMOVED).sum())} rows of unknown kind")
+    if (k > KIND_PAD_DROPPED).any():
+        bad.append(f"{int((k > KIND_PAD_DROPPED).sum())} rows of unknown kind")
     copied = k == KIND_COPIED
     if (rows["old_len"][copied] != rows["new_len"][copied]).any():
         bad.append("copied rows with old_len != new_len")
@@ -104,6 +111,8 @@ def check_rows(rows):
         bad.append("inserted-jmp rows with old_len != 0")
     if (rows["new_len"][k == KIND_JMP_REMOVED] != 0).any():
         bad.append("removed-jmp rows with new_len != 0")
+    if (rows["new_len"][k == KIND_PAD_DROPPED] != 0).any():
+        bad.append("dropped-padding rows with new_len != 0")
     span = rows[rows["old_len"] > 0]
     if len(span) > 1:
         end = span["old"][:-1] + span["old_len"][:-1].astype(np.uint64)

@@ -8,6 +8,29 @@ that the padding is NOPs and skips the function otherwise, so a lost padding
 does not crash, it silently loses the accounting). After a relayout every
 prefix must still end at its function and hold only NOPs.
 
+What the kernel needs of the padding (Debian's 6.12 callthunks.c; 7.3's image has
+the same 9-byte template and its boot patches trimmed paddings the same way;
+both gcc-built cloud kernels): ``patch_dest`` compares and overwrites only the
+``SKL_TMPL_SIZE`` bytes right before the entry, the size of the call-depth
+template (``skl_call_thunk_tail - skl_call_thunk_template``: 9 bytes on both
+images, one ``sarq $5, %gs:...``; more with CONFIG_CALL_THUNKS_DEBUG, off on
+both), so a padding of that size is enough (``thunk_template_size`` measures
+it on the image). The 16 B function alignment matters to ``is_callthunk``
+alone, which rounds an address up to CONFIG_FUNCTION_ALIGNMENT (16) and asks
+whether the template sits before it; only the BPF JIT calls it
+(``x86_call_depth_emit_accounting``), with an entry address, to skip its own
+accounting. For an unaligned entry it looks before the next 16-byte boundary
+inside the function and answers no (unless a tiny function ends right where the
+next one's patched thunk does), so the JIT accounts the call itself before
+calling the entry: counted once. A yes leaves the call unaccounted, which
+refills the RSB one return early (the safe side), as the stock kernel does for
+every aligned entry whose padding was patched. Nothing else uses the padding:
+no ``__cfi_`` symbols (kCFI/FineIBT need clang's CFI; gcc 14 built both), and
+ITS picks its thunks from the branch's own address at boot.
+With ``--against`` (``check_prefix_room``): every function that had a prefix in
+the original has at least the template's size of single-byte NOPs right before
+its entry in the new image.
+
 With CONFIG_X86_KERNEL_IBT a function that may be called indirectly starts with
 ENDBR64 (f3 0f 1e fa); ``--against``: every function whose entry was an ENDBR
 in the original still starts with one (a block-level split must keep the entry
@@ -51,6 +74,18 @@ def prefix_symbols(image):
             syms["size"][idx].astype(np.uint64))
 
 
+TEMPLATE_SYMBOLS = ("skl_call_thunk_template", "skl_call_thunk_tail")
+
+
+def thunk_template_size(image):
+    """Bytes of the call-depth accounting template the kernel patches before a
+    function (``SKL_TMPL_SIZE``), from the image's symbols; None without them."""
+    a, z = (image.symbol_address(n) for n in TEMPLATE_SYMBOLS)
+    if a is None or z is None or not 0 < z - a <= 16:
+        return None
+    return int(z - a)
+
+
 def check_prefixes(ctx, findings):
     """Each prefix ends where its function starts and is all NOPs.
     Returns the census for the report (None when the image has no prefixes)."""
@@ -80,9 +115,40 @@ def check_prefixes(ctx, findings):
             findings.append(Finding("error", f"prefix.{what}", None,
                                     f"{len(bad) - MAX_REPORT} more prefixes of the same "
                                     f"({len(bad)} in all)"))
+    tmpl = thunk_template_size(image)
+    short = np.nonzero(size < np.uint64(tmpl))[0].tolist() if tmpl else []
+    for k in short[:MAX_REPORT]:
+        findings.append(Finding("error", "prefix.short", int(addr[k]),
+                                f"{names[k]} ({int(addr[k]):#x}) holds {int(size[k])} bytes, "
+                                f"less than the {tmpl}-byte call-depth thunk"))
     sizes = np.unique(size).tolist()
     return {"count": len(names), "bytes": [int(s) for s in sizes],
-            "detached": len(detached), "not_nop": len(not_nop)}
+            "detached": len(detached), "not_nop": len(not_nop), "short": len(short),
+            "thunk_template": tmpl}
+
+
+def check_prefix_room(octx, nctx, oi, ni, findings, counter, add):
+    """Every matched function that had a prefix in OLD has at least the call-depth
+    template's size (measured on OLD) of single-byte NOPs right before its entry in
+    NEW (``add``: equivalence._add). Returns the number of such functions."""
+    tmpl = thunk_template_size(octx.image)
+    names, _, _ = prefix_symbols(octx.image)
+    if not tmpl or not names or not len(oi):
+        return 0
+    of, nf = octx.functions, nctx.functions
+    had = set(n[len(PREFIX):] for n in names)
+    k = np.array([i for i, n in enumerate(of.name[j] for j in oi.tolist()) if n in had],
+                 np.int64)
+    if not len(k):
+        return 0
+    entry = nf.start[ni[k]].astype(np.uint64)
+    raw = _bytes_at(nctx.image, entry - np.uint64(tmpl), tmpl)
+    lost = np.nonzero((raw != NOP).any(axis=1))[0].tolist()
+    add(findings, "error", "equiv.prefix-room", lost,
+        lambda q: (int(entry[q]), f"{nf.name[ni[k[q]]]}: the {tmpl} bytes before its entry "
+                   f"{int(entry[q]):#x} are not NOPs ({bytes(raw[q]).hex()}): call-depth "
+                   "tracking cannot patch its thunk there"), counter)
+    return int(len(k))
 
 
 def endbr_at(image, addrs):

@@ -460,7 +460,8 @@ def run_workload(kernel, workload="vfs-mix", loops=None, icount=True, plugin=Non
     return check_workload_result(boot, res)
 
 
-def dump_at_hold(kernel, workload, dump, loops=None, timeout=300, env=None, settle=1.0):
+def dump_at_hold(kernel, workload, dump, loops=None, timeout=300, env=None, settle=1.0,
+                 extra_args=()):
     """Boot ``kernel`` with ``workload`` as /init and ``hold=1``: after its result
     line the guest parks (a child asleep in read(2) on a pipe, init in wait4(2);
     workloads/linepack.h) and prints ``linepack-hold``; then QEMU writes the
@@ -468,7 +469,8 @@ def dump_at_hold(kernel, workload, dump, loops=None, timeout=300, env=None, sett
     ``vmcoreinfo`` device, fed by the guest's qemu_fw_cfg module of the same
     Debian build, puts the kernel's VMCOREINFO note in it, which drgn and crash
     read) and quits. Deterministic with -icount: the same kernel and
-    workload stop at the same point. Returns a QemuResult (``result_line`` set).
+    workload stop at the same point. ``extra_args``: more QEMU arguments (a CPU
+    model). Returns a QemuResult (``result_line`` set).
     """
     import json
     import select
@@ -490,7 +492,7 @@ def dump_at_hold(kernel, workload, dump, loops=None, timeout=300, env=None, sett
     cmd = qemu_command(kernel, initrd, append=loops_append(kernel_defaults()["append"], loops,
                                                            words),
                        extra_args=("-device", "vmcoreinfo",
-                                   "-qmp", f"unix:{sock},server=on,wait=off"))
+                                   "-qmp", f"unix:{sock},server=on,wait=off") + tuple(extra_args))
     check_kernel_path(kernel, "kernel")
     if not shutil.which(cmd[0]):
         raise ExternalToolError(f"'{cmd[0]}' is not installed (install qemu-system-x86)")

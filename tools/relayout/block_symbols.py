@@ -2,6 +2,8 @@
 name at its hot part with the hot part's size (from its entry: a prefix before
 it keeps its own symbol), and its cold part gets a
 ``name.cold`` STT_FUNC symbol (local, sized), as gcc names its own cold parts.
+A prefix trimmed to the call-depth thunk's size (relayout/blocks.py trim_prefix)
+gets the size it kept.
 
 New local symbols must precede the globals (``sh_info`` of .symtab is the
 first non-local index), so they are inserted there and every relocation's
@@ -27,6 +29,8 @@ def cold_symbols(rw, image, log=None):
     names, _ = image.symbol_table()
     k = 0
     for sf in splits:
+        if sf.prefix_sym >= 0:
+            rows["size"][sf.prefix_sym] = sf.head      # a trimmed prefix: what was kept
         if not sf.sizes[1]:
             continue
         rows["size"][sf.sym] = sf.hot_size

@@ -30,6 +30,10 @@ prefix is the hot part's first block (``SplitFunction.head`` bytes) and the
 entry block follows it, so the padding still ends at the entry; the cold part
 gets none (it is only reached by jumps from its hot part: no call lands there,
 so no thunk is patched before it, and no ENDBR is needed at its start).
+With ``prefix_keep`` (the call-depth template's size, kernel/prefixes.py) the hot
+part keeps only that many bytes of the padding, right before the entry: the
+dropped front is a PAD_DROPPED piece (no new bytes; it maps to where the kept
+padding starts), and the prefix symbol shrinks to what was kept.
 """
 
 import numpy as np
@@ -42,8 +46,8 @@ from .units import PADDING_BYTES, PREFIX, UnitTable, _func_map
 NOP2 = bytes.fromhex("6690")
 NOP5 = bytes.fromhex("0f1f440000")
 # piece kinds inside a part (the block map's kinds)
-COPY, BRANCH, INSERTED, REMOVED = bm.KIND_COPIED, bm.KIND_BRANCH, bm.KIND_JMP_INSERTED, \
-    bm.KIND_JMP_REMOVED
+COPY, BRANCH, INSERTED, REMOVED, PAD_DROPPED = bm.KIND_COPIED, bm.KIND_BRANCH, \
+    bm.KIND_JMP_INSERTED, bm.KIND_JMP_REMOVED, bm.KIND_PAD_DROPPED
 # branch forms: (short size, long size)
 FORM_JMP, FORM_JCC, FORM_KEY_NOP, FORM_KEY_JMP = 0, 1, 2, 3
 SIZES = {FORM_JMP: (2, 5), FORM_JCC: (2, 6), FORM_KEY_NOP: (2, 5), FORM_KEY_JMP: (2, 5)}
@@ -74,6 +78,7 @@ class SplitFunction:
         self.block_part = {}
         self.order_score = None       # ext-TSP objective (original, chosen order), if ordered
         self.head = 0                 # bytes of the hot part before the function's entry (prefix)
+        self.prefix_sym = -1          # symbol index of its __pfx_ symbol (a trimmed prefix)
         self.whole = False            # reordered in one part, nothing cold (order_whole)
 
     @property
@@ -407,6 +412,50 @@ def prefix_heads(units, functions):
     return head
 
 
+def trim_prefix(sf, keep):
+    """Keep only the last ``keep`` bytes of split function ``sf``'s prefix padding
+    (its hot part's first piece, ``sf.head`` NOP bytes): the front becomes a
+    PAD_DROPPED piece. False (``sf`` unchanged) when the first piece is not that."""
+    pieces = sf.parts[0]
+    if not pieces or not 0 < keep < sf.head:
+        return False
+    p0 = pieces[0]
+    if p0.kind != COPY or p0.old_len != sf.head:
+        return False
+    drop = sf.head - keep
+    pieces[0:1] = [Piece(p0.old, drop, PAD_DROPPED, p0.block),
+                   Piece(p0.old + drop, keep, COPY, p0.block)]
+    _relax_parts(sf, (0,))
+    sf.head = keep
+    return True
+
+
+def _note_prefix_sym(sf, units, functions):
+    """Remember the __pfx_ symbol of a trimmed split function (it gets the kept size)."""
+    mem = units.members[sf.unit]
+    if len(mem) == 2:
+        sf.prefix_sym = int(functions.sym_index[mem[0][0]])
+
+
+def _whole_trimmed(cfg, u, units, functions, hot_block, short_keys, falls, head, keep):
+    """A hot prefixed function with nothing worth splitting, moved whole but with its
+    prefix trimmed to ``keep`` bytes: one part, every block in its original order (a
+    SplitFunction with ``whole`` set and no cold part); None when it cannot be built."""
+    a, z = cfg.blocks_of(u)
+    mask = hot_block.copy()
+    mask[a:z] = True
+    fi = units.members[u][-1][0]
+    sf = build_parts(cfg, u, u, functions.name[fi], mask, short_keys,
+                     int(functions.sym_index[fi]), falls, False)
+    if sf is None or sf.sizes[1]:
+        return None
+    sf.head, sf.whole = head, True
+    if not trim_prefix(sf, keep):
+        return None
+    _note_prefix_sym(sf, units, functions)
+    return sf
+
+
 def _trailing_code(dis, units, functions, candidates):
     """Per unit: code that is not padding (NOPs, int3 fill) lies after its (last) function's end
     (an assembly label without a function symbol: relayout/units.py keeps it
@@ -428,7 +477,7 @@ def _trailing_code(dis, units, functions, candidates):
 
 def choose_splits(cfg, units, heat, block_count, min_count, functions, short_keys, cold_min=8,
                   invert_jcc=False, block_order="original", edges=None, log=None, heads=None,
-                  split_noinstr=False, order_whole=False, inline_cold_max=0):
+                  split_noinstr=False, order_whole=False, inline_cold_max=0, prefix_keep=0):
     """SplitFunction list and per-unit reason codes (REASONS) for every unit.
 
     ``block_order``: "original" keeps the hot blocks in their original order,
@@ -443,7 +492,9 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
     in the same part (a SplitFunction with an empty cold
     part, ``whole`` set), when that order scores better than the original.
     ``inline_cold_max``: cold blocks up to this size may stay in the hot part where
-    that makes the hot part smaller (keep_small_cold); 0: never."""
+    that makes the hot part smaller (keep_small_cold); 0: never. ``prefix_keep``:
+    a split function's prefix keeps only this many bytes before its entry
+    (trim_prefix); 0: all of them."""
     nu = len(units)
     reason = np.array(cfg.reason, dtype=np.int8)
     reason = reason.copy()
@@ -506,6 +557,11 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
         whole = cold_bytes < cold_min
         if whole and not (order_whole and weights is not None):
             reason[u] = R_NO_COLD
+            if prefix_keep and heads[u]:
+                sf = _whole_trimmed(cfg, u, units, functions, hot_block, short_keys, falls,
+                                    int(heads[u]), prefix_keep)
+                if sf is not None:
+                    splits.append(sf)
             continue
         head = int(heads[u])
         fi = units.members[u][-1][0]           # the function (after its prefix, if any)
@@ -540,6 +596,8 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
         sf.order_score = score
         sf.head = head
         sf.whole = whole
+        if prefix_keep and head and trim_prefix(sf, prefix_keep):
+            _note_prefix_sym(sf, units, functions)
         splits.append(sf)
     return splits, reason
 
@@ -574,13 +632,19 @@ def planning_units(units, heat, splits, hot_align=None, whole_align=None, min_co
     al = np.where(cold, 1, units.align[par])
     ph = np.where(cold, 0, units.phase[par])
     # a unit with a prefix member (6.12's __pfx_ padding, which call-depth tracking
-    # rewrites at boot) keeps its alignment: it applies to the padding's start
+    # rewrites at boot) keeps its alignment: it applies to the padding's start; but a
+    # split one whose prefix was trimmed to the thunk's size (trim_prefix) takes
+    # hot_align: the kernel needs the NOPs, not the alignment (kernel/prefixes.py)
     single = np.array([len(units.members[u]) <= 1 for u in range(n)], bool) \
         if hot_align is not None or whole_align is not None else None
+    trimmed = np.zeros(n, bool)
+    for u, sf in by_unit.items():
+        parts = getattr(sf, "parts", None)     # (evaluate's booted.py passes sizes only)
+        trimmed[u] = bool(parts) and any(p.kind == PAD_DROPPED for p in parts[0][:1])
     if hot_align is not None:
         ordered = np.zeros(n, bool)
         ordered[list(by_unit)] = True
-        hot_split = ~cold & ordered[par] & single[par]
+        hot_split = ~cold & ordered[par] & (single[par] | trimmed[par])
         al = np.where(hot_split, int(hot_align), al)
         ph = np.where(hot_split, 0, ph)
     if whole_align is not None:

@@ -6,14 +6,19 @@ import numpy as np
 from ..io import write_atomic
 
 
-def write_layout_map(path, plan, functions):
-    """TSV: name, old address, new address, size — one line per function."""
+def write_layout_map(path, plan, functions, moved=None):
+    """TSV: name, old address, new address, size — one line per function.
+    ``moved``: {function index: new address} where a function does not keep its
+    offset in its unit (after a prefix trimmed by the blocks strategy)."""
     u = plan.units
+    moved = moved or {}
     lines = ["# linepack layout map: function\told\tnew\tsize\n"]
     for ui in range(len(u)):
         for fi, off in u.members[ui]:
             old = int(functions.start[fi])
-            new = int(plan.new_start[ui]) + old - int(u.start[ui])
+            new = moved.get(fi)
+            if new is None:
+                new = int(plan.new_start[ui]) + old - int(u.start[ui])
             lines.append(f"{functions.name[fi]}\t{old:#x}\t{new:#x}\t{int(functions.size[fi])}\n")
     write_atomic(path, "".join(lines))
 

@@ -271,7 +271,8 @@ def split(run):
                                    split_noinstr=getattr(strat, "split_noinstr", False),
                                    order_whole=getattr(strat, "order_whole", False) and
                                    run.target.kind == "userspace",
-                                   inline_cold_max=getattr(strat, "inline_cold_max", 0))
+                                   inline_cold_max=getattr(strat, "inline_cold_max", 0),
+                                   prefix_keep=_prefix_keep(image, strat, heads, log))
     if eh_split is not None:
         n = len(splits)
         kept = eh_split.accept(splits, units.start, heat, reason)
@@ -291,8 +292,10 @@ def split(run):
         if len(splits) < n:
             log(f".eh_frame: room for {len(splits)} of {n} cold-part FDEs; "
                 f"{n - len(splits)} functions moved whole")
-    log(f"CFG: {len(cfg)} blocks in {len(units)} units; {len(splits)} hot functions split, "
-        f"{int(((heat >= strat.min_count) & (reason != 0)).sum())} hot ones moved whole")
+    n_whole = sum(sf.whole for sf in splits)
+    log(f"CFG: {len(cfg)} blocks in {len(units)} units; {len(splits) - n_whole} hot functions "
+        f"split, {int(((heat >= strat.min_count) & (reason != 0)).sum())} hot ones moved whole"
+        + (f" ({n_whole} in one part: reordered, or their prefix trimmed)" if n_whole else ""))
     run.split = {"cfg": cfg, "splits": splits, "reason": reason, "block_count": counts,
                  "eh_split": eh_split, "reasons": reason_summary(reason, heat, strat.min_count,
                                                        userspace=run.target.kind == "userspace"),
@@ -301,6 +304,21 @@ def split(run):
     run.units, run.heat, _, _ = run.split["planning"]
     run.split_stats = st = _split_stats(run.split, run.orig_units)
     return st
+
+
+def _prefix_keep(image, strat, heads, log):
+    """How many bytes of a split function's prefix padding its hot part keeps: the
+    call-depth thunk's size (kernel/prefixes.py) with ``prefix_padding =
+    "template"`` on a kernel that has the thunk template, else 0 (all of them)."""
+    if getattr(strat, "prefix_padding", "full") != "template" or not heads.any():
+        return 0
+    from ..kernel.prefixes import thunk_template_size
+    keep = thunk_template_size(image) or 0
+    if keep and keep < int(heads.max()):
+        log(f"prefixes: split functions keep {keep} of their {int(heads.max())} padding "
+            "bytes (the call-depth thunk's size) and lose their alignment")
+        return keep
+    return 0
 
 
 def _split_stats(split, orig_units):
@@ -697,9 +715,16 @@ def reference_source(run):
 
 def maps(run):
     """``--layout-map`` and ``--system-map``."""
+    from .blocks import PAD_DROPPED
     from .maps import write_layout_map, write_system_map
     if run.layout_map:
-        write_layout_map(run.layout_map, run.plan, run.functions)
+        moved = {}
+        for sf in run.split["splits"] if run.split is not None else ():
+            if sf.parts[0] and sf.parts[0][0].kind == PAD_DROPPED:
+                # a trimmed prefix: the entry is sf.head bytes into the hot part
+                fi = run.orig_units.members[sf.unit][-1][0]
+                moved[fi] = sf.new_start[0] + sf.head
+        write_layout_map(run.layout_map, run.plan, run.functions, moved)
     if run.system_map:
         write_system_map(run.system_map, run.image, run.rewriter)
     return S.PassStats()

@@ -872,6 +872,18 @@ class _BlockCheck:
                         "target must be the next instruction"
                         + _between(lite, new_read, place, now))
                 return
+            elif kind == bm.KIND_PAD_DROPPED:
+                # the front of a prefix's NOP padding, not kept: single-byte NOPs only,
+                # and its place is where the kept padding starts
+                stats["padding_dropped"] = stats.get("padding_dropped", 0) + 1
+                if bytes(ins.bytes) != b"\x90":
+                    add("equiv.padding-dropped", piece_new[p], f"{f.name}: dropped "
+                        f"'{ins.mnemonic} {ins.op_str}' at {a:#x} is not padding (a NOP)")
+                elif piece_start and amap.map1(piece_old_end[p]) != piece_new[p]:
+                    add("equiv.padding-dropped", piece_new[p], f"{f.name}: dropped padding "
+                        f"at {a:#x} does not lead to the kept padding at "
+                        f"{amap.map1(piece_old_end[p]):#x}")
+                return
             else:
                 return
             if orc_ok:

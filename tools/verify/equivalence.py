@@ -93,6 +93,16 @@ def _check_ibt_entries(ctx, out):
         out.extra["ibt_entries_checked"] = n
 
 
+def _check_prefix_room(ctx, out):
+    """Prefixed kernels: call-depth tracking still finds its thunk's room of NOPs
+    before every function that had a prefix (kernel/prefixes.py)."""
+    from ..kernel.prefixes import check_prefix_room
+    n = check_prefix_room(ctx.octx, ctx.nctx, ctx.oi, ctx.ni, out.findings, out.counter,
+                          add_findings)
+    if n:
+        out.extra["prefix_room_checked"] = n
+
+
 def _check_code_fields(ctx, out):
     """Switch tables and PC-relative data fields into code, in any executable (pie.py)."""
     check_code_fields(ctx.old, ctx.new, ctx.amap, ctx.octx, out.findings, out.counter, out,
@@ -124,6 +134,7 @@ CHECKS = [
     Check("build-id", _check_build_id),
     Check("functions", _check_functions),
     Check("ibt-entries", _check_ibt_entries, when=lambda ctx: ctx.octx.is_kernel),
+    Check("prefix-room", _check_prefix_room, when=lambda ctx: ctx.octx.is_kernel),
     Check("data-symbols", data.check_data_symbols),
     Check("code", code.check_code),
     Check("blocks", split.add_block_findings, forked=split.block_results,

@@ -26,7 +26,7 @@ class Blocks(Pack):
     def __init__(self, min_count=1, block_min_count=0.3, cold_min=8, use_blocks=True,
                  strict=False, invert_jcc=True, block_order=None, order="first",
                  split_hot_align=1, split_noinstr=False, order_whole=True, whole_hot_align=1,
-                 inline_cold_max=16, **kw):
+                 inline_cold_max=16, prefix_padding="template", **kw):
         # strict = false: a hot part starts where it adds the fewest lines holding hot
         # bytes (it is hot throughout, so 64 B alignment mostly adds padding)
         # order = "first": hot units in the order they first ran, when the executed
@@ -78,6 +78,16 @@ class Blocks(Pack):
         # What-if, Debian 6.1 vfs-mix, misses vs stock intel-32k-8w / amd-64k-2w: 0
         # -50.54% / -64.88%, 16 -50.73% / -65.97% (loop lines 1,360 -> 1,353)
         self.inline_cold_max = int(inline_cold_max)
+        # prefix_padding (6.2+ kernels with __pfx_ paddings): "template" keeps only the
+        # call-depth thunk's size of a split function's padding (9 of 16 bytes on
+        # Debian 6.12 / 7.3) and aligns its hot part as split_hot_align says, since
+        # the kernel needs those NOPs and not the alignment (kernel/prefixes.py); a hot
+        # prefixed function with nothing to split moves in one part with its prefix
+        # trimmed too. "full" keeps all 16 bytes and the 16 B alignment. What-if vfs-mix,
+        # points to dense:20 (intel-32k-8w / amd-64k-2w): 6.12 9.8 / 24.8 -> 4.9 / 16.7
+        if prefix_padding not in ("template", "full"):
+            raise TypeError(f"prefix_padding {prefix_padding!r} (known: template, full)")
+        self.prefix_padding = prefix_padding
 
 
 class BlocksOriginal(Blocks):
