@@ -60,6 +60,20 @@ def build(name, sources, kind, what, headers=()):
     return ctypes.CDLL(so)
 
 
+def optional_core(name, sources, kind, what, declare):
+    """``build`` for a core with a pure-Python fallback: the loaded object with
+    ``declare(lib)`` applied (its argtypes), or None when there is no compiler or
+    the build fails (the caller then computes the same results in Python)."""
+    if not compiler():
+        return None
+    try:
+        lib = build(name, sources, kind, what)
+    except ExternalToolError:
+        return None
+    declare(lib)
+    return lib
+
+
 def _libc():
     """The C library's handle, or None where ctypes cannot load it."""
     global _LIBC

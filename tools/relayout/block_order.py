@@ -223,26 +223,21 @@ _lib = False            # the C search (ext_tsp.c): False not tried yet, None no
 def _native_lib():
     global _lib
     if _lib is False:
-        _lib = None
         import ctypes
         import os
         from .. import native as nat
-        from ..errors import ExternalToolError
-        if nat.compiler():
-            try:
-                here = os.path.dirname(os.path.abspath(__file__))
-                # one object with the hot part sizing of keep_small_cold (parts.c)
-                lib = nat.build("ext_tsp", [os.path.join(here, "ext_tsp.c"),
-                                            os.path.join(here, "parts.c")],
-                                "ext_tsp", "the ext-TSP core")
-                P, I = ctypes.c_void_p, ctypes.c_int
-                lib.lp_ext_tsp.argtypes = [I, P, P, I, P, P, P, P, I, I, P]
-                lib.lp_ext_tsp.restype = I
-                lib.lp_hot_part_size.argtypes = [I, P, I, P, P, P, P, P, P, I, I]
-                lib.lp_hot_part_size.restype = ctypes.c_int64
-                _lib = lib
-            except ExternalToolError:
-                pass
+
+        def declare(lib):
+            P, I = ctypes.c_void_p, ctypes.c_int
+            lib.lp_ext_tsp.argtypes = [I, P, P, I, P, P, P, P, I, I, P]
+            lib.lp_ext_tsp.restype = I
+            lib.lp_hot_part_size.argtypes = [I, P, I, P, P, P, P, P, P, I, I]
+            lib.lp_hot_part_size.restype = ctypes.c_int64
+        here = os.path.dirname(os.path.abspath(__file__))
+        # one object with the hot part sizing of keep_small_cold (parts.c)
+        _lib = nat.optional_core("ext_tsp", [os.path.join(here, "ext_tsp.c"),
+                                             os.path.join(here, "parts.c")],
+                                 "ext_tsp", "the ext-TSP core", declare)
     return _lib
 
 

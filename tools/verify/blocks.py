@@ -398,25 +398,20 @@ def _native_lib():
     the Python loop then decides every instruction, with the same results."""
     global _lib
     if _lib is False:
-        _lib = None
         import ctypes
         import os
         from .. import native as nat
-        from ..errors import ExternalToolError
-        if nat.compiler():
-            try:
-                here = os.path.dirname(os.path.abspath(__file__))
-                lib = nat.build("blocks", [os.path.join(here, "blocks.c")], "verify",
-                                "the block check core")
-                P, I64 = ctypes.c_void_p, ctypes.c_int64
-                lib.lp_block_scan.argtypes = [P, P, ctypes.c_size_t] + [I64] * 5 + \
-                    [P, P, P, P, I64] + [P] * 6 + [I64] + [P] * 5 + [I64] + \
-                    [P, I64, P, I64] + [I64, P, I64, I64, P, P, P, I64, P, P, P, I64, P, I64, P] + \
-                    [P] * 4 + [I64, P, I64] + [P] * 3
-                lib.lp_block_scan.restype = ctypes.c_int
-                _lib = lib
-            except ExternalToolError:
-                pass
+
+        def declare(lib):
+            P, I64 = ctypes.c_void_p, ctypes.c_int64
+            lib.lp_block_scan.argtypes = [P, P, ctypes.c_size_t] + [I64] * 5 + \
+                [P, P, P, P, I64] + [P] * 6 + [I64] + [P] * 5 + [I64] + \
+                [P, I64, P, I64] + [I64, P, I64, I64, P, P, P, I64, P, P, P, I64, P, I64, P] + \
+                [P] * 4 + [I64, P, I64] + [P] * 3
+            lib.lp_block_scan.restype = ctypes.c_int
+        here = os.path.dirname(os.path.abspath(__file__))
+        _lib = nat.optional_core("blocks", [os.path.join(here, "blocks.c")], "verify",
+                                 "the block check core", declare)
     return _lib
 
 
