@@ -124,7 +124,7 @@ def test_vmlinux_functions_same_rows(core, monkeypatch):
     has, off = rip_relative(raw[idx], size[idx])
     ref = [_one(raw[i], int(size[i])) for i in idx.tolist()]
     assert has.tolist() == [r[0] for r in ref]
-    assert off.tolist() == [r[1] for r in ref]
+    assert off.tolist() == [r[2] for r in ref]
     assert 50 < has.sum() < len(idx)
 
 
@@ -139,5 +139,22 @@ def test_rip_relative_batch_matches_wrapper():
     has, off = rip_relative(raw, size)
     assert has.tolist() == [True, False, True, False, False, False]
     assert off.tolist()[0] == 3 and off.tolist()[2] == 2
-    assert [(bool(h), int(o)) for h, o in zip(has, off)] == [_one(raw[i], int(size[i]))
-                                                             for i in range(len(size))]
+    want = [_one(raw[i], int(size[i])) for i in range(len(size))]
+    assert [(bool(h), int(o)) for h, o in zip(has, off)] == [(r[0], r[2]) for r in want]
+
+
+def test_eip_relative_operands_are_told_apart():
+    """A 67 prefix makes the operand EIP-based: ip_relative names it, rip_relative
+    does not (its target is truncated to 32 bits), in the batch and one by one."""
+    from linepack.image.operands import ip_relative
+    blobs = [bytes.fromhex(h) for h in ("678b0500010000", "8b0500010000", "678b00")]
+    raw = np.zeros((len(blobs), 16), np.uint8)
+    for i, b in enumerate(blobs):
+        raw[i, :len(b)] = np.frombuffer(b, np.uint8)
+    size = np.array([len(b) for b in blobs])
+    rip, eip, off = ip_relative(raw, size)
+    assert rip.tolist() == [False, True, False] and eip.tolist() == [True, False, False]
+    assert off.tolist()[:2] == [3, 2]
+    assert rip_relative(raw, size)[0].tolist() == [False, True, False]
+    assert [_one(raw[i], int(size[i]))[:2] for i in range(3)] == [(False, True), (True, False),
+                                                                   (False, False)]
