@@ -132,13 +132,14 @@ def check_prefix_room(octx, nctx, oi, ni, findings, counter, add):
     template's size (measured on OLD) of single-byte NOPs right before its entry in
     NEW (``add``: equivalence._add). Returns the number of such functions."""
     tmpl = thunk_template_size(octx.image)
-    names, _, _ = prefix_symbols(octx.image)
+    names, paddr, psize = prefix_symbols(octx.image)
     if not tmpl or not names or not len(oi):
         return 0
     of, nf = octx.functions, nctx.functions
-    had = set(n[len(PREFIX):] for n in names)
-    k = np.array([i for i, n in enumerate(of.name[j] for j in oi.tolist()) if n in had],
-                 np.int64)
+    # a function had a prefix when one ends at its entry (by address: static
+    # functions share names, and not every copy need have a prefix)
+    ends = np.unique((paddr + psize).astype(np.uint64))
+    k = np.nonzero(np.isin(of.start[oi].astype(np.uint64), ends))[0].astype(np.int64)
     if not len(k):
         return 0
     entry = nf.start[ni[k]].astype(np.uint64)

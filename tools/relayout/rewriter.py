@@ -486,7 +486,6 @@ class Rewriter:
             raise RewriteError("internal: no disassembly of the units")
         idx, target, kind = dis.branch_targets()
         covered = self._reloc_covered(dis)
-        self._covered = covered
         keep = ~covered[idx]
         idx, target, kind = idx[keep], target[keep], kind[keep]
         addr = dis.addr[idx]
@@ -518,7 +517,11 @@ class Rewriter:
         from ..image.operands import rip_relative
         dis = self.dis
         raw = dis.raw
-        covered = self._covered
+        # a relocation at the displacement fixes it; one elsewhere in the instruction
+        # (a relocated immediate: cmpq $sym, x(%rip)) does not
+        rel_fields = np.unique(np.concatenate(
+            [r.offset.astype(np.uint64) for r in self.image.relocations.values()
+             if r.target.is_code and len(r)] or [np.zeros(0, np.uint64)]))
         cand = np.zeros(len(dis), bool)
         text_lo = min(r.start for r in self.units.regions)
         text_hi = max(r.end for r in self.units.regions)
@@ -533,7 +536,10 @@ class Rewriter:
             base = np.arange(hi - lo, dtype=np.int64) * raw.shape[1]
             for imm in (0, 1, 2, 4):
                 dpos = size - 4 - imm
-                ok = (dpos >= 1) & ~covered[lo:hi]
+                field = dis.addr[lo:hi] + np.maximum(dpos, 0).astype(np.uint64)
+                k = np.minimum(np.searchsorted(rel_fields, field), max(len(rel_fields) - 1, 0))
+                relocated = (rel_fields[k] == field) if len(rel_fields) else np.zeros(hi - lo, bool)
+                ok = (dpos >= 1) & ~relocated
                 mpos = np.maximum(dpos - 1, 0)
                 modrm = flat[base + np.minimum(mpos, 15)]
                 i = np.nonzero(ok & ((modrm & 0xC7) == 0x05))[0]
@@ -546,6 +552,10 @@ class Rewriter:
         idx = np.nonzero(cand)[0]
         size = dis.size[idx].astype(np.int64)
         rip, do = rip_relative(raw[idx], size)
+        if len(rel_fields):         # a candidate read at another offset: the real one counts
+            field = dis.addr[idx] + do.astype(np.uint64)
+            k = np.minimum(np.searchsorted(rel_fields, field), len(rel_fields) - 1)
+            rip &= rel_fields[k] != field
         idx, do, size = idx[rip], do[rip], size[rip]
         found = len(idx)
         a = dis.addr[idx]

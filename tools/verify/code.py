@@ -114,11 +114,11 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
     o_idx_all, n_idx_all, differs = o_idx_all[:matched], n_idx_all[:matched], differs[:matched]
     k_diff = np.nonzero(differs)[0]
     ob_i, ob_t, _ = od.branch_targets()
-    # the same bytes at another address: a PC-relative field then names a target
-    # moved by the same distance, right only where the target moved with it
+    # the same bytes: a PC-relative field then names its old target plus the
+    # distance moved, right only where the target moved with it (or both stayed)
     k_same = np.nonzero(~differs)[0]
-    kept_pc_relative(od, nd, amap, o_idx_all[k_same], n_idx_all[k_same], ob_i, ob_t, moved_by,
-                     wrong_target, stale_operand)
+    kept_pc_relative(od, nd, amap, o_idx_all[k_same], n_idx_all[k_same], ob_i, ob_t, kernel,
+                     moved_by, wrong_target, stale_operand)
     # only the changed rows' bytes are looked at again
     o_raw, n_raw = od.raw[o_idx_all[k_diff]], nd.raw[n_idx_all[k_diff]]
     sizes_diff = od.size[o_idx_all[k_diff]].astype(np.int64)
@@ -155,7 +155,9 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
     diff = (r_raw_o != r_raw_n) & (col < r_size[:, None])
     in_disp = (col >= d_off[:, None]) & (col < (d_off + d_sz)[:, None])
     in_imm = (col >= i_off[:, None]) & (col < (i_off + i_sz)[:, None])
-    has_disp = (d_sz > 0) & (diff & in_disp).any(axis=1)
+    # a RIP-relative displacement is checked whenever the instruction moved, changed
+    # or not: another field of it (a relocated immediate) may be what changed
+    has_disp = (d_sz > 0) & ((diff & in_disp).any(axis=1) | (rip & (r_oa != r_na)))
     has_imm = (i_sz > 0) & (diff & in_imm).any(axis=1)
     covered = (has_disp[:, None] & in_disp) | (has_imm[:, None] & in_imm)
     all_covered = decoded & ~(diff & ~covered).any(axis=1)
@@ -194,19 +196,17 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
             "equivalence_translated_fields": field_fixed}
 
 
-def kept_pc_relative(od, nd, amap, oi, ni, ob_i, ob_t, moved_by, wrong_target, stale_operand):
-    """Instructions of OLD ``oi`` whose bytes NEW holds unchanged at ``ni``: where
-    the instruction moved, a direct branch or a RIP/EIP-relative operand now
-    designates its old target plus the distance moved. It must be where the map
-    puts that target (a branch into its own function, moved whole, is; a call to
-    another function or a reference to data that stayed is not, and needs new
-    bytes). Appends (old address, new address, old target, new target) to
-    ``wrong_target`` (branches), and that with "EIP-based" to ``stale_operand``."""
+def kept_pc_relative(od, nd, amap, oi, ni, ob_i, ob_t, kernel, moved_by, wrong_target,
+                     stale_operand):
+    """Instructions of OLD ``oi`` whose bytes NEW holds unchanged at ``ni`` (moved
+    or not): a direct branch or a RIP/EIP-relative operand designates its old
+    target plus the distance the instruction moved. That must be where the map
+    puts the target (a branch inside its own function, moved whole, is; a call to
+    a static function of the same section, which has no relocation, is not when
+    either moved and the bytes stayed). Appends (old address, new address, old
+    target, new target) to ``wrong_target`` (branches), and that with "EIP-based"
+    to ``stale_operand``."""
     o_addr, n_addr = od.addr[oi], nd.addr[ni]
-    mv = np.nonzero(o_addr != n_addr)[0]
-    if not len(mv):
-        return
-    oi, o_addr, n_addr = oi[mv], o_addr[mv], n_addr[mv]
     delta = n_addr - o_addr                                  # uint64: wraps like the CPU
     branch = np.zeros(len(oi), bool)
     if len(ob_i):
@@ -214,36 +214,53 @@ def kept_pc_relative(od, nd, amap, oi, ni, ob_i, ob_t, moved_by, wrong_target, s
         branch = ob_i[po] == oi
         t = ob_t[po[branch]]
         now = t + delta[branch]
-        bad = np.nonzero(amap.map(t) != now)[0]
+        bad = np.nonzero(~amap.translates(t, now, kernel))[0]
         wrong_target.extend(zip(o_addr[branch][bad].tolist(), n_addr[branch][bad].tolist(),
                                 t[bad].tolist(), now[bad].tolist()))
-    # RIP/EIP-relative operands: a mod=00 rm=101 ModRM byte somewhere before a
-    # 4-byte displacement (a superset), then Capstone's detail decides
+    # RIP/EIP-relative operands: a mod=00 rm=101 ModRM byte right before a 4-byte
+    # displacement, then 0, 1, 2 or 4 immediate bytes. Each such reading gives the
+    # target the operand would have; only rows where one does not translate are
+    # decoded (Capstone decides whether the operand is there and where)
     raw, size = od.raw[oi], od.size[oi].astype(np.int64)
-    may = np.zeros(len(oi), bool)
-    for c in range(1, raw.shape[1] - 4):
-        may |= ((raw[:, c] & 0xC7) == 0x05) & (c + 5 <= size)
-    rows = np.nonzero(may & ~branch)[0]
+    rows_all = np.arange(len(oi))
+    suspect = np.zeros(len(oi), bool)
+    for imm in (0, 1, 2, 4):
+        dpos = size - 4 - imm
+        at = np.nonzero((dpos >= 1) & ~branch &
+                        ((raw[rows_all, np.clip(dpos - 1, 0, 15)] & 0xC7) == 0x05))[0]
+        if not len(at):
+            continue
+        disp = _s32_at(raw, at, dpos[at])
+        end = size[at].astype(np.uint64)
+        t, now = o_addr[at] + end + disp, n_addr[at] + end + disp
+        suspect[at[~amap.translates(t, now, kernel)]] = True
+    rows = np.nonzero(suspect)[0]
     if not len(rows):
         return
     from ..image.operands import ip_relative
     rip, eip, d_off = ip_relative(raw[rows], size[rows])
     has = rip | eip
     rows, eip, d_off = rows[has], eip[has], d_off[has]
-    disp = np.zeros(len(rows), np.uint64)
-    for k in range(4):
-        disp |= raw[rows, d_off + k].astype(np.uint64) << np.uint64(8 * k)
-    disp = np.where(disp >= np.uint64(2**31), disp | np.uint64(0xFFFFFFFF00000000), disp)
+    disp = _s32_at(raw, rows, d_off)
     end = size[rows].astype(np.uint64)
     t = o_addr[rows] + end + disp
     now = n_addr[rows] + end + disp
     t = np.where(eip, t & np.uint64(0xFFFFFFFF), t)
     now = np.where(eip, now & np.uint64(0xFFFFFFFF), now)
-    for k in np.nonzero(amap.map(t) != now)[0].tolist():
+    for k in np.nonzero(~amap.translates(t, now, kernel))[0].tolist():
         r = rows[k]
         if not moved_by(int(o_addr[r] + d_off[k].astype(np.uint64)), int(t[k]), int(now[k]), 4):
             stale_operand.append((int(o_addr[r]), int(n_addr[r]), int(t[k]), int(now[k]),
                                   bool(eip[k])))
+
+
+def _s32_at(raw, rows, pos):
+    """The sign-extended 32-bit little-endian values at column ``pos`` of ``rows``,
+    as uint64 (added to addresses, they wrap like the CPU's arithmetic)."""
+    v = np.zeros(len(rows), np.uint64)
+    for k in range(4):
+        v |= raw[rows, np.clip(pos + k, 0, raw.shape[1] - 1)].astype(np.uint64) << np.uint64(8 * k)
+    return np.where(v >= np.uint64(2**31), v | np.uint64(0xFFFFFFFF00000000), v)
 
 
 def fill_instructions(octx, od):
