@@ -82,6 +82,11 @@ class SplitFunction:
         self.whole = False            # reordered in one part, nothing cold (order_whole)
 
     @property
+    def prefix_trimmed(self):
+        """The hot part starts with the dropped front of the prefix (trim_prefix)."""
+        return bool(self.parts and self.parts[0]) and self.parts[0][0].kind == PAD_DROPPED
+
+    @property
     def hot_size(self):
         """Bytes of the function's own hot part (its symbol's new size)."""
         return self.sizes[0] - self.head
@@ -639,8 +644,8 @@ def planning_units(units, heat, splits, hot_align=None, whole_align=None, min_co
         if hot_align is not None or whole_align is not None else None
     trimmed = np.zeros(n, bool)
     for u, sf in by_unit.items():
-        parts = getattr(sf, "parts", None)     # (evaluate's booted.py passes sizes only)
-        trimmed[u] = bool(parts) and any(p.kind == PAD_DROPPED for p in parts[0][:1])
+        # (evaluate's booted.py passes objects with sizes only)
+        trimmed[u] = getattr(sf, "prefix_trimmed", False)
     if hot_align is not None:
         ordered = np.zeros(n, bool)
         ordered[list(by_unit)] = True

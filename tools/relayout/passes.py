@@ -715,12 +715,11 @@ def reference_source(run):
 
 def maps(run):
     """``--layout-map`` and ``--system-map``."""
-    from .blocks import PAD_DROPPED
     from .maps import write_layout_map, write_system_map
     if run.layout_map:
         moved = {}
         for sf in run.split["splits"] if run.split is not None else ():
-            if sf.parts[0] and sf.parts[0][0].kind == PAD_DROPPED:
+            if sf.prefix_trimmed:
                 # a trimmed prefix: the entry is sf.head bytes into the hot part
                 fi = run.orig_units.members[sf.unit][-1][0]
                 moved[fi] = sf.new_start[0] + sf.head

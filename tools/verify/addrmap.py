@@ -141,9 +141,11 @@ class BlockMap:
         self.kind = r["kind"]
         self.collapse = self.kind != bm.KIND_COPIED
         self.outside = outside
-        # outside is the function-level map (FunctionMap.map): its one-address form
+        # outside is the function-level map (FunctionMap.map) or, in tests, any
+        # function: the FunctionMap itself where there is one, and its one-address form
         owner = getattr(outside, "__self__", None)
-        self._outside1 = owner.map1 if isinstance(owner, FunctionMap) else None
+        self.function_map = owner if isinstance(owner, FunctionMap) else None
+        self._outside1 = owner.map1 if self.function_map is not None else None
         # map1 is called per instruction and edge: plain lists and a memo beat
         # one-element numpy calls
         self._old_l, self._end_l = self.old.tolist(), self.old_end.tolist()

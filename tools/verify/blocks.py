@@ -578,7 +578,7 @@ class _BlockCheck:
         if not hasattr(self, "_scan_cols"):
             as_u64 = lambda v: np.ascontiguousarray(v, np.uint64)     # noqa: E731
             # the function-level map of everything else (BlockMap.map1's outside1)
-            fmap = getattr(amap._outside1, "__self__", None)
+            fmap = amap.function_map
             fcols = (fmap.old_start, fmap.old_end, fmap.new_start, fmap.label_old,
                      fmap.label_new, fmap.label_end, np.sort(fmap.fixed)) \
                 if fmap is not None else ((),) * 7
