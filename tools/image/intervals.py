@@ -22,6 +22,27 @@ def containing(starts, ends, addrs):
     return np.where((i >= 0) & (a < ends[ic]), i, -1)
 
 
+def reach_ranges(starts, ends):
+    """Ranges that may overlap or nest, as ``containing`` can ask them: the starts
+    sorted, each end the farthest any range starting at or before it reaches (the
+    last range starting at or before an address then holds it when any does)."""
+    starts, ends = np.asarray(starts, np.uint64), np.asarray(ends, np.uint64)
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    return starts, np.maximum.accumulate(ends) if len(ends) else ends
+
+
+def merge_overlapping(starts, ends):
+    """Disjoint sorted ranges covering what ``starts``/``ends`` cover (overlapping
+    or nested ones merged into one; touching ones stay apart)."""
+    starts, ends = reach_ranges(starts, ends)
+    if len(starts):
+        keep = np.ones(len(starts), bool)
+        keep[1:] = starts[1:] >= ends[:-1]
+        starts, ends = starts[keep], np.maximum.reduceat(ends, np.nonzero(keep)[0])
+    return starts, ends
+
+
 def merge_ranges(ranges):
     """Ranges [(lo, hi)] sorted, the empty ones dropped, overlapping or touching
     ones merged into one."""
@@ -48,7 +69,7 @@ def append_range(out, lo, hi):
         out.append((lo, hi))
 
 
-__all__ = ["containing", "merge_ranges", "append_range"]
+__all__ = ["containing", "reach_ranges", "merge_overlapping", "merge_ranges", "append_range"]
 
 
 # addresses per slice of a bulk map: mapping all of an image's instructions at once

@@ -37,7 +37,7 @@ import numpy as np
 from .elf import RELA, STT_SECTION, Relocations
 from .relocs import (R_X86_64_32, R_X86_64_32S, R_X86_64_64, R_X86_64_PC32, R_X86_64_PC64,
                      R_X86_64_PLT32, sext32)
-from .intervals import containing
+from .intervals import containing, merge_overlapping
 from .words import section_spans, read_words
 
 START_KERNEL_MAP = 0xFFFFFFFF80000000
@@ -252,15 +252,7 @@ def _table_ranges(ctx):
     klo, khi = _kallsyms_ranges(ctx.image)
     lo += klo
     hi += khi
-    o = np.argsort(lo)
-    lo, hi = np.array(lo, np.uint64)[o], np.array(hi, np.uint64)[o]
-    if len(lo):                  # overlapping ranges merged (containing() needs disjoint)
-        hi = np.maximum.accumulate(hi)
-        keep = np.ones(len(lo), bool)
-        keep[1:] = lo[1:] >= hi[:-1]
-        lo = lo[keep]
-        hi = np.maximum.reduceat(hi, np.nonzero(keep)[0])
-    return lo, hi
+    return merge_overlapping(lo, hi)        # containing() needs them disjoint
 
 
 # kallsyms' arrays, emitted together by scripts/kallsyms (compressed names,

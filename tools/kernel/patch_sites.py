@@ -5,7 +5,7 @@ legitimately fall inside an original instruction there (kernel/orc.py's check)."
 
 import numpy as np
 
-from ..image.intervals import containing
+from ..image.intervals import containing, reach_ranges
 from .alternatives import Alternatives
 from .paravirt import ParaInstructions
 
@@ -16,10 +16,7 @@ def _patch_ranges(ctx):
         e = cls().parse(ctx)
         starts.append(e[a])
         ends.append(e[a] + e[ln].astype(np.uint64))
-    st, en = np.concatenate(starts), np.concatenate(ends)
-    order = np.argsort(st, kind="stable")
-    st, en = st[order], en[order]
-    return st, np.maximum.accumulate(en) if len(en) else en
+    return reach_ranges(np.concatenate(starts), np.concatenate(ends))
 
 
 def in_patch_site(ctx, addrs):

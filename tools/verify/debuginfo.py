@@ -145,10 +145,8 @@ def _function_code(image):
     """(sorted starts, running max of ends) of the image's functions."""
     from ..image.context import ImageContext
     ft = ImageContext.of(image).functions
-    order = np.argsort(ft.start, kind="stable")
-    starts = np.asarray(ft.start, np.uint64)[order]
-    ends = (np.asarray(ft.start, np.uint64) + np.asarray(ft.size, np.uint64))[order]
-    return starts, np.maximum.accumulate(ends) if len(ends) else ends
+    from ..image.intervals import reach_ranges
+    return reach_ranges(ft.start, np.asarray(ft.start, np.uint64) + np.asarray(ft.size, np.uint64))
 
 
 def _padding_only(r, rs, code):

@@ -6,6 +6,7 @@ import numpy as np
 
 from ..errors import LinepackError
 from ..image import blockmap as bm
+from ..image.intervals import containing, reach_ranges
 from ..relayout.user.eh_frame import parse_eh_frame
 from ..relayout.user.eh_frame_split import (EhFrameError, check_split_cfi, check_split_lsda,
                                             parse_for_check)
@@ -38,8 +39,8 @@ def check_eh_frame(ctx, out):
         f_func, f_start = _group_min(block_rows["func"], block_rows["old"])
         fstart = f_start[np.searchsorted(f_func, c_func)]
         # a function without an FDE (assembly without CFI) gets no cold-part FDE
-        has_fde = _in_any(eo.pc_begin.astype(np.uint64),
-                          (eo.pc_begin + eo.pc_range).astype(np.uint64), fstart)
+        has_fde = containing(*reach_ranges(eo.pc_begin, eo.pc_begin + eo.pc_range),
+                             fstart) >= 0
         want = np.sort(np.concatenate([want, np.sort(c_start[has_fde])]))
         try:
             parsed = parse_for_check(old, new)
@@ -73,12 +74,3 @@ def _group_min(keys, values):
         np.zeros(0, np.int64)
     return k[first], values[order][first]
 
-
-def _in_any(lo, hi, x):
-    """Per address of ``x``: some range [lo, hi) holds it (ranges may overlap)."""
-    if not len(lo):
-        return np.zeros(len(x), bool)
-    order = np.argsort(lo, kind="stable")
-    lo_s, reach = lo[order], np.maximum.accumulate(hi[order])
-    i = np.searchsorted(lo_s, x, side="right").astype(np.int64) - 1
-    return (i >= 0) & (x < reach[np.maximum(i, 0)])

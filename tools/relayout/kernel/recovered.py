@@ -13,7 +13,7 @@ its units (image/references.py recovers; this pins and keeps first).
 import numpy as np
 
 from ...image.context import ImageContext
-from ...image.intervals import containing
+from ...image.intervals import containing, merge_overlapping
 from ...image.elf import STT_SECTION
 from ...image.references import (CODE_BRANCH, CODE_RIP, KASLR32, KASLR64, TABLE,
                                  _boundary_labels, _table_ranges, code_disassembly,
@@ -380,14 +380,7 @@ def _c_objects(image):
         np.isin(syms["shndx"].astype(np.int64), data)
     lo = syms["value"][m].astype(np.uint64)
     hi = lo + syms["size"][m].astype(np.uint64)
-    o = np.argsort(lo, kind="stable")
-    lo, hi = lo[o], hi[o]
-    if len(lo):                  # nested or overlapping objects merged (containing())
-        hi = np.maximum.accumulate(hi)
-        keep = np.ones(len(lo), bool)
-        keep[1:] = lo[1:] >= hi[:-1]
-        lo, hi = lo[keep], np.maximum.reduceat(hi, np.nonzero(keep)[0])
-    return lo, hi
+    return merge_overlapping(lo, hi)        # nested or overlapping objects: containing()
 
 
 def use_vmlinuz(image, vmlinuz_path, log=None):
