@@ -251,3 +251,75 @@ def test_assembler_unit_with_one_byte_high_pc(tmp_path, v):
     before, _ = _dwarfdump_errors(exe)
     after, text = _dwarfdump_errors(dest)
     assert after <= before, text[-2000:]
+
+
+LONG_ASM = """\t.text
+\t.globl\tasm_one
+\t.type\tasm_one, @function
+asm_one:
+\tleal\t1(%rdi), %eax
+\t.fill\t200, 1, 0x90
+\tret
+\t.size\tasm_one, .-asm_one
+\t.p2align 4
+\t.globl\tasm_two
+\t.type\tasm_two, @function
+asm_two:
+\tleal\t2(%rdi), %eax
+\tret
+\t.size\tasm_two, .-asm_two
+\t.section .note.GNU-stack,"",@progbits
+"""
+
+
+def _unit_ranges_dwarfdump(path, name):
+    """The address ranges llvm-dwarfdump gives the compile unit ``name`` (an
+    independent reader: low/high pc or its DW_AT_ranges list)."""
+    text = subprocess.run([llvm_tool("llvm-dwarfdump"), "--debug-info", str(path)],
+                          capture_output=True, text=True, check=True).stdout
+    for unit in text.split("DW_TAG_compile_unit")[1:]:
+        head = unit.split("DW_TAG_", 1)[0]
+        if f'"{name}"' not in head and not re.search(rf'"[^"]*/{re.escape(name)}"', head):
+            continue
+        rs = [(int(a, 16), int(b, 16)) for a, b in
+              re.findall(r"\[(0x[0-9a-f]+), (0x[0-9a-f]+)\)", head)]
+        if rs:
+            return rs
+        lo = re.search(r"DW_AT_low_pc\s+\((0x[0-9a-f]+)\)", head)
+        hi = re.search(r"DW_AT_high_pc\s+\((0x[0-9a-f]+)\)", head)
+        return [(int(lo.group(1), 16), int(hi.group(1), 16))]
+    raise AssertionError(f"no unit {name} in {path}")
+
+
+@pytest.mark.parametrize("v", [4, 5])
+def test_assembler_unit_with_two_byte_high_pc(tmp_path, v):
+    """GNU as's DW_FORM_udata high pc is LEB128: from 128 bytes of code on it takes
+    two bytes, which read as a little-endian word would give a unit far past its code
+    (Debian 13's generic 6.12 kernel: copy_user_uncached_64.S, 371 bytes). Moving one
+    of the unit's functions gives it ranges over its own code only, as an independent
+    reader (llvm-dwarfdump) sees them."""
+    (tmp_path / "long.s").write_text(LONG_ASM)
+    (tmp_path / "pad.s").write_text(PAD)
+    exe = tmp_path / "prog"
+    subprocess.run(["gcc", "-g", f"-gdwarf-{v}", "-O2", "-fno-pie", "-no-pie",
+                    "-Wl,--emit-relocs", "-o", str(exe), str(tmp_path / "long.s"),
+                    os.path.join(FIXTURES, "c", "dwarf_b.c"), str(tmp_path / "pad.s"),
+                    "-nostartfiles", "-e", "asm_one"], check=True, capture_output=True)
+    im = ElfImage(str(exe))
+    [(lo, end)] = _unit_ranges_dwarfdump(exe, "long.s")
+    two = im.symbol_address("asm_two")
+    assert end - lo >= 128 and lo < two < end       # a 2-byte udata high pc, asm_two inside
+    pad = im.section(".text").addr + im.section(".text").size
+    pad = (pad - 16384 + 63) // 64 * 64
+    amap = AddressMap([two], [end], [pad])
+    patched, drop, stats = rewrite_dwarf(im, amap)
+    dest = tmp_path / "moved"
+    write_image(im, str(dest), patched, drop=drop)
+    got = sorted(_unit_ranges_dwarfdump(dest, "long.s"))
+    assert got == [(lo, two), (pad, pad + end - two)], [(hex(a), hex(b)) for a, b in got]
+    findings, counter = [], {}
+
+    class R:
+        extra = {}
+    check_debuginfo(im, ElfImage(str(dest)), amap, findings, counter, R())
+    assert counter["debuginfo.unit-range"] == 0, [f.message for f in findings]

@@ -21,6 +21,17 @@ def u(b, p, n):
     return int.from_bytes(b[p:p + n], "little")
 
 
+def form_value(b, p, e, form):
+    """The value of an attribute whose bytes are b[p:e] in ``form``: LEB128 forms
+    decoded (GNU as gives a unit's high pc as DW_FORM_udata: 2 bytes from 128 on),
+    any other the little-endian value of its first <= 8 bytes (as the C core's)."""
+    if form == 0x0d:
+        return sleb(b, p)[0] & ((1 << 64) - 1)
+    if form in _LEB_FORMS:
+        return uleb(b, p)[0]
+    return u(b, p, min(e - p, 8))
+
+
 # Fixed sizes by form; None = variable (handled in skip_form).
 _FIXED = {0x03: None, 0x04: None, 0x05: 2, 0x06: 4, 0x07: 8, 0x08: None, 0x09: None, 0x0a: None,
           0x0b: 1, 0x0c: 1, 0x0d: None, 0x0f: None, 0x11: 1, 0x12: 2, 0x13: 4, 0x14: 8, 0x15: None,
@@ -294,6 +305,6 @@ def die_ranges(b, un, attrs, base, rnglists=None, ranges=None):
             return None
         lo = u(b, p, un.asz)
         f, p, e = attrs[DW_AT_high_pc]
-        hv = u(b, p, e - p)
+        hv = form_value(b, p, e, f)
         return [(lo, hv if f == DW_FORM_addr else lo + hv)]
     return None

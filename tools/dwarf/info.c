@@ -47,12 +47,31 @@ static int bput_uleb(buf_t *o, uint64_t v) {
     return bput(o, t, n);
 }
 
+/* The value of an attribute whose bytes are [q, p) in ``form``: LEB128 forms
+ * decoded (DW_FORM_udata, sdata as two's complement, the index and ref_udata
+ * forms; GNU as gives a unit's high pc as udata, 2 bytes from 128 on), any
+ * other form the little-endian value of its first <= 8 bytes. */
+static uint64_t form_value(const sec_t *s, int64_t q, int64_t p, uint64_t form) {
+    uint64_t v = 0;
+    int64_t r = q;
+    switch (form) {
+    case 0x0d: { int64_t sv; if (rd_sleb(s, &r, &sv)) return 0; return (uint64_t)sv; }
+    case 0x0f: case 0x15: case 0x1a: case 0x1b: case 0x22: case 0x23: case 0x1f01: case 0x1f02:
+        if (rd_uleb(s, &r, &v)) return 0;
+        return v;
+    default:
+        rd_le(s, q, p - q > 8 ? 8 : (int)(p - q), &v);
+        return v;
+    }
+}
+
 /* Every DIE of one unit (DIEs from ``die`` to ``end``). Returns the DIE count
  * (may exceed ``cap``: call again with more room), or -1 truncated, -2
  * unknown form, -3 unknown abbreviation code, -4 bad abbreviation table;
  * err_pos: where. For each DIE i and requested attribute j (index i * nw + j):
  * form (0 when absent; the real form of a DW_FORM_indirect value), pos (-1
- * absent), end, val (little-endian value of its first <= 8 bytes).
+ * absent), end, val (form_value: LEB128 forms decoded, else the little-endian
+ * value of the first <= 8 bytes).
  * limit > 0: stop after that many DIEs (1: the unit DIE alone). */
 int64_t lp_dies(const uint8_t *info, int64_t info_len, int64_t die, int64_t end,
                 int version, int asz, int osz,
@@ -92,10 +111,7 @@ int64_t lp_dies(const uint8_t *info, int64_t info_len, int64_t die, int64_t end,
                     if (want[j] != at) continue;
                     int64_t x = n * nw + j;
                     form_out[x] = (int32_t)f; pos_out[x] = q; end_out[x] = p;
-                    uint64_t v = 0;
-                    int len = p - q > 8 ? 8 : (int)(p - q);
-                    rd_le(&si, q, len, &v);
-                    val_out[x] = v;
+                    val_out[x] = form_value(&si, q, p, f);
                 }
             }
         }
