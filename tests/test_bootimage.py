@@ -332,3 +332,25 @@ def test_moved_section_refused(boot, tmp_path):
             struct.pack_into("<Q", elf, o + 16, addr + 4096)
     with pytest.raises(LinepackError, match="section .bss is moved or resized"):
         B.replace_payload(boot, B.build_payload(bytes(elf), boot.kaslr))
+
+
+def test_shrunk_section_refused_unless_an_added_section_takes_its_end(boot):
+    """A section may give the end of its bytes only to a section the rewrite added
+    (kallsyms at the end of the text); shrunk with nothing there, it is refused."""
+    elf = bytearray(boot.elf)
+    secs = B._alloc_sections(bytes(elf))
+    (_, _, _, _, _, _, shoff, _, _, _, _, shentsize, shnum, _) = B.ELF_HDR.unpack_from(elf, 0)
+    for i in range(shnum):
+        o = shoff + i * shentsize
+        _, _, flags, addr, _, size = struct.unpack_from("<IIQQQQ", elf, o)
+        if (addr, size) == secs[".text"]:
+            struct.pack_into("<Q", elf, o + 32, size - 4096)
+    with pytest.raises(LinepackError, match="section .text is moved or resized"):
+        B.check_same_bounds(bytes(boot.elf), bytes(elf))
+    text = secs[".text"]
+    assert B._ends_in_added(text, (text[0], text[1] - 4096),
+                            [(text[0] + text[1] - 4096, 4096)])
+    assert not B._ends_in_added(text, (text[0], text[1] - 4096),
+                                [(text[0] + text[1] - 2048, 2048)])
+    assert not B._ends_in_added(text, (text[0] + 16, text[1] - 4096),
+                                [(text[0] + text[1] - 4096, 4096)])

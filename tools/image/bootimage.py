@@ -572,13 +572,26 @@ def _alloc_sections(elf):
     return out
 
 
+def _ends_in_added(was, now, added):
+    """A section that kept its start and gave the end of its bytes to sections the
+    rewrite added (relayout/kernel/kallsyms_cold.py: kallsyms at the end of the
+    kernel text): its bounds, and the symbols at them, are where they were."""
+    if now is None or now[0] != was[0] or now[1] >= was[1]:
+        return False
+    pos, end = was[0] + now[1], was[0] + was[1]
+    inside = sorted(a for a in added if was[0] <= a[0] and a[0] + a[1] <= end)
+    return bool(inside) and inside[0][0] == pos
+
+
 def check_same_bounds(old_elf, new_elf, path="output"):
     """BadInput unless every allocated section of ``old_elf`` is in ``new_elf`` at the
     same address with the same size, and the memory span is the same: the
     decompressor has _text, __start_rodata, _sinittext, __bss_start and _end compiled
     in (misc.c: the table's bounds, kernel_total_size, ...)."""
     old, new = _alloc_sections(old_elf), _alloc_sections(new_elf)
-    changed = [n for n, v in old.items() if new.get(n) != v]
+    added = [v for n, v in new.items() if n not in old]
+    changed = [n for n, v in old.items() if new.get(n) != v and not _ends_in_added(v, new.get(n),
+                                                                                   added)]
     if changed:
         n = changed[0]
         raise BadInput(f"{path}: section {n} is {'missing' if n not in new else 'moved or resized'} "

@@ -120,7 +120,8 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
             zip(list(alloc_sections) + old_places, alloc_names)):
         lo, hi = offset, offset + len(data)
         if hi > fixed_end or any(s.type != SHT_NOBITS and s.size and s.offset < hi and
-                                 lo < s.offset + s.size and s.index not in seg_secs
+                                 lo < s.offset + (moves[s.index][1] if s.index in moves
+                                                  else s.size) and s.index not in seg_secs
                                  for s in secs[1:]):
             raise ValueError(f"section {name} at file offset {lo:#x} overlaps another section")
         h = np.zeros(1, SHDR)

@@ -12,7 +12,14 @@ section: x86-64 ``mark_rodata_ro()`` maps up to ``__end_rodata_hpage_align``
 read-only but frees the pages from ``PFN_ALIGN(__end_rodata)`` to ``_sdata``.
 
 The gap is the scarce room (Debian 7.3: 623,800 bytes), so the placement
-(``_place``) puts there the fewest bytes a whole-array assignment allows. Where
+(``_place``) puts there the fewest bytes a whole-array assignment allows. A kernel
+with more symbols may need more than the gap holds (Debian 13's generic 6.12:
+167,000 symbols, kallsyms_offsets 670 KB, a 462 KB gap). Then the new section goes
+to the end of the kernel text instead (``_text_tail``): x86-64 pads ``.text`` with
+int3 up to the 2 MB-aligned ``_etext`` (1 MB on that kernel), mapped read-only
+like rodata (and executable, which reading data does not mind); ``.text``'s
+section header then ends where the new section starts, ``_etext`` and
+``__end_rodata`` stay. Where
 the old storage lies, by version (scripts/kallsyms.c write_src):
 
 - 6.1: offsets | relative_base num_syms | names markers seqs_of_names |
@@ -112,6 +119,33 @@ def _room(image, first):
     return seg, start, offset, min(limit, start + (file_limit - offset))
 
 
+def _text_tail(rw, image):
+    """(section, start address, file offset, limit address) of the int3 filler at
+    the end of the kernel text after the layout's last code byte (page-aligned:
+    data does not share a page with code), or None."""
+    end = image.symbol_address("_etext")
+    sec = next((s for s in image.sections if s.is_code and s.is_alloc and s.size and
+                s.addr < end <= s.addr + s.size), None) if end is not None else None
+    if sec is None or sec.type == SHT_NOBITS:
+        return None
+    buf = rw.buf(sec)
+    used = np.nonzero(buf != 0xCC)[0]
+    last = sec.addr + (int(used[-1]) + 1 if len(used) else 0)
+    names, syms = image.symbol_table()
+    # a function that ends in int3 (after its ret) still owns those bytes
+    inside = (syms["shndx"] == sec.index) & (syms["size"] > 0)
+    if rw.sym_new is not None and inside.any():
+        ends = np.asarray(rw.sym_new, np.uint64)[inside] + syms["size"][inside].astype(np.uint64)
+        ends = ends[ends <= np.uint64(sec.addr + sec.size)]
+        if len(ends):
+            last = max(last, int(ends.max()))
+    start = _align(last, PAGE)
+    limit = sec.addr + sec.size
+    if start >= limit:
+        return None
+    return sec, start, sec.offset + (start - sec.addr), limit
+
+
 def add_cold_kallsyms(rw, image, log=None):
     """After ``cold_symbols``: rebuild kallsyms with one entry per cold part in a
     new section. Returns (extra allocated section, program header updates) for
@@ -141,12 +175,24 @@ def add_cold_kallsyms(rw, image, log=None):
     ti = image.symbol_address("kallsyms_token_index")
     tokens = (tt, ti - tt + TOKEN_INDEX_BYTES) if tt is not None and ti is not None else None
     at, gap_end = _place(old_at, old_size, sizes, start, tokens)
+    tail = None
     if gap_end > limit:
-        raise NoRoom(f"kallsyms with {len(cold)} .cold entries needs {gap_end - start} bytes "
-                     f"after the read-only segment, {limit - start} are free")
+        need, free = gap_end - start, limit - start
+        tail = _text_tail(rw, image)
+        if tail is not None:
+            at, gap_end = _place(old_at, old_size, sizes, tail[1], tokens)
+        if tail is None or gap_end > tail[3]:
+            raise NoRoom(f"kallsyms with {len(cold)} .cold entries needs {need} bytes "
+                         f"after the read-only segment, {free} are free"
+                         + (f", or {gap_end - tail[1]} at the end of the text, "
+                            f"{tail[3] - tail[1]} are free" if tail is not None else ""))
+        _, start, offset, limit = tail
+        log(f"kallsyms: {need} bytes needed after the read-only segment, {free} free: the "
+            f"grown arrays go to the end of the text at {start:#x} ({limit - start} free)")
     moved = {nm: a for nm, a in at.items() if a != old_at.get(nm, image.symbol_address(nm))}
     end_rodata = image.symbol_address("__end_rodata")
-    if gap_end > start and end_rodata is not None and end_rodata < _align(gap_end, PAGE):
+    if tail is None and gap_end > start and end_rodata is not None and \
+            end_rodata < _align(gap_end, PAGE):
         moved["__end_rodata"] = _align(gap_end, PAGE)
     refs = ImageContext.of(image).recovered
     # references recovered from a vmlinuz: which fields follow, decided (or
@@ -154,7 +200,11 @@ def add_cold_kallsyms(rw, image, log=None):
     recovered_moves = _recovered_moves(image, refs, moved) if refs is not None else None
     new = table.update(ctx, entries, rw.amap, extra_addr=[c[1] for c in cold],
                        retarget=moved)      # 6.12/7.3 list the arrays' own symbols too
-    out = _SectionOut(rw, start, gap_end - start)
+    # at the end of the text the section runs to the old end of .text, its rest the
+    # int3 filler that was there (no bytes of the segment outside a section: objcopy,
+    # which makes the boot image's payload, writes such gaps as zeros)
+    out = _SectionOut(rw, start, (limit if tail is not None else gap_end) - start)
+    out.buf[gap_end - start:] = 0xCC
     for nm, a in old_at.items():          # the old arrays are dead (parts are reused below)
         out.write(a, np.zeros(old_size[nm], np.uint8))
     if "kallsyms_token_table" in at:      # the token arrays moved: their bytes, unchanged
@@ -179,6 +229,13 @@ def add_cold_kallsyms(rw, image, log=None):
         + f"; {fields} code fields follow")
     if not in_gap:
         return None, None
+    if tail is not None:
+        # .text ends where the new section starts (its bytes up to there are the code)
+        sec = tail[0]
+        rw.patched[sec.index] = rw.buf(sec)[:start - sec.addr].copy()
+        rw.section_moves = {**(rw.section_moves or {}), sec.index: (sec.addr, start - sec.addr)}
+        rw.stats["kallsyms.text_tail"] = start
+        return (SECTION_NAME, start, offset, out.buf, ALIGN), None
     return ((SECTION_NAME, start, offset, out.buf, ALIGN),
             {seg: {"filesz": size, "memsz": size}})
 
