@@ -13,6 +13,7 @@
 """
 
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -156,3 +157,51 @@ def test_parts_of_one_function_count_as_its_own_code():
     assert not same_function_parts("foo", "foo")                   # two statics named foo
     assert not same_function_parts("foo", "foobar.cold")
     assert not same_function_parts("foo.cold", "bar.cold")
+
+
+# instructions with a 32-bit immediate (0xffffffff8241104c sign-extended, a kernel
+# address in the top 2 GB): 64-bit operations (REX.W, push) and others
+IMM32 = """cmp $-0x7dbeefb4, %eax
+cmp $-0x7dbeefb4, %rax
+cmpl $-0x7dbeefb4, 8(%rbx)
+cmpq $-0x7dbeefb4, 8(%rbx)
+mov $-0x7dbeefb4, %ecx
+movq $-0x7dbeefb4, %rcx
+movl $-0x7dbeefb4, 0x10(%rsp)
+movq $-0x7dbeefb4, 0x10(%rsp)
+push $-0x7dbeefb4
+and $-0x7dbeefb4, %r9d
+and $-0x7dbeefb4, %r9
+lock orl $-0x7dbeefb4, (%rdi)
+lock orq $-0x7dbeefb4, (%rdi)
+imul $-0x7dbeefb4, %edx, %eax
+imul $-0x7dbeefb4, %rdx, %rax
+test $-0x7dbeefb4, %esi
+test $-0x7dbeefb4, %rsi
+cmpl $-0x7dbeefb4, %fs:0x28
+cmpq $-0x7dbeefb4, %gs:0x28
+"""
+
+
+def test_imm_sign_extended_as_capstone_sizes_the_operand(tmp_path):
+    """verify/data.py's imm_sign_extended (a kernel address can only be the immediate
+    of a 64-bit operation) agrees with Capstone's size of the immediate operand, on
+    gas's encodings of each form."""
+    from linepack.image.elf import ElfImage
+    from linepack.verify.data import imm_sign_extended
+    src = tmp_path / "imm.s"
+    src.write_text(".text\n" + "".join(f"{line}\n" for line in IMM32.splitlines()))
+    subprocess.run(["as", "--64", "-o", str(tmp_path / "imm.o"), str(src)], check=True)
+    im = ElfImage(str(tmp_path / "imm.o"))
+    code = bytes(im.section_bytes(im.section(".text")))
+    cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    cs.detail = True
+    rows, want = [], []
+    for ins in cs.disasm(code, 0):
+        imm = [op for op in ins.operands if op.type == cx86.X86_OP_IMM]
+        assert len(imm) == 1 and ins.imm_size == 4, ins.mnemonic
+        want.append(imm[0].size == 8)
+        rows.append(np.frombuffer(bytes(ins.bytes).ljust(16, b"\0"), np.uint8))
+    assert len(rows) == len(IMM32.splitlines())
+    assert sum(want) == 10
+    assert imm_sign_extended(np.stack(rows)).tolist() == want

@@ -251,14 +251,14 @@ def check_moved_data_fields(ctx, out):
     od, nd = ctx.octx.disasm, ctx.nctx.disasm
     raw = od.raw
 
-    def inside(v):
+    def inside(v, virt_ok=True):
         v = v.astype(np.uint64)
         phys = (v > 0) & (v < np.uint64(1 << 31))
         virt = np.where(phys, v + np.uint64(KERNEL_MAP), v)
         hit = np.zeros(len(v), bool)
         for a, b, _, phys_ok in moves.extents:
             hit |= (virt >= np.uint64(a)) & (virt <= np.uint64(b)) & (phys_ok | ~phys)
-        return hit
+        return hit & (phys | virt_ok)
 
     # a slice of instructions at a time: the windows of all of them at once were
     # a transient of ~100 bytes an instruction (7.3: 480 MB, the peak of verify)
@@ -286,10 +286,16 @@ def check_moved_data_fields(ctx, out):
     n_addr = ctx.amap.map(od.addr[rows])
     k_new = np.minimum(np.searchsorted(nd.addr, n_addr), len(nd.addr) - 1)
     wrong, fields = [], 0
-    for r, has, off, sz, val, is_rip in (
-            (rows, decoded & (d_sz > 0), d_off, d_sz, dv, rip),
-            (rows, decoded & (i_sz > 0), i_off, i_sz, iv, np.zeros(len(rows), bool))):
-        for k in np.nonzero(has & inside(val))[0].tolist():
+    # a kernel address (sign-extended from 32 bits: R_X86_64_32S) is only in a
+    # displacement or in the immediate of a 64-bit operation; any other immediate
+    # is a 32-bit value (R_X86_64_32 cannot reach the top 2 GB: the link fails), so
+    # only its physical reading counts (Debian 13's generic 6.12: `cmp $0x8241104c,
+    # %eax`, a PCI id, inside the moved kallsyms_offsets)
+    sext = imm_sign_extended(raw[rows])
+    for r, has, off, sz, val, is_rip, virt_ok in (
+            (rows, decoded & (d_sz > 0), d_off, d_sz, dv, rip, True),
+            (rows, decoded & (i_sz > 0), i_off, i_sz, iv, np.zeros(len(rows), bool), sext)):
+        for k in np.nonzero(has & inside(val, virt_ok))[0].tolist():
             fields += 1
             nk = int(k_new[k])
             if int(nd.addr[nk]) != int(n_addr[k]):
@@ -307,3 +313,26 @@ def check_moved_data_fields(ctx, out):
     out.add("equiv.moved-data-field", wrong,
             lambda w: (w[1], f"{ctx.octx.symbol_at(w[0])}: field {w[2]:#x} designates a moved "
                        f"data symbol and should be {w[3]:#x}, is {w[4]:#x}"))
+
+
+_LEGACY_PREFIXES = (0xF0, 0xF2, 0xF3, 0x2E, 0x36, 0x3E, 0x26, 0x64, 0x65, 0x66, 0x67)
+
+
+def imm_sign_extended(raw):
+    """Per instruction (rows of raw bytes): does its 32-bit immediate act as a 64-bit
+    value? A REX prefix with W before the opcode (64-bit operand size: the
+    immediate is sign-extended), or ``push imm32`` (0x68, 64-bit by default)."""
+    raw = np.asarray(raw, np.uint8)
+    n = len(raw)
+    pos = np.zeros(n, np.int64)
+    rows = np.arange(n)
+    for _ in range(min(raw.shape[1] - 1, 14)):
+        b = raw[rows, np.minimum(pos, raw.shape[1] - 1)]
+        more = np.isin(b, _LEGACY_PREFIXES)
+        if not more.any():
+            break
+        pos += more
+    b = raw[rows, np.minimum(pos, raw.shape[1] - 1)]
+    rex = (b & 0xF0) == 0x40
+    op = raw[rows, np.minimum(pos + rex, raw.shape[1] - 1)]
+    return (rex & ((b & 0x08) != 0)) | (op == 0x68)
