@@ -304,9 +304,11 @@ def _plain_jmp_to(new_read, new_addr, new_len, want):
 
 
 def _direct_target(ins):
-    """Target of a direct jmp/jcc/call, else None."""
+    """Target of a direct jmp/jcc/call/loop/xbegin, else None (Capstone puts
+    loop/loope/loopne in no jump group, only among the relative branches)."""
     if len(ins.operands) == 1 and ins.operands[0].type == cx86.X86_OP_IMM and (
-            ins.group(capstone.CS_GRP_JUMP) or ins.group(capstone.CS_GRP_CALL)):
+            ins.group(capstone.CS_GRP_JUMP) or ins.group(capstone.CS_GRP_CALL) or
+            ins.group(capstone.CS_GRP_BRANCH_RELATIVE)):
         return ins.operands[0].imm & (2**64 - 1)
     return None
 
