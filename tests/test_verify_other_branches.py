@@ -186,3 +186,20 @@ def test_end_to_end(tmp_path):
     p = run_linepack("verify", "-q", bad, "--against", exe)
     assert p.returncode == 1 and "equiv.branch-target" in p.stdout and f"f+{k:#x}" in p.stdout, \
         p.stdout
+
+
+@pytest.mark.parametrize("name,head,width", BRANCHES)
+def test_relayout_does_not_split_a_function_holding_one(name, head, width):
+    """The block split re-encodes only jmp/jcc terminators: a function holding one of
+    these branches is moved whole (image/cfg.py R_OTHER_BRANCH), never split."""
+    from linepack.image.cfg import CFG, R_OTHER_BRANCH, R_SPLIT
+    n = len(head) // 2 + width
+    # f: test; je +1; BR back to f; ret | g: test; je +1; nop; ret
+    f = [(0x1000, bytes.fromhex("85ff")), (0x1002, bytes.fromhex("7400")),
+         (0x1004, _enc(head, width, -(4 + n))), (0x1004 + n, b"\xc3")]
+    g0 = 0x1005 + n
+    g = [(g0, bytes.fromhex("85ff")), (g0 + 2, bytes.fromhex("7401")), (g0 + 4, b"\x90"),
+         (g0 + 5, b"\xc3")]
+    cfg = CFG(_dis(f + g), np.array([0x1000, g0], np.uint64),
+              np.array([g0, g0 + 6], np.uint64))
+    assert cfg.reason.tolist() == [R_OTHER_BRANCH, R_SPLIT]
