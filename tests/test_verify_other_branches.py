@@ -58,15 +58,16 @@ def _compare(old_rows, new_rows, amap):
 
 
 def test_other_branch_targets_decodes_each_form():
-    from linepack.verify.code import other_branch_targets
+    from linepack.image.disasm import other_branch_targets
     rows = [(0x1000, _enc(h, w, 0x10)) for _, h, w in BRANCHES] + \
         [(0x1000, bytes.fromhex("e310")), (0x1000, bytes.fromhex("66c7f81000")),
          (0x1000, bytes.fromhex("2ee210"))]
     d = _dis(rows)
-    i, t = other_branch_targets(d.raw, d.addr, d.size)
+    i, t, k = other_branch_targets(d.raw, d.addr, d.size)
     # jrcxz (E3 without 67) is branch_targets' own; xbegin rel16 is truncated to 16 bits
     assert i.tolist() == [0, 1, 2, 3, 4, 5, 7, 8]
     assert t.tolist() == [0x1000 + len(b) + 0x10 for _, b in rows[:6]] + [0x1015, 0x1013]
+    assert k.tolist() == [1, 1, 1, 1, 1, 4, 2, 1]
 
 
 @pytest.mark.parametrize("name,head,width", BRANCHES)
@@ -203,3 +204,85 @@ def test_relayout_does_not_split_a_function_holding_one(name, head, width):
     cfg = CFG(_dis(f + g), np.array([0x1000, g0], np.uint64),
               np.array([g0, g0 + 6], np.uint64))
     assert cfg.reason.tolist() == [R_OTHER_BRANCH, R_SPLIT]
+
+
+# -- across functions: relayout follows them, verify names them when it did not ---------
+ASM_ACROSS = r'''
+	.section .note.GNU-stack,"",@progbits
+	.text
+	.globl f
+	.type f, @function
+f:
+	movl %edi, %ecx
+	xorl %eax, %eax
+	addl $3, %eax
+	loop g_inner
+	ret
+	.size f, .-f
+	.globl g
+	.type g, @function
+g:
+	movl %edi, %ecx
+	xorl %eax, %eax
+g_inner:
+	addl $5, %eax
+	ret
+	.size g, .-g
+	.globl h
+	.type h, @function
+h:
+	xbegin g_inner
+	xend
+	ret
+	.size h, .-h
+'''
+MAIN_ACROSS = r'''
+#include <stdio.h>
+int f(int n);
+int g(int n);
+int main(int argc, char **argv) { printf("%d %d\n", f(argc + 3), g(argc)); return 0; }
+'''
+
+
+@pytest.fixture
+def across(tmp_path):
+    """f's loop goes into g, h's xbegin (never run: TSX may be missing) names g too."""
+    (tmp_path / "a.s").write_text(ASM_ACROSS)
+    (tmp_path / "m.c").write_text(MAIN_ACROSS)
+    exe = tmp_path / "p"
+    subprocess.run(["gcc", "-O2", "-no-pie", "-fno-pie", "-Wl,--emit-relocs", "-o", str(exe),
+                    str(tmp_path / "m.c"), str(tmp_path / "a.s")], check=True)
+    want = subprocess.run([str(exe)], stdout=subprocess.PIPE, text=True, check=True).stdout
+    return exe, want
+
+
+def test_relayout_keeps_loop_and_xbegin_across_functions(across, tmp_path):
+    """relayout glues f to g (a rel8 loop between them) and fixes h's xbegin rel32:
+    the output runs the same and verifies."""
+    exe, want = across
+    new = tmp_path / "p.lp"
+    r = run_linepack("relayout", exe, "--strategy", "align-all 64", "-o", new)
+    assert r.returncode == 0, r.stderr
+    assert "1 rel32" in r.stdout, r.stdout
+    assert subprocess.run([str(new)], stdout=subprocess.PIPE, text=True).stdout == want
+    p = run_linepack("verify", "-q", new, "--against", exe)
+    assert p.returncode == 0, p.stdout
+
+
+def test_verify_names_loop_and_xbegin_left_behind(across, tmp_path, monkeypatch):
+    """relayout made to ignore them (as before it knew them): f moves away from g with
+    its loop's bytes, h's xbegin keeps its rel32; verify names both (kept bytes)."""
+    from linepack.image.disasm import Disassembly
+    from linepack.relayout.driver import relayout
+    exe, _ = across
+    new = tmp_path / "p.lp"
+    monkeypatch.setattr(Disassembly, "pc_relative_branches",
+                        lambda self: self.branch_targets())
+    summary, _, _ = relayout(str(exe), str(new), "align-all 64")
+    monkeypatch.undo()
+    p = run_linepack("verify", "-q", new, "--against", exe)
+    assert p.returncode == 1
+    lines = [ln for ln in p.stdout.splitlines() if "error:" in ln]
+    assert len(lines) == 2 and all("equiv.branch-target" in ln for ln in lines), p.stdout
+    assert "branch at f+0x7 went to g+0x4" in lines[0] and \
+        "branch at h+0x0 went to g+0x4" in lines[1], p.stdout

@@ -8,7 +8,7 @@ import numpy as np
 import capstone
 
 from .. import timings
-from ..image.disasm import Disassembly
+from ..image.disasm import Disassembly, other_branch_targets
 from .findings import add_findings as _add
 
 # rows per slice when OLD's and NEW's instruction bytes are compared
@@ -130,7 +130,7 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
     # NEW's targets only for the changed rows (NEW's rows may be patched in place
     # by the mutation test, so nothing is cached for them)
     sub_i, sub_t, _ = Disassembly(nd.addr[jn], nd.size[jn], nd.func[jn], nd.raw[jn], []).branch_targets()
-    more_i, more_t = other_branch_targets(nd.raw[jn], nd.addr[jn], nd.size[jn])
+    more_i, more_t, _ = other_branch_targets(nd.raw[jn], nd.addr[jn], nd.size[jn])
     sub_i, sub_t = np.concatenate([sub_i.astype(np.int64), more_i]), \
         np.concatenate([sub_t.astype(np.uint64), more_t])
     new_br = np.zeros(len(jn), bool)
@@ -264,69 +264,14 @@ def kept_pc_relative(od, nd, amap, oi, ni, ob_i, ob_t, kernel, moved_by, wrong_t
                                   bool(eip[k])))
 
 
-def other_branch_targets(raw, addr, size):
-    """The PC-relative branches ``Disassembly.branch_targets`` leaves out:
-    loop/loope/loopne (E0-E2 rel8), jecxz (67 E3 rel8; a 67 prefix on a loop
-    changes only the counter, not the target) and xbegin (C7 F8 rel32; with a 66
-    prefix rel16, the fallback address truncated to 16 bits). Returns (rows,
-    targets) of the rows of ``raw`` (n, 16) that hold one; jrcxz (E3 without 67)
-    is branch_targets' already and not repeated here."""
-    from ..image.disasm import skip_prefixes
-    size = np.asarray(size, np.int64)
-    if not len(size):
-        return np.zeros(0, np.int64), np.zeros(0, np.uint64)
-    skip, op, op2 = skip_prefixes(raw, (0x2E, 0x3E, 0x66, 0x67), rounds=4)
-    pre = raw[:, :4]
-    before = np.arange(4)[None, :] < skip[:, None]
-    p66 = ((pre == 0x66) & before).any(axis=1)
-    p67 = ((pre == 0x67) & before).any(axis=1)
-    loop = ((op >= 0xE0) & (op <= 0xE2)) | ((op == 0xE3) & p67)
-    rel8 = loop & ~p66 & (size == skip + 2)
-    xb32 = (op == 0xC7) & (op2 == 0xF8) & ~p66 & (size == skip + 6)
-    xb16 = (op == 0xC7) & (op2 == 0xF8) & p66 & (size == skip + 4)
-    end = np.asarray(addr, np.uint64) + size.astype(np.uint64)
-    target = np.zeros(len(size), np.uint64)
-    r = np.nonzero(rel8)[0]
-    target[r] = end[r] + raw[r, np.clip(size[r] - 1, 0, 15)].view(np.int8).astype(np.int64) \
-        .astype(np.uint64)
-    r = np.nonzero(xb32)[0]
-    target[r] = end[r] + _s32_at(raw, r, size[r] - 4)
-    r = np.nonzero(xb16)[0]
-    rel16 = raw[r, np.clip(size[r] - 2, 0, 15)].astype(np.int64) | \
-        (raw[r, np.clip(size[r] - 1, 0, 15)].astype(np.int64) << 8)
-    target[r] = (end[r] + (rel16 - ((rel16 >= 1 << 15) << 16)).astype(np.uint64)) & \
-        np.uint64(0xFFFF)
-    rows = np.nonzero(rel8 | xb32 | xb16)[0]
-    return rows, target[rows]
-
-
 def _all_branch_targets(dis):
-    """(indices, targets) of every direct PC-relative branch of ``dis``: its
-    branch_targets and other_branch_targets, sorted by index (cached on ``dis``,
-    which the mutation test never patches: OLD's)."""
-    cached = getattr(dis, "_verify_all_branches", None)
-    if cached is not None:
-        return cached
-    bi, bt, _ = dis.branch_targets()
-    oi, ot = _other_branches_chunked(dis.raw, dis.addr, dis.size)
-    idx = np.concatenate([bi.astype(np.int64), oi])
-    tgt = np.concatenate([bt.astype(np.uint64), ot])
-    order = np.argsort(idx, kind="stable")
-    got = (idx[order], tgt[order])
-    dis._verify_all_branches = got
-    return got
-
-
-def _other_branches_chunked(raw, addr, size):
-    """other_branch_targets over a whole disassembly, _COMPARE_ROWS rows at a time
-    (its per-row temporaries over 5 M rows would be a peak of their own)."""
-    parts_i, parts_t = [np.zeros(0, np.int64)], [np.zeros(0, np.uint64)]
-    for lo in range(0, len(size), _COMPARE_ROWS):
-        i, t = other_branch_targets(raw[lo:lo + _COMPARE_ROWS], addr[lo:lo + _COMPARE_ROWS],
-                                    size[lo:lo + _COMPARE_ROWS])
-        parts_i.append(i + lo)
-        parts_t.append(t)
-    return np.concatenate(parts_i), np.concatenate(parts_t)
+    """(indices, targets) of every direct PC-relative branch of ``dis`` (OLD's: the
+    mutation test never patches it), loop/jecxz/xbegin included."""
+    cached = getattr(dis, "_verify_branches", None)
+    if cached is None:
+        idx, tgt, _ = dis.pc_relative_branches()
+        cached = dis._verify_branches = (idx.astype(np.int64), tgt.astype(np.uint64))
+    return cached
 
 
 def _s32_at(raw, rows, pos):
