@@ -278,11 +278,10 @@ def check_moved_data_fields(ctx, out):
     out.extra["equivalence_moved_data_fields"] = 0
     if not len(rows):
         return
-    decoded, d_off, d_sz, i_off, i_sz, rip, eip = FieldLayouts().layouts(
-        raw[rows], od.size[rows], od.addr[rows], eip=True)
+    decoded, d_off, d_sz, i_off, i_sz, rip = FieldLayouts().layouts(raw[rows], od.size[rows],
+                                                                    od.addr[rows])
     dv = field_values(raw[rows], d_off, d_sz)
     dv = np.where(rip, od.addr[rows] + od.size[rows].astype(np.uint64) + dv, dv)
-    dv = np.where(eip, dv & np.uint64(0xFFFFFFFF), dv)      # EIP-based: 32-bit address
     iv = field_values(raw[rows], i_off, i_sz)
     n_addr = ctx.amap.map(od.addr[rows])
     k_new = np.minimum(np.searchsorted(nd.addr, n_addr), len(nd.addr) - 1)
@@ -298,8 +297,7 @@ def check_moved_data_fields(ctx, out):
             width = int(sz[k])
             got = int(field_values(nd.raw[nk:nk + 1], off[k:k + 1], sz[k:k + 1])[0])
             if is_rip[k]:
-                got = (got + int(nd.addr[nk]) + int(nd.size[nk])) & \
-                    ((1 << 32) - 1 if eip[k] else (1 << 64) - 1)
+                got = (got + int(nd.addr[nk]) + int(nd.size[nk])) & ((1 << 64) - 1)
                 width = 8
             want = moves.moved_value(int(val[k]), 8)
             mask = (1 << (8 * width)) - 1 if width < 8 else (1 << 64) - 1
