@@ -765,13 +765,18 @@ def block_mutations(octx, nctx, rng, count=20):
         fi = int(order[np.searchsorted(f_start[order], np.uint64(a_old), side="right") - 1])
         f = funcs[fi]
         mine = rows[(rows["old"] >= f.old_start) & (rows["old"] <= f.old_end)]
+        # what the check says of the function unmutated (run without the kernel's
+        # patch sites and noreturn lists it may name an edge): not the mutation's
+        base, _ = check_blocks(mine, [f], old.read, pnew.read, outside)
+        base = {(x.check, x.address, x.message) for x in base}
         for kind, nb in _instruction_mutations(ins, cur):
             token = pnew.patch(a_new, nb)
             try:
                 found, _ = check_blocks(mine, [f], old.read, pnew.read, outside)
             finally:
                 pnew.undo(token)
-            named = [x for x in found if x.address in (a_old, a_new)]   # (all are errors)
+            named = [x for x in found if x.address in (a_old, a_new) and   # (all are errors)
+                     (x.check, x.address, x.message) not in base]
             out.append(("block", kind, "copied", "", a_old, bool(named), named, None))
     return out
 
