@@ -286,3 +286,18 @@ def test_verify_names_loop_and_xbegin_left_behind(across, tmp_path, monkeypatch)
     assert len(lines) == 2 and all("equiv.branch-target" in ln for ln in lines), p.stdout
     assert "branch at f+0x7 went to g+0x4" in lines[0] and \
         "branch at h+0x0 went to g+0x4" in lines[1], p.stdout
+
+
+@pytest.mark.parametrize("old_head,new_head", [("74", "eb"), ("e2", "74"), ("e2", "e0"),
+                                               ("e8", "e9"), ("0f84", "0f85")])
+def test_a_branch_made_another_to_the_translated_target_is_named(old_head, new_head):
+    """A changed branch passes only as the same branch (opcode and prefixes kept)
+    whose displacement names the translated target: je made jmp, loop made je, call
+    made jmp, je made jne (each to the right place) are named as changed bytes."""
+    w = 4 if len(old_head) == 4 or old_head == "e8" else 1
+    n = len(old_head) // 2 + w
+    old = [(0x1000, _enc(old_head, w, 0x40 - n)), (0x1040, b"\xc3")]
+    amap = ShiftMap(0x1000, 0x1010, 0x20)
+    assert _compare(old, [(0x1020, _enc(old_head, w, 0x20 - n)), (0x1040, b"\xc3")], amap) == {}
+    assert _compare(old, [(0x1020, _enc(new_head, w, 0x20 - n)), (0x1040, b"\xc3")], amap) == \
+        {"equiv.instruction-bytes": [0x1000]}

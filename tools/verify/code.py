@@ -113,7 +113,7 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
     # 2. differing bytes must be translated address fields
     o_idx_all, n_idx_all, differs = o_idx_all[:matched], n_idx_all[:matched], differs[:matched]
     k_diff = np.nonzero(differs)[0]
-    ob_i, ob_t = _all_branch_targets(od)          # loop, jecxz, xbegin too
+    ob_i, ob_t, ob_k = _all_branch_targets(od)    # loop, jecxz, xbegin too
     # the same bytes: a PC-relative field then names its old target plus the
     # distance moved, right only where the target moved with it (or both stayed)
     k_same = np.nonzero(~differs)[0]
@@ -138,13 +138,26 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
     t_old = ob_t[po] if len(ob_i) else np.zeros(len(jo), np.uint64)
     t_new = np.zeros(len(jn), np.uint64)
     t_new[sub_i] = sub_t
+    # the same branch: every byte before the displacement (opcode, prefixes) equal
+    # (a jcc made a jmp, or a loop a jcc, to the translated target is no translation)
+    width = ob_k[po].astype(np.int64) if len(ob_i) else np.zeros(len(jo), np.int64)
+    head_same = ~((o_raw != n_raw) & (col < (sizes_diff - width)[:, None])).any(axis=1)
     br_ok = is_br & new_br & (amap.map(t_old) == t_new)
+    recoded = br_ok & ~head_same
+    br_ok &= head_same
     branch_fixed = int(br_ok.sum())
+    if recoded.any():
+        cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        for k in np.nonzero(recoded)[0].tolist():
+            oa, size = int(od.addr[jo[k]]), int(sizes_diff[k])
+            ins = next(cs.disasm(bytes(o_raw[k][:size]), oa, 1), None)
+            unexplained.append((oa, f"{ins.mnemonic} {ins.op_str}" if ins else "undecodable"))
+    is_br_bad = is_br & ~br_ok & ~recoded
     wrong_target.extend((int(od.addr[o]), int(nd.addr[n]), int(t), int(tn) if nb else None)
-                    for o, n, t, tn, nb in zip(jo[is_br & ~br_ok].tolist(), jn[is_br & ~br_ok].tolist(),
-                                               t_old[is_br & ~br_ok].tolist(),
-                                               t_new[is_br & ~br_ok].tolist(),
-                                               new_br[is_br & ~br_ok].tolist()))
+                    for o, n, t, tn, nb in zip(jo[is_br_bad].tolist(), jn[is_br_bad].tolist(),
+                                               t_old[is_br_bad].tolist(),
+                                               t_new[is_br_bad].tolist(),
+                                               new_br[is_br_bad].tolist()))
     # every other changed instruction: each changed byte must lie in an address
     # field (displacement or immediate) whose value translates; the field layout
     # comes from Capstone, once per distinct instruction header (fields.py)
@@ -265,12 +278,14 @@ def kept_pc_relative(od, nd, amap, oi, ni, ob_i, ob_t, kernel, moved_by, wrong_t
 
 
 def _all_branch_targets(dis):
-    """(indices, targets) of every direct PC-relative branch of ``dis`` (OLD's: the
-    mutation test never patches it), loop/jecxz/xbegin included."""
+    """(indices, targets, displacement widths) of every direct PC-relative branch
+    of ``dis`` (OLD's: the mutation test never patches it), loop/jecxz/xbegin
+    included."""
     cached = getattr(dis, "_verify_branches", None)
     if cached is None:
-        idx, tgt, _ = dis.pc_relative_branches()
-        cached = dis._verify_branches = (idx.astype(np.int64), tgt.astype(np.uint64))
+        idx, tgt, kind = dis.pc_relative_branches()
+        cached = dis._verify_branches = (idx.astype(np.int64), tgt.astype(np.uint64),
+                                         kind.astype(np.int8))
     return cached
 
 
