@@ -54,10 +54,12 @@ REASONS = (
     "a call lands after its entry (call-depth tracking patches a thunk before every call target)",
     "code without a function symbol follows it in its unit (its blocks would lie outside "
     "the function the block map names)",
+    "holds a loop/loope/loopne/jecxz/xbegin (a branch the split does not re-encode)",
 )
 (R_SPLIT, R_PINNED, R_NOINSTR, R_GLUED, R_UNDECODABLE, R_INDIRECT, R_MID_INSN, R_RELOC_BRANCH,
  R_REL8_OUT, R_ALT_REL8, R_FALLS_OFF, R_KEY_OUT, R_NOT_HOT, R_NO_COLD,
- R_EH_FRAME, R_EH_LSDA, R_EH_ROOM, R_NO_ROOM, R_CALL_INSIDE, R_TRAILING_CODE) = range(len(REASONS))
+ R_EH_FRAME, R_EH_LSDA, R_EH_ROOM, R_NO_ROOM, R_CALL_INSIDE, R_TRAILING_CODE,
+ R_OTHER_BRANCH) = range(len(REASONS))
 
 # Callees that never return (a call to one ends its block; what follows is
 # unreachable from it). gcc marks them noreturn; objtool keeps a longer list.
@@ -354,6 +356,12 @@ class CFG:
             self._mark(f[(f >= 0) & (bad < self.fend[fc])], R_UNDECODABLE)
         if not self.indirect_ok:
             self._mark(fi[kind == 7], R_INDIRECT)
+        # loop/loope/loopne (E0-E2), jecxz (67 E3) and xbegin (C7 F8) branch but are no
+        # block terminators here: their target could land in another part, unfixed
+        _, op, op2, _, _ = _opcodes(dis)
+        other = ((op >= 0xE0) & (op <= 0xE2)) | ((op == 0x67) & (op2 >= 0xE0) & (op2 <= 0xE3)) | \
+            ((op == 0xC7) & (op2 == 0xF8))
+        self._mark(fi[other], R_OTHER_BRANCH)
         tgt = self.insn_target
         rel = self.insn_rel
         direct = ((kind == 1) | (kind == 2)) & (rel > 0)

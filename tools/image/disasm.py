@@ -121,6 +121,32 @@ class Disassembly:
         self._branch_targets = found
         return found
 
+    def pc_relative_branches(self):
+        """branch_targets and other_branch_targets together (index, target, kind),
+        sorted by index: every direct PC-relative branch, for the passes that must
+        follow each one (relayout's branch fixing and rel8 glue, verify --against).
+        branch_targets is looked up on the instance, so a caller's filtered
+        override of it applies (block_rewriter)."""
+        bi, bt, bk = self.branch_targets()
+        other = getattr(self, "_other_branches", None)
+        if other is None:
+            parts = [other_branch_targets(self.raw[lo:lo + _TARGET_ROWS],
+                                          self.addr[lo:lo + _TARGET_ROWS],
+                                          self.size[lo:lo + _TARGET_ROWS])
+                     for lo in range(0, len(self.addr), _TARGET_ROWS)]
+            other = (np.concatenate([np.zeros(0, np.int64)] +
+                                    [p[0] + lo for p, lo in
+                                     zip(parts, range(0, len(self.addr), _TARGET_ROWS))]),
+                     np.concatenate([np.zeros(0, np.uint64)] + [p[1] for p in parts]),
+                     np.concatenate([np.zeros(0, np.int8)] + [p[2] for p in parts]))
+            self._other_branches = other
+        if not len(other[0]):
+            return bi, bt, bk
+        idx = np.concatenate([bi.astype(np.int64), other[0]])
+        order = np.argsort(idx, kind="stable")
+        return (idx[order], np.concatenate([bt.astype(np.uint64), other[1]])[order],
+                np.concatenate([bk.astype(np.int8), other[2]])[order])
+
     def adopt_branch_targets(self, found):
         """Cache ``found`` as branch_targets() (a merge of disassemblies whose
         rows were decoded already: each row decodes alone)."""
@@ -172,6 +198,46 @@ def byte_at(raw, col, usual=0):
     other = np.nonzero(col != usual)[0]
     out[other] = raw[other, np.minimum(col[other], RAW - 1)]
     return out
+
+
+def other_branch_targets(raw, addr, size):
+    """The PC-relative branches ``Disassembly.branch_targets`` leaves out:
+    loop/loope/loopne (E0-E2 rel8), jecxz (67 E3 rel8; a 67 prefix on a loop
+    changes only the counter, not the target) and xbegin (C7 F8 rel32; with a 66
+    prefix rel16, the fallback address truncated to 16 bits). Returns (rows,
+    targets, kinds) of the rows of ``raw`` (n, 16) that hold one; jrcxz (E3 without 67)
+    is branch_targets' already and not repeated here. Kind as branch_targets': 1
+    rel8, 4 rel32, and 2 for the rel16 xbegin (relayout fixes only 1 and 4)."""
+    size = np.asarray(size, np.int64)
+    if not len(size):
+        return np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int8)
+    skip, op, op2 = skip_prefixes(raw, (0x2E, 0x3E, 0x66, 0x67), rounds=4)
+    pre = raw[:, :4]
+    before = np.arange(4)[None, :] < skip[:, None]
+    p66 = ((pre == 0x66) & before).any(axis=1)
+    p67 = ((pre == 0x67) & before).any(axis=1)
+    loop = ((op >= 0xE0) & (op <= 0xE2)) | ((op == 0xE3) & p67)
+    rel8 = loop & ~p66 & (size == skip + 2)
+    xb32 = (op == 0xC7) & (op2 == 0xF8) & ~p66 & (size == skip + 6)
+    xb16 = (op == 0xC7) & (op2 == 0xF8) & p66 & (size == skip + 4)
+    end = np.asarray(addr, np.uint64) + size.astype(np.uint64)
+    target = np.zeros(len(size), np.uint64)
+    r = np.nonzero(rel8)[0]
+    target[r] = end[r] + raw[r, np.clip(size[r] - 1, 0, 15)].view(np.int8).astype(np.int64) \
+        .astype(np.uint64)
+    r = np.nonzero(xb32)[0]
+    d32 = np.zeros(len(r), np.int64)
+    for k in range(4):
+        d32 |= raw[r, np.clip(size[r] - 4 + k, 0, 15)].astype(np.int64) << (8 * k)
+    target[r] = end[r] + np.where(d32 >= 1 << 31, d32 - (1 << 32), d32).astype(np.uint64)
+    r = np.nonzero(xb16)[0]
+    rel16 = raw[r, np.clip(size[r] - 2, 0, 15)].astype(np.int64) | \
+        (raw[r, np.clip(size[r] - 1, 0, 15)].astype(np.int64) << 8)
+    target[r] = (end[r] + (rel16 - ((rel16 >= 1 << 15) << 16)).astype(np.uint64)) & \
+        np.uint64(0xFFFF)
+    rows = np.nonzero(rel8 | xb32 | xb16)[0]
+    kind = np.where(rel8[rows], 1, np.where(xb32[rows], 4, 2)).astype(np.int8)
+    return rows, target[rows], kind
 
 
 def skip_prefixes(raw, prefixes, rounds=3):

@@ -332,7 +332,7 @@ def glue(units, dis, log=None, noreturn=()):
     """Merge units joined by rel8 branches (and unit pairs that fall through).
     ``noreturn``: addresses of functions that never return: a unit ending with a
     call to one does not fall into the next."""
-    idx, target, kind = dis.branch_targets()
+    idx, target, kind = dis.pc_relative_branches()        # loop/jecxz rel8 too
     src_u = units.find(dis.addr[idx])
     dst_u = units.find(target)
     cross = (kind == 1) & (src_u >= 0) & (dst_u >= 0) & (src_u != dst_u)

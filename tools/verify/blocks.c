@@ -86,15 +86,16 @@ static int no_fallthrough_mnemonic(const char *m)
 
 /* NEW's bytes at [addr, addr + n) as ElfImage.read gives them (the first
  * allocated section in header order holding addr, file-backed, the range
- * inside it), or NULL */
-static const uint8_t *new_bytes(const uint8_t *data, const uint64_t *sec_lo,
-                                const uint64_t *sec_hi, const int64_t *sec_off,
-                                const uint8_t *sec_file, int64_t nsec, uint64_t addr, uint64_t n)
+ * inside it), or NULL. ``sec_base``[k]: where section k's bytes are in memory
+ * (the mapped file, or the mutation test's copy of a patched section) */
+static const uint8_t *new_bytes(const uint64_t *sec_lo, const uint64_t *sec_hi,
+                                const uint64_t *sec_base, const uint8_t *sec_file, int64_t nsec,
+                                uint64_t addr, uint64_t n)
 {
     for (int64_t k = 0; k < nsec; k++) {
         if (sec_lo[k] <= addr && addr < sec_hi[k]) {
             if (!sec_file[k] || n > sec_hi[k] - addr) return 0;     /* no wrap-around */
-            return data + sec_off[k] + (int64_t)(addr - sec_lo[k]);
+            return (const uint8_t *)(uintptr_t)sec_base[k] + (addr - sec_lo[k]);
         }
     }
     return 0;
@@ -182,8 +183,8 @@ static int member(const uint64_t *v, int64_t n, uint64_t x)
  * where Python must check that edge; ST_SLOW for anything else (Python decides). */
 static int plain_branch_state(const struct maps *m, int64_t p, uint64_t a, int sz,
                               const uint8_t *ob, uint64_t fs, uint64_t fe, const char *mn,
-                              const uint8_t *new_data, const uint64_t *sec_lo,
-                              const uint64_t *sec_hi, const int64_t *sec_off,
+                              const uint64_t *sec_lo,
+                              const uint64_t *sec_hi, const uint64_t *sec_base,
                               const uint8_t *sec_file, int64_t nsec,
                               const uint64_t *moved, int64_t nmoved,
                               const uint64_t *nofall, int64_t nnofall,
@@ -202,7 +203,7 @@ static int plain_branch_state(const struct maps *m, int64_t p, uint64_t a, int s
             if (k < nmoved && moved[k] < succ) return ST_SLOW;
         }
         uint64_t nn = m->p_new[p] + (a - m->p_old[p]);
-        const uint8_t *nb = new_bytes(new_data, sec_lo, sec_hi, sec_off, sec_file, nsec, nn,
+        const uint8_t *nb = new_bytes(sec_lo, sec_hi, sec_base, sec_file, nsec, nn,
                                       (uint64_t)sz);
         if (!nb || memcmp(nb, ob, (size_t)op)) return ST_SLOW;
         uint64_t want = map1(m, target, &ok);
@@ -212,7 +213,7 @@ static int plain_branch_state(const struct maps *m, int64_t p, uint64_t a, int s
         if (m->p_old[p] != a || m->p_end[p] != succ) return ST_SLOW;
         uint64_t nn = m->p_new[p];
         int64_t nl = (int64_t)m->p_newlen[p];
-        const uint8_t *nb = nl > 0 ? new_bytes(new_data, sec_lo, sec_hi, sec_off, sec_file,
+        const uint8_t *nb = nl > 0 ? new_bytes(sec_lo, sec_hi, sec_base, sec_file,
                                                nsec, nn, (uint64_t)nl) : 0;
         if (!nb) return ST_SLOW;
         int oc, olen, oop, nc, nlen, nop;
@@ -297,8 +298,8 @@ static uint64_t sext32(const uint8_t *b)
  * Python loop goes on with it; ST_SLOW for anything else. */
 static int rip_state(disasm_fn dis, free_fn fr, const struct detail_at *dt,
                      const struct maps *m, int64_t p, uint64_t a, int sz, const uint8_t *ob,
-                     uint64_t fe, const char *mn, const uint8_t *new_data,
-                     const uint64_t *sec_lo, const uint64_t *sec_hi, const int64_t *sec_off,
+                     uint64_t fe, const char *mn,
+                     const uint64_t *sec_lo, const uint64_t *sec_hi, const uint64_t *sec_base,
                      const uint8_t *sec_file, int64_t nsec, const uint64_t *moved,
                      int64_t nmoved, const uint64_t *nofall, int64_t nnofall, int64_t off_size,
                      int64_t *counts)
@@ -311,7 +312,7 @@ static int rip_state(disasm_fn dis, free_fn fr, const struct detail_at *dt,
     int d = rip_disp(dis, fr, dt, ob, sz, off_size);
     if (d <= 0 || d + 4 > sz) return ST_SLOW;
     uint64_t nn = m->p_new[p] + (a - m->p_old[p]);
-    const uint8_t *nb = new_bytes(new_data, sec_lo, sec_hi, sec_off, sec_file, nsec, nn,
+    const uint8_t *nb = new_bytes(sec_lo, sec_hi, sec_base, sec_file, nsec, nn,
                                   (uint64_t)sz);
     if (!nb || memcmp(nb, ob, (size_t)d) || memcmp(nb + d + 4, ob + d + 4, (size_t)(sz - d - 4)))
         return ST_SLOW;
@@ -353,8 +354,8 @@ int lp_block_scan(void *dis_p, void *free_p, size_t handle, int64_t stride, int6
                   const uint64_t *p_old, const uint64_t *p_end, const uint64_t *p_new,
                   const uint64_t *p_newlen, const int64_t *p_kind, const uint64_t *p_endnew,
                   int64_t npieces,
-                  const uint8_t *new_data, const uint64_t *sec_lo, const uint64_t *sec_hi,
-                  const int64_t *sec_off, const uint8_t *sec_file, int64_t nsec,
+                  const uint64_t *sec_lo, const uint64_t *sec_hi,
+                  const uint64_t *sec_base, const uint8_t *sec_file, int64_t nsec,
                   const uint64_t *moved, int64_t nmoved, const uint64_t *nofall, int64_t nnofall,
                   int64_t branches, const uint64_t *noreturn, int64_t nnoreturn,
                   int64_t outside, const uint64_t *o_start, const uint64_t *o_end,
@@ -417,7 +418,7 @@ int lp_block_scan(void *dis_p, void *free_p, size_t handle, int64_t stride, int6
                 t += (int64_t)(lm + lo + 2);    /* taken back below where C passes it */
                 if (branches) {
                     int st = plain_branch_state(&m, p, a, (int)sz, fc + (a - fs), fs, fe, mn,
-                                                new_data, sec_lo, sec_hi, sec_off, sec_file, nsec,
+                                                sec_lo, sec_hi, sec_base, sec_file, nsec,
                                                 moved, nmoved, nofall, nnofall, noreturn,
                                                 nnoreturn, counts);
                     if (st != ST_SLOW) {
@@ -434,7 +435,7 @@ int lp_block_scan(void *dis_p, void *free_p, size_t handle, int64_t stride, int6
                 if (strstr(ops, "rip")) {
                     if (branches) {
                         int st = rip_state(dis, fr, &dt, &m, p, a, (int)sz, fc + (a - fs), fe,
-                                           mn, new_data, sec_lo, sec_hi, sec_off, sec_file,
+                                           mn, sec_lo, sec_hi, sec_base, sec_file,
                                            nsec, moved, nmoved, nofall, nnofall, off_size,
                                            counts);
                         if (st != ST_SLOW) {
@@ -449,7 +450,7 @@ int lp_block_scan(void *dis_p, void *free_p, size_t handle, int64_t stride, int6
                 uint64_t plen = p_end[p] - p_old[p];
                 if (p_old[p] < fs || p_end[p] > fe || p_newlen[p] != plen)
                     continue;
-                const uint8_t *nb = new_bytes(new_data, sec_lo, sec_hi, sec_off, sec_file, nsec,
+                const uint8_t *nb = new_bytes(sec_lo, sec_hi, sec_base, sec_file, nsec,
                                               p_new[p], plen);
                 if (!nb)
                     continue;

@@ -304,9 +304,11 @@ def _plain_jmp_to(new_read, new_addr, new_len, want):
 
 
 def _direct_target(ins):
-    """Target of a direct jmp/jcc/call, else None."""
+    """Target of a direct jmp/jcc/call/loop/xbegin, else None (Capstone puts
+    loop/loope/loopne in no jump group, only among the relative branches)."""
     if len(ins.operands) == 1 and ins.operands[0].type == cx86.X86_OP_IMM and (
-            ins.group(capstone.CS_GRP_JUMP) or ins.group(capstone.CS_GRP_CALL)):
+            ins.group(capstone.CS_GRP_JUMP) or ins.group(capstone.CS_GRP_CALL) or
+            ins.group(capstone.CS_GRP_BRANCH_RELATIVE)):
         return ins.operands[0].imm & (2**64 - 1)
     return None
 
@@ -405,7 +407,7 @@ def _native_lib():
         def declare(lib):
             P, I64 = ctypes.c_void_p, ctypes.c_int64
             lib.lp_block_scan.argtypes = [P, P, ctypes.c_size_t] + [I64] * 5 + \
-                [P, P, P, P, I64] + [P] * 6 + [I64] + [P] * 5 + [I64] + \
+                [P, P, P, P, I64] + [P] * 6 + [I64] + [P] * 4 + [I64] + \
                 [P, I64, P, I64] + [I64, P, I64, I64, P, P, P, I64, P, P, P, I64, P, I64, P] + \
                 [P] * 4 + [I64, P, I64] + [P] * 3
             lib.lp_block_scan.restype = ctypes.c_int
@@ -416,17 +418,36 @@ def _native_lib():
 
 
 def _new_sections(read):
-    """(data, section starts, ends, file offsets, file-backed) of the ElfImage whose
-    ``read`` this is, as ElfImage.read finds a section (the first allocated one in
-    header order); None for any other reader (tests' byte readers): Python decides."""
+    """(arrays to keep alive, section starts, ends, where each one's bytes are in
+    memory, file-backed) of the ElfImage whose ``read`` this is, as ElfImage.read
+    finds a section (the first allocated one in header order), or of the mutation
+    test's PatchedImage over one (a patched section's bytes from its copy); None
+    for any other reader (tests' byte readers): Python decides."""
     from ..image.elf import SHT_NOBITS, ElfImage
+    from .mutation import PatchedImage
     im = getattr(read, "__self__", None)
-    if not isinstance(im, ElfImage) or getattr(read, "__func__", None) is not ElfImage.read:
+    func = getattr(read, "__func__", None)
+    copies = {}
+    if isinstance(im, PatchedImage) and func is PatchedImage.read:
+        copies, im = im.copies(), im.base
+        func = getattr(im.read, "__func__", None)
+    if not isinstance(im, ElfImage) or func is not ElfImage.read:
+        return None
+    data = np.asarray(im.data)
+    if data.dtype != np.uint8 or not data.flags.c_contiguous:
         return None
     secs = im.alloc_sections()
-    return (im.data, np.array([s.addr for s in secs], np.uint64),
+    keep = [data] + list(copies.values())
+    base = []
+    for s in secs:
+        c = copies.get(s.index)
+        if c is not None and (c.dtype != np.uint8 or not c.flags.c_contiguous or
+                              len(c) < s.end - s.addr):
+            return None
+        base.append(c.ctypes.data if c is not None else data.ctypes.data + s.offset)
+    return (keep, np.array([s.addr for s in secs], np.uint64),
             np.array([s.end for s in secs], np.uint64),
-            np.array([s.offset for s in secs], np.int64),
+            np.array(base, np.uint64),
             np.array([s.type != SHT_NOBITS for s in secs], np.uint8))
 
 
@@ -594,7 +615,7 @@ class _BlockCheck:
         # BlockMap.map1's alone (no moved extents) and a jmp never falls through (no
         # patch sites: kernels')
         branches = self.moved_extents is None and not self.patch_sites
-        data, sec_lo, sec_hi, sec_off, sec_file = secs
+        _keep, sec_lo, sec_hi, sec_base, sec_file = secs
         flen = np.array([len(c) for c in codes], np.int64)
         code_off = np.concatenate([[0], np.cumsum(flen)[:-1]]).astype(np.int64)
         fstart = np.array([f.old_start for f in self.split[lo:hi]], np.uint64)
@@ -619,7 +640,7 @@ class _BlockCheck:
                 off["mnemonic"], off["op_str"],
                 ptr(buf), ptr(code_off), ptr(fstart), ptr(flen), nfunc,
                 ptr(p_old), ptr(p_end), ptr(p_new), ptr(p_newlen), ptr(p_kind), ptr(p_endnew),
-                len(p_old), ptr(data), ptr(sec_lo), ptr(sec_hi), ptr(sec_off), ptr(sec_file),
+                len(p_old), ptr(sec_lo), ptr(sec_hi), ptr(sec_base), ptr(sec_file),
                 len(sec_lo), ptr(moved), len(moved), ptr(nofall), len(nofall),
                 int(branches), ptr(noreturn), len(noreturn), int(outside), ptr(o_start),
                 ptr(o_end), ptr(n_start), len(o_start), ptr(l_old), ptr(l_new), ptr(l_end),

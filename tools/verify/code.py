@@ -8,7 +8,7 @@ import numpy as np
 import capstone
 
 from .. import timings
-from ..image.disasm import Disassembly
+from ..image.disasm import Disassembly, other_branch_targets
 from .findings import add_findings as _add
 
 # rows per slice when OLD's and NEW's instruction bytes are compared
@@ -113,7 +113,7 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
     # 2. differing bytes must be translated address fields
     o_idx_all, n_idx_all, differs = o_idx_all[:matched], n_idx_all[:matched], differs[:matched]
     k_diff = np.nonzero(differs)[0]
-    ob_i, ob_t, _ = od.branch_targets()
+    ob_i, ob_t, ob_k = _all_branch_targets(od)    # loop, jecxz, xbegin too
     # the same bytes: a PC-relative field then names its old target plus the
     # distance moved, right only where the target moved with it (or both stayed)
     k_same = np.nonzero(~differs)[0]
@@ -130,18 +130,34 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
     # NEW's targets only for the changed rows (NEW's rows may be patched in place
     # by the mutation test, so nothing is cached for them)
     sub_i, sub_t, _ = Disassembly(nd.addr[jn], nd.size[jn], nd.func[jn], nd.raw[jn], []).branch_targets()
+    more_i, more_t, _ = other_branch_targets(nd.raw[jn], nd.addr[jn], nd.size[jn])
+    sub_i, sub_t = np.concatenate([sub_i.astype(np.int64), more_i]), \
+        np.concatenate([sub_t.astype(np.uint64), more_t])
     new_br = np.zeros(len(jn), bool)
     new_br[sub_i] = True
     t_old = ob_t[po] if len(ob_i) else np.zeros(len(jo), np.uint64)
     t_new = np.zeros(len(jn), np.uint64)
     t_new[sub_i] = sub_t
+    # the same branch: every byte before the displacement (opcode, prefixes) equal
+    # (a jcc made a jmp, or a loop a jcc, to the translated target is no translation)
+    width = ob_k[po].astype(np.int64) if len(ob_i) else np.zeros(len(jo), np.int64)
+    head_same = ~((o_raw != n_raw) & (col < (sizes_diff - width)[:, None])).any(axis=1)
     br_ok = is_br & new_br & (amap.map(t_old) == t_new)
+    recoded = br_ok & ~head_same
+    br_ok &= head_same
     branch_fixed = int(br_ok.sum())
+    if recoded.any():
+        cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        for k in np.nonzero(recoded)[0].tolist():
+            oa, size = int(od.addr[jo[k]]), int(sizes_diff[k])
+            ins = next(cs.disasm(bytes(o_raw[k][:size]), oa, 1), None)
+            unexplained.append((oa, f"{ins.mnemonic} {ins.op_str}" if ins else "undecodable"))
+    is_br_bad = is_br & ~br_ok & ~recoded
     wrong_target.extend((int(od.addr[o]), int(nd.addr[n]), int(t), int(tn) if nb else None)
-                    for o, n, t, tn, nb in zip(jo[is_br & ~br_ok].tolist(), jn[is_br & ~br_ok].tolist(),
-                                               t_old[is_br & ~br_ok].tolist(),
-                                               t_new[is_br & ~br_ok].tolist(),
-                                               new_br[is_br & ~br_ok].tolist()))
+                    for o, n, t, tn, nb in zip(jo[is_br_bad].tolist(), jn[is_br_bad].tolist(),
+                                               t_old[is_br_bad].tolist(),
+                                               t_new[is_br_bad].tolist(),
+                                               new_br[is_br_bad].tolist()))
     # every other changed instruction: each changed byte must lie in an address
     # field (displacement or immediate) whose value translates; the field layout
     # comes from Capstone, once per distinct instruction header (fields.py)
@@ -151,7 +167,8 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
     r_size = sizes_diff[~is_br]
     r_oa = od.addr[o_idx_all[rows]]
     r_na = nd.addr[n_idx_all[rows]]
-    decoded, d_off, d_sz, i_off, i_sz, rip = FieldLayouts().layouts(r_raw_o, r_size, r_oa)
+    decoded, d_off, d_sz, i_off, i_sz, rip, eip = FieldLayouts().layouts(r_raw_o, r_size, r_oa,
+                                                                         eip=True)
     diff = (r_raw_o != r_raw_n) & (col < r_size[:, None])
     in_disp = (col >= d_off[:, None]) & (col < (d_off + d_sz)[:, None])
     in_imm = (col >= i_off[:, None]) & (col < (i_off + i_sz)[:, None])
@@ -167,6 +184,11 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
     end_n = r_na + r_size.astype(np.uint64)
     dv_o = np.where(rip, end_o + dv_o, dv_o)
     dv_n = np.where(rip, end_n + dv_n, dv_n)
+    # an EIP-based operand (67 prefix) addresses end + disp truncated to 32 bits, as
+    # kept_pc_relative computes it for unchanged bytes
+    low32 = np.uint64(0xFFFFFFFF)
+    dv_o = np.where(eip, dv_o & low32, dv_o)
+    dv_n = np.where(eip, dv_n & low32, dv_n)
     iv_o, iv_n = field_values(r_raw_o, i_off, i_sz), field_values(r_raw_n, i_off, i_sz)
     use_d, use_i = decoded & has_disp, decoded & has_imm
     f_row = np.concatenate([np.nonzero(use_d)[0], np.nonzero(use_i)[0]])
@@ -199,7 +221,8 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
 def kept_pc_relative(od, nd, amap, oi, ni, ob_i, ob_t, kernel, moved_by, wrong_target,
                      stale_operand):
     """Instructions of OLD ``oi`` whose bytes NEW holds unchanged at ``ni`` (moved
-    or not): a direct branch or a RIP/EIP-relative operand designates its old
+    or not): a direct branch (``ob_i``/``ob_t``: _all_branch_targets, loop/jecxz/
+    xbegin included) or a RIP/EIP-relative operand designates its old
     target plus the distance the instruction moved. That must be where the map
     puts the target (a branch inside its own function, moved whole, is; a call to
     a static function of the same section, which has no relocation, is not when
@@ -252,6 +275,18 @@ def kept_pc_relative(od, nd, amap, oi, ni, ob_i, ob_t, kernel, moved_by, wrong_t
         if not moved_by(int(o_addr[r] + d_off[k].astype(np.uint64)), int(t[k]), int(now[k]), 4):
             stale_operand.append((int(o_addr[r]), int(n_addr[r]), int(t[k]), int(now[k]),
                                   bool(eip[k])))
+
+
+def _all_branch_targets(dis):
+    """(indices, targets, displacement widths) of every direct PC-relative branch
+    of ``dis`` (OLD's: the mutation test never patches it), loop/jecxz/xbegin
+    included."""
+    cached = getattr(dis, "_verify_branches", None)
+    if cached is None:
+        idx, tgt, kind = dis.pc_relative_branches()
+        cached = dis._verify_branches = (idx.astype(np.int64), tgt.astype(np.uint64),
+                                         kind.astype(np.int8))
+    return cached
 
 
 def _s32_at(raw, rows, pos):

@@ -37,10 +37,10 @@ class FieldLayouts:
         ins = next(self._cs.disasm(code, address, 1), None)
         if ins is None:
             return None
-        # EIP-based (67 prefix) as RIP-based: the end plus the displacement (a
-        # target above 4 GB would not translate: named, never passed)
-        rip = any(op.type == cx86.X86_OP_MEM and op.mem.base in (cx86.X86_REG_RIP, cx86.X86_REG_EIP)
-                  for op in ins.operands)
+        # EIP-based (67 prefix, rip 2) as RIP-based: the end plus the displacement,
+        # truncated to 32 bits by the caller (eip=True) as the CPU does
+        bases = [op.mem.base for op in ins.operands if op.type == cx86.X86_OP_MEM]
+        rip = 2 if cx86.X86_REG_EIP in bases else 1 if cx86.X86_REG_RIP in bases else 0
         # 64-bit mode has only 1-, 4- (and moffs 8-) byte displacements; Capstone 5
         # reports 2 for RIP-relative operands of 16-bit instructions (66 prefix)
         dsz = 4 if ins.disp_size == 2 else ins.disp_size
@@ -48,8 +48,10 @@ class FieldLayouts:
         i_off = ins.imm_offset if ins.imm_size else 0
         return ins.size, d_off, dsz, i_off, ins.imm_size, rip
 
-    def layouts(self, raw, size, addr):
-        """Per row: (decoded, disp offset, disp size, imm offset, imm size, rip) arrays.
+    def layouts(self, raw, size, addr, eip=False):
+        """Per row: (decoded, disp offset, disp size, imm offset, imm size, rip) arrays;
+        ``rip`` is true for RIP- and EIP-based operands, and with ``eip`` a seventh
+        array says which are EIP-based (their target is masked to 32 bits).
 
         ``raw``: (n, 16) uint8 leading bytes; ``size``: lengths; ``addr``: addresses
         (only for Capstone's decode of a new header)."""
@@ -82,8 +84,9 @@ class FieldLayouts:
                     lengths.sort()
                 by_header[code[:h]] = got
             out[k] = (1, got[1], got[2], got[3], got[4], int(got[5]))
-        return (out[:, 0].astype(bool), out[:, 1], out[:, 2], out[:, 3], out[:, 4],
-                out[:, 5].astype(bool))
+        got = (out[:, 0].astype(bool), out[:, 1], out[:, 2], out[:, 3], out[:, 4],
+               out[:, 5] > 0)
+        return got + (out[:, 5] == 2,) if eip else got
 
 
 def field_values(raw, offset, size):

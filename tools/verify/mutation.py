@@ -67,6 +67,10 @@ class PatchedImage:
             self._copies[sec.index] = np.array(self.base.section_bytes(sec), dtype=np.uint8)
         return self._copies[sec.index]
 
+    def copies(self):
+        """{section index: its patched copy} (verify/blocks.py's C scan reads them)."""
+        return dict(self._copies)
+
     def section_bytes(self, sec):
         if sec.index in self._copies:
             return self._copies[sec.index]
@@ -602,6 +606,7 @@ class _CapstoneGroups:
         import capstone
         self.JUMP, self.CALL = capstone.CS_GRP_JUMP, capstone.CS_GRP_CALL
         self.OP_IMM = capstone.x86.X86_OP_IMM
+        self.BRANCH_RELATIVE = capstone.CS_GRP_BRANCH_RELATIVE
 
 
 capstone_groups = _CapstoneGroups()
@@ -711,3 +716,88 @@ def switch_table_mutations(octx, nctx, rng, per_kind=8):
                 found = [x for x in findings if x.severity == "error" and x.address == f]
                 rows.append(("switch-table", kind, what, "", f, bool(found), found, None))
     return rows
+
+
+# -- single instructions of a block-level rewrite under the block check ---------------
+
+def block_mutations(octx, nctx, rng, count=20):
+    """Copied instructions of NEW's split functions (a ``blocks`` relayout of OLD:
+    pieces NEW holds with OLD's bytes) corrupted one at a time in a PatchedImage and
+    checked by the block check (verify/blocks.py check_blocks) on the function that
+    holds them. The PatchedImage's reader is what the block check's C scan
+    (blocks.c) reads, so the C scan decides first, as in ``verify --against``: a
+    mutation it passed as unchanged would be an escape here. Kinds as
+    CodeMutator's: the branch target, an immediate, a displacement, a nop over the
+    instruction. Rows: ('block', kind, 'copied', '', old address, named, findings,
+    None)."""
+    import capstone
+    from ..image import blockmap as bm
+    from .addrmap import match_functions
+    from .blocks import check_blocks
+    from .split import split_functions, split_mask
+    rows = bm.read_blockmap(nctx.image)
+    if rows is None or not len(rows):
+        return []
+    oi, ni, _missing = match_functions(octx, nctx)
+    funcs = split_functions(octx, nctx, rows, split_mask(octx, rows), oi, ni)
+    outside = against_map(octx, nctx).base.map
+    old, pnew = octx.image, PatchedImage(nctx.image)
+    cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    cs.detail = True
+    # instructions of copied pieces NEW holds unchanged (not nops)
+    cands = []
+    for r in rows[(rows["kind"] == bm.KIND_COPIED) & (rows["old_len"] > 0)]:
+        o, n, size = int(r["old"]), int(r["new"]), int(r["old_len"])
+        code = bytes(old.read(o, size))
+        if bytes(nctx.image.read(n, size)) != code:
+            continue
+        for ins in cs.disasm(code, o):
+            if ins.mnemonic != "nop" and not ins.mnemonic.startswith("int3"):
+                cands.append((ins.address, n + ins.address - o, bytes(ins.bytes)))
+    out = []
+    if not cands:
+        return out
+    f_start = np.array([f.old_start for f in funcs], np.uint64)
+    order = np.argsort(f_start)
+    for k in sorted(rng.choice(len(cands), size=min(count, len(cands)), replace=False).tolist()):
+        a_old, a_new, cur = cands[k]
+        ins = next(cs.disasm(cur, a_new, 1))
+        fi = int(order[np.searchsorted(f_start[order], np.uint64(a_old), side="right") - 1])
+        f = funcs[fi]
+        mine = rows[(rows["old"] >= f.old_start) & (rows["old"] <= f.old_end)]
+        # what the check says of the function unmutated (run without the kernel's
+        # patch sites and noreturn lists it may name an edge): not the mutation's
+        base, _ = check_blocks(mine, [f], old.read, pnew.read, outside)
+        base = {(x.check, x.address, x.message) for x in base}
+        for kind, nb in _instruction_mutations(ins, cur):
+            token = pnew.patch(a_new, nb)
+            try:
+                found, _ = check_blocks(mine, [f], old.read, pnew.read, outside)
+            finally:
+                pnew.undo(token)
+            named = [x for x in found if x.address in (a_old, a_new) and   # (all are errors)
+                     (x.check, x.address, x.message) not in base]
+            out.append(("block", kind, "copied", "", a_old, bool(named), named, None))
+    return out
+
+
+def _instruction_mutations(ins, cur):
+    """[(kind, bytes)] of one instruction (Capstone detail ``ins``, bytes ``cur``):
+    a relative branch's target +1, else an immediate +1, else a displacement +8;
+    and a nop of the same length over a non-nop."""
+    size, out = len(cur), []
+    if ins.imm_size:
+        off, w = ins.imm_offset, ins.imm_size
+        v = int.from_bytes(cur[off:off + w], "little")
+        out.append(("branch target" if ins.group(capstone_groups.BRANCH_RELATIVE) else
+                    "immediate",
+                    cur[:off] + ((v + 1) & ((1 << (8 * w)) - 1)).to_bytes(w, "little")
+                    + cur[off + w:]))
+    elif ins.disp_size:
+        off, w = ins.disp_offset, (4 if ins.disp_size == 2 else ins.disp_size)
+        v = int.from_bytes(cur[off:off + w], "little")
+        out.append(("displacement", cur[:off] + ((v + 8) & ((1 << (8 * w)) - 1))
+                    .to_bytes(w, "little") + cur[off + w:]))
+    if size in _NOPS:
+        out.append(("nop over the instruction", bytes.fromhex(_NOPS[size])))
+    return out

@@ -36,15 +36,13 @@ def add_block_findings(ctx, out, result):
     out.extra["equivalence_blocks"] = stats
 
 
-def block_results(ctx):
-    """Block-level equivalence of the split functions (tools/verify/blocks.py):
-    (findings, stats), added to the report by add_block_findings."""
-    octx, nctx, rows, split, oi, ni, amap = (ctx.octx, ctx.nctx, ctx.rows, ctx.split, ctx.oi,
-                                             ctx.ni, ctx.amap)
-    old, new = octx.image, nctx.image
+def split_functions(octx, nctx, rows, split, oi, ni):
+    """SplitFunction per function of OLD that ``split`` marks: its original range
+    and its parts in NEW (hot: the matched symbol; cold: the ``name.cold`` symbol
+    that holds its cold pieces)."""
     of, nf = octx.functions, nctx.functions
     j_of = dict(zip(oi.tolist(), ni.tolist()))
-    cold = cold_parts(new)
+    cold = cold_parts(nctx.image)
     pieces = rows[rows["old_len"] > 0]
     p_func = of.find(pieces["old"].astype(np.uint64))
     funcs = []
@@ -61,6 +59,25 @@ def block_results(ctx):
             parts.append((bm.PART_COLD,) + next(((a, b) for a, b in cands if a <= first < b),
                                                 cands[0]))
         funcs.append(SplitFunction(of.name[i], int(of.start[i]), int(of.end[i]), parts))
+    return funcs
+
+
+def split_mask(octx, rows):
+    """True for each function of OLD that holds a piece of the block map ``rows``."""
+    of = octx.functions
+    split = np.zeros(len(of), bool)
+    f = of.find(rows["old"][rows["old_len"] > 0].astype(np.uint64))
+    split[f[f >= 0]] = True
+    return split
+
+
+def block_results(ctx):
+    """Block-level equivalence of the split functions (tools/verify/blocks.py):
+    (findings, stats), added to the report by add_block_findings."""
+    octx, nctx, rows, split, oi, ni, amap = (ctx.octx, ctx.nctx, ctx.rows, ctx.split, ctx.oi,
+                                             ctx.ni, ctx.amap)
+    old, new = octx.image, nctx.image
+    funcs = split_functions(octx, nctx, rows, split, oi, ni)
     tables = []
     for cls in TABLES:
         if cls.name in ("orc_unwind", "kallsyms"):
