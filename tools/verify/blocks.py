@@ -424,7 +424,7 @@ def _new_sections(read):
     test's PatchedImage over one (a patched section's bytes from its copy); None
     for any other reader (tests' byte readers): Python decides."""
     from ..image.elf import SHT_NOBITS, ElfImage
-    from .mutation import PatchedImage
+    from .patched import PatchedImage
     im = getattr(read, "__self__", None)
     func = getattr(read, "__func__", None)
     copies = {}

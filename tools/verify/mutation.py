@@ -19,6 +19,7 @@ import copy
 import numpy as np
 
 from ..kernel import TABLES
+from .patched import PatchedImage  # noqa: F401 (the mutation views; blocks.py reads them)
 
 # (table, field) -> why a wrong value there cannot be seen in the image alone.
 UNDETECTABLE = {
@@ -50,59 +51,6 @@ UNDETECTABLE = {
     ("kallsyms", "a symbol the ELF symtab does not have"):
         "no second source for its address",
 }
-
-
-class PatchedImage:
-    """An ElfImage with some bytes changed in memory (copy-on-write per section)."""
-
-    def __init__(self, base):
-        self.base = base
-        self._copies = {}
-
-    def __getattr__(self, name):
-        return getattr(self.base, name)
-
-    def _buf(self, sec):
-        if sec.index not in self._copies:
-            self._copies[sec.index] = np.array(self.base.section_bytes(sec), dtype=np.uint8)
-        return self._copies[sec.index]
-
-    def copies(self):
-        """{section index: its patched copy} (verify/blocks.py's C scan reads them)."""
-        return dict(self._copies)
-
-    def section_bytes(self, sec):
-        if sec.index in self._copies:
-            return self._copies[sec.index]
-        return self.base.section_bytes(sec)
-
-    def read(self, addr, size):
-        s = self.base.section_at(addr)
-        if s is None or s.index not in self._copies:
-            return self.base.read(addr, size)
-        if addr + size > s.end:
-            raise ValueError(f"address {addr:#x}+{size} is not file-backed")
-        off = addr - s.addr
-        return self._copies[s.index][off:off + size]
-
-    def view(self, addr, count, dtype):
-        dtype = np.dtype(dtype)
-        return self.read(addr, count * dtype.itemsize).view(dtype)
-
-    def patch(self, addr, data):
-        """Write bytes at addr; returns the token that undoes it."""
-        s = self.base.section_at(addr)
-        buf = self._buf(s)
-        off = addr - s.addr
-        old = bytes(buf[off:off + len(data)])
-        buf[off:off + len(data)] = np.frombuffer(bytes(data), np.uint8)
-        return addr, old
-
-    def undo(self, token):
-        addr, old = token
-        s = self.base.section_at(addr)
-        off = addr - s.addr
-        self._copies[s.index][off:off + len(old)] = np.frombuffer(old, np.uint8)
 
 
 def patched_context(ctx):
