@@ -137,3 +137,23 @@ def test_pin_cuts_regions_and_keep_first():
     refs = types.SimpleNamespace(kept_first=["f4@0x1100"])
     RK.check_plan(refs, plan)                               # f4 first in its region
     assert int(plan.new_start[4]) == int(plan.region_new_start[3])
+
+
+def test_kept_first_unit_placed_after_padding_takes_its_label():
+    """A kept-first unit the strategy places after padding (a hot unit aligned for
+    its lines, a block-level hot part) takes its region's start label with it: the
+    padding goes before the label (Debian 13's PREEMPT_RT 6.12: _raw_spin_lock_irqsave,
+    first in the lock text, split, its hot part placed 0x37 bytes in)."""
+    from linepack.relayout import strategies
+    from linepack.relayout.plan import make_plan
+    from linepack.relayout.units import Region, UnitTable
+    regs = [Region("r0", 0x1000, 0x1108, 1), Region("r1", 0x1108, 0x1200, 1)]
+    u = UnitTable([0x1000, 0x1108, 0x1140], [0x40, 0x30, 0x30], [0, 1, 1], regs,
+                  name=["f0", "f1", "f2"], align=[16, 64, 16])
+    RK.keep_first(u, [1])
+    assert u.regions[1].label_at_first and not u.regions[2].label_at_first
+    plan = make_plan(u, strategies.get("hot64"), np.array([10, 10, 10], float))
+    assert int(plan.new_start[1]) % 64 == 0 and int(plan.new_start[1]) > 0x1108
+    refs = types.SimpleNamespace(kept_first=["f1@0x1108"])
+    RK.check_plan(refs, plan)
+    assert int(plan.region_new_start[1]) == int(plan.new_start[1])

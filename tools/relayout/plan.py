@@ -406,6 +406,14 @@ def _make_plan(units, strategy, heat, calls, functions, blocks, hot_ranges, keep
         ks = np.array(idx, np.int64)
         addrs = np.array([int(p[1]) for p in placed], np.uint64)
         new_start[view.index[ks]] = addrs
+        if getattr(reg, "label_at_first", False) and not npin:
+            # a unit kept first (its region's label may mean it): padding the layout put
+            # before it goes before the label (a block-level hot part is placed for its
+            # lines, not at the region's start)
+            first = int(units.start[view.index].argmin())
+            head = int(addrs[ks == first][0])
+            if head == int(addrs.min()):
+                region_new_start[ri] = head
         region_end = int((addrs + view.size[ks].astype(np.uint64)).max())
         cursor = max(region_end, rstart)
     if overflows:

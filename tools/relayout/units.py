@@ -107,11 +107,14 @@ def _nop_run(code):
 class Region:
     """A stretch of code inside one section; units never leave it."""
 
-    __slots__ = ("name", "start", "end", "section", "pinned")
+    __slots__ = ("name", "start", "end", "section", "pinned", "label_at_first")
 
-    def __init__(self, name, start, end, section, pinned=False):
+    def __init__(self, name, start, end, section, pinned=False, label_at_first=False):
         self.name, self.start, self.end = name, int(start), int(end)
         self.section, self.pinned = section, bool(pinned)
+        # its start label stays at its first unit's start (relayout/kernel/recovered.py
+        # keep_first): where the layout pads before that unit, the label moves up to it
+        self.label_at_first = bool(label_at_first)
 
     def __repr__(self):
         p = " pinned" if self.pinned else ""

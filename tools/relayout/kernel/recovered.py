@@ -179,7 +179,8 @@ def keep_first(units, idx):
             continue
         head = int(members[0])
         region[head] = len(regions)
-        regions.append(Region(reg.name, reg.start, int(units.end[head]), reg.section, False))
+        regions.append(Region(reg.name, reg.start, int(units.end[head]), reg.section, False,
+                              label_at_first=True))
         region[members[1:]] = len(regions)
         regions.append(Region(f"{reg.name}+rest", int(units.end[head]), reg.end, reg.section,
                               False))
