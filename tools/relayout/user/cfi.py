@@ -524,18 +524,21 @@ def evaluate_native(progs, infos, partial=False):
 
 def pieces_program_native(rows, pieces, info):
     """write_program(rows_for_pieces(rows, pieces), info) from cfi.c rows (one
-    program's), or None (not plain: the Python code decides)."""
+    program's), or None (not plain: the Python code decides). ``pieces``: as
+    rows_for_pieces's, or their fields end to end in one flat list."""
     lib = native_lib()
     cie = native_cie(info) if lib is not None else None
     if cie is None or not len(rows):
         return None
     import ctypes
+    from array import array
     import numpy as np
-    pc = np.array(pieces, np.int64).reshape(len(pieces), 5) if pieces else np.zeros((0, 5), np.int64)
+    flat = array("q", [v for p in pieces for v in p] if pieces and isinstance(pieces[0], tuple)
+                 else pieces)
     rows = np.ascontiguousarray(rows)
     out = ctypes.c_void_p()
-    n = lib.lp_cfi_pieces(rows.ctypes.data, len(rows), pc.ctypes.data, len(pc),
-                          cie.ctypes.data, ctypes.byref(out))
+    n = lib.lp_cfi_pieces(rows.ctypes.data, len(rows), flat.buffer_info()[0] if flat else None,
+                          len(flat) // 5, cie.ctypes.data, ctypes.byref(out))
     if n < 0:
         return None
     try:

@@ -286,14 +286,16 @@ class EhSplit:
         native = self.native_rows.get(base)
         out = []
         for part in (0, 1):
-            pieces = []
+            flat = []               # (new offset, old offset, old length, copied, state offset)
             for p in sf.parts[part]:
-                if p.kind == REMOVED:
+                kind = p.kind
+                if kind == REMOVED:
                     continue
-                at = p.old - base - 1 if p.kind == INSERTED else p.old - base
-                pieces.append((p.off, p.old - base, p.old_len, p.kind == COPY, at))
-            prog = pieces_program_native(native, pieces, info) if native is not None else None
+                o = p.old - base
+                flat += (p.off, o, p.old_len, kind == COPY, o - 1 if kind == INSERTED else o)
+            prog = pieces_program_native(native, flat, info) if native is not None else None
             if prog is None:
+                pieces = [tuple(flat[k:k + 5]) for k in range(0, len(flat), 5)]
                 prog = write_program(rows_for_pieces(self.rows_of(r), pieces), info)
             out.append(prog)
         return out
@@ -706,7 +708,16 @@ def _all_states_equal(old, new, rows, native=True):
         return None
     nf, nc = n_first[k], n_count[k]
     got = np.clip(np.searchsorted(g_new, na, side="right") - 1, nf, nf + nc - 1)
-    same = (s_old[want] == s_new[got]).all()        # numbers, or every word of the states
+    if native:
+        # the states of both images numbered, equal bytes (every field) the same number;
+        # words zero in every state of both (registers no rule names) left out
+        used = np.flatnonzero(s_old.any(axis=0) | s_new.any(axis=0)) if len(s_old[0]) else []
+        used = used if len(used) else [0]
+        words = np.ascontiguousarray(np.concatenate([s_old[:, used], s_new[:, used]]))
+        whole = words.view(np.dtype((np.void, len(used) * 8)))
+        ids = np.unique(whole.ravel(), return_inverse=True)[1].ravel()
+        s_old, s_new = ids[:len(s_old)], ids[len(s_old):]
+    same = (s_old[want] == s_new[got]).all()
     return int(len(oa)) if same else None
 
 
@@ -728,8 +739,8 @@ def _python_rows_end_to_end(recs, rows_each, ids):
 
 def _native_rows_end_to_end(recs, infos):
     """_python_rows_end_to_end from cfi.c's rows; the states as rows of 64-bit words
-    (every field of the state, the location left out), compared whole. None when a
-    program or CIE is not plain."""
+    (every field of the state, the location left out), numbered by their bytes. None
+    when a program or CIE is not plain."""
     if any(i is None for i in infos):
         return None
     got = evaluate_native([r.prog for r in recs], infos)
