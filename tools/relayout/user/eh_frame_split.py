@@ -812,6 +812,8 @@ def check_split_lsda(old_image, new_image, rows, parsed=None):
         old, new = parsed or parse_for_check(old_image, new_image)
     except EhFrameError as e:
         return [(None, str(e))], 0
+    if not any(r.lsda for r in old.fdes):
+        return [], 0                # no function of the original has an LSDA: nothing to look up
     cp = rows[(rows["kind"] == bm.KIND_COPIED) & (rows["old_len"] > 0)]
     lp_map = bm.address_map(rows) if len(rows) else None
     problems, checked = [], 0
