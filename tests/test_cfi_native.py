@@ -139,8 +139,9 @@ def _cie(code_align=1, data_align=-8):
     b"\x41\x0e",                             # a LEB128 running past the end
     b"\x41\x03\x10",                         # advance_loc2 running past the end
     b"\x0e\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",   # a value past 63 bits
+    b"\x41\x86\x80\x80\x80\x80\x02",     # a register's offset past 32 bits (-8 << 29)
 ], ids=["cfa-expr", "expr", "valexpr", "reg40", "cfa-reg33", "unknown", "set-loc",
-        "restore-empty", "truncated-leb", "truncated-advance", "huge"])
+        "restore-empty", "truncated-leb", "truncated-advance", "huge", "rule-past-32-bits"])
 def test_programs_outside_the_plain_set_are_pythons(prog):
     info = _cie()
     assert cfi.evaluate_native([prog], [info]) is None
@@ -151,7 +152,8 @@ def test_programs_outside_the_plain_set_are_pythons(prog):
     py = _python_or_error(cfi.evaluate, prog, info, info.init_state)
     if isinstance(py, list):
         assert any(st[0][0] == "expr" or st[0][1] >= 32 or
-                   any(r >= 32 or rule[0] in ("expr", "valexpr") for r, rule in st[1]) or
+                   any(r >= 32 or rule[0] in ("expr", "valexpr") or
+                       (len(rule) > 1 and abs(rule[1]) >= 1 << 31) for r, rule in st[1]) or
                    any(abs(v) >= 1 << 63 for v in (st[0][2], st[2]))
                    for _, st in py)
     else:

@@ -5,11 +5,13 @@
  * "Plain" is what gcc writes on x86-64: a CFA of register + offset, register
  * rules off/valoff/reg/undef/same, registers 0..31, GNU_args_size. Anything
  * else (CFA or register expressions, another register, an opcode or encoding
- * this file does not know, a malformed program, a value past 63 bits) returns
+ * this file does not know, a malformed program, a value past 63 bits, a rule's
+ * value past 32) returns
  * CFI_FALLBACK and the caller runs cfi.py's Python code, which decides (and
  * raises what it raises). Where both run they must produce the same rows and
  * the same program bytes: every rule below mirrors cfi.py's line for line.
  */
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -32,7 +34,7 @@ typedef struct {
     int32_t cfa_reg;
     uint32_t present;          /* bit r: register r has a rule */
     uint8_t kind[NREG];
-    int64_t val[NREG];
+    int32_t val[NREG];         /* a rule's offset or register (wider: Python's) */
 } row_t;
 
 /* What a program needs from its CIE; ``init`` its initial state (loc 0). */
@@ -43,7 +45,7 @@ typedef struct {
 } cie_t;
 
 #define STATE_OFF offsetof(row_t, cfa_off)
-#define STATE_LEN (sizeof(row_t) - STATE_OFF)     /* 312: a multiple of 8 */
+#define STATE_LEN (sizeof(row_t) - STATE_OFF)     /* 184: a multiple of 8 */
 
 static int same_state(const row_t *a, const row_t *b)
 {
@@ -101,14 +103,17 @@ typedef struct {
     int32_t cfa_reg;
     uint32_t present;
     uint8_t kind[NREG];
-    int64_t val[NREG];
+    int32_t val[NREG];
 } saved_t;
 
-static void set_rule(row_t *s, int r, int kind, int64_t val)
+static int set_rule(row_t *s, int r, int kind, int64_t val)
 {
+    if (val < INT32_MIN || val > INT32_MAX)
+        return 0;
     s->present |= 1u << r;
     s->kind[r] = (uint8_t)kind;
-    s->val[r] = val;
+    s->val[r] = (int32_t)val;
+    return 1;
 }
 
 static void restore_rule(row_t *s, const row_t *init, int r)
@@ -156,7 +161,7 @@ static int evaluate(const uint8_t *prog, int64_t n, const cie_t *cie, row_t *row
             REG(lo);
             v = (int64_t)rd_uleb(&rd);
             if (rd.bad || !mul(v, da, &v)) return CFI_FALLBACK;
-            set_rule(&cur, lo, R_OFF, v);
+            if (!set_rule(&cur, lo, R_OFF, v)) return CFI_FALLBACK;
             used = rd.pos;
             continue;
         }
@@ -186,7 +191,7 @@ static int evaluate(const uint8_t *prog, int64_t n, const cie_t *cie, row_t *row
             if (rd.bad) return CFI_FALLBACK;
             REG(r);
             if (!mul(v, da, &v)) return CFI_FALLBACK;
-            set_rule(&cur, (int)r, R_OFF, v);
+            if (!set_rule(&cur, (int)r, R_OFF, v)) return CFI_FALLBACK;
             break;
         case 0x06: case 0x07: case 0x08:
             r = rd_uleb(&rd);
@@ -200,7 +205,7 @@ static int evaluate(const uint8_t *prog, int64_t n, const cie_t *cie, row_t *row
             r2 = rd_uleb(&rd);
             if (rd.bad) return CFI_FALLBACK;
             REG(r);
-            set_rule(&cur, (int)r, R_REG, (int64_t)r2);
+            if (!set_rule(&cur, (int)r, R_REG, (int64_t)r2)) return CFI_FALLBACK;
             break;
         case 0x0A: {
             if (depth == STACK_MAX) return CFI_FALLBACK;
@@ -249,7 +254,7 @@ static int evaluate(const uint8_t *prog, int64_t n, const cie_t *cie, row_t *row
             if (rd.bad) return CFI_FALLBACK;
             REG(r);
             if (!mul(v, da, &v)) return CFI_FALLBACK;
-            set_rule(&cur, (int)r, R_VALOFF, v);
+            if (!set_rule(&cur, (int)r, R_VALOFF, v)) return CFI_FALLBACK;
             break;
         case 0x2E:
             v = (int64_t)rd_uleb(&rd);
@@ -262,7 +267,7 @@ static int evaluate(const uint8_t *prog, int64_t n, const cie_t *cie, row_t *row
             if (rd.bad) return CFI_FALLBACK;
             REG(r);
             if (!mul(-v, da, &v)) return CFI_FALLBACK;
-            set_rule(&cur, (int)r, R_OFF, v);
+            if (!set_rule(&cur, (int)r, R_OFF, v)) return CFI_FALLBACK;
             break;
         default:                    /* expressions, set_loc, ...: Python's */
             return CFI_FALLBACK;

@@ -359,7 +359,7 @@ def rows_for_pieces(rows, pieces):
 
 # --- the C core (cfi.c) -------------------------------------------------------
 # It evaluates and writes plain programs (CFA register + offset; register rules
-# off/valoff/reg/undef/same on registers 0..31; GNU_args_size) with the same
+# off/valoff/reg/undef/same on registers 0..31, in 32 bits; GNU_args_size) with the same
 # rules as the Python code above, to the same rows and the same bytes; for any
 # other program it answers "not mine" and the Python code runs. Without a
 # compiler every caller takes the Python code: the outputs do not change.
@@ -395,7 +395,7 @@ def native_lib():
                                 "the CFI core", declare)
         ROW = np.dtype([("loc", "<i8"), ("cfa_off", "<i8"), ("args", "<i8"),
                         ("cfa_reg", "<i4"), ("present", "<u4"), ("kind", "u1", (_NREG,)),
-                        ("val", "<i8", (_NREG,))])
+                        ("val", "<i4", (_NREG,))])
         _CIE = np.dtype([("code_align", "<i8"), ("data_align", "<i8"), ("init", ROW)])
         if lib is not None and lib.lp_cfi_row_size() != ROW.itemsize:
             lib = None
@@ -423,7 +423,7 @@ def native_cie(info):
              and info.code_align > 0 and info.data_align != 0
              and _fits(info.code_align) and _fits(info.data_align)
              and all(0 <= r < _NREG and rule[0] in _RULE_KINDS and
-                     (len(rule) == 1 or _fits(rule[1])) for r, rule in regs))
+                     (len(rule) == 1 or -(1 << 31) <= rule[1] < 1 << 31) for r, rule in regs))
     if plain:
         rec = np.zeros(1, _CIE)
         rec["code_align"], rec["data_align"] = info.code_align, info.data_align
