@@ -455,7 +455,10 @@ static int write_program(row_t *rows, int64_t n, const cie_t *cie, buf_t *out)
     for (int64_t i = 0; i < m; i++) {
         const row_t *st = &rows[i];
         if (st->loc != loc) {
-            if (put_advance(out, st->loc - loc, cie->code_align) != CFI_OK) { rc = CFI_FALLBACK; goto done; }
+            if (put_advance(out, st->loc - loc, cie->code_align) != CFI_OK) {
+                rc = CFI_FALLBACK;
+                goto done;
+            }
             loc = st->loc;
         }
         if (remembered && same_state(st, remembered) && cur->args == st->args) {
@@ -576,6 +579,18 @@ int lp_cfi_compact(const uint8_t *data, const int64_t *off, const int64_t *len,
     return 0;
 }
 
+/* Python's bisect_right (right) or bisect_left over the rows' locations */
+static int64_t bisect(const row_t *rows, int64_t n, int64_t x, int right)
+{
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (rows[mid].loc < x || (right && rows[mid].loc == x)) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 /* write_program(rows_for_pieces(rows, pieces)): pieces are npieces rows of
  * (new offset, old offset, old length, copied, state offset). The program goes
  * to *out (malloc'ed; lp_cfi_free it); returns its length, or -1 (Python's). */
@@ -603,16 +618,12 @@ int64_t lp_cfi_pieces(const row_t *rows, int64_t nrows, const int64_t *pieces,
         const int64_t *pc = pieces + 5 * p;
         int64_t nw = pc[0], old = pc[1], old_len = pc[2], copied = pc[3], at = pc[4];
         /* state_at(at): the last row at or before it (the first row before all) */
-        int64_t lo = 0, hi = nrows;              /* bisect_right(locs, at) */
-        while (lo < hi) { int64_t mid = (lo + hi) / 2; if (rows[mid].loc <= at) lo = mid + 1; else hi = mid; }
+        int64_t lo = bisect(rows, nrows, at, 1);
         seq[m] = rows[lo > 0 ? lo - 1 : 0];
         seq[m++].loc = nw;
         if (copied) {
-            int64_t a = 0, b = nrows;            /* bisect_right(locs, old) */
-            while (a < b) { int64_t mid = (a + b) / 2; if (rows[mid].loc <= old) a = mid + 1; else b = mid; }
-            int64_t e0 = 0, e1 = nrows;          /* bisect_left(locs, old + old_len) */
-            while (e0 < e1) { int64_t mid = (e0 + e1) / 2; if (rows[mid].loc < old + old_len) e0 = mid + 1; else e1 = mid; }
-            for (int64_t k = a; k < e0; k++) {
+            int64_t a = bisect(rows, nrows, old, 1), e = bisect(rows, nrows, old + old_len, 0);
+            for (int64_t k = a; k < e; k++) {
                 seq[m] = rows[k];
                 seq[m++].loc = nw + rows[k].loc - old;
             }

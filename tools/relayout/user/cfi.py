@@ -490,8 +490,7 @@ def compact_native(progs, infos):
                           p(out_len), p(status)) != 0:
         return out
     raw = buf.tobytes()
-    for j, (k, s, o, ln) in enumerate(zip(plain, status.tolist(), out_off.tolist(),
-                                          out_len.tolist())):
+    for k, s, o, ln in zip(plain, status.tolist(), out_off.tolist(), out_len.tolist()):
         if not s:
             out[k] = raw[o:o + ln]
     return out
