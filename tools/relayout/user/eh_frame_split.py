@@ -401,7 +401,7 @@ class EhSplit:
         out = bytearray()
         sec_bytes = bytes(self.image.section_bytes(self.sec))       # read once, not per record
         cie_new = {}
-        field_map = {}            # old offset in .eh_frame -> new offset (relocated fields)
+        field_map = []            # (old start, old end, new start) in .eh_frame: relocated fields
         lsda_fields = {}          # new offset of a hot FDE's LSDA pointer -> its new LSDA
         table = []
         for kind, r, f in recs:
@@ -419,8 +419,7 @@ class EhSplit:
                     body[o:o + n] = _pack_ptr(c.personality, c.personality_enc,
                                               new_addr + at + o)
                 cie_new[r.start] = at
-                for o in range(r.start, r.end):
-                    field_map[o] = at + o - r.start
+                field_map.append((r.start, r.end, at))
                 out += body
                 continue
             pc, rng, prog = f[:3]
@@ -431,8 +430,7 @@ class EhSplit:
             body += struct.pack(fmt, rng)
             aug = bytearray(r.aug)
             if kind == "fde":
-                for o in range(r.field, r.prog_off):
-                    field_map[o] = at + 8 + o - r.field
+                field_map.append((r.field, r.prog_off, at + 8))
             c = self.eh.cies[r.cie]
             if len(aug) > 1 and c.lsda_enc != DW_EH_PE_omit:
                 # the LSDA pointer: a part's new LSDA, or the old one (pc-relative: re-encoded)
@@ -493,7 +491,12 @@ class EhSplit:
         r = (np.array(buf) if buf is not None else
              np.array(self.image.section_bytes(rel))).view(RELA).copy()
         off = r["offset"].astype(np.int64) - self.sec.addr
-        new = np.array([field_map.get(int(o), -1) for o in off.tolist()], np.int64)
+        # each field's record span (the spans are in .eh_frame order and do not overlap)
+        spans = np.array(field_map or [(0, 0, 0)], np.int64).reshape(-1, 3)
+        k = np.searchsorted(spans[:, 0], off, side="right") - 1
+        span = spans[np.maximum(k, 0)]
+        inside = (k >= 0) & (off < span[:, 1])
+        new = np.where(inside, span[:, 2] + off - span[:, 0], -1)
         if (new < 0).any():
             i = int(np.nonzero(new < 0)[0][0])
             raise EhFrameError(f".rela.eh_frame: a relocation at {int(r['offset'][i]):#x} is "
