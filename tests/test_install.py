@@ -70,7 +70,8 @@ def test_wheel_carries_its_data(installed):
     tools = os.path.join(ROOT, "tools")
     cores = [os.path.relpath(os.path.join(d, f), tools) for d, _, fs in os.walk(tools)
              for f in fs if f.endswith((".c", ".h"))]
-    assert {"image/decode.c", "verify/blocks.c", "relayout/parts.c"} <= set(cores)
+    assert {"image/decode.c", "verify/blocks.c", "relayout/parts.c",
+            "relayout/user/cfi.c"} <= set(cores)
     for c in cores + ["profile/plugin/linepack_plugin.c", "ship/linepack-postlink.mk"]:
         assert os.path.isfile(os.path.join(pkg, c)), c
     # the console script is the wheel's

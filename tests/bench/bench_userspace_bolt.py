@@ -188,12 +188,14 @@ def use_bytecode_cache(work):
     subprocess.run([sys.executable, "-m", "compileall", "-q",
                     os.path.dirname(os.path.realpath(linepack.__file__))], env=env, check=True,
                    stdout=subprocess.DEVNULL)
-    # the C cores (decode.c, ext_tsp.c, verify's blocks.c) are built at first use and
-    # cached: built here, so that no timed command counts a first build
+    # the C cores (decode.c, ext_tsp.c, verify's blocks.c, relayout/user/cfi.c) are built at
+    # first use and cached: built here, so that no timed command counts a first build
     subprocess.run([sys.executable, "-c", "from linepack.image.decode_core import library; "
                     "from linepack.relayout.block_order import _native_lib; "
                     "import linepack.verify.blocks as vb; "
-                    "library(); _native_lib(); getattr(vb, '_native_lib', lambda: 0)()"],
+                    "import linepack.relayout.user.cfi as cfi; "
+                    "library(); _native_lib(); getattr(vb, '_native_lib', lambda: 0)(); "
+                    "getattr(cfi, 'native_lib', lambda: 0)()"],
                    env=env, check=True)
     LINEPACK_ENV = env
 

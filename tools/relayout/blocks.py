@@ -699,6 +699,15 @@ def layout_rows(splits, plan, parent, part, image):
             for b, off in sf.first[p_].items():
                 bstart[b] = sf.new_start[p_] + off
         sym = sf.sym
+        # the function's original bytes read once (one read per piece was most of this loop)
+        copies = [p for part in sf.parts for p in part if p.kind == COPY]
+        code, lo = None, 0
+        if copies:
+            lo = min(p.old for p in copies)
+            try:
+                code = bytes(image.read(lo, max(p.old + p.old_len for p in copies) - lo))
+            except ValueError:
+                code = None                 # not one file-backed section: read each piece
         for p_ in (0, 1):
             base = sf.new_start[p_]
             buf = bytearray(sf.sizes[p_])
@@ -709,7 +718,8 @@ def layout_rows(splits, plan, parent, part, image):
                 old_rows["new_len"].append(p.size); old_rows["kind"].append(p.kind)
                 old_rows["part"].append(p_); old_rows["func"].append(sym)
                 if p.kind == COPY:
-                    buf[p.off:p.off + p.size] = bytes(image.read(p.old, p.old_len))
+                    buf[p.off:p.off + p.size] = bytes(image.read(p.old, p.old_len)) \
+                        if code is None else code[p.old - lo:p.old - lo + p.old_len]
                 elif p.kind in (BRANCH, INSERTED):
                     buf[p.off:p.off + p.size] = encode(p, new, bstart[p.target_block])
             if (sf.unit, p_) in index:

@@ -355,3 +355,205 @@ def rows_for_pieces(rows, pieces):
             for k in range(bisect_right(locs, old), bisect_left(locs, old + old_len)):
                 out.append((new + locs[k] - old, rows[k][1]))
     return out
+
+
+# --- the C core (cfi.c) -------------------------------------------------------
+# It evaluates and writes plain programs (CFA register + offset; register rules
+# off/valoff/reg/undef/same on registers 0..31, in 32 bits; GNU_args_size) with the same
+# rules as the Python code above, to the same rows and the same bytes; for any
+# other program it answers "not mine" and the Python code runs. Without a
+# compiler every caller takes the Python code: the outputs do not change.
+
+_NREG = 32
+ROW = None                  # numpy dtype of cfi.c's row_t (loc, then the state's fields)
+_RULE_KINDS = {"off": 1, "valoff": 2, "reg": 3, "undef": 4, "same": 5}
+_KIND_NAMES = {v: k for k, v in _RULE_KINDS.items()}
+_lib = False
+
+
+def native_lib():
+    """cfi.c loaded, or None (no compiler: the Python code does everything)."""
+    global _lib, ROW, _CIE
+    if _lib is False:
+        import ctypes
+        import os
+        import numpy as np
+        from ... import native as nat
+
+        def declare(lib):
+            P, I64 = ctypes.c_void_p, ctypes.c_int64
+            lib.lp_cfi_eval.argtypes = [P, P, P, P, I64, P, P, P, P]
+            lib.lp_cfi_eval.restype = I64
+            lib.lp_cfi_compact.argtypes = [P, P, P, P, I64, P, P, P, P, P]
+            lib.lp_cfi_compact.restype = ctypes.c_int
+            lib.lp_cfi_pieces.argtypes = [P, I64, P, I64, P, ctypes.POINTER(ctypes.c_void_p)]
+            lib.lp_cfi_pieces.restype = I64
+            lib.lp_cfi_free.argtypes = [P]
+            lib.lp_cfi_row_size.restype = I64
+        here = os.path.dirname(os.path.abspath(__file__))
+        lib = nat.optional_core("cfi", [os.path.join(here, "cfi.c")], "relayout",
+                                "the CFI core", declare)
+        ROW = np.dtype([("loc", "<i8"), ("cfa_off", "<i8"), ("args", "<i8"),
+                        ("cfa_reg", "<i4"), ("present", "<u4"), ("kind", "u1", (_NREG,)),
+                        ("val", "<i4", (_NREG,))])
+        _CIE = np.dtype([("code_align", "<i8"), ("data_align", "<i8"), ("init", ROW)])
+        if lib is not None and lib.lp_cfi_row_size() != ROW.itemsize:
+            lib = None
+        _lib = lib
+    return _lib
+
+
+_I64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _fits(v):
+    return isinstance(v, int) and _I64[0] <= v <= _I64[1]
+
+
+def native_cie(info):
+    """cfi.c's record of CIE ``info`` (a CieInfo), or None when its initial state
+    or alignments are not plain (then its FDEs take the Python code)."""
+    got = getattr(info, "native", False)
+    if got is not False:
+        return got
+    import numpy as np
+    rec = None
+    cfa, regs, args = info.init_state
+    plain = (cfa[0] == "reg" and 0 <= cfa[1] < _NREG and _fits(cfa[2]) and _fits(args)
+             and info.code_align > 0 and info.data_align != 0
+             and _fits(info.code_align) and _fits(info.data_align)
+             and all(0 <= r < _NREG and rule[0] in _RULE_KINDS and
+                     (len(rule) == 1 or -(1 << 31) <= rule[1] < 1 << 31) for r, rule in regs))
+    if plain:
+        rec = np.zeros(1, _CIE)
+        rec["code_align"], rec["data_align"] = info.code_align, info.data_align
+        init = rec["init"]
+        init["cfa_reg"], init["cfa_off"], init["args"] = cfa[1], cfa[2], args
+        present = 0
+        for r, rule in regs:
+            present |= 1 << r
+            init["kind"][0, r] = _RULE_KINDS[rule[0]]
+            if len(rule) > 1:
+                init["val"][0, r] = rule[1]
+        init["present"] = present
+    info.native = rec
+    return rec
+
+
+def _cie_table(infos):
+    """(CIE records end to end, each info's index there) or None when one is not plain."""
+    import numpy as np
+    index, recs, idx = {}, [], []
+    for info in infos:
+        k = index.get(id(info))
+        if k is None:
+            rec = native_cie(info) if info is not None else None
+            if rec is None:
+                return None
+            k = index[id(info)] = len(recs)
+            recs.append(rec)
+        idx.append(k)
+    table = np.concatenate(recs) if recs else np.zeros(1, _CIE)
+    return table, np.array(idx, np.int32)
+
+
+def _programs_packed(progs):
+    import numpy as np
+    lens = np.fromiter((len(p) for p in progs), np.int64, len(progs))
+    offs = np.zeros(len(progs), np.int64)
+    if len(progs) > 1:
+        np.cumsum(lens[:-1], out=offs[1:])
+    data = b"".join(progs) or b"\0"
+    return data, offs, lens
+
+
+def compact_native(progs, infos):
+    """eh_frame_split._compact's programs for ``progs`` (CIEs ``infos``, None
+    allowed): a list with the compacted bytes, or None where the program (or its
+    CIE) is not plain; None without the C core."""
+    lib = native_lib()
+    if lib is None or not progs:
+        return None
+    import numpy as np
+    plain = [k for k, info in enumerate(infos) if info is not None and native_cie(info) is not None]
+    out = [None] * len(progs)
+    if not plain:
+        return out
+    cies, idx = _cie_table([infos[k] for k in plain])
+    data, offs, lens = _programs_packed([progs[k] for k in plain])
+    n = len(plain)
+    buf = np.empty(max(int(lens.sum()), 1), np.uint8)
+    out_off, out_len = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    status = np.ones(n, np.int8)
+    p = lambda a: a.ctypes.data   # noqa: E731
+    if lib.lp_cfi_compact(data, p(offs), p(lens), p(idx), n, p(cies), p(buf), p(out_off),
+                          p(out_len), p(status)) != 0:
+        return out
+    raw = buf.tobytes()
+    for k, s, o, ln in zip(plain, status.tolist(), out_off.tolist(), out_len.tolist()):
+        if not s:
+            out[k] = raw[o:o + ln]
+    return out
+
+
+def evaluate_native(progs, infos, partial=False):
+    """The rows of every program (``evaluate``'s, as cfi.c rows: a ROW array end to
+    end) with each program's (first row, row count); None without the C core or
+    when one program or CIE is not plain; ``partial``: the count -1 where a
+    program is not plain, None only when a CIE is not."""
+    lib = native_lib()
+    if lib is None:
+        return None
+    import numpy as np
+    got = _cie_table(infos)
+    if got is None:
+        return None
+    cies, idx = got
+    data, offs, lens = _programs_packed(progs)
+    n = len(progs)
+    rows = np.empty(int(lens.sum()) + n, ROW)
+    first, count = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    p = lambda a: a.ctypes.data   # noqa: E731
+    total = lib.lp_cfi_eval(data, p(offs), p(lens), p(idx), n, p(cies), p(rows), p(first),
+                            p(count))
+    if not partial and (count < 0).any():
+        return None
+    return rows[:total], first, count
+
+
+def pieces_program_native(rows, pieces, info):
+    """write_program(rows_for_pieces(rows, pieces), info) from cfi.c rows (one
+    program's), or None (not plain: the Python code decides). ``pieces``: as
+    rows_for_pieces's, or their fields end to end in one flat list."""
+    lib = native_lib()
+    cie = native_cie(info) if lib is not None else None
+    if cie is None or not len(rows):
+        return None
+    import ctypes
+    from array import array
+    import numpy as np
+    flat = array("q", [v for p in pieces for v in p] if pieces and isinstance(pieces[0], tuple)
+                 else pieces)
+    rows = np.ascontiguousarray(rows)
+    out = ctypes.c_void_p()
+    n = lib.lp_cfi_pieces(rows.ctypes.data, len(rows), flat.buffer_info()[0] if flat else None,
+                          len(flat) // 5, cie.ctypes.data, ctypes.byref(out))
+    if n < 0:
+        return None
+    try:
+        return ctypes.string_at(out, n)
+    finally:
+        lib.lp_cfi_free(out)
+
+
+def rows_from_native(rows):
+    """cfi.c rows as ``evaluate`` gives them: [(location, state)]."""
+    out = []
+    for loc, off, args, reg, present, kinds, vals in rows.tolist():
+        regs = []
+        for r in range(_NREG):
+            if present >> r & 1:
+                kind = _KIND_NAMES[kinds[r]]
+                regs.append((r, (kind,) if kind in ("undef", "same") else (kind, vals[r])))
+        out.append((loc, (("reg", reg, off), tuple(regs), args)))
+    return out

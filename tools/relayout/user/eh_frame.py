@@ -107,9 +107,31 @@ class EhFrame:
         return len(self.fde_off)
 
 
+_PARSED = []                # the last few (addr, bytes, EhFrame): see parse_eh_frame
+_PARSED_KEEP = 4
+
+
 def parse_eh_frame(data, addr):
-    """Parse the bytes of an ``.eh_frame`` section mapped at ``addr``."""
+    """Parse the bytes of an ``.eh_frame`` section mapped at ``addr``.
+
+    The same section is asked for by several checks of one command (verify: the
+    standalone tables, the FDE multiset, the split functions' unwind states, the
+    PIE's pointers; each image's), so the last few results are kept and handed out
+    again for equal bytes: callers read the result, none changes it (its arrays
+    are read-only)."""
     data = bytes(data)
+    for k, (a, d, eh) in enumerate(_PARSED):
+        if a == addr and d == data:
+            return eh
+    eh = _parse_eh_frame(data, addr)
+    for arr in (eh.fde_off, eh.fde_field, eh.fde_enc, eh.pc_begin, eh.pc_range, eh.lsda):
+        arr.flags.writeable = False
+    _PARSED.insert(0, (addr, data, eh))
+    del _PARSED[_PARSED_KEEP:]
+    return eh
+
+
+def _parse_eh_frame(data, addr):
     cies = {}
     fo, ff, fe, pb, pr, ls = [], [], [], [], [], []
     pos = 0

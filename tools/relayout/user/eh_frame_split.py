@@ -41,7 +41,8 @@ import struct
 import numpy as np
 
 from ...image.elf import RELA
-from .cfi import (CfiError, evaluate, evaluate_with_length, parse_cie_info, rows_for_pieces,
+from .cfi import (CfiError, compact_native, evaluate, evaluate_native, evaluate_with_length,
+                  native_cie, native_lib, parse_cie_info, pieces_program_native, rows_for_pieces,
                   write_program)
 from .lsda import Lsda, LsdaError, call_sites_for_part, size_bound
 from .lsda import encode as lsda_encode
@@ -172,9 +173,16 @@ class EhSplit:
         self.hdr = hdr
         self.end = self.sec.addr + self.sec.size
         self._evaluated = {}      # FDE offset -> rows of its program, from _compact
+        self.native_rows = {}     # function start -> its rows as cfi.c rows (reason)
+        self._native = None       # FDE offset -> cfi.c rows of every plain FDE (first use)
         if compact:
-            for r in self.fdes:
-                r.prog, rows = _compact(r.prog, self.cie_info.get(r.cie))
+            infos = [self.cie_info.get(r.cie) for r in self.fdes]
+            done = compact_native([r.prog for r in self.fdes], infos) or [None] * len(infos)
+            for r, info, prog in zip(self.fdes, infos, done):
+                if prog is not None:        # the C core's: the bytes _compact gives
+                    r.prog = prog
+                    continue
+                r.prog, rows = _compact(r.prog, info)
                 if rows is not None:
                     self._evaluated[r.start] = rows
         size = sum(_pad(r.end - r.start) if r.is_cie else _fde_size(r.enc, r.aug, r.prog)
@@ -216,6 +224,25 @@ class EhSplit:
             rows = self.rows[r.pc_begin] = evaluate(r.prog, info, info.init_state)
         return rows
 
+    def _native_rows_of(self, r):
+        """FDE ``r``'s rows as cfi.c rows, or None (no C core, not plain). Every FDE
+        whose CIE is plain is evaluated at the first call: one call, not one each."""
+        if self._native is None:
+            self._native = {}
+            if native_lib() is not None:
+                fdes = [f for f in self.fdes if self.cie_info.get(f.cie) is not None]
+                infos = [self.cie_info[f.cie] for f in fdes]
+                plain = [native_cie(i) is not None for i in infos]
+                fdes = [f for f, ok in zip(fdes, plain) if ok]
+                got = evaluate_native([f.prog for f in fdes],
+                                      [i for i, ok in zip(infos, plain) if ok], partial=True)
+                if got is not None:
+                    rows, first, count = got
+                    for f, a, n in zip(fdes, first.tolist(), count.tolist()):
+                        if n >= 0:
+                            self._native[f.start] = rows[a:a + n]
+        return self._native.get(r.start)
+
     def reason(self, start, end):
         """None if the function [start, end) can be split, else a reason code."""
         from ...image.cfg import R_EH_FRAME, R_EH_LSDA
@@ -239,6 +266,11 @@ class EhSplit:
             return R_EH_FRAME
         rows = self._evaluated.pop(r.start, None)
         if rows is None:
+            got = self._native_rows_of(r)
+            if got is not None:             # plain: programs() writes its parts in C
+                self.native_rows[start] = got
+                return None
+        if rows is None:
             try:
                 rows = evaluate(r.prog, info, info.init_state)
             except (CfiError, IndexError, struct.error):
@@ -251,16 +283,21 @@ class EhSplit:
         from ..blocks import COPY, INSERTED, REMOVED
         r = self.by_begin[base][0]
         info = self.cie_info[r.cie]
-        rows = self.rows[base]
+        native = self.native_rows.get(base)
         out = []
         for part in (0, 1):
-            pieces = []
+            flat = []               # (new offset, old offset, old length, copied, state offset)
             for p in sf.parts[part]:
-                if p.kind == REMOVED:
+                kind = p.kind
+                if kind == REMOVED:
                     continue
-                at = p.old - base - 1 if p.kind == INSERTED else p.old - base
-                pieces.append((p.off, p.old - base, p.old_len, p.kind == COPY, at))
-            out.append(write_program(rows_for_pieces(rows, pieces), info))
+                o = p.old - base
+                flat += (p.off, o, p.old_len, kind == COPY, o - 1 if kind == INSERTED else o)
+            prog = pieces_program_native(native, flat, info) if native is not None else None
+            if prog is None:
+                pieces = [tuple(flat[k:k + 5]) for k in range(0, len(flat), 5)]
+                prog = write_program(rows_for_pieces(self.rows_of(r), pieces), info)
+            out.append(prog)
         return out
 
     def cost(self, sf, base):
@@ -364,7 +401,7 @@ class EhSplit:
         out = bytearray()
         sec_bytes = bytes(self.image.section_bytes(self.sec))       # read once, not per record
         cie_new = {}
-        field_map = {}            # old offset in .eh_frame -> new offset (relocated fields)
+        field_map = []            # (old start, old end, new start) in .eh_frame: relocated fields
         lsda_fields = {}          # new offset of a hot FDE's LSDA pointer -> its new LSDA
         table = []
         for kind, r, f in recs:
@@ -382,8 +419,7 @@ class EhSplit:
                     body[o:o + n] = _pack_ptr(c.personality, c.personality_enc,
                                               new_addr + at + o)
                 cie_new[r.start] = at
-                for o in range(r.start, r.end):
-                    field_map[o] = at + o - r.start
+                field_map.append((r.start, r.end, at))
                 out += body
                 continue
             pc, rng, prog = f[:3]
@@ -394,8 +430,7 @@ class EhSplit:
             body += struct.pack(fmt, rng)
             aug = bytearray(r.aug)
             if kind == "fde":
-                for o in range(r.field, r.prog_off):
-                    field_map[o] = at + 8 + o - r.field
+                field_map.append((r.field, r.prog_off, at + 8))
             c = self.eh.cies[r.cie]
             if len(aug) > 1 and c.lsda_enc != DW_EH_PE_omit:
                 # the LSDA pointer: a part's new LSDA, or the old one (pc-relative: re-encoded)
@@ -456,7 +491,12 @@ class EhSplit:
         r = (np.array(buf) if buf is not None else
              np.array(self.image.section_bytes(rel))).view(RELA).copy()
         off = r["offset"].astype(np.int64) - self.sec.addr
-        new = np.array([field_map.get(int(o), -1) for o in off.tolist()], np.int64)
+        # each field's record span (the spans are in .eh_frame order and do not overlap)
+        spans = np.array(field_map or [(0, 0, 0)], np.int64).reshape(-1, 3)
+        k = np.searchsorted(spans[:, 0], off, side="right") - 1
+        span = spans[np.maximum(k, 0)]
+        inside = (k >= 0) & (off < span[:, 1])
+        new = np.where(inside, span[:, 2] + off - span[:, 0], -1)
         if (new < 0).any():
             i = int(np.nonzero(new < 0)[0][0])
             raise EhFrameError(f".rela.eh_frame: a relocation at {int(r['offset'][i]):#x} is "
@@ -565,15 +605,20 @@ def check_split_cfi(old_image, new_image, rows, parsed=None):
     return problems, seen
 
 
-def _all_states_equal(old, new, rows):
+def _all_states_equal(old, new, rows, native=True):
     """check_split_cfi's points, all at once: how many there are when the state NEW's
     FDE gives equals the original's at every one of them, else None (some state
     differs, an FDE is missing or does not evaluate, FDEs share a start or overlap:
     then check_split_cfi looks at each point itself and says what is wrong). The
     same points, FDE lookups (the original's FDE containing the piece, NEW's
     through .eh_frame_hdr) and row evaluations as its loop, on arrays: the loop's
-    per-point lookups were most of verify's unwind check."""
+    per-point lookups were most of verify's unwind check. ``native``: the rows
+    evaluated by the C core (cfi.c) where every program involved is plain, their
+    states compared field for field (exactly: no hashes); else by cfi.py's Python,
+    states compared as tuples."""
     from ...image import blockmap as bm
+    if native and native_lib() is None:
+        native = False
     keep = (rows["kind"] != bm.KIND_JMP_REMOVED) & (rows["new_len"] > 0)
     kind = rows["kind"][keep]
     o = rows["old"][keep].astype(np.int64)
@@ -595,23 +640,24 @@ def _all_states_equal(old, new, rows):
     if not len(o):
         return 0
     # the rows of those FDEs, end to end (each FDE's a run of g_old, in address order)
-    first, count, g_old, s_old = {}, {}, [], []
-    ids = {}                # unwind state -> a number, for both images
-    pos = 0
-    for u in np.unique(fi).tolist():
-        r = old.by_begin[int(begins[u])][0]
-        orows = old.rows_of(r)
-        if not orows:
+    uo = np.unique(fi)
+    recs = [old.by_begin[int(begins[u])][0] for u in uo.tolist()]
+    ids = {}                # unwind state -> a number, for both images (Python rows)
+    if native:
+        got = _native_rows_end_to_end(recs, [old.cie_info.get(r.cie) for r in recs])
+        if got is None:
+            return _all_states_equal(old, new, rows, native=False)
+        g_old, first, count, s_old = got
+    else:
+        got = _python_rows_end_to_end(recs, [old.rows_of(r) for r in recs], ids)
+        if got is None:
             return None
-        first[u], count[u] = pos, len(orows)
-        pos += len(orows)
-        g_old.extend(r.pc_begin + loc for loc, _ in orows)
-        s_old.extend(ids.setdefault(st, len(ids)) for _, st in orows)
-    g_old = np.array(g_old, np.int64)
+        g_old, first, count, s_old = got
     if len(g_old) > 1 and (g_old[1:] < g_old[:-1]).any():
         return None
-    lo_row = np.array([first[u] for u in fi.tolist()], np.int64)
-    hi_row = lo_row + np.array([count[u] for u in fi.tolist()], np.int64)
+    j = np.searchsorted(uo, fi)
+    lo_row = first[j]
+    hi_row = lo_row + count[j]
     # the points: each piece's start (an inserted jmp: the byte before its original
     # place) and every original row strictly inside a copied piece
     copied = kind == bm.KIND_COPIED
@@ -632,39 +678,83 @@ def _all_states_equal(old, new, rows):
     nj = np.searchsorted(table, na, side="right") - 1
     if not len(table) or (nj < 0).any():
         return None
-    n_first, n_count, g_new, s_new = {}, {}, [], []
-    pos = 0
-    n_lo, n_hi = np.empty(len(table), np.int64), np.empty(len(table), np.int64)
-    for j in np.unique(nj).tolist():
-        r = new.fde[j]
-        if r is None:
-            return None
-        got = new.cache.get(r.start)
-        if got is None:
-            info = new.info[r.cie]
-            try:
-                nrows = evaluate(r.prog, info, info.init_state)
-            except (CfiError, IndexError, struct.error):
-                return None
-            got = new.cache[r.start] = (nrows, [loc for loc, _ in nrows])
-        nrows = got[0]
-        if not nrows:
-            return None
-        n_lo[j], n_hi[j] = r.pc_begin, r.pc_begin + r.pc_range
-        n_first[j], n_count[j] = pos, len(nrows)
-        pos += len(nrows)
-        g_new.extend(r.pc_begin + loc for loc, _ in nrows)
-        s_new.extend(ids.setdefault(st, len(ids)) for _, st in nrows)
-    if ((na < n_lo[nj]) | (na >= n_hi[nj])).any():
+    un = np.unique(nj)
+    nrecs = [new.fde[j] for j in un.tolist()]
+    if any(r is None for r in nrecs):
         return None
-    g_new = np.array(g_new, np.int64)
+    if native:
+        got = _native_rows_end_to_end(nrecs, [new.info[r.cie] for r in nrecs])
+        if got is None:
+            return _all_states_equal(old, new, rows, native=False)
+    else:
+        nrows = []
+        for r in nrecs:
+            got = new.cache.get(r.start)
+            if got is None:
+                info = new.info[r.cie]
+                try:
+                    rr = evaluate(r.prog, info, info.init_state)
+                except (CfiError, IndexError, struct.error):
+                    return None
+                got = new.cache[r.start] = (rr, [loc for loc, _ in rr])
+            nrows.append(got[0])
+        got = _python_rows_end_to_end(nrecs, nrows, ids)
+        if got is None:
+            return None
+    g_new, n_first, n_count, s_new = got
+    n_lo = np.array([r.pc_begin for r in nrecs], np.int64)
+    n_hi = n_lo + np.array([r.pc_range for r in nrecs], np.int64)
+    k = np.searchsorted(un, nj)
+    if ((na < n_lo[k]) | (na >= n_hi[k])).any():
+        return None
     if len(g_new) > 1 and (g_new[1:] < g_new[:-1]).any():
         return None
-    nf = np.array([n_first[j] for j in nj.tolist()], np.int64)
-    nc = np.array([n_count[j] for j in nj.tolist()], np.int64)
+    nf, nc = n_first[k], n_count[k]
     got = np.clip(np.searchsorted(g_new, na, side="right") - 1, nf, nf + nc - 1)
-    same = np.array(s_old, np.int64)[want] == np.array(s_new, np.int64)[got]
-    return int(len(oa)) if same.all() else None
+    if native:
+        # the states of both images numbered, equal bytes (every field) the same number;
+        # words zero in every state of both (registers no rule names) left out
+        used = np.flatnonzero(s_old.any(axis=0) | s_new.any(axis=0)) if len(s_old[0]) else []
+        used = used if len(used) else [0]
+        words = np.ascontiguousarray(np.concatenate([s_old[:, used], s_new[:, used]]))
+        whole = words.view(np.dtype((np.void, len(used) * 8)))
+        ids = np.unique(whole.ravel(), return_inverse=True)[1].ravel()
+        s_old, s_new = ids[:len(s_old)], ids[len(s_old):]
+    same = (s_old[want] == s_new[got]).all()
+    return int(len(oa)) if same else None
+
+
+def _python_rows_end_to_end(recs, rows_each, ids):
+    """(row addresses, each record's first row, row count, state numbers) of cfi.py
+    rows ``rows_each`` of records ``recs``; None when one has no rows. ``ids``:
+    state -> number, shared by both images."""
+    first, count, g, st = [], [], [], []
+    for r, rr in zip(recs, rows_each):
+        if not rr:
+            return None
+        first.append(len(g))
+        count.append(len(rr))
+        g.extend(r.pc_begin + loc for loc, _ in rr)
+        st.extend(ids.setdefault(s, len(ids)) for _, s in rr)
+    return (np.array(g, np.int64), np.array(first, np.int64), np.array(count, np.int64),
+            np.array(st, np.int64))
+
+
+def _native_rows_end_to_end(recs, infos):
+    """_python_rows_end_to_end from cfi.c's rows; the states as rows of 64-bit words
+    (every field of the state, the location left out), numbered by their bytes. None
+    when a program or CIE is not plain."""
+    if any(i is None for i in infos):
+        return None
+    got = evaluate_native([r.prog for r in recs], infos)
+    if got is None:
+        return None
+    rows, first, count = got
+    if (count == 0).any():
+        return None
+    g = np.repeat(np.array([r.pc_begin for r in recs], np.int64), count) + rows["loc"]
+    words = rows.view(np.uint64).reshape(len(rows), -1)[:, 1:]     # word 0: the location
+    return g, first, count, words
 
 
 def parse_for_check(old_image, new_image):
@@ -725,6 +815,8 @@ def check_split_lsda(old_image, new_image, rows, parsed=None):
         old, new = parsed or parse_for_check(old_image, new_image)
     except EhFrameError as e:
         return [(None, str(e))], 0
+    if not any(r.lsda for r in old.fdes):
+        return [], 0                # no function of the original has an LSDA: nothing to look up
     cp = rows[(rows["kind"] == bm.KIND_COPIED) & (rows["old_len"] > 0)]
     lp_map = bm.address_map(rows) if len(rows) else None
     problems, checked = [], 0

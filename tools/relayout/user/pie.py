@@ -254,13 +254,8 @@ def _rows_in(pairs, bases, users):
     """True where (base, family) is one of the (bases, users) pairs (sorted)."""
     if not len(bases):
         return np.zeros(len(pairs), bool)
-    key = bases.astype(np.uint64)
-    i = np.searchsorted(key, pairs[:, 0], side="left")
-    j = np.searchsorted(key, pairs[:, 0], side="right")
-    out = np.zeros(len(pairs), bool)
-    for n in np.nonzero(j > i)[0].tolist():
-        out[n] = pairs[n, 1] in users[i[n]:j[n]]
-    return out
+    known = set(zip(bases.astype(np.uint64).tolist(), users.tolist()))
+    return np.fromiter(((b, f) in known for b, f in pairs.tolist()), bool, len(pairs))
 
 
 SHT_RELR = 19
