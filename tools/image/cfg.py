@@ -358,10 +358,18 @@ class CFG:
             self._mark(fi[kind == 7], R_INDIRECT)
         # loop/loope/loopne (E0-E2), jecxz (67 E3) and xbegin (C7 F8) branch but are no
         # block terminators here: their target could land in another part, unfixed
-        _, op, op2, _, _ = _opcodes(dis)
-        other = ((op >= 0xE0) & (op <= 0xE2)) | ((op == 0x67) & (op2 >= 0xE0) & (op2 <= 0xE3)) | \
-            ((op == 0xC7) & (op2 == 0xF8))
-        self._mark(fi[other], R_OTHER_BRANCH)
+        # (only rows holding such an opcode byte early on are decoded: _opcodes over every
+        # instruction raised a userspace relayout's peak by 7 MiB)
+        raw = dis.raw
+        near = np.zeros(len(dis), bool)
+        for k in range(min(5, raw.shape[1])):
+            near |= ((raw[:, k] >= 0xE0) & (raw[:, k] <= 0xE3)) | (raw[:, k] == 0xC7)
+        rows = np.nonzero(near)[0]
+        if len(rows):
+            _, op, op2 = skip_prefixes(raw[rows], (0x2E, 0x3E, 0xF2, 0xF3))
+            other = ((op >= 0xE0) & (op <= 0xE2)) | \
+                ((op == 0x67) & (op2 >= 0xE0) & (op2 <= 0xE3)) | ((op == 0xC7) & (op2 == 0xF8))
+            self._mark(fi[rows[other]], R_OTHER_BRANCH)
         tgt = self.insn_target
         rel = self.insn_rel
         direct = ((kind == 1) | (kind == 2)) & (rel > 0)
