@@ -201,6 +201,7 @@ def relocation_mismatches(image, exclude_lo, exclude_hi):
     return count, bad
 
 
-__all__ = ["RECIPES", "Recipe", "RELOC_NAMES", "TLS_NAMES", "tls_effective_types", "PC_TYPES", "ABS_TYPES", "GOT_TYPES",
+__all__ = ["RECIPES", "Recipe", "RELOC_NAMES", "TLS_NAMES", "tls_effective_types",
+           "PC_TYPES", "ABS_TYPES", "GOT_TYPES",
            "CHECKED_TYPES", "field_values", "link_field_mismatches", "relocation_mismatches"] + \
     [n for n in dir() if n.startswith("R_X86_64_")]
