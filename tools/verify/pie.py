@@ -110,6 +110,8 @@ def check_pie(old, new, amap, octx, findings, counter, report, add):
     report.extra["equivalence_dynamic_relocs_checked"] = checked
 
     check_dynamic_entries(old, new, amap, findings, counter, add)
+    if not is_pie(old):
+        return      # an ET_EXEC's absolute unwind pointers are right at its link address
 
     abs_old, abs_new = absolute_unwind_pointers(old), absolute_unwind_pointers(new)
     extra_abs = [] if len(abs_new) <= len(abs_old) else abs_new
