@@ -109,7 +109,7 @@ class Disassembly:
 
         Returns (index, target, kind) arrays; kind is 'rel8' or 'rel32' as 1 or 4.
         Instruction prefixes the kernel uses on branches (cs/ds segment hints,
-        bnd) are skipped. Computed once per Disassembly (verify's standalone and
+        bnd) and ld's addr32 padding are skipped. Computed once per Disassembly (verify's standalone and
         --against passes share it).
         """
         cached = getattr(self, "_branch_targets", None)
@@ -167,7 +167,9 @@ class Disassembly:
     def _branch_targets_of(self, lo, hi):
         """_decode_branch_targets of rows lo..hi-1 (row indices of the whole)."""
         raw, addr, size = self.raw[lo:hi], self.addr[lo:hi], self.size[lo:hi].astype(np.uint64)
-        skip, op, op2 = skip_prefixes(raw, (0x2E, 0x3E, 0xF2))
+        # (0x67 too: ld relaxes `call/jmp *f@GOTPCREL(%rip)` to a local f into
+        # `addr32 call/jmp f`, whose target is computed as without the prefix)
+        skip, op, op2 = skip_prefixes(raw, (0x2E, 0x3E, 0xF2, 0x67))
         rel8 = (op == 0xEB) | ((op >= 0x70) & (op <= 0x7F)) | (op == 0xE3)
         rel32 = (op == 0xE8) | (op == 0xE9) | ((op == 0x0F) & (op2 >= 0x80) & (op2 <= 0x8F))
         # Lengths must agree with the encoding, else it is not what we think it is.

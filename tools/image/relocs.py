@@ -18,7 +18,17 @@ R_X86_64_RELATIVE = 8
 R_X86_64_GOTPCREL = 9
 R_X86_64_32 = 10
 R_X86_64_32S = 11
+R_X86_64_DTPMOD64 = 16
+R_X86_64_DTPOFF64 = 17
+R_X86_64_TPOFF64 = 18
+R_X86_64_TLSGD = 19
+R_X86_64_TLSLD = 20
+R_X86_64_DTPOFF32 = 21
+R_X86_64_GOTTPOFF = 22
+R_X86_64_TPOFF32 = 23
 R_X86_64_PC64 = 24
+R_X86_64_GOTPC32_TLSDESC = 34
+R_X86_64_TLSDESC_CALL = 35
 R_X86_64_IRELATIVE = 37
 R_X86_64_GOTPCRELX = 41
 R_X86_64_REX_GOTPCRELX = 42
@@ -47,11 +57,76 @@ RECIPES = {
     R_X86_64_REX_GOTPCRELX: Recipe("REX_GOTPCRELX", 4, True, True, True, False),
 }
 
-RELOC_NAMES = {R_X86_64_NONE: "NONE", **{t: r.name for t, r in RECIPES.items()}}
+# thread-local storage: what ld leaves in an executable's code is either a constant
+# (an offset from the thread pointer or in the TLS block, after ld relaxed the access)
+# or a RIP-relative reach of a GOT slot ld made (an access left initial-exec)
+TLS_NAMES = {R_X86_64_DTPMOD64: "DTPMOD64", R_X86_64_DTPOFF64: "DTPOFF64",
+             R_X86_64_TPOFF64: "TPOFF64", R_X86_64_TLSGD: "TLSGD", R_X86_64_TLSLD: "TLSLD",
+             R_X86_64_DTPOFF32: "DTPOFF32", R_X86_64_GOTTPOFF: "GOTTPOFF",
+             R_X86_64_TPOFF32: "TPOFF32", R_X86_64_GOTPC32_TLSDESC: "GOTPC32_TLSDESC",
+             R_X86_64_TLSDESC_CALL: "TLSDESC_CALL"}
+# the accesses whose field is a RIP displacement until ld relaxes the sequence
+_TLS_ACCESS = (R_X86_64_TLSGD, R_X86_64_TLSLD, R_X86_64_GOTTPOFF, R_X86_64_GOTPC32_TLSDESC)
+# a general- or local-dynamic access is `data16 lea x@tlsgd(%rip),%rdi` or `lea
+# x@tlsld(%rip),%rdi` followed by the call of __tls_get_addr (`call` or, -fno-plt,
+# `call *...@GOTPCREL(%rip)`), whose relocation ld keeps at its old offset when it
+# rewrites the sequence (its field is then part of another instruction): the
+# call's field is this many bytes after the access's
+_TLS_CALL_AFTER = {R_X86_64_TLSGD: (8,), R_X86_64_TLSLD: (5, 6)}
+
+RELOC_NAMES = {R_X86_64_NONE: "NONE", **{t: r.name for t, r in RECIPES.items()}, **TLS_NAMES}
 PC_TYPES = {t: r.width for t, r in RECIPES.items() if r.pcrel}
 ABS_TYPES = {t: r.width for t, r in RECIPES.items() if not r.pcrel}
 GOT_TYPES = tuple(t for t, r in RECIPES.items() if r.via_got)
 CHECKED_TYPES = tuple(t for t, r in RECIPES.items() if r.checked)
+
+
+def _rip_displacement(buf, pos):
+    """True where the 4 bytes at ``pos`` are the displacement of a RIP-relative
+    mov, add or lea (opcode 8b/03/8d, ModRM mod 00 r/m 101): the only forms the psABI
+    gives an unrelaxed TLS access."""
+    ok = pos >= 2
+    p = np.maximum(pos, 2)
+    modrm = buf[p - 1]
+    opcode = buf[p - 2]
+    return ok & ((modrm & 0xC7) == 0x05) & np.isin(opcode, (0x8B, 0x03, 0x8D))
+
+
+def tls_effective_types(typ, offset, buf, base):
+    """The relocation types of one code section as the linked bytes use them.
+
+    ``typ``/``offset``: its relocations; ``buf``: the section's bytes at address
+    ``base``. TLS relocations in an executable's code are either constants (ld
+    relaxed the access to local-exec: a thread-pointer offset that holds wherever
+    the code is) or, left initial-exec, a RIP-relative reach of a GOT slot.
+    Returns (types, unrelaxed): a copy of ``typ`` where the constants (and the
+    stale relocation of the __tls_get_addr call inside a relaxed general- or
+    local-dynamic sequence, whatever ld put in its place) are ``R_X86_64_NONE``
+    and the GOT reaches ``R_X86_64_GOTPCREL``; ``unrelaxed``: offsets of
+    general-/local-dynamic accesses ld left as they are (only a shared object
+    has them; nothing here rewrites them)."""
+    typ = np.asarray(typ).astype(np.int64)
+    out = typ.copy()
+    tls = np.isin(typ, list(TLS_NAMES))
+    if not tls.any():
+        return out, np.zeros(0, np.uint64)
+    buf = np.asarray(buf, np.uint8)
+    pos = (np.asarray(offset, np.uint64) - np.uint64(base)).astype(np.int64)
+    inside = (pos >= 0) & (pos + 4 <= len(buf))
+    rip = np.zeros(len(typ), bool)
+    rip[inside] = _rip_displacement(buf, pos[inside])
+    dynamic = np.isin(typ, (R_X86_64_TLSGD, R_X86_64_TLSLD))
+    off = np.asarray(offset, np.uint64).astype(np.int64)
+    unrelaxed = off[dynamic & rip].astype(np.uint64)
+    # the call's relocation inside a relaxed sequence: what its field now is decides
+    calls = [off[(typ == R_X86_64_TLSGD) & ~rip] + d for d in _TLS_CALL_AFTER[R_X86_64_TLSGD]] + \
+        [off[(typ == R_X86_64_TLSLD) & ~rip] + d for d in _TLS_CALL_AFTER[R_X86_64_TLSLD]]
+    in_seq = ~tls & np.isin(off, np.concatenate(calls))
+    access = np.isin(typ, _TLS_ACCESS)
+    out[tls] = R_X86_64_NONE
+    out[access & rip & ~dynamic] = R_X86_64_GOTPCREL
+    out[in_seq] = np.where(rip[in_seq], R_X86_64_GOTPCREL, R_X86_64_NONE)
+    return out, unrelaxed
 
 
 def sext32(v):
@@ -126,6 +201,7 @@ def relocation_mismatches(image, exclude_lo, exclude_hi):
     return count, bad
 
 
-__all__ = ["RECIPES", "Recipe", "RELOC_NAMES", "PC_TYPES", "ABS_TYPES", "GOT_TYPES",
+__all__ = ["RECIPES", "Recipe", "RELOC_NAMES", "TLS_NAMES", "tls_effective_types",
+           "PC_TYPES", "ABS_TYPES", "GOT_TYPES",
            "CHECKED_TYPES", "field_values", "link_field_mismatches", "relocation_mismatches"] + \
     [n for n in dir() if n.startswith("R_X86_64_")]

@@ -571,6 +571,9 @@ def block_symbols(run):
     return S.SymbolStats(count.counters())
 
 
+SHF_COMPRESSED = 0x800
+
+
 def _debug_sections(image):
     """Indices of the image's DWARF sections (and their relocations)."""
     return [s.index for s in image.sections if not s.is_alloc and
@@ -613,6 +616,16 @@ def dwarf(run):
         run.drop = is_debug
         log(f"dropping DWARF ({len(is_debug)} .debug_* sections), as asked")
         return S.DwarfStats("dropped")
+    # -gz / --compress-debug-sections: the sections hold a zlib or zstd stream
+    # (SHF_COMPRESSED), which the rewrite would read as DWARF
+    compressed = [image.sections[i].name for i in is_debug
+                  if image.sections[i].flags & SHF_COMPRESSED]
+    if compressed:
+        raise BadInput(f"{run.image_path}: its DWARF is compressed ({', '.join(compressed[:3])}"
+                       f"{', ...' if len(compressed) > 3 else ''}: -gz or "
+                       "--compress-debug-sections), which relayout does not rewrite; "
+                       "decompress it first (objcopy --decompress-debug-sections IN OUT) "
+                       "or drop it (--strip-debug)")
     timings.phase("DWARF rewrite")
     from ..dwarf.fields import has_debug_relocations
     from ..dwarf.rewrite import rewrite_dwarf

@@ -24,9 +24,10 @@ from ..image.context import ImageContext
 from ..image.elf import RELA, SHT_SYMTAB, STT_SECTION, SYM
 from ..image.relocs import (ABS_TYPES, GOT_TYPES, PC_TYPES, RECIPES, RELOC_NAMES, R_X86_64_32,
                              R_X86_64_32S, R_X86_64_64, R_X86_64_NONE, R_X86_64_PC32,
-                             R_X86_64_PLT32)
+                             R_X86_64_PLT32, TLS_NAMES, tls_effective_types)
 
 STT_GNU_IFUNC = 10
+TLS_TYPES = list(TLS_NAMES)
 
 
 _RIP_ROWS = 1 << 15     # rows per slice in fix_rip_relative's candidate search
@@ -359,6 +360,14 @@ class Rewriter:
                 continue
             typ = rel.type.astype(np.int64)
             P = rel.offset.astype(np.uint64)
+            if tgt.is_code and np.isin(typ, TLS_TYPES).any():
+                # TLS accesses as ld left them: constants, or a GOT slot's reach
+                typ, unrelaxed = tls_effective_types(typ, P, image.section_bytes(tgt), tgt.addr)
+                if len(unrelaxed):
+                    raise RewriteError(
+                        f"{name}: {len(unrelaxed)} general- or local-dynamic TLS accesses "
+                        f"the linker did not relax (first at {int(unrelaxed[0]):#x}): a shared "
+                        f"object's code, which relayout does not rewrite")
             sym = rel.sym.astype(np.int64)
             A = rel.addend.astype(np.int64)
             S = self.sym_value[sym]

@@ -179,12 +179,8 @@ class UserTarget(Target):
             from .user.eh_frame import update_eh_frame
             update_eh_frame(rw, log)
         update_dynsym(rw, self.image, log)
-        if self.pie:
-            from .user.pie import update_dynamic
-            update_dynamic(rw, self.image, log)
-        elif not rw.plan.is_identity():
-            from .user.pie import update_dynamic_entries
-            update_dynamic_entries(rw, self.image)
+        from .user.pie import update_dynamic
+        update_dynamic(rw, self.image, log)
         return []
 
     def new_segment(self, run):

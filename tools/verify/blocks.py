@@ -49,6 +49,12 @@ NOP5 = bytes.fromhex("0f1f440000")
 _NO_FALLTHROUGH = {"jmp", "ret", "retf", "iret", "iretq", "int3", "sysret", "sysretq", "ljmp"}
 
 
+def _falls_through(mnemonic):
+    """Capstone's mnemonic names its prefixes first (`notrack jmp`, CET's indirect
+    jumps with -fcf-protection; `bnd ret`): the instruction is the last word."""
+    return mnemonic.rsplit(" ", 1)[-1] not in _NO_FALLTHROUGH
+
+
 @dataclass
 class SplitFunction:
     name: str
@@ -732,7 +738,7 @@ class _BlockCheck:
         def fall_edge(f, ins, a, target, n_end):
             """The fall-through edge after ``ins`` (at ``a``, ending at ``n_end`` in NEW)."""
             succ = a + ins.size
-            falls = ins.mnemonic not in _NO_FALLTHROUGH and a not in no_fallthrough and \
+            falls = _falls_through(ins.mnemonic) and a not in no_fallthrough and \
                 not (target is not None and ins.group(capstone.CS_GRP_CALL) and
                      target in noreturn)
             if not falls and ins.mnemonic == "jmp" and patch_sites and \
@@ -777,7 +783,7 @@ class _BlockCheck:
                                 end_new[p] == n + ins.size:
                             # its successor is the piece's next byte, in NEW too, or
                             # the piece's end maps to where the instruction ends
-                            if ins.mnemonic not in _NO_FALLTHROUGH and \
+                            if _falls_through(ins.mnemonic) and \
                                     a not in no_fallthrough and succ < f.old_end:
                                 n_fast_edges += 1
                         else:

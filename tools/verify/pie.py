@@ -57,10 +57,12 @@ def check_dynamic_entries(old, new, amap, findings, counter, add):
 
 
 def check_pie(old, new, amap, octx, findings, counter, report, add):
-    if not is_pie(old):
-        if not octx.is_kernel:
-            check_dynamic_entries(old, new, amap, findings, counter, add)
+    if octx.is_kernel:
         return
+    if not is_pie(old) and old.type != 2:
+        check_dynamic_entries(old, new, amap, findings, counter, add)
+        return
+    # a PIE's dynamic relocations, and an ET_EXEC's (IRELATIVE: its own ifuncs)
     bad_rel, checked = [], 0
     new_secs = {s.name: s for s in dynamic_rela_sections(new)}
     for so in dynamic_rela_sections(old):
@@ -108,6 +110,8 @@ def check_pie(old, new, amap, octx, findings, counter, report, add):
     report.extra["equivalence_dynamic_relocs_checked"] = checked
 
     check_dynamic_entries(old, new, amap, findings, counter, add)
+    if not is_pie(old):
+        return      # an ET_EXEC's absolute unwind pointers are right at its link address
 
     abs_old, abs_new = absolute_unwind_pointers(old), absolute_unwind_pointers(new)
     extra_abs = [] if len(abs_new) <= len(abs_old) else abs_new

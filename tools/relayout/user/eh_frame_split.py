@@ -497,6 +497,10 @@ class EhSplit:
         span = spans[np.maximum(k, 0)]
         inside = (k >= 0) & (off < span[:, 1])
         new = np.where(inside, span[:, 2] + off - span[:, 0], -1)
+        # R_X86_64_NONE: what ld leaves of a relocation whose FDE it dropped (static
+        # glibc has 13); it applies to nothing, so it names the section's start
+        none = (r["info"] & 0xFFFFFFFF) == 0
+        new[none & (new < 0)] = 0
         if (new < 0).any():
             i = int(np.nonzero(new < 0)[0][0])
             raise EhFrameError(f".rela.eh_frame: a relocation at {int(r['offset'][i]):#x} is "

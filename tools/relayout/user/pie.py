@@ -313,8 +313,13 @@ def update_dynamic_entries(rw, image):
 
 def update_dynamic(rw, image, log=None):
     """Make the dynamic relocations' addends (and ld's own GOT slots) and the
-    .dynamic entries that name rewritten code follow the layout."""
-    if not is_pie(image) or rw.plan.is_identity():
+    .dynamic entries that name rewritten code follow the layout: a PIE's, and an
+    ET_EXEC's IRELATIVE ones (an ifunc of the executable's own, dynamically linked
+    or static: ld.so or libc's start-up calls the resolver its addend names)."""
+    if rw.plan.is_identity():
+        return 0
+    if not (is_pie(image) or image.type == 2):
+        update_dynamic_entries(rw, image)
         return 0
     static = _static_fields(image)
     changed = slots = 0
@@ -368,6 +373,7 @@ def update_dynamic(rw, image, log=None):
     rw.stats["got_slots_updated"] = slots
     rw.stats["dynamic_entries_updated"] = dyn_changed
     if log:
-        log(f"PIE: {changed} dynamic relocation addends follow the layout "
+        log(f"{'PIE' if is_pie(image) else 'executable'}: {changed} dynamic relocation "
+            f"addends follow the layout "
             f"({slots} linker-made slots rewritten, {dyn_changed} .dynamic entries)")
     return changed
