@@ -168,7 +168,7 @@ def _data_reloc_fields(image, rtype):
     for name, r in image.relocations.items():
         t = r.target
         if len(r) and t.is_alloc and not t.is_code and t.type != 8 and name not in UNWIND \
-                and not r.section.is_alloc:
+                and not getattr(r.section, "is_alloc", False):
             out.append(r.offset[r.type == rtype].astype(np.uint64))
     return np.unique(np.concatenate(out)) if out else np.zeros(0, np.uint64)
 

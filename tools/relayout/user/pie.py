@@ -286,8 +286,9 @@ def _static_fields(image):
     """Addresses of 8-byte absolute fields a link relocation covers (data)."""
     out = []
     for name, r in image.relocations.items():
+        # link relocations (or ones recovered from a KASLR table: no section), not ld.so's
         if len(r) and r.target.is_alloc and not r.target.is_code and \
-                not r.section.is_alloc:                # link relocations, not ld.so's
+                not getattr(r.section, "is_alloc", False):
             out.append(r.offset[r.type == R_X86_64_64].astype(np.uint64))
     return np.unique(np.concatenate(out)) if out else np.zeros(0, np.uint64)
 
