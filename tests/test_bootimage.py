@@ -354,3 +354,31 @@ def test_shrunk_section_refused_unless_an_added_section_takes_its_end(boot):
                                 [(text[0] + text[1] - 2048, 2048)])
     assert not B._ends_in_added(text, (text[0] + 16, text[1] - 4096),
                                 [(text[0] + text[1] - 4096, 4096)])
+
+
+def test_text_tail_starts_after_the_layouts_last_code_byte():
+    """kallsyms at the end of the text (kallsyms_cold._text_tail) starts after the
+    last byte the layout placed, also when that byte is 0xCC (a cold part ending in
+    `jmp .-0x32`, eb cc) right after a page boundary: the plan says where code ends,
+    not the bytes."""
+    import types
+    from linepack.relayout.kernel.kallsyms_cold import _text_tail
+    base, size, page = 0xffffffff81000000, 4 * 4096, 4096
+    buf = np.full(size, 0xCC, np.uint8)
+    end = 2 * page + 1
+    buf[100:end - 2] = 0x90
+    buf[end - 2:end] = [0xEB, 0xCC]
+    sec = types.SimpleNamespace(is_code=True, is_alloc=True, size=size, addr=base, index=1,
+                                type=1, offset=0x200000)
+    syms = np.zeros(1, dtype=[("shndx", "<u2"), ("size", "<u8")])
+    syms["shndx"], syms["size"] = 1, 50
+    image = types.SimpleNamespace(sections=[sec], symbol_address=lambda n: base + size,
+                                  symbol_table=lambda: (["f"], syms))
+    plan = types.SimpleNamespace(new_end=np.array([base + 150, base + end], np.uint64))
+    rw = types.SimpleNamespace(buf=lambda s: buf, sym_new=np.array([base + 100], np.uint64),
+                               plan=plan)
+    _, start, offset, limit = _text_tail(rw, image)
+    assert start == base + 3 * page and limit == base + size
+    assert offset == sec.offset + 3 * page
+    rw.plan = None                                   # the bytes alone end one byte short
+    assert _text_tail(rw, image)[1] == base + 2 * page

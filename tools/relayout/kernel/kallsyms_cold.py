@@ -131,6 +131,14 @@ def _text_tail(rw, image):
     buf = rw.buf(sec)
     used = np.nonzero(buf != 0xCC)[0]
     last = sec.addr + (int(used[-1]) + 1 if len(used) else 0)
+    # where the layout put code (a part may end in a 0xCC byte: `jmp .-0x32`, an imm8),
+    # pinned units and cold parts included
+    plan = getattr(rw, "plan", None)
+    if plan is not None and len(plan.new_end):
+        ends = np.asarray(plan.new_end, np.uint64)
+        ends = ends[(ends > np.uint64(sec.addr)) & (ends <= np.uint64(sec.addr + sec.size))]
+        if len(ends):
+            last = max(last, int(ends.max()))
     names, syms = image.symbol_table()
     # a function that ends in int3 (after its ret) still owns those bytes
     inside = (syms["shndx"] == sec.index) & (syms["size"] > 0)
