@@ -63,6 +63,7 @@ SECTION_NAME = ".linepack.kallsyms"
 PAGE = 4096
 ALIGN = 8
 TOKEN_INDEX_BYTES = 256 * 2           # kallsyms_token_index: u16 per token byte
+MAX_INSN = 15                         # an x86 instruction's longest length
 COLD_TYPE = "t"                      # gcc's own .cold parts are local text
 
 
@@ -130,15 +131,11 @@ def _text_tail(rw, image):
         return None
     buf = rw.buf(sec)
     used = np.nonzero(buf != 0xCC)[0]
-    last = sec.addr + (int(used[-1]) + 1 if len(used) else 0)
-    # where the layout put code (a part may end in a 0xCC byte: `jmp .-0x32`, an imm8),
-    # pinned units and cold parts included
-    plan = getattr(rw, "plan", None)
-    if plan is not None and len(plan.new_end):
-        ends = np.asarray(plan.new_end, np.uint64)
-        ends = ends[(ends > np.uint64(sec.addr)) & (ends <= np.uint64(sec.addr + sec.size))]
-        if len(ends):
-            last = max(last, int(ends.max()))
+    # the instruction holding the last byte that is not int3 may go on in 0xCC bytes
+    # (`jmp .-0x32` is eb cc, an imm8 may be 0xcc): it ends within an instruction's
+    # longest length after it (the units' ends are no help: they reach the next unit,
+    # padding included)
+    last = sec.addr + (int(used[-1]) + MAX_INSN if len(used) else 0)
     names, syms = image.symbol_table()
     # a function that ends in int3 (after its ret) still owns those bytes
     inside = (syms["shndx"] == sec.index) & (syms["size"] > 0)
