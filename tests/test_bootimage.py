@@ -319,32 +319,34 @@ def test_truncated_bzimage_refused_before_qemu(tmp_path):
         check_kernel_path(p)
 
 
-@pytest.mark.realkernel
-def test_moved_section_refused(boot, tmp_path):
-    """A payload whose sections moved cannot go into the same decompressor: one line."""
-    elf = bytearray(boot.elf)
-    secs = B._alloc_sections(bytes(elf))
+def _with_section_field(elf, where, field, value):
+    """ELF bytes with the 8-byte field at ``field`` of the section header whose
+    (addr, size) is ``where`` set to ``value``."""
+    elf = bytearray(elf)
     (_, _, _, _, _, _, shoff, _, _, _, _, shentsize, shnum, _) = B.ELF_HDR.unpack_from(elf, 0)
     for i in range(shnum):
         o = shoff + i * shentsize
-        _, _, flags, addr, _, size = struct.unpack_from("<IIQQQQ", elf, o)
-        if (addr, size) == secs[".bss"]:
-            struct.pack_into("<Q", elf, o + 16, addr + 4096)
+        _, _, _, addr, _, size = struct.unpack_from("<IIQQQQ", elf, o)
+        if (addr, size) == where:
+            struct.pack_into("<Q", elf, o + field, value)
+    return elf
+
+
+@pytest.mark.realkernel
+def test_moved_section_refused(boot, tmp_path):
+    """A payload whose sections moved cannot go into the same decompressor: one line."""
+    secs = B._alloc_sections(bytes(boot.elf))
+    elf = _with_section_field(boot.elf, secs[".bss"], 16, secs[".bss"][0] + 4096)   # sh_addr
     with pytest.raises(LinepackError, match="section .bss is moved or resized"):
         B.replace_payload(boot, B.build_payload(bytes(elf), boot.kaslr))
 
 
+@pytest.mark.realkernel
 def test_shrunk_section_refused_unless_an_added_section_takes_its_end(boot):
     """A section may give the end of its bytes only to a section the rewrite added
     (kallsyms at the end of the text); shrunk with nothing there, it is refused."""
-    elf = bytearray(boot.elf)
-    secs = B._alloc_sections(bytes(elf))
-    (_, _, _, _, _, _, shoff, _, _, _, _, shentsize, shnum, _) = B.ELF_HDR.unpack_from(elf, 0)
-    for i in range(shnum):
-        o = shoff + i * shentsize
-        _, _, flags, addr, _, size = struct.unpack_from("<IIQQQQ", elf, o)
-        if (addr, size) == secs[".text"]:
-            struct.pack_into("<Q", elf, o + 32, size - 4096)
+    secs = B._alloc_sections(bytes(boot.elf))
+    elf = _with_section_field(boot.elf, secs[".text"], 32, secs[".text"][1] - 4096)  # sh_size
     with pytest.raises(LinepackError, match="section .text is moved or resized"):
         B.check_same_bounds(bytes(boot.elf), bytes(elf))
     text = secs[".text"]
