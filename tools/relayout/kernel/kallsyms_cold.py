@@ -136,7 +136,7 @@ def _text_tail(rw, image):
     # longest length after it (the units' ends are no help: they reach the next unit,
     # padding included)
     last = sec.addr + (int(used[-1]) + MAX_INSN if len(used) else 0)
-    names, syms = image.symbol_table()
+    _, syms = image.symbol_table()
     # a function that ends in int3 (after its ret) still owns those bytes
     inside = (syms["shndx"] == sec.index) & (syms["size"] > 0)
     if rw.sym_new is not None and inside.any():
