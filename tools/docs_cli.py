@@ -85,7 +85,7 @@ def render(width=COLUMNS):
 
 
 def default_output():
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.realpath(__file__))
     return os.path.join(os.path.dirname(here), "docs", "cli.md")
 
 

@@ -54,7 +54,8 @@ REASONS = (
     "a call lands after its entry (call-depth tracking patches a thunk before every call target)",
     "code without a function symbol follows it in its unit (its blocks would lie outside "
     "the function the block map names)",
-    "holds a loop/loope/loopne/jecxz/xbegin (a branch the split does not re-encode)",
+    "holds a loop/loope/loopne/jecxz/xbegin or a jmp/jcc/call behind an unusual prefix (a "
+    "branch the split does not re-encode)",
 )
 (R_SPLIT, R_PINNED, R_NOINSTR, R_GLUED, R_UNDECODABLE, R_INDIRECT, R_MID_INSN, R_RELOC_BRANCH,
  R_REL8_OUT, R_ALT_REL8, R_FALLS_OFF, R_KEY_OUT, R_NOT_HOT, R_NO_COLD,
@@ -370,6 +371,9 @@ class CFG:
             other = ((op >= 0xE0) & (op <= 0xE2)) | \
                 ((op == 0x67) & (op2 >= 0xE0) & (op2 <= 0xE3)) | ((op == 0xC7) & (op2 == 0xF8))
             self._mark(fi[rows[other]], R_OTHER_BRANCH)
+        # so are jmp/jcc/call behind prefixes no decoder here reads (a REX, 66, F3
+        # ...): relayout keeps their displacement only where they move with their target
+        self._mark(fi[dis.unchecked_branches()], R_OTHER_BRANCH)
         tgt = self.insn_target
         rel = self.insn_rel
         direct = ((kind == 1) | (kind == 2)) & (rel > 0)

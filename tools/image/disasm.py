@@ -147,6 +147,17 @@ class Disassembly:
         return (idx[order], np.concatenate([bt.astype(np.uint64), other[1]])[order],
                 np.concatenate([bk.astype(np.int8), other[2]])[order])
 
+    def unchecked_branches(self):
+        """Indices of the direct branches no decoder here reads (module function
+        unchecked_branches), computed once: verify's mutation test compares one
+        instruction at a time against the same OLD."""
+        cached = getattr(self, "_unchecked", None)
+        if cached is None or len(self.addr) != getattr(self, "_unchecked_rows", -1):
+            cached = unchecked_branches(self.raw, self.size)
+            cached.flags.writeable = False
+            self._unchecked, self._unchecked_rows = cached, len(self.addr)
+        return cached
+
     def adopt_branch_targets(self, found):
         """Cache ``found`` as branch_targets() (a merge of disassemblies whose
         rows were decoded already: each row decodes alone)."""
@@ -240,6 +251,115 @@ def other_branch_targets(raw, addr, size):
     rows = np.nonzero(rel8 | xb32 | xb16)[0]
     kind = np.where(rel8[rows], 1, np.where(xb32[rows], 4, 2)).astype(np.int8)
     return rows, target[rows], kind
+
+
+# Every prefix the CPU accepts before an opcode: the legacy ones (lock, rep/bnd,
+# segments, operand and address size) and REX.
+ANY_PREFIX = (0xF0, 0xF2, 0xF3, 0x2E, 0x36, 0x3E, 0x26, 0x64, 0x65, 0x66, 0x67) + \
+    tuple(range(0x40, 0x50))
+# The prefixes the branch decoders here (and the CFG's) all read past, per
+# opcode class: hints and bnd on jmp/jcc; ld's addr32 on a call too; the
+# counter's 67 and the 66 of a rel16 xbegin on loop, jecxz and xbegin
+# (other_branch_targets).
+_JMP_PREFIXES = (0x2E, 0x3E, 0xF2)
+_CALL_PREFIXES = (0x2E, 0x3E, 0xF2, 0x67)
+_OTHER_PREFIXES = (0x2E, 0x3E, 0x66, 0x67)
+
+
+def unchecked_branches(raw, size):
+    """Rows of ``raw`` (n, 16) holding a direct PC-relative branch (jmp, jcc,
+    call, loop, jecxz/jrcxz, xbegin) behind a prefix the branch decoders do not
+    read past: a REX, a segment, 66, F3, or more prefixes than they skip. Such
+    a branch is invisible to relayout's branch fixing and to verify, so a
+    layout that moves it or its target is refused (relayout) or named (verify).
+    With 66, a near branch is not even the same instruction on every CPU
+    (Intel ignores the prefix, AMD takes a 16-bit displacement)."""
+    size = np.asarray(size, np.int64)
+    out = []
+    for lo in range(0, len(size), _TARGET_ROWS):
+        r, sz = raw[lo:lo + _TARGET_ROWS], size[lo:lo + _TARGET_ROWS]
+        # a branch opcode where its length puts it (most rows start with a prefix:
+        # REX), and a prefix first: a few rows, looked at closely below
+        pre = np.nonzero(_IS_PREFIX[r[:, 0]])[0]
+        shaped = np.zeros(len(pre), bool)
+        for body in (2, 4, 5, 6):
+            pos = sz[pre] - body
+            ok = pos >= 1
+            op = r[pre, np.clip(pos, 0, RAW - 1)]
+            op2 = r[pre, np.clip(pos + 1, 0, RAW - 1)]
+            shaped |= ok & _BRANCH_BODY[body][op, op2]
+        pre = pre[shaped]
+        if not len(pre):
+            continue
+        r, sz = r[pre], sz[pre]
+        skip, op, op2 = skip_prefixes(r, ANY_PREFIX, rounds=14)
+        jcc8 = (op >= 0x70) & (op <= 0x7F)
+        shaped_jmp = ((jcc8 | (op == 0xEB)) & (sz == skip + 2)) | \
+            ((op == 0xE9) & (sz == skip + 5)) | \
+            ((op == 0x0F) & (op2 >= 0x80) & (op2 <= 0x8F) & (sz == skip + 6))
+        shaped_call = (op == 0xE8) & (sz == skip + 5)
+        shaped_other = (((op >= 0xE0) & (op <= 0xE3)) & (sz == skip + 2)) | \
+            ((op == 0xC7) & (op2 == 0xF8) & ((sz == skip + 6) | (sz == skip + 4)))
+        shaped = shaped_jmp | shaped_call | shaped_other
+        cols = np.arange(r.shape[1])[None, :] < skip[:, None]
+
+        def only(allowed, most):
+            return ~(cols & ~np.isin(r, allowed)).any(axis=1) & (skip <= most)
+        # jrcxz (E3 without 67) is branch_targets' form: a jmp's prefixes
+        jrcxz = (op == 0xE3) & ~((r == 0x67) & cols).any(axis=1)
+        known = (shaped_jmp & only(_JMP_PREFIXES, 3)) | (shaped_call & only(_CALL_PREFIXES, 3)) | \
+            (shaped_other & jrcxz & only(_JMP_PREFIXES, 3)) | \
+            (shaped_other & ~jrcxz & only(_OTHER_PREFIXES, 4))
+        odd = np.nonzero(shaped & ~known)[0]
+        if len(odd):
+            out.append(pre[odd] + lo)
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def _branch_bodies():
+    """Per body length (opcode to end): (256, 256) tables of the (opcode, next
+    byte) pairs that start a direct branch of that length."""
+    t = {b: np.zeros((256, 256), bool) for b in (2, 4, 5, 6)}
+    t[2][0x70:0x80, :] = True
+    t[2][0xE0:0xE4, :] = True
+    t[2][0xEB, :] = True
+    t[4][0xC7, 0xF8] = True                 # xbegin rel16 (66)
+    t[5][0xE8, :] = t[5][0xE9, :] = True
+    t[6][0x0F, 0x80:0x90] = True
+    t[6][0xC7, 0xF8] = True
+    return t
+
+
+_IS_PREFIX = np.zeros(256, bool)
+_IS_PREFIX[list(ANY_PREFIX)] = True
+_BRANCH_BODY = _branch_bodies()
+
+
+def unchecked_branch_targets(raw, addr, size, rows):
+    """Targets of ``rows`` (from unchecked_branches) as Capstone and Intel read
+    them: every prefix skipped, the displacement the instruction's last 1, 2
+    (a 66 xbegin) or 4 bytes. On AMD a 66 near branch goes elsewhere: callers
+    refuse those whatever the target."""
+    rows = np.asarray(rows, np.int64)
+    r, sz = raw[rows], np.asarray(size, np.int64)[rows]
+    skip, op, op2 = skip_prefixes(r, ANY_PREFIX, rounds=14)
+    body = sz - skip
+    width = np.where(body == 2, 1, np.where((op == 0xC7) & (body == 4), 2, 4))
+    disp = np.zeros(len(rows), np.int64)
+    for k in range(4):
+        b = r[np.arange(len(rows)), np.clip(sz - width + k, 0, RAW - 1)].astype(np.int64)
+        disp |= np.where(k < width, b << (8 * k), 0)
+    sign = np.int64(1) << (8 * width - 1)
+    disp = np.where(disp >= sign, disp - (sign << 1), disp)
+    end = np.asarray(addr, np.uint64)[rows] + sz.astype(np.uint64)
+    return (end.astype(np.int64) + disp).astype(np.uint64)
+
+
+def has_operand_size_prefix(raw, rows):
+    """True per row of ``rows`` whose prefixes include 66."""
+    r = raw[np.asarray(rows, np.int64)]
+    skip, _, _ = skip_prefixes(r, ANY_PREFIX, rounds=14)
+    return ((r == 0x66) & (np.arange(r.shape[1])[None, :] < skip[:, None])).any(axis=1)
 
 
 def skip_prefixes(raw, prefixes, rounds=3):

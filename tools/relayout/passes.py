@@ -524,6 +524,7 @@ def references(run):
     if run.recovered is not None:
         from .kernel.recovered import check_named_symbols
         check_named_symbols(run.image, run.recovered, rw.sym_new)
+    refuse_unchecked_branches(run)
     rw.fix_relocations()
     rw.fix_branches()
     rw.fix_rip_relative()
@@ -652,6 +653,45 @@ BROKEN_OUTPUT = frozenset((
     "target-in-padding", "reloc-field-in-padding", "pc32-overflow", "branch-into-padding",
     "rip-into-padding", "dynamic-reloc-in-padding", "dynsym-in-padding", "table-parse",
     "table-not-updated"))
+
+
+def refuse_unchecked_branches(run):
+    """Stop when the layout would change the displacement of a direct branch
+    behind prefixes no branch decoder reads (image/disasm.py unchecked_branches:
+    a REX, segment, 66 or F3 prefix on jmp, jcc or call): relayout would copy it
+    unfixed and verify could not see it. One that keeps its displacement (it
+    moves with its target, or neither moves) is left as it is; with 66 (its
+    target depends on the CPU) only one that does not move, nor its target.
+    Real kernels hold a few where 32-bit code is read as 64-bit (the PVH entry's
+    `dec %ecx; jne` reads as `rex.WB jne`): they stay in place."""
+    from ..image.disasm import has_operand_size_prefix, unchecked_branch_targets
+    rw = run.rewriter
+    for dis in (rw.dis, rw.other_dis):
+        if dis is None or not len(dis):
+            continue
+        rows = dis.unchecked_branches()
+        if not len(rows):
+            continue
+        addr = dis.addr[rows]
+        target = unchecked_branch_targets(dis.raw, dis.addr, dis.size, rows)
+        addr_n, ok_a = rw.amap.map(addr)
+        target_n, ok_t = rw.amap.map(target)
+        moved_by = addr_n - addr                       # uint64: wraps like the CPU
+        bad = ~ok_a | ~ok_t | (target_n - target != moved_by)
+        wide = has_operand_size_prefix(dis.raw, rows)
+        bad |= wide & ((addr_n != addr) | (target_n != target))
+        if not bad.any():
+            continue
+        from ..image.context import ImageContext
+        from .rewriter import RewriteError
+        first = int(rows[np.nonzero(bad)[0][0]])
+        where = ImageContext.of(run.image).symbol_at(int(dis.addr[first]))
+        code = bytes(dis.raw[first, :int(dis.size[first])]).hex(" ")
+        n = int(bad.sum())
+        raise RewriteError(f"{run.image_path}: the layout moves {n} direct branch"
+                           f"{'es' if n > 1 else ''} (or their targets) behind prefixes linepack "
+                           f"does not decode (first at {int(dis.addr[first]):#x} in {where}: "
+                           f"{code}); it cannot fix or prove them; nothing written")
 
 
 def _refuse_broken(run):
