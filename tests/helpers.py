@@ -94,6 +94,40 @@ def run_linepack(*args, timeout=900):
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
 
 
+def run_program(path, *args, timeout=60):
+    """Run a built program: (exit status, stdout, stderr), to compare with its original's."""
+    p = subprocess.run([str(path), *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def relayout_program(exe, prof, strategy, out):
+    """`linepack relayout EXE --profile PROF --strategy STRATEGY -o OUT`: CompletedProcess."""
+    return run_linepack("relayout", exe, "--profile", prof, "--strategy", strategy, "-o", out,
+                        timeout=300)
+
+
+def verify_against(new, old):
+    """`linepack verify NEW --against OLD`: (exit status, stdout + stderr)."""
+    p = run_linepack("verify", new, "--against", old, timeout=300)
+    return p.returncode, p.stdout + p.stderr
+
+
+def relaid_out_c(tmp_path, prog):
+    """C source ``prog`` built as tmp_path/p (gcc -O2 -no-pie, --emit-relocs) and relaid out
+    with ``align-all 64`` as tmp_path/p.lp; asserts that relayout succeeded and that the
+    output prints what the original prints. Returns (exe, new)."""
+    (tmp_path / "p.c").write_text(prog)
+    exe, new = tmp_path / "p", tmp_path / "p.lp"
+    subprocess.run(["gcc", "-O2", "-no-pie", "-fno-pie", "-Wl,--emit-relocs", "-o", str(exe),
+                    str(tmp_path / "p.c")], check=True)
+    r = run_linepack("relayout", exe, "--strategy", "align-all 64", "-q", "-o", new)
+    assert r.returncode == 0, r.stderr
+    want = subprocess.run([str(exe)], stdout=subprocess.PIPE, text=True).stdout
+    assert subprocess.run([str(new)], stdout=subprocess.PIPE, text=True).stdout == want
+    return exe, new
+
+
 def refusal_line(p):
     """The one stderr line of a refused run (exit 2, no traceback)."""
     lines = p.stderr.strip().splitlines()

@@ -6,11 +6,9 @@ the path ``verify --against`` runs: the C scan is called on the patched bytes (c
 here), and a C scan that read the unpatched image would let the mutations through
 (shown by hiding the patched copies from it)."""
 
-import types
-
-import numpy as np
 import pytest
 
+from block_scan import block_mutation_rows, counting_scan
 from test_verify_blocks import _split_h, prog_h  # noqa: F401  (prog_h: a fixture)
 
 
@@ -22,33 +20,9 @@ def split_h(prog_h, tmp_path_factory):  # noqa: F811
     return str(exe), str(out)
 
 
-def _counting_scan(monkeypatch):
-    """The C core with its lp_block_scan counted; skips without a compiler."""
-    from linepack.verify import blocks as vb
-    monkeypatch.setattr(vb, "_lib", False)
-    lib = vb._native_lib()
-    if lib is None:
-        pytest.skip("no C compiler: the block check runs in Python only")
-    calls = []
-
-    def scan(*a):
-        calls.append(1)
-        return lib.lp_block_scan(*a)
-    monkeypatch.setattr(vb, "_lib", types.SimpleNamespace(lp_block_scan=scan))
-    return calls
-
-
-def _mutate(exe, out, count=40):
-    from linepack.image.context import ImageContext
-    from linepack.image.elf import ElfImage
-    from linepack.verify.mutation import block_mutations
-    octx, nctx = ImageContext(ElfImage(exe)), ImageContext(ElfImage(out))
-    return block_mutations(octx, nctx, np.random.default_rng(3), count=count)
-
-
 def test_block_mutations_run_the_c_scan_and_are_named(split_h, monkeypatch):
-    calls = _counting_scan(monkeypatch)
-    rows = _mutate(*split_h)
+    calls = counting_scan(monkeypatch)
+    rows = block_mutation_rows(*split_h, seed=3, count=40)
     kinds = {r[1] for r in rows}
     assert len(rows) >= 10 and {"immediate", "nop over the instruction"} <= kinds, rows
     # every mutation's block check went through the C scan, and each is named
@@ -62,7 +36,7 @@ def test_a_c_scan_reading_the_unpatched_image_would_let_them_through(split_h, mo
     mapped), the C scan passes the corrupted instructions as unchanged and the
     self-test reports them missed."""
     from linepack.verify import mutation
-    calls = _counting_scan(monkeypatch)
+    calls = counting_scan(monkeypatch)
     monkeypatch.setattr(mutation.PatchedImage, "copies", lambda self: {})
-    rows = _mutate(*split_h)
+    rows = block_mutation_rows(*split_h, seed=3, count=40)
     assert calls and sum(not r[5] for r in rows) >= len(rows) // 2, rows

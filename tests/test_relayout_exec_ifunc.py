@@ -33,17 +33,13 @@ from linepack.image.elf import RELA, ElfImage
 from linepack.relayout.user.pie import R_X86_64_IRELATIVE, dynamic_rela_sections
 
 import helpers
+from helpers import relayout_program, run_program, verify_against
 
 _requirements = helpers.requirements("gcc", "qemu-x86_64")
 
-FIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "c")
+FIX = os.path.join(helpers.FIXTURES, "c")
 BUILDS = {"exec": ["-no-pie"], "static": ["-static"], "static-pie": ["-static-pie"]}
 ARGS = ["20000"]
-
-
-def _run(path, *args):
-    p = subprocess.run([path, *args], capture_output=True, text=True, timeout=60)
-    return p.returncode, p.stdout, p.stderr
 
 
 def _build(d, name):
@@ -55,17 +51,6 @@ def _build(d, name):
         pytest.skip(f"no static libc here: {p.stderr.strip()[-200:]}")
     assert p.returncode == 0, p.stderr
     return exe
-
-
-def _relayout(exe, prof, strategy, out):
-    return subprocess.run(["linepack", "relayout", exe, "--profile", prof, "--strategy",
-                           strategy, "-o", out], capture_output=True, text=True, timeout=300)
-
-
-def _verify(new, old):
-    p = subprocess.run(["linepack", "verify", new, "--against", old], capture_output=True,
-                       text=True, timeout=300)
-    return p.returncode, p.stdout + p.stderr
 
 
 @pytest.fixture(scope="module", params=list(BUILDS))
@@ -97,11 +82,11 @@ def test_output_runs_as_the_original_and_verifies(built, strategy):
     dis = subprocess.run(["objdump", "-d", exe], capture_output=True, text=True).stdout
     assert "addr32 call" in dis
     out = exe + "." + strategy
-    p = _relayout(exe, prof, strategy, out)
+    p = relayout_program(exe, prof, strategy, out)
     assert p.returncode == 0, p.stderr
     for args in (ARGS, ARGS + ["tail"]):
-        assert _run(out, *args) == _run(exe, *args), (name, strategy, args)
-    rc, text = _verify(out, exe)
+        assert run_program(out, *args) == run_program(exe, *args), (name, strategy, args)
+    rc, text = verify_against(out, exe)
     assert rc == 0, text
 
 
@@ -110,7 +95,7 @@ def test_a_stale_irelative_addend_is_a_verify_finding(built, tmp_path):
     what relayout wrote for an ET_EXEC before."""
     name, exe, prof = built
     out = str(tmp_path / "out")
-    assert _relayout(exe, prof, "pack", out).returncode == 0
+    assert relayout_program(exe, prof, "pack", out).returncode == 0
     im_old, irel = _irelative(exe)
     im_new = ElfImage(out)
     for sec, i in irel:
@@ -126,5 +111,5 @@ def test_a_stale_irelative_addend_is_a_verify_finding(built, tmp_path):
     with open(bad, "r+b") as f:
         f.seek(nsec.offset + i * RELA.itemsize + 16)
         f.write(old_add.to_bytes(8, "little", signed=True))
-    rc, text = _verify(bad, exe)
+    rc, text = verify_against(bad, exe)
     assert rc == 1 and "equiv.dynamic-reloc" in text and f"{old_add:#x}" in text, text

@@ -35,21 +35,17 @@ from linepack.image.relocs import (R_X86_64_GOTPCREL, R_X86_64_GOTTPOFF, R_X86_6
                                    tls_effective_types)
 
 import helpers
+from helpers import relayout_program, run_program, verify_against
 
 _requirements = helpers.requirements("gcc", "qemu-x86_64")
 
-FIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "c")
+FIX = os.path.join(helpers.FIXTURES, "c")
 # name: (code model, link mode, tls_lib shared)
 BUILDS = {"exec-le": ("-fPIE", "-no-pie", False), "pie-le": ("-fPIE", "-pie", False),
           "pie-ie": ("-fPIE", "-pie", True), "exec-gd": ("-fPIC", "-no-pie", False),
           "pie-gd": ("-fPIC", "-pie", True)}
 STRATEGIES = ("pack", "blocks")
 ARGS = ["30000"]
-
-
-def _run(path, *args):
-    p = subprocess.run([path, *args], capture_output=True, text=True, timeout=60)
-    return p.returncode, p.stdout, p.stderr
 
 
 def _build(d, name):
@@ -71,17 +67,6 @@ def _build(d, name):
     return exe
 
 
-def _relayout(exe, prof, strategy, out):
-    return subprocess.run(["linepack", "relayout", exe, "--profile", prof, "--strategy",
-                           strategy, "-o", out], capture_output=True, text=True, timeout=300)
-
-
-def _verify(new, old):
-    p = subprocess.run(["linepack", "verify", new, "--against", old], capture_output=True,
-                       text=True, timeout=300)
-    return p.returncode, p.stdout + p.stderr
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     from linepack.profile.user import record_user
@@ -91,7 +76,7 @@ def built(tmp_path_factory):
         exe = _build(d, name)
         prof = exe + ".lpprof"
         record_user(exe, ARGS, output=prof)
-        out[name] = (exe, {s: (exe + "." + s, _relayout(exe, prof, s, exe + "." + s))
+        out[name] = (exe, {s: (exe + "." + s, relayout_program(exe, prof, s, exe + "." + s))
                            for s in STRATEGIES})
     return out
 
@@ -134,8 +119,8 @@ def test_output_runs_as_the_original_and_verifies(built, name, strategy):
     out, p = outs[strategy]
     assert p.returncode == 0, p.stderr
     for args in (ARGS, ARGS + ["rare"]):
-        assert _run(out, *args) == _run(exe, *args), (name, strategy, args)
-    rc, text = _verify(out, exe)
+        assert run_program(out, *args) == run_program(exe, *args), (name, strategy, args)
+    rc, text = verify_against(out, exe)
     assert rc == 0, text
 
 
@@ -170,6 +155,6 @@ def test_a_wrong_tls_field_is_a_verify_finding(built, name, want, tmp_path):
     exe, outs = built[name]
     bad = str(tmp_path / "bad")
     _tamper(outs["blocks"][0], bad, want)
-    rc, text = _verify(bad, exe)
+    rc, text = verify_against(bad, exe)
     # named as a changed instruction (of a moved function, or of a split one's block)
     assert rc == 1 and re.search(r"equiv\.(instruction-bytes|block-instruction) 1\b", text), text

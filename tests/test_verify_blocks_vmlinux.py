@@ -22,6 +22,7 @@ import shutil
 import numpy as np
 import pytest
 
+from block_scan import block_mutation_rows, counting_scan
 from helpers import run_linepack
 import helpers
 
@@ -243,24 +244,8 @@ def test_mutation_self_test_runs_the_c_scan(blocks_out, monkeypatch):
     a PatchedImage, each named by the block check, whose C scan (blocks.c) really
     read the patched bytes (its calls counted; tests/test_mutation_blocks.py shows
     that a scan reading the unpatched image lets such mutations through)."""
-    import types
-    from linepack.image.context import ImageContext
-    from linepack.image.elf import ElfImage
-    from linepack.verify import blocks as vb
-    from linepack.verify.mutation import block_mutations
-    monkeypatch.setattr(vb, "_lib", False)
-    lib = vb._native_lib()
-    if lib is None:
-        pytest.skip("no C compiler: the block check runs in Python only")
-    calls = []
-
-    def scan(*a):
-        calls.append(1)
-        return lib.lp_block_scan(*a)
-    monkeypatch.setattr(vb, "_lib", types.SimpleNamespace(lp_block_scan=scan))
-    octx = ImageContext(ElfImage(VMLINUX))
-    nctx = ImageContext(ElfImage(str(blocks_out)))
-    rows = block_mutations(octx, nctx, np.random.default_rng(10), count=30)
+    calls = counting_scan(monkeypatch)
+    rows = block_mutation_rows(VMLINUX, blocks_out, seed=10, count=30)
     assert len(rows) >= 30 and len(calls) >= len(rows)
     missed = [(r[1], hex(r[4])) for r in rows if not r[5]]
     print(f"block mutations: {len(rows) - len(missed)}/{len(rows)} named, "

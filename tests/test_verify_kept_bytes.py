@@ -3,40 +3,14 @@ kept_pc_relative). Moved or not, a direct branch or a RIP/EIP-relative operand
 with unchanged bytes designates its old target plus the distance moved: that must
 be where the map puts the target."""
 
-import subprocess
-
 import numpy as np
 
 import helpers
 from helpers import run_linepack
-from linepack.image.disasm import Disassembly
+from insn_rows import ShiftMap, disassembly
 from linepack.verify.code import kept_pc_relative
 
 _requirements = helpers.requirements("gcc")
-
-
-class ShiftMap:
-    """Addresses in [lo, hi) move by ``by``; the rest stay."""
-
-    def __init__(self, lo, hi, by):
-        self.lo, self.hi, self.by = np.uint64(lo), np.uint64(hi), np.uint64(by)
-
-    def map(self, a):
-        a = np.asarray(a, np.uint64)
-        return np.where((a >= self.lo) & (a < self.hi), a + self.by, a)
-
-    def translates(self, old, new, kernel=False):
-        return self.map(old) == np.asarray(new, np.uint64)
-
-
-def _dis(rows):
-    """A Disassembly of (address, bytes) rows."""
-    raw = np.zeros((len(rows), 16), np.uint8)
-    for i, (_, b) in enumerate(rows):
-        raw[i, :len(b)] = np.frombuffer(b, np.uint8)
-    return Disassembly(np.array([a for a, _ in rows], np.uint64),
-                       np.array([len(b) for _, b in rows], np.uint8),
-                       np.zeros(len(rows), np.int32), raw, [])
 
 
 # 1000 call 2000; 1005 lea 2000(%rip), %rax; 100c cmpl $7, 2000(%rip) (an immediate
@@ -48,7 +22,7 @@ CODE = [(0x1000, bytes.fromhex("e8fb0f0000")), (0x1005, bytes.fromhex("488d05f40
 
 
 def _kept(old_rows, new_rows, amap):
-    od, nd = _dis(old_rows), _dis(new_rows)
+    od, nd = disassembly(old_rows), disassembly(new_rows)
     ob_i, ob_t, _ = od.branch_targets()
     wrong, stale = [], []
     idx = np.arange(len(old_rows))
@@ -96,14 +70,7 @@ int main(int argc, char **argv) { printf("%d %d\n", g(argc), h()); return 0; }
 def test_a_relocated_immediate_does_not_hide_the_displacement(tmp_path):
     """relayout fixes the RIP displacement of an instruction whose immediate is
     relocated; verify names it when it is left as it was (another field changed)."""
-    (tmp_path / "p.c").write_text(PROG)
-    exe, new = tmp_path / "p", tmp_path / "p.lp"
-    subprocess.run(["gcc", "-O2", "-no-pie", "-fno-pie", "-Wl,--emit-relocs", "-o", str(exe),
-                    str(tmp_path / "p.c")], check=True)
-    r = run_linepack("relayout", exe, "--strategy", "align-all 64", "-q", "-o", new)
-    assert r.returncode == 0, r.stderr
-    want = subprocess.run([str(exe)], stdout=subprocess.PIPE, text=True).stdout
-    assert subprocess.run([str(new)], stdout=subprocess.PIPE, text=True).stdout == want
+    exe, new = helpers.relaid_out_c(tmp_path, PROG)
     assert run_linepack("verify", "-q", new, "--against", exe).returncode == 0
     from linepack.image.context import ImageContext
     from linepack.image.elf import ElfImage

@@ -18,13 +18,12 @@ import pytest
 
 import helpers
 from helpers import run_linepack
+from insn_rows import ShiftMap, disassembly
 from linepack.image import blockmap as bm
-from linepack.image.disasm import Disassembly
 from linepack.verify.blocks import SplitFunction, check_blocks
 from linepack.verify.code import compare_instructions
 
 from test_verify_blocks import Memory, outside, rows_of
-from test_verify_kept_bytes import ShiftMap
 
 # (name, bytes before the rel field, rel width)
 BRANCHES = [("loop", "e2", 1), ("loope", "e1", 1), ("loopne", "e0", 1), ("jecxz", "67e3", 1),
@@ -35,19 +34,10 @@ def _enc(head, width, rel):
     return bytes.fromhex(head) + int(rel).to_bytes(width, "little", signed=True)
 
 
-def _dis(rows):
-    raw = np.zeros((len(rows), 16), np.uint8)
-    for i, (_, b) in enumerate(rows):
-        raw[i, :len(b)] = np.frombuffer(b, np.uint8)
-    return Disassembly(np.array([a for a, _ in rows], np.uint64),
-                       np.array([len(b) for _, b in rows], np.uint8),
-                       np.zeros(len(rows), np.int32), raw, [])
-
-
 def _compare(old_rows, new_rows, amap):
     """compare_instructions over all of OLD's rows: {check: [addresses]}."""
-    octx = SimpleNamespace(disasm=_dis(old_rows), symbol_at=lambda a: f"{a:#x}")
-    nctx = SimpleNamespace(disasm=_dis(new_rows))
+    octx = SimpleNamespace(disasm=disassembly(old_rows), symbol_at=lambda a: f"{a:#x}")
+    nctx = SimpleNamespace(disasm=disassembly(new_rows))
     findings, counter = [], {}
     compare_instructions(octx, nctx, amap, np.ones(len(old_rows), bool), False, findings,
                          counter)
@@ -62,7 +52,7 @@ def test_other_branch_targets_decodes_each_form():
     rows = [(0x1000, _enc(h, w, 0x10)) for _, h, w in BRANCHES] + \
         [(0x1000, bytes.fromhex("e310")), (0x1000, bytes.fromhex("66c7f81000")),
          (0x1000, bytes.fromhex("2ee210"))]
-    d = _dis(rows)
+    d = disassembly(rows)
     i, t, k = other_branch_targets(d.raw, d.addr, d.size)
     # jrcxz (E3 without 67) is branch_targets' own; xbegin rel16 is truncated to 16 bits
     assert i.tolist() == [0, 1, 2, 3, 4, 5, 7, 8]
@@ -163,14 +153,7 @@ _requirements = helpers.requirements("gcc")
 
 
 def test_end_to_end(tmp_path):
-    (tmp_path / "p.c").write_text(PROG)
-    exe, new = tmp_path / "p", tmp_path / "p.lp"
-    subprocess.run(["gcc", "-O2", "-no-pie", "-fno-pie", "-Wl,--emit-relocs", "-o", str(exe),
-                    str(tmp_path / "p.c")], check=True)
-    r = run_linepack("relayout", exe, "--strategy", "align-all 64", "-q", "-o", new)
-    assert r.returncode == 0, r.stderr
-    want = subprocess.run([str(exe)], stdout=subprocess.PIPE, text=True).stdout
-    assert subprocess.run([str(new)], stdout=subprocess.PIPE, text=True).stdout == want
+    exe, new = helpers.relaid_out_c(tmp_path, PROG)
     p = run_linepack("verify", "-q", new, "--against", exe)
     assert p.returncode == 0, p.stdout
     from linepack.image.context import ImageContext
@@ -201,7 +184,7 @@ def test_relayout_does_not_split_a_function_holding_one(name, head, width):
     g0 = 0x1005 + n
     g = [(g0, bytes.fromhex("85ff")), (g0 + 2, bytes.fromhex("7401")), (g0 + 4, b"\x90"),
          (g0 + 5, b"\xc3")]
-    cfg = CFG(_dis(f + g), np.array([0x1000, g0], np.uint64),
+    cfg = CFG(disassembly(f + g), np.array([0x1000, g0], np.uint64),
               np.array([g0, g0 + 6], np.uint64))
     assert cfg.reason.tolist() == [R_OTHER_BRANCH, R_SPLIT]
 
