@@ -356,6 +356,11 @@ def test_shrunk_section_refused_unless_an_added_section_takes_its_end(boot):
                                 [(text[0] + text[1] - 2048, 2048)])
     assert not B._ends_in_added(text, (text[0] + 16, text[1] - 4096),
                                 [(text[0] + text[1] - 4096, 4096)])
+    # the added sections must reach the old end, end to end
+    tail = text[0] + text[1] - 4096
+    assert not B._ends_in_added(text, (text[0], text[1] - 4096), [(tail, 2048)])
+    assert not B._ends_in_added(text, (text[0], text[1] - 4096), [(tail, 1024), (tail + 2048, 2048)])
+    assert B._ends_in_added(text, (text[0], text[1] - 4096), [(tail, 1024), (tail + 1024, 3072)])
 
 
 def test_text_tail_starts_after_the_layouts_last_code_byte():
@@ -382,3 +387,7 @@ def test_text_tail_starts_after_the_layouts_last_code_byte():
     assert offset == sec.offset + 3 * page
     buf[end - 16:end] = 0xCC                         # code ends 15 bytes before the page
     assert _text_tail(rw, image)[1] == base + 2 * page
+    # the section runs on past _etext: the tail stops at _etext (the pages after it
+    # are freed after boot)
+    image.symbol_address = lambda n: base + 3 * page + 512
+    assert _text_tail(rw, image)[3] == base + 3 * page + 512

@@ -579,8 +579,12 @@ def _ends_in_added(was, now, added):
     if now is None or now[0] != was[0] or now[1] >= was[1]:
         return False
     pos, end = was[0] + now[1], was[0] + was[1]
-    inside = sorted(a for a in added if was[0] <= a[0] and a[0] + a[1] <= end)
-    return bool(inside) and inside[0][0] == pos
+    # the added sections must fill the given-up tail end to end, no gap
+    for start, size in sorted(a for a in added if was[0] <= a[0] and a[0] + a[1] <= end):
+        if start != pos:
+            return False
+        pos = start + size
+    return pos == end and now[1] < was[1]
 
 
 def check_same_bounds(old_elf, new_elf, path="output"):

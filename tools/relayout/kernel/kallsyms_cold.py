@@ -145,7 +145,9 @@ def _text_tail(rw, image):
         if len(ends):
             last = max(last, int(ends.max()))
     start = _align(last, PAGE)
-    limit = sec.addr + sec.size
+    # not past _etext: the kernel frees the pages between the end of its text and
+    # its read-only data after boot (mark_rodata_ro: the text/rodata gap)
+    limit = min(sec.addr + sec.size, end)
     if start >= limit:
         return None
     return sec, start, sec.offset + (start - sec.addr), limit
