@@ -255,8 +255,8 @@ def other_branch_targets(raw, addr, size):
 
 # Every prefix the CPU accepts before an opcode: the legacy ones (lock, rep/bnd,
 # segments, operand and address size) and REX.
-ANY_PREFIX = (0xF0, 0xF2, 0xF3, 0x2E, 0x36, 0x3E, 0x26, 0x64, 0x65, 0x66, 0x67) + \
-    tuple(range(0x40, 0x50))
+LEGACY_PREFIXES = (0xF0, 0xF2, 0xF3, 0x2E, 0x36, 0x3E, 0x26, 0x64, 0x65, 0x66, 0x67)
+ANY_PREFIX = LEGACY_PREFIXES + tuple(range(0x40, 0x50))
 # The prefixes the branch decoders here (and the CFG's) all read past, per
 # opcode class: hints and bnd on jmp/jcc; ld's addr32 on a call too; the
 # counter's 67 and the 66 of a rel16 xbegin on loop, jecxz and xbegin

@@ -4,6 +4,7 @@ pointing at old code), and every function stays inside its region."""
 
 import numpy as np
 
+from ..image.disasm import LEGACY_PREFIXES, skip_prefixes
 from ..image.elf import STT_SECTION
 from .addrmap import KERNEL_MAP
 from .tables import sorted_table_ranges
@@ -315,24 +316,11 @@ def check_moved_data_fields(ctx, out):
                        f"data symbol and should be {w[3]:#x}, is {w[4]:#x}"))
 
 
-_LEGACY_PREFIXES = (0xF0, 0xF2, 0xF3, 0x2E, 0x36, 0x3E, 0x26, 0x64, 0x65, 0x66, 0x67)
-
-
 def imm_sign_extended(raw):
     """Per instruction (rows of raw bytes): does its 32-bit immediate act as a 64-bit
     value? A REX prefix with W before the opcode (64-bit operand size: the
     immediate is sign-extended), or ``push imm32`` (0x68, 64-bit by default)."""
-    raw = np.asarray(raw, np.uint8)
-    n = len(raw)
-    pos = np.zeros(n, np.int64)
-    rows = np.arange(n)
-    for _ in range(min(raw.shape[1] - 1, 14)):
-        b = raw[rows, np.minimum(pos, raw.shape[1] - 1)]
-        more = np.isin(b, _LEGACY_PREFIXES)
-        if not more.any():
-            break
-        pos += more
-    b = raw[rows, np.minimum(pos, raw.shape[1] - 1)]
-    rex = (b & 0xF0) == 0x40
-    op = raw[rows, np.minimum(pos + rex, raw.shape[1] - 1)]
+    _, b, after = skip_prefixes(np.asarray(raw, np.uint8), LEGACY_PREFIXES, rounds=14)
+    rex = (b & 0xF0) == 0x40          # REX comes right before the opcode
+    op = np.where(rex, after, b)
     return (rex & ((b & 0x08) != 0)) | (op == 0x68)
