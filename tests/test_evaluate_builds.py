@@ -1,6 +1,9 @@
 """Kernels of several builds in one evaluate table (each row against the first kernel of
 its own build), and the Debian release a banner or boot-image version string names."""
 
+import pytest
+
+from linepack.errors import LinepackError
 from linepack import targets
 from linepack.evaluate import table
 
@@ -47,10 +50,31 @@ def test_block_level_tolerance_from_a_labels_last_word():
 
 def test_release_of_a_banner_or_boot_image_version():
     assert targets.build_of_release("Linux version 6.12.118+deb13-cloud-amd64 (debian-kernel@"
-                                    "lists.debian.org) (x86_64-linux-gnu-gcc-14") == ("6.12", 118)
+                                    "lists.debian.org) (x86_64-linux-gnu-gcc-14") == \
+        ("6.12", 118, "cloud")
     assert targets.build_of_release("7.3.4+deb13-cloud-amd64 (debian-kernel@lists.debian.org) "
-                                    "#1 SMP PREEMPT_DYNAMIC") == ("7.3", 4)
-    assert targets.build_of_release("6.1.0-56-cloud-amd64") == ("6.1", 56)
-    assert targets.build_of_release("6.12.117+deb12-cloud-amd64 #1") == ("6.12-deb12", 117)
-    assert targets.build_of_release("6.1.0-56-amd64") == (None, None)
-    assert targets.build_of_release("") == (None, None)
+                                    "#1 SMP PREEMPT_DYNAMIC") == ("7.3", 4, "cloud")
+    assert targets.build_of_release("6.1.0-56-cloud-amd64") == ("6.1", 56, "cloud")
+    assert targets.build_of_release("6.12.117+deb12-cloud-amd64 #1") == ("6.12-deb12", 117, "cloud")
+    # the other flavours: generic (-amd64) and PREEMPT_RT (-rt-amd64)
+    assert targets.build_of_release("6.1.0-56-amd64") == ("6.1", 56, "generic")
+    assert targets.build_of_release("Linux version 6.12.118+deb13-amd64 (debian-kernel@") == \
+        ("6.12", 118, "generic")
+    assert targets.build_of_release("6.12.118+deb13-rt-amd64 #1 SMP PREEMPT_RT") == \
+        ("6.12", 118, "rt")
+    assert targets.build_of_release("6.1.0-56-foo-amd64") == (None, None, None)
+    assert targets.build_of_release("") == (None, None, None)
+
+
+def test_flavour_names_its_packages():
+    """Each flavour names the release and packages Debian uses for it."""
+    assert targets.release(56, "6.1", "generic") == "6.1.0-56-amd64"
+    assert targets.release(118, "6.12", "rt") == "6.12.118+deb13-rt-amd64"
+    s = targets.series_info("7.3", "generic")
+    rel = s.release(4)
+    assert (s.dbg.format(rel=rel), s.image.format(rel=rel)) == \
+        ("linux-image-7.3.4+deb13-amd64-dbg", "linux-binary-unsigned-7.3.4+deb13-amd64")
+    assert s.pkg_re.findall("linux-image-7.3.4+deb13-amd64-dbg\n"
+                            "linux-image-7.3.4+deb13-cloud-amd64-dbg\n") == ["4"]
+    with pytest.raises(LinepackError, match="unknown kernel flavour 'arm64'"):
+        targets.series_info("6.12", "arm64")

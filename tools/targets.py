@@ -1,4 +1,9 @@
-"""The real targets: Debian's cloud kernels, fetched with apt and cached.
+"""The real targets: Debian's kernels, fetched with apt and cached.
+
+Flavour (``flavour=``, default ``"cloud"``): ``cloud`` (``-cloud-amd64``, the
+project's reference), ``generic`` (``-amd64``, what most machines run) or ``rt``
+(``-rt-amd64``, PREEMPT_RT); the package names below are the cloud ones, the
+others differ only in that suffix.
 
 Series (``series=``, default ``"6.1"``); ``abi`` is the ABI number (6.1.0-56) or
 the upstream patch level (118 for 6.12.118+deb13):
@@ -41,8 +46,9 @@ from .errors import BadInput, ExternalToolError
 from .progress import stderr_log
 
 SERIES = "6.1.0"
-FLAVOUR = "cloud-amd64"
-_PKG_RE = re.compile(r"^linux-image-6\.1\.0-(\d+)-cloud-amd64-dbg\b", re.M)
+# flavour name -> the suffix of its release and package names
+FLAVOURS = {"cloud": "cloud-amd64", "generic": "amd64", "rt": "rt-amd64"}
+DEFAULT_FLAVOUR = "cloud"
 
 # Debian 13 (trixie) and trixie-backports, read through a private apt state under
 # the cache (sources list, lists, package cache) so the machine's apt sources stay
@@ -73,26 +79,41 @@ class Series:
     def release(self, abi):
         return self.release_fmt.format(abi=int(abi))
 
+    def of_flavour(self, flavour):
+        """This series' names for one flavour (FLAVOURS): the tables below hold
+        ``{flavour}`` where the suffix goes."""
+        suffix = FLAVOURS.get(flavour)
+        if suffix is None:
+            raise BadInput(f"unknown kernel flavour {flavour!r} (known: {', '.join(FLAVOURS)})")
+        out = Series.__new__(Series)
+        out.__dict__.update(self.__dict__)
+        out.flavour = flavour
+        out.release_fmt = self.release_fmt.replace("{flavour}", suffix)
+        out.search_re = self.search_re.replace("{flavour}", re.escape(suffix))
+        out.pkg_re = re.compile(self.pkg_re.pattern.replace("{flavour}", re.escape(suffix)), re.M)
+        return out
+
 
 SERIES_TABLE = {
-    "6.1": Series("6.1", SERIES + "-{abi}-" + FLAVOUR,
-                  r"^linux-image-6\.1\.0-[0-9]+-cloud-amd64-dbg$", _PKG_RE.pattern,
+    "6.1": Series("6.1", SERIES + "-{abi}-{flavour}",
+                  r"^linux-image-6\.1\.0-[0-9]+-{flavour}-dbg$",
+                  r"^linux-image-6\.1\.0-(\d+)-{flavour}-dbg\b",
                   "LINEPACK_KERNEL_ABI",
                   vmlinux="usr/lib/debug/boot/vmlinux-{rel}",
                   image="linux-image-{rel}", vmlinuz="boot/vmlinuz-{rel}",
                   modules="linux-image-{rel}", moddir="lib/modules/{rel}/kernel",
                   what="Debian 12 (bookworm)"),
-    "6.12": Series("6.12", "6.12.{abi}+deb13-" + FLAVOUR,
-                   r"^linux-image-6\.12\.[0-9]+\+deb13-cloud-amd64-dbg$",
-                   r"^linux-image-6\.12\.(\d+)\+deb13-cloud-amd64-dbg\b",
+    "6.12": Series("6.12", "6.12.{abi}+deb13-{flavour}",
+                   r"^linux-image-6\.12\.[0-9]+\+deb13-{flavour}-dbg$",
+                   r"^linux-image-6\.12\.(\d+)\+deb13-{flavour}-dbg\b",
                    "LINEPACK_KERNEL_ABI_6_12",
                    vmlinux="usr/lib/debug/boot/vmlinux-{rel}",
                    image="linux-image-{rel}-unsigned", vmlinuz="boot/vmlinuz-{rel}",
                    modules="linux-image-{rel}-unsigned", moddir="usr/lib/modules/{rel}/kernel",
                    apt="trixie", what="Debian 13 (trixie, trixie-security)"),
-    "7.3": Series("7.3", "7.3.{abi}+deb13-" + FLAVOUR,
-                  r"^linux-image-7\.3\.[0-9]+\+deb13-cloud-amd64-dbg$",
-                  r"^linux-image-7\.3\.(\d+)\+deb13-cloud-amd64-dbg\b",
+    "7.3": Series("7.3", "7.3.{abi}+deb13-{flavour}",
+                  r"^linux-image-7\.3\.[0-9]+\+deb13-{flavour}-dbg$",
+                  r"^linux-image-7\.3\.(\d+)\+deb13-{flavour}-dbg\b",
                   "LINEPACK_KERNEL_ABI_7_3",
                   vmlinux="usr/lib/debug/lib/modules/{rel}/vmlinux",
                   image="linux-binary-unsigned-{rel}",
@@ -100,9 +121,9 @@ SERIES_TABLE = {
                   modules="linux-modules-{rel}", moddir="usr/lib/modules/{rel}/kernel",
                   apt="trixie", what="trixie-backports"),
     # The 6.12 of Debian 12's bookworm-backports (linked without --emit-relocs too).
-    "6.12-deb12": Series("6.12-deb12", "6.12.{abi}+deb12-" + FLAVOUR,
-                         r"^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-dbg$",
-                         r"^linux-image-6\.12\.(\d+)\+deb12-cloud-amd64-dbg\b",
+    "6.12-deb12": Series("6.12-deb12", "6.12.{abi}+deb12-{flavour}",
+                         r"^linux-image-6\.12\.[0-9]+\+deb12-{flavour}-dbg$",
+                         r"^linux-image-6\.12\.(\d+)\+deb12-{flavour}-dbg\b",
                          "LINEPACK_KERNEL_ABI_6_12_DEB12",
                          vmlinux="usr/lib/debug/boot/vmlinux-{rel}",
                          image="linux-image-{rel}", vmlinuz="boot/vmlinuz-{rel}",
@@ -112,22 +133,24 @@ SERIES_TABLE = {
 DEFAULT_SERIES = "6.1"
 
 
-def series_info(series=DEFAULT_SERIES):
+def series_info(series=DEFAULT_SERIES, flavour=DEFAULT_FLAVOUR):
     s = SERIES_TABLE.get(str(series))
     if s is None:
         raise BadInput(f"unknown kernel series {series!r} (known: {', '.join(SERIES_TABLE)})")
-    return s
+    return s.of_flavour(flavour)
 
 
 def build_of_release(text):
-    """(series, abi) of the first Debian cloud release named in ``text`` (a banner,
-    a boot image's version string, a uname -r), or (None, None)."""
-    for name, s in SERIES_TABLE.items():
-        pattern = re.escape(s.release_fmt).replace(re.escape("{abi}"), r"(\d+)")
-        m = re.search(r"(?<![\w.])" + pattern + r"(?![\w.+-])", text or "")
-        if m:
-            return name, int(m.group(1))
-    return None, None
+    """(series, abi, flavour) of the first Debian release named in ``text`` (a
+    banner, a boot image's version string, a uname -r), or (None, None, None)."""
+    for name in SERIES_TABLE:
+        for flavour in FLAVOURS:
+            s = series_info(name, flavour)
+            pattern = re.escape(s.release_fmt).replace(re.escape("{abi}"), r"(\d+)")
+            m = re.search(r"(?<![\w.])" + pattern + r"(?![\w.+-])", text or "")
+            if m:
+                return name, int(m.group(1)), flavour
+    return None, None, None
 
 
 def cache_dir():
@@ -181,16 +204,16 @@ def update_apt_state(name):
     _run(["apt-get", "-q"] + opts + ["update"], f"apt-get update ({name}, private state {d})")
 
 
-def available_abis(series=DEFAULT_SERIES):
-    """ABI numbers of the -dbg cloud packages apt knows, ascending (6.12/7.3: patch levels)."""
-    s = series_info(series)
+def available_abis(series=DEFAULT_SERIES, flavour=DEFAULT_FLAVOUR):
+    """ABI numbers of the flavour's -dbg packages apt knows, ascending (6.12/7.3: patch levels)."""
+    s = series_info(series, flavour)
     out = _run(["apt-cache"] + _apt_state(s.apt) + ["search", "--names-only", s.search_re],
                "apt-cache search")
     return sorted({int(m) for m in s.pkg_re.findall(out)})
 
 
-def release(abi, series=DEFAULT_SERIES):
-    return series_info(series).release(abi)
+def release(abi, series=DEFAULT_SERIES, flavour=DEFAULT_FLAVOUR):
+    return series_info(series, flavour).release(abi)
 
 
 def _cached_deb(package):
@@ -251,14 +274,14 @@ def _extract(deb, member, dest, xz=False):
             os.unlink(tmp)
 
 
-def resolve_abi(abi=None, series=DEFAULT_SERIES):
-    s = series_info(series)
+def resolve_abi(abi=None, series=DEFAULT_SERIES, flavour=DEFAULT_FLAVOUR):
+    s = series_info(series, flavour)
     if abi is not None:
         return int(abi)
     env = os.environ.get(s.env)
     if env:
         return int(env)
-    abis = available_abis(series)
+    abis = available_abis(series, flavour)
     if not abis:
         pattern = s.release_fmt.format(abi="*")
         where = f"the private {s.apt} apt state" if s.apt else \
@@ -268,23 +291,24 @@ def resolve_abi(abi=None, series=DEFAULT_SERIES):
     return abis[-1]
 
 
-def check_abi(abi, series=DEFAULT_SERIES):
+def check_abi(abi, series=DEFAULT_SERIES, flavour=DEFAULT_FLAVOUR):
     """BadInput naming the valid ABIs when apt knows no package of ``abi`` (asked
     only before a download: a cached kernel needs no apt lists)."""
-    known = available_abis(series)
+    known = available_abis(series, flavour)
     if known and int(abi) not in known:
-        raise BadInput(f"ABI {abi}: apt knows no {release(abi, series)} kernel; valid: "
-                       f"{', '.join(map(str, known))} (see 'linepack fetch --series {series} --list')")
+        raise BadInput(f"ABI {abi}: apt knows no {release(abi, series, flavour)} kernel; valid: "
+                       f"{', '.join(map(str, known))} (see 'linepack fetch --series {series} "
+                       f"--flavour {flavour} --list')")
 
 
-def _cached_file(kind, series, abi, log, rel_path, package, member, xz=False):
-    s = series_info(series)
-    abi = resolve_abi(abi, series)
-    rel = release(abi, series)
+def _cached_file(kind, series, flavour, abi, log, rel_path, package, member, xz=False):
+    s = series_info(series, flavour)
+    abi = resolve_abi(abi, series, flavour)
+    rel = release(abi, series, flavour)
     dest = os.path.join(cache_dir(), "kernels", rel, rel_path)
     if os.path.exists(dest):
         return dest
-    check_abi(abi, series)
+    check_abi(abi, series, flavour)
     deb = download_deb(package.format(rel=rel), log=log, apt=s.apt)
     if log:
         log(f"extracting {kind} of {rel} from {os.path.basename(deb)}")
@@ -292,39 +316,40 @@ def _cached_file(kind, series, abi, log, rel_path, package, member, xz=False):
     return dest
 
 
-def debian_vmlinux(abi=None, log=None, *, series=DEFAULT_SERIES):
-    """Path of the cached vmlinux (with DWARF) of Debian's cloud kernel (fetching it once).
+def debian_vmlinux(abi=None, log=None, *, series=DEFAULT_SERIES, flavour=DEFAULT_FLAVOUR):
+    """Path of the cached vmlinux (with DWARF) of a Debian kernel (fetching it once).
 
     ``series`` is "6.1" (default; ``abi`` = ABI number), "6.12" (Debian 13) or "7.3"
     (trixie-backports), ``abi`` the patch level (118 for 6.12.118+deb13), or
-    "6.12-deb12" (bookworm-backports).
+    "6.12-deb12" (bookworm-backports); ``flavour`` "cloud" (default), "generic" or "rt".
     """
-    s = series_info(series)
-    return _cached_file("vmlinux", series, abi, log, "vmlinux", s.dbg, s.vmlinux)
+    s = series_info(series, flavour)
+    return _cached_file("vmlinux", series, flavour, abi, log, "vmlinux", s.dbg, s.vmlinux)
 
 
-def debian_vmlinuz(abi=None, log=None, *, series=DEFAULT_SERIES):
+def debian_vmlinuz(abi=None, log=None, *, series=DEFAULT_SERIES, flavour=DEFAULT_FLAVOUR):
     """Path of the cached boot image (vmlinuz) of the same build (fetching it once)."""
-    s = series_info(series)
-    return _cached_file("vmlinuz", series, abi, log, "vmlinuz", s.image, s.vmlinuz)
+    s = series_info(series, flavour)
+    return _cached_file("vmlinuz", series, flavour, abi, log, "vmlinuz", s.image, s.vmlinuz)
 
 
-def debian_module(name, abi=None, log=None, *, series=DEFAULT_SERIES):
+def debian_module(name, abi=None, log=None, *, series=DEFAULT_SERIES, flavour=DEFAULT_FLAVOUR):
     """Path of one cached module (.ko) of the same build, e.g. 'fs/fat/vfat.ko'
     (Debian 13's are .ko.xz in the package: cached decompressed)."""
-    s = series_info(series)
+    s = series_info(series, flavour)
     xz = s.apt is not None
-    return _cached_file("module", series, abi, log, os.path.join("modules", name), s.modules,
+    return _cached_file("module", series, flavour, abi, log, os.path.join("modules", name),
+                        s.modules,
                         f"{s.moddir}/{name}" + (".xz" if xz else ""), xz=xz)
 
 
-def debian_module_names(abi=None, log=None, *, series=DEFAULT_SERIES):
+def debian_module_names(abi=None, log=None, *, series=DEFAULT_SERIES, flavour=DEFAULT_FLAVOUR):
     """Paths (e.g. 'drivers/block/brd.ko') of every module the build's modules package
     ships, listed once into the cache; what the kernel has built in is not there (Debian
     13 builds in the virtio core and PCI transport that 6.1 has as modules)."""
-    s = series_info(series)
-    abi = resolve_abi(abi, series)
-    rel = release(abi, series)
+    s = series_info(series, flavour)
+    abi = resolve_abi(abi, series, flavour)
+    rel = release(abi, series, flavour)
     dest = os.path.join(cache_dir(), "kernels", rel, "modules.list")
     if not os.path.exists(dest):
         deb = download_deb(s.modules.format(rel=rel), log=log, apt=s.apt)
@@ -348,12 +373,13 @@ def debian_module_names(abi=None, log=None, *, series=DEFAULT_SERIES):
 _log = stderr_log("linepack")
 
 
-def main_fetch(abi=None, series=DEFAULT_SERIES):
-    path = debian_vmlinux(abi, log=_log, series=series)
+def main_fetch(abi=None, series=DEFAULT_SERIES, flavour=DEFAULT_FLAVOUR):
+    path = debian_vmlinux(abi, log=_log, series=series, flavour=flavour)
     print(path)
     return path
 
 
 __all__ = ["build_of_release", "cache_dir", "available_abis", "debian_vmlinux", "debian_vmlinuz",
            "debian_module", "debian_module_names", "resolve_abi", "release", "download_deb",
-           "series_info", "update_apt_state", "SERIES_TABLE", "DEFAULT_SERIES"]
+           "series_info", "update_apt_state", "SERIES_TABLE", "DEFAULT_SERIES", "FLAVOURS",
+           "DEFAULT_FLAVOUR"]

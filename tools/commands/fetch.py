@@ -1,11 +1,12 @@
-"""``linepack fetch``: download and cache a Debian cloud kernel (6.1, 6.12, 7.3)."""
+"""``linepack fetch``: download and cache a Debian kernel (6.1, 6.12, 7.3; cloud,
+generic or rt)."""
 
 from ..cli import verb
 from .. import targets
 
 
-@verb("fetch", "download (once) and cache Debian's cloud kernel (--series 6.1, 6.12 or 7.3): "
-      "print the path of its vmlinux (or --vmlinuz)")
+@verb("fetch", "download (once) and cache a Debian kernel (--series 6.1, 6.12 or 7.3; "
+      "--flavour cloud, generic or rt): print the path of its vmlinux (or --vmlinuz)")
 class Fetch:
     @staticmethod
     def add_arguments(p):
@@ -15,6 +16,10 @@ class Fetch:
                        "(trixie-backports, linux-image-7.3.<N>+deb13-cloud-amd64-dbg) or 6.12-deb12 "
                        "(bookworm-backports); Debian 13's packages come through a private apt "
                        "state under the cache, the machine's apt sources are not touched")
+        p.add_argument("--flavour", default=targets.DEFAULT_FLAVOUR, choices=list(targets.FLAVOURS),
+                       help="cloud (default: -cloud-amd64, the reference kernel of linepack's "
+                       "tests), generic (-amd64, what most machines run) or rt (-rt-amd64, "
+                       "PREEMPT_RT)")
         p.add_argument("--abi", type=int, help="pin an ABI number, e.g. 56 for 6.1.0-56, or the patch "
                        "level for 6.12/7.3, e.g. 118 for 6.12.118+deb13 (default: the newest apt knows; "
                        "env LINEPACK_KERNEL_ABI, LINEPACK_KERNEL_ABI_6_12, LINEPACK_KERNEL_ABI_7_3)")
@@ -31,7 +36,8 @@ class Fetch:
 
     @staticmethod
     def run(args):
-        s = targets.series_info(args.series)
+        fl = args.flavour
+        s = targets.series_info(args.series, fl)
         if args.update:
             if s.apt is None:
                 from ..errors import BadInput
@@ -39,13 +45,15 @@ class Fetch:
                                "(run apt-get update)")
             targets.update_apt_state(s.apt)
         if args.list:
-            for abi in targets.available_abis(args.series):
-                print(targets.release(abi, args.series))
+            for abi in targets.available_abis(args.series, fl):
+                print(targets.release(abi, args.series, fl))
             return 0
         if args.vmlinuz:
-            print(targets.debian_vmlinuz(args.abi, log=targets._log, series=args.series))
+            print(targets.debian_vmlinuz(args.abi, log=targets._log, series=args.series,
+                                         flavour=fl))
         else:
-            targets.main_fetch(args.abi, series=args.series)
+            targets.main_fetch(args.abi, series=args.series, flavour=fl)
         for m in args.module or ():
-            print(targets.debian_module(m, abi=args.abi, log=targets._log, series=args.series))
+            print(targets.debian_module(m, abi=args.abi, log=targets._log, series=args.series,
+                                        flavour=fl))
         return 0

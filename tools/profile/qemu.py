@@ -277,8 +277,9 @@ def workload_initrd(workload, modules=(), log=None, files=()):
 
 
 def kernel_build(kernel):
-    """(series, abi) of a Debian cloud kernel image, from an ELF vmlinux's banner or a
-    boot image's version string (6.1, 6.12, 7.3: targets.SERIES_TABLE), or (None, None)."""
+    """(series, abi, flavour) of a Debian kernel image, from an ELF vmlinux's banner or a
+    boot image's version string (6.1, 6.12, 7.3: targets.SERIES_TABLE; cloud, generic,
+    rt), or (None, None, None)."""
     from .. import targets
     from ..errors import LinepackError
     try:
@@ -290,14 +291,14 @@ def kernel_build(kernel):
             from ..kernel.base import kernel_version_of
             text = kernel_version_of(ElfImage(kernel))[1]
     except LinepackError:
-        return None, None
+        return None, None, None
     return targets.build_of_release(text)
 
 
 def kernel_abi(kernel):
     """The Debian ABI number of a 6.1 cloud kernel image, from its banner (or None)."""
-    series, abi = kernel_build(kernel)
-    return abi if series == "6.1" else None
+    series, abi, flavour = kernel_build(kernel)
+    return abi if (series, flavour) == ("6.1", "cloud") else None
 
 
 def debian_module_for(kernel, name):
@@ -305,8 +306,9 @@ def debian_module_for(kernel, name):
     (a rewrite keeps its banner), fetched once; a kernel of no known build: the 6.1
     series' newest, as before."""
     from .. import targets
-    series, abi = kernel_build(kernel)
-    return targets.debian_module(name, abi=abi, series=series or targets.DEFAULT_SERIES)
+    series, abi, flavour = kernel_build(kernel)
+    return targets.debian_module(name, abi=abi, series=series or targets.DEFAULT_SERIES,
+                                 flavour=flavour or targets.DEFAULT_FLAVOUR)
 
 
 # Fixed identity for reproducible file-system images.
@@ -405,8 +407,9 @@ def workload_boot(kernel, workload="vfs-mix", loops=None, modules=(), log=None, 
     if wl.disk_fs and wl.disk_device == "virtio":
         # virtio-blk and its transport are modules in Debian's cloud kernel
         from .. import targets
-        series, abi = kernel_build(kernel)
-        shipped = targets.debian_module_names(abi, series=series) if series else None
+        series, abi, flavour = kernel_build(kernel)
+        shipped = targets.debian_module_names(abi, series=series, flavour=flavour) \
+            if series else None
         modules = tuple(modules) + tuple(debian_module_for(kernel, m) for m in VIRTIO_BLK_MODULES
                                          if shipped is None or m in shipped)
     initrd = workload_initrd(wl, modules, files=files)
