@@ -357,6 +357,58 @@ VIRTIO_BLK_MODULES = ("drivers/virtio/virtio_ring.ko", "drivers/virtio/virtio.ko
                       "drivers/block/virtio_blk.ko")
 
 
+def _filesystem_modules(wl, kernel):
+    """The workload's file system and what it depends on, when the kernel's build has
+    it as a module (Debian's generic and rt flavours: ext4, jbd2, mbcache, crc16;
+    the cloud kernel builds them in), in load order; () otherwise."""
+    if not wl.disk_fs:
+        return ()
+    from .. import targets
+    series, abi, flavour = kernel_build(kernel)
+    if series is None:
+        return ()
+    shipped = targets.debian_module_names(abi, series=series, flavour=flavour)
+    by_name = {os.path.basename(p)[:-3].replace("-", "_"): p for p in shipped}
+    order, seen = [], set()
+
+    def add(name):
+        # a crypto soft dependency names an alias (crypto-crc32c): the module
+        # providing it is the algorithm's generic one (crc32c_generic.ko)
+        base = name.removeprefix("crypto-").replace("-", "_")
+        path = by_name.get(base, by_name.get(base + "_generic"))
+        if path is None or path in seen:
+            return
+        seen.add(path)
+        ko = debian_module_for(kernel, path)
+        for dep in _module_depends(ko):
+            add(dep)
+        order.append(ko)
+    add(wl.disk_fs)
+    return tuple(order)
+
+
+def _module_depends(ko):
+    """The module names a .ko's .modinfo lists in ``depends=`` and as ``softdep=pre:``
+    (ext4 mounts only with crc32c loaded), in that order."""
+    from ..image.elf import ElfImage
+    im = ElfImage(ko)
+    sec = next((x for x in im.sections if x.name == ".modinfo"), None)
+    if sec is None:
+        return []
+    out = []
+    for entry in bytes(im.section_bytes(sec)).split(b"\0"):
+        text = entry.decode(errors="replace")
+        if text.startswith("depends="):
+            out += [d for d in text[len("depends="):].split(",") if d]
+        elif text.startswith("softdep="):
+            # softdep=pre: a b post: c
+            words = text[len("softdep="):].split() + ["post:"]
+            if "pre:" in words:
+                pre = words[words.index("pre:") + 1:]
+                out += pre[:pre.index("post:")]
+    return out
+
+
 def _workload_modules(wl, kernel):
     """The workload's own kernel module ([module] in its config), built for ``kernel``."""
     if not wl.module_source:
@@ -403,7 +455,7 @@ def workload_boot(kernel, workload="vfs-mix", loops=None, modules=(), log=None, 
         words.setdefault("disk", "/dev/ram0")
         words.setdefault("disk_image", "/disk.img")
         words.setdefault("fstype", wl.disk_fs)
-    modules = tuple(modules) + _workload_modules(wl, kernel)
+    modules = tuple(modules) + _workload_modules(wl, kernel) + _filesystem_modules(wl, kernel)
     if wl.disk_fs and wl.disk_device == "virtio":
         # virtio-blk and its transport are modules in Debian's cloud kernel
         from .. import targets
