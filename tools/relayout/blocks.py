@@ -615,6 +615,7 @@ def planning_units(units, heat, splits, hot_align=None, whole_align=None, min_co
     a unit with a prefix (more than one member) keeps its own.
     ``whole_align``: the alignment of hot units (heat >= ``min_count``) moved whole
     that hold one function, are not pinned and keep no phase (None: their own).
+    Neither takes a mangled (C++) function that was 2-aligned below 2 bytes.
     Returns (table, heat, parent index per planning unit, part per planning unit)."""
     n = len(units)
     by_unit = {sf.unit: sf for sf in splits}
@@ -658,6 +659,13 @@ def planning_units(units, heat, splits, hot_align=None, whole_align=None, min_co
         whole = ~cold & ~is_split[par] & single[par] & ~pn & (ph == 0) & \
             (np.asarray(heat, np.float64)[par] >= min_count)
         al = np.where(whole, np.minimum(al, int(whole_align)), al)
+    if hot_align is not None or whole_align is not None:
+        # C++: a pointer to member function marks a virtual one by the low bit of
+        # its value (Itanium ABI), so gcc aligns member functions to 2 bytes; a
+        # mangled function that was at an even address stays at one (at an odd
+        # one, a call through such a pointer reads the vtable: yaml-cpp's tests)
+        cxx = np.array([str(nm).startswith("_Z") for nm in units.name], bool)
+        al = np.where(~cold & cxx[par], np.maximum(al, np.minimum(units.align[par], 2)), al)
     ht = np.where(cold, 0.0, np.asarray(heat, np.float64)[par])
     nm, mem = [], []
     for u, c in zip(par.tolist(), cold.tolist()):

@@ -32,6 +32,8 @@ data.py and reloc_fields.py (step 3), tables.py, symbols.py, unwind.py (step
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import numpy as np
+
 from .. import timings
 from ..image.elf import ElfImage
 from ..kernel.base import Finding, ImageContext
@@ -84,6 +86,19 @@ def _check_functions(ctx, out):
                        f"{int(of.size[oi[k]])} -> {int(nf.size[ni[k]])}"))
 
 
+def _check_member_function_parity(ctx, out):
+    """C++: a mangled function at an even address stays at one. A pointer to
+    member function marks a virtual one by its low bit (Itanium ABI), so gcc
+    aligns member functions to 2 bytes; gcc's own ``.cold`` parts are no target."""
+    of, nf, oi, ni = ctx.of, ctx.nf, ctx.oi, ctx.ni
+    names = [of.name[i] for i in oi.tolist()]
+    cxx = np.array([n.startswith("_Z") and ".cold" not in n for n in names], bool)
+    odd = ((of.start[oi] & 1) == 0) & ((nf.start[ni] & 1) == 1)
+    out.add("equiv.member-function-parity", np.nonzero(cxx & odd)[0].tolist(),
+            lambda k: (int(nf.start[ni[k]]), f"{names[k]} was at an even address and is "
+                       "at an odd one: a pointer to member function naming it reads as virtual"))
+
+
 def _check_ibt_entries(ctx, out):
     """IBT kernels: every function that began with ENDBR64 still does (kernel/prefixes.py)."""
     from ..kernel.prefixes import check_endbr_entries
@@ -133,6 +148,7 @@ def _add_debuginfo(ctx, out, result):
 CHECKS = [
     Check("build-id", _check_build_id),
     Check("functions", _check_functions),
+    Check("member-function-parity", _check_member_function_parity),
     Check("ibt-entries", _check_ibt_entries, when=lambda ctx: ctx.octx.is_kernel),
     Check("prefix-room", _check_prefix_room, when=lambda ctx: ctx.octx.is_kernel),
     Check("data-symbols", data.check_data_symbols),

@@ -14,7 +14,8 @@ original LSDA is right for neither part, so each part gets its own:
   both parts (a landing-pad offset of 0 means "none");
 - action table copied as is (call sites index it by offset); type table
   entries re-encoded at their new place (absolute or pc-relative, direct or
-  indirect), so catch clauses name the same type_info.
+  indirect), so catch clauses name the same type_info; ``catch (...)``'s entry
+  is 0 in every encoding (a pc-relative 0 is no offset) and stays 0.
 
 Exception specifications (negative filters) are not supported: such a
 function is not split. New LSDAs are stored after the ``.eh_frame_hdr``
@@ -47,7 +48,8 @@ def _ptr(data, pos, enc, base_addr):
     else:
         raise LsdaError(f"LSDA pointer encoding {enc:#04x}")
     if app == DW_EH_PE_pcrel:
-        v += base_addr + pos
+        # a 0 stays 0 (libgcc's read_encoded_value): catch (...)'s type entry
+        v += base_addr + pos if v else 0
     elif app:
         raise LsdaError(f"LSDA pointer encoding {enc:#04x}")
     return v & ((1 << 64) - 1), p
@@ -78,6 +80,8 @@ class Lsda:
             if (self.ttype_enc & 0x0F) not in _FORMATS or \
                     (self.ttype_enc & 0x70) not in (0, DW_EH_PE_pcrel):
                 raise LsdaError(f"type table encoding {self.ttype_enc:#04x}")
+        # the TType base's address: type entry k is the k-th field below it
+        self.ttype_base = None if ttype_base is None else base + ttype_base
         cs_enc = data[pos]
         pos += 1
         cs_len, pos = _uleb(data, pos)
@@ -166,7 +170,7 @@ def encode(lsda, region_start, calls, lp_map, lpstart, at, pcrel_lpstart=False):
     fmt = _FORMATS[ttype_enc & 0x0F][0]
     for k, v in enumerate(lsda.types, 1):
         field = base - k * size
-        val = v - (at + field) if ttype_enc & 0x70 == DW_EH_PE_pcrel else v
+        val = v - (at + field) if ttype_enc & 0x70 == DW_EH_PE_pcrel and v else v
         struct.pack_into(fmt, body, field, val)
     assert table_at == base - size * len(lsda.types)
     return bytes(body)
