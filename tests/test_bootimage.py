@@ -382,12 +382,12 @@ def test_text_tail_starts_after_the_layouts_last_code_byte():
     image = types.SimpleNamespace(sections=[sec], symbol_address=lambda n: base + size,
                                   symbol_table=lambda: (["f"], syms))
     rw = types.SimpleNamespace(buf=lambda s: buf, sym_new=np.array([base + 100], np.uint64))
-    _, start, offset, limit = _text_tail(rw, image)
-    assert start == base + 3 * page and limit == base + size
+    _, start, offset, limit, section_end = _text_tail(rw, image)
+    assert start == base + 3 * page and limit == section_end == base + size
     assert offset == sec.offset + 3 * page
     buf[end - 16:end] = 0xCC                         # code ends 15 bytes before the page
     assert _text_tail(rw, image)[1] == base + 2 * page
     # the section runs on past _etext: the tail stops at _etext (the pages after it
     # are freed after boot)
     image.symbol_address = lambda n: base + 3 * page + 512
-    assert _text_tail(rw, image)[3] == base + 3 * page + 512
+    assert _text_tail(rw, image)[3:] == (base + 3 * page + 512, base + size)

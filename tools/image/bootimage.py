@@ -584,7 +584,7 @@ def _ends_in_added(was, now, added):
         if start != pos:
             return False
         pos = start + size
-    return pos == end and now[1] < was[1]
+    return pos == end
 
 
 def check_same_bounds(old_elf, new_elf, path="output"):

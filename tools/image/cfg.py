@@ -24,7 +24,7 @@ Disassembly.
 
 import numpy as np
 
-from .disasm import RAW, skip_prefixes
+from .disasm import ANY_PREFIX, RAW, skip_prefixes
 
 TERM_FALL, TERM_JMP, TERM_JCC, TERM_KEY, TERM_STOP = 0, 1, 2, 3, 4
 BUGFLAG_WARNING = 1          # include/asm-generic/bug.h
@@ -357,23 +357,16 @@ class CFG:
             self._mark(f[(f >= 0) & (bad < self.fend[fc])], R_UNDECODABLE)
         if not self.indirect_ok:
             self._mark(fi[kind == 7], R_INDIRECT)
-        # loop/loope/loopne (E0-E2), jecxz (67 E3) and xbegin (C7 F8) branch but are no
-        # block terminators here: their target could land in another part, unfixed
-        # (only rows holding such an opcode byte early on are decoded: _opcodes over every
-        # instruction raised a userspace relayout's peak by 7 MiB)
-        raw = dis.raw
-        near = np.zeros(len(dis), bool)
-        for k in range(min(5, raw.shape[1])):
-            near |= ((raw[:, k] >= 0xE0) & (raw[:, k] <= 0xE3)) | (raw[:, k] == 0xC7)
-        rows = np.nonzero(near)[0]
-        if len(rows):
-            _, op, op2 = skip_prefixes(raw[rows], (0x2E, 0x3E, 0xF2, 0xF3))
-            other = ((op >= 0xE0) & (op <= 0xE2)) | \
-                ((op == 0x67) & (op2 >= 0xE0) & (op2 <= 0xE3)) | ((op == 0xC7) & (op2 == 0xF8))
-            self._mark(fi[rows[other]], R_OTHER_BRANCH)
-        # so are jmp/jcc/call behind prefixes no decoder here reads (a REX, 66, F3
-        # ...): relayout keeps their displacement only where they move with their target
-        self._mark(fi[dis.unchecked_branches()], R_OTHER_BRANCH)
+        # every direct branch the CFG does not read as a jmp or jcc is no block
+        # terminator here, so its target could land in another part, unfixed: loop,
+        # loopne, jecxz and xbegin, a jmp or jcc behind ld's or hand-written addr32,
+        # and the branches behind prefixes no decoder reads (Disassembly.
+        # unchecked_branches); calls need no terminator (their return comes back)
+        idx = dis.pc_relative_branches()[0]
+        if len(idx):
+            _, op, _ = skip_prefixes(dis.raw[idx], ANY_PREFIX, rounds=14)
+            idx = idx[(kind[idx] != 1) & (kind[idx] != 2) & (op != 0xE8)]
+        self._mark(fi[np.concatenate([idx, dis.unchecked_branches()])], R_OTHER_BRANCH)
         tgt = self.insn_target
         rel = self.insn_rel
         direct = ((kind == 1) | (kind == 2)) & (rel > 0)

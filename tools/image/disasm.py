@@ -148,12 +148,15 @@ class Disassembly:
                 np.concatenate([bk.astype(np.int8), other[2]])[order])
 
     def unchecked_branches(self):
-        """Indices of the direct branches no decoder here reads (module function
-        unchecked_branches), computed once: verify's mutation test compares one
-        instruction at a time against the same OLD."""
+        """Indices of the direct branches behind prefixes (prefixed_branches) that
+        pc_relative_branches does not return: invisible to relayout's branch
+        fixing and to verify's branch checks, so a layout that moves one or its
+        target is refused (relayout) or named (verify). Computed once: verify's
+        mutation test compares one instruction at a time against the same OLD."""
         cached = getattr(self, "_unchecked", None)
         if cached is None or len(self.addr) != getattr(self, "_unchecked_rows", -1):
-            cached = unchecked_branches(self.raw, self.size)
+            rows = prefixed_branches(self.raw, self.size)
+            cached = rows[~np.isin(rows, self.pc_relative_branches()[0])]
             cached.flags.writeable = False
             self._unchecked, self._unchecked_rows = cached, len(self.addr)
         return cached
@@ -181,7 +184,9 @@ class Disassembly:
         # (0x67 too: ld relaxes `call/jmp *f@GOTPCREL(%rip)` to a local f into
         # `addr32 call/jmp f`, whose target is computed as without the prefix)
         skip, op, op2 = skip_prefixes(raw, (0x2E, 0x3E, 0xF2, 0x67))
-        rel8 = (op == 0xEB) | ((op >= 0x70) & (op <= 0x7F)) | (op == 0xE3)
+        # E3 behind 67 is jecxz: other_branch_targets' (pc_relative_branches had it twice)
+        p67 = ((raw[:, :3] == 0x67) & (np.arange(3)[None, :] < skip[:, None])).any(axis=1)
+        rel8 = (op == 0xEB) | ((op >= 0x70) & (op <= 0x7F)) | ((op == 0xE3) & ~p67)
         rel32 = (op == 0xE8) | (op == 0xE9) | ((op == 0x0F) & (op2 >= 0x80) & (op2 <= 0x8F))
         # Lengths must agree with the encoding, else it is not what we think it is.
         enc8 = rel8 & (size.astype(np.int64) == skip + 2)
@@ -257,23 +262,13 @@ def other_branch_targets(raw, addr, size):
 # segments, operand and address size) and REX.
 LEGACY_PREFIXES = (0xF0, 0xF2, 0xF3, 0x2E, 0x36, 0x3E, 0x26, 0x64, 0x65, 0x66, 0x67)
 ANY_PREFIX = LEGACY_PREFIXES + tuple(range(0x40, 0x50))
-# The prefixes the branch decoders here (and the CFG's) all read past, per
-# opcode class: hints and bnd on jmp/jcc; ld's addr32 on a call too; the
-# counter's 67 and the 66 of a rel16 xbegin on loop, jecxz and xbegin
-# (other_branch_targets).
-_JMP_PREFIXES = (0x2E, 0x3E, 0xF2)
-_CALL_PREFIXES = (0x2E, 0x3E, 0xF2, 0x67)
-_OTHER_PREFIXES = (0x2E, 0x3E, 0x66, 0x67)
-
-
-def unchecked_branches(raw, size):
+def prefixed_branches(raw, size):
     """Rows of ``raw`` (n, 16) holding a direct PC-relative branch (jmp, jcc,
-    call, loop, jecxz/jrcxz, xbegin) behind a prefix the branch decoders do not
-    read past: a REX, a segment, 66, F3, or more prefixes than they skip. Such
-    a branch is invisible to relayout's branch fixing and to verify, so a
-    layout that moves it or its target is refused (relayout) or named (verify).
-    With 66, a near branch is not even the same instruction on every CPU
-    (Intel ignores the prefix, AMD takes a 16-bit displacement)."""
+    call, loop, jecxz/jrcxz, xbegin) behind one or more prefixes of any kind
+    (legacy or REX), its length the encoding's. The decoders here read a few
+    prefixes only (Disassembly.unchecked_branches: the others). With 66, a near
+    branch is not even the same instruction on every CPU (Intel ignores the
+    prefix, AMD takes a 16-bit displacement)."""
     size = np.asarray(size, np.int64)
     out = []
     for lo in range(0, len(size), _TARGET_ROWS):
@@ -294,25 +289,13 @@ def unchecked_branches(raw, size):
         r, sz = r[pre], sz[pre]
         skip, op, op2 = skip_prefixes(r, ANY_PREFIX, rounds=14)
         jcc8 = (op >= 0x70) & (op <= 0x7F)
-        shaped_jmp = ((jcc8 | (op == 0xEB)) & (sz == skip + 2)) | \
-            ((op == 0xE9) & (sz == skip + 5)) | \
-            ((op == 0x0F) & (op2 >= 0x80) & (op2 <= 0x8F) & (sz == skip + 6))
-        shaped_call = (op == 0xE8) & (sz == skip + 5)
-        shaped_other = (((op >= 0xE0) & (op <= 0xE3)) & (sz == skip + 2)) | \
+        shaped = ((jcc8 | (op == 0xEB) | ((op >= 0xE0) & (op <= 0xE3))) & (sz == skip + 2)) | \
+            (((op == 0xE9) | (op == 0xE8)) & (sz == skip + 5)) | \
+            ((op == 0x0F) & (op2 >= 0x80) & (op2 <= 0x8F) & (sz == skip + 6)) | \
             ((op == 0xC7) & (op2 == 0xF8) & ((sz == skip + 6) | (sz == skip + 4)))
-        shaped = shaped_jmp | shaped_call | shaped_other
-        cols = np.arange(r.shape[1])[None, :] < skip[:, None]
-
-        def only(allowed, most):
-            return ~(cols & ~np.isin(r, allowed)).any(axis=1) & (skip <= most)
-        # jrcxz (E3 without 67) is branch_targets' form: a jmp's prefixes
-        jrcxz = (op == 0xE3) & ~((r == 0x67) & cols).any(axis=1)
-        known = (shaped_jmp & only(_JMP_PREFIXES, 3)) | (shaped_call & only(_CALL_PREFIXES, 3)) | \
-            (shaped_other & jrcxz & only(_JMP_PREFIXES, 3)) | \
-            (shaped_other & ~jrcxz & only(_OTHER_PREFIXES, 4))
-        odd = np.nonzero(shaped & ~known)[0]
-        if len(odd):
-            out.append(pre[odd] + lo)
+        found = np.nonzero(shaped)[0]
+        if len(found):
+            out.append(pre[found] + lo)
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 

@@ -121,9 +121,10 @@ def _room(image, first):
 
 
 def _text_tail(rw, image):
-    """(section, start address, file offset, limit address) of the int3 filler at
-    the end of the kernel text after the layout's last code byte (page-aligned:
-    data does not share a page with code), or None."""
+    """(section, start address, file offset, limit address, section end) of the
+    int3 filler at the end of the kernel text after the layout's last code byte
+    (page-aligned: data does not share a page with code), or None. Data goes below
+    the limit (_etext); the added section runs to the section's old end."""
     end = image.symbol_address("_etext")
     sec = next((s for s in image.sections if s.is_code and s.is_alloc and s.size and
                 s.addr < end <= s.addr + s.size), None) if end is not None else None
@@ -150,7 +151,7 @@ def _text_tail(rw, image):
     limit = min(sec.addr + sec.size, end)
     if start >= limit:
         return None
-    return sec, start, sec.offset + (start - sec.addr), limit
+    return sec, start, sec.offset + (start - sec.addr), limit, sec.addr + sec.size
 
 
 def add_cold_kallsyms(rw, image, log=None):
@@ -193,7 +194,7 @@ def add_cold_kallsyms(rw, image, log=None):
                          f"after the read-only segment, {free} are free"
                          + (f", or {gap_end - tail[1]} at the end of the text, "
                             f"{tail[3] - tail[1]} are free" if tail is not None else ""))
-        _, start, offset, limit = tail
+        _, start, offset, limit, section_end = tail
         log(f"kallsyms: {need} bytes needed after the read-only segment, {free} free: the "
             f"grown arrays go to the end of the text at {start:#x} ({limit - start} free)")
     moved = {nm: a for nm, a in at.items() if a != old_at.get(nm, image.symbol_address(nm))}
@@ -210,7 +211,7 @@ def add_cold_kallsyms(rw, image, log=None):
     # at the end of the text the section runs to the old end of .text, its rest the
     # int3 filler that was there (no bytes of the segment outside a section: objcopy,
     # which makes the boot image's payload, writes such gaps as zeros)
-    out = _SectionOut(rw, start, (limit if tail is not None else gap_end) - start)
+    out = _SectionOut(rw, start, (section_end if tail is not None else gap_end) - start)
     out.buf[gap_end - start:] = 0xCC
     for nm, a in old_at.items():          # the old arrays are dead (parts are reused below)
         out.write(a, np.zeros(old_size[nm], np.uint8))
