@@ -9,6 +9,7 @@ decoded in parallel worker processes.
 
 import ctypes
 import os
+import re
 
 import numpy as np
 
@@ -468,14 +469,23 @@ def ud1_length(code):
     return n if n <= len(code) else 0
 
 
+def _rows_with_0f_b9(raw):
+    """Rows of ``raw`` (n, 16) holding the bytes 0F B9 side by side: found by a
+    search over the rows' bytes end to end (no per-row temporaries), less the
+    matches that run from one row into the next."""
+    raw = np.ascontiguousarray(raw, np.uint8)
+    if not raw.size:
+        return np.zeros(0, np.int64)
+    at = np.array([m.start() for m in re.finditer(b"\x0f\xb9", memoryview(raw).cast("B"))],
+                  np.int64)
+    width = raw.shape[1]
+    return np.unique(at[at % width != width - 1] // width)
+
+
 def _redecode_ud1(image, starts, sizes, addr, size, func, raw):
     """Decode again, one instruction at a time, the functions where Capstone
     cut a UD1 short (rare: a handful of functions)."""
-    has_0f_b9 = np.zeros(len(raw), bool)
-    for lo in range(0, len(raw), 1 << 15):      # in slices: no (rows, 15) temporaries
-        part = raw[lo:lo + (1 << 15)]
-        has_0f_b9[lo:lo + len(part)] = ((part[:, :-1] == 0x0F) & (part[:, 1:] == 0xB9)).any(axis=1)
-    cand = np.nonzero(has_0f_b9)[0]
+    cand = _rows_with_0f_b9(raw)
     funcs = sorted({int(func[i]) for i in cand.tolist()
                     if ud1_length(bytes(raw[i])) > int(size[i])})
     if not funcs:
