@@ -296,6 +296,9 @@ class HotPartSizer:
         self.tb = np.ascontiguousarray(np.where(reenc, tb - a, -1), np.int32)
         self.kind = np.ascontiguousarray(columns.kind[lo:hi])
         self.flags = np.ascontiguousarray(columns.flags[lo:hi])
+        # their addresses, taken once (a size is asked for many tries)
+        self.columns = tuple(x.ctypes.data for x in (self.copy_len, self.trail, self.tb,
+                                                      self.kind, self.flags))
         self.short_keys, self.invert_jcc = int(bool(short_keys)), int(bool(invert_jcc))
 
     def size(self, mask, order):
@@ -314,10 +317,8 @@ class HotPartSizer:
         part[o] = 0
         part[~np.asarray(mask[a:a + nb], bool)] = 1
         o32 = np.ascontiguousarray(o, np.int32)
-        p = lambda x: x.ctypes.data     # noqa: E731
-        got = self.lib.lp_hot_part_size(nb, p(o32), len(o32), p(part), p(self.copy_len),
-                                        p(self.trail), p(self.tb), p(self.kind), p(self.flags),
-                                        self.short_keys, self.invert_jcc)
+        got = self.lib.lp_hot_part_size(nb, o32.ctypes.data, len(o32), part.ctypes.data,
+                                        *self.columns, self.short_keys, self.invert_jcc)
         if got >= 0:
             return int(got)
         if got == -1:
