@@ -260,7 +260,7 @@ def test_the_c_sizing_of_a_hot_part_is_build_parts_own(tmp_path):
     units, dis = build_units(im, fn, lambda u: disassemble(im, u))
     cfg = CFG(dis, units.start, units.end, None)
     falls = cfg.falls_through()
-    columns = B.PartColumns(cfg, falls)
+    columns = B.PartColumns(cfg, falls, [cfg.blocks_of(u) for u in range(len(units))])
     rng = np.random.default_rng(22)
     many = [u for u in range(len(units)) if 3 <= cfg.blocks_of(u)[1] - cfg.blocks_of(u)[0]]
     assert len(many) > 300

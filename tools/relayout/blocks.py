@@ -223,26 +223,31 @@ def _relax_parts(sf, parts):
 
 
 class PartColumns:
-    """The blocks [lo, hi) of a CFG as parts.c reads them, computed for all of them at
-    once (HotPartSizer slices a function's out): per block the bytes copied before its
-    terminator (``copy_len``), the padding after a re-encoded branch (``trail``), its
-    target block (``tb``, -1 where not re-encoded), the branch kind (``kind``: 0 none,
-    1 static key, 2 jmp, 3 jcc) and ``flags`` (1: the branch ends the block, 2: a
-    jrcxz, 4: a jcc with a long form, 8: the block falls through)."""
+    """The blocks of some functions of a CFG as parts.c reads them, computed for all
+    of them at once (HotPartSizer takes a function's out): per block the bytes copied
+    before its terminator (``copy_len``), the padding after a re-encoded branch
+    (``trail``), its target block (``target``; ``reenc``: the branch is re-encoded),
+    the branch kind (``kind``: 0 none, 1 static key, 2 jmp, 3 jcc) and ``flags`` (1:
+    the branch ends the block, 2: a jrcxz, 4: a jcc with a long form, 8: the block
+    falls through). ``ranges``: the functions' blocks, [(a, z)] (CFG.blocks_of)."""
 
-    def __init__(self, cfg, falls, lo=0, hi=None):
-        hi = len(cfg.start) if hi is None else hi
+    def __init__(self, cfg, falls, ranges):
+        ranges = [(int(a), int(z)) for a, z in ranges]
+        self.first, n = {}, 0           # a function's first block -> its row here
+        for a, z in ranges:
+            self.first[a] = n
+            n += z - a
+        b = np.concatenate([np.arange(a, z) for a, z in ranges] + [np.zeros(0, np.int64)])
         dis = cfg.dis
-        self.lo = lo
-        start, end = cfg.start[lo:hi].astype(np.int64), cfg.end[lo:hi].astype(np.int64)
-        li = cfg.insn_last[lo:hi]
-        t = cfg.term[lo:hi]
-        self.target = tb = cfg.target_block[lo:hi].astype(np.int64)
+        end = cfg.end[b].astype(np.int64)
+        li = cfg.insn_last[b]
+        t = cfg.term[b]
+        self.target = tb = cfg.target_block[b].astype(np.int64)
         self.reenc = reenc = (tb >= 0) & np.isin(t, (TERM_JMP, TERM_JCC, TERM_KEY)) & \
             ~cfg.insn_atomic[li] & ((t == TERM_KEY) | cfg.insn_intra[li])
         blen = dis.size[li].astype(np.int64)
         body_end = np.where(reenc, dis.addr[li].astype(np.int64), end)
-        kind = np.zeros(hi - lo, np.uint8)
+        kind = np.zeros(len(b), np.uint8)
         kind[reenc & (t == TERM_KEY)] = 1
         kind[reenc & (t == TERM_JMP)] = 2
         kind[reenc & (t == TERM_JCC)] = 3
@@ -256,10 +261,10 @@ class PartColumns:
             flags[jcc] |= np.where(op == 0xE3, 2, 0).astype(np.uint8)
             flags[jcc] |= np.where(((op >= 0x70) & (op <= 0x7F)) | (op == 0x0F), 4, 0) \
                 .astype(np.uint8)
-        flags |= np.where(np.asarray(falls[lo:hi], bool), 8, 0).astype(np.uint8)
+        flags |= np.where(np.asarray(falls, bool)[b], 8, 0).astype(np.uint8)
         self.kind, self.flags = kind, flags
-        self.copy_len = body_end - start
         self.trail = np.where(reenc, end - body_end - blen, 0)
+        self.copy_len = body_end - cfg.start[b].astype(np.int64)
 
 
 class HotPartSizer:
@@ -267,8 +272,8 @@ class HotPartSizer:
     build is None) for one function's blocks, computed in C (parts.c: the same pieces
     and fixpoint without a Piece per piece) when the native core is there, else by
     ``build`` itself. ``build``: build_parts for this function (keep_small_cold's).
-    ``columns``: PartColumns of the CFG's blocks (choose_splits makes them once for
-    every function; default: the function's own)."""
+    ``columns``: PartColumns holding this function's blocks (choose_splits makes them
+    once for every function it may split; default: the function's own)."""
 
     def __init__(self, cfg, f_unit, short_keys, falls, invert_jcc, build, native=True,
                  columns=None):
@@ -284,9 +289,10 @@ class HotPartSizer:
             return
         a, z = cfg.blocks_of(f_unit)
         nb = z - a
-        if columns is None:
-            columns = PartColumns(cfg, falls, a, z)
-        lo, hi = a - columns.lo, z - columns.lo
+        if columns is None or a not in columns.first:
+            columns = PartColumns(cfg, falls, [(a, z)])
+        lo = columns.first[a]
+        hi = lo + nb
         reenc, tb = columns.reenc[lo:hi], columns.target[lo:hi]
         if reenc.any() and not ((tb[reenc] >= a) & (tb[reenc] < z)).all():
             return                          # a target outside the function: build decides
@@ -571,7 +577,7 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
         hot_block[a + 1] = True
     splits = []
     weights = None
-    columns = None             # PartColumns of every block, made at the first use
+    columns = None             # PartColumns, made at the first use
     if block_order == "ext-tsp":
         from .block_order import BranchWeights
         weights = BranchWeights(cfg, block_count, edges)
@@ -579,7 +585,8 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
             log(f"hot blocks in ext-TSP order; edge weights from {weights.source}")
     elif block_order != "original":
         raise ValueError(f"block_order {block_order!r}")
-    for u in np.nonzero(reason == 0)[0].tolist():
+    todo = np.nonzero(reason == 0)[0].tolist()
+    for u in todo:
         a, z = cfg.blocks_of(u)
         if z - a < 2:
             reason[u] = R_NO_COLD
@@ -621,7 +628,9 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
                 return build_parts(cfg, u, u, functions.name[fi], m, short_keys,
                                    int(functions.sym_index[fi]), falls, invert_jcc, o, h)
             if columns is None:
-                columns = PartColumns(cfg, falls)
+                # (the blocks of the functions this loop may split only: every
+                # block's columns were 2 MiB more at zstd's peak)
+                columns = PartColumns(cfg, falls, [cfg.blocks_of(v) for v in todo])
             sf = keep_small_cold(cfg, u, sf, hot_block, falls, inline_cold_max, build,
                                  fixed=2 if head else 1,
                                  hot_size=HotPartSizer(cfg, u, short_keys, falls, invert_jcc,
