@@ -7,6 +7,7 @@ still prints the same output and passes the block-level proof."""
 import itertools
 import random
 import subprocess
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -217,6 +218,30 @@ def test_weights_from_edges_or_counts(prog_h):
     assert w[(s["h_test"], s["h_odd"])] == pytest.approx(60.0)
     assert w[(s["h_test"], s["h_even"])] == pytest.approx(40.0)
     assert s["h_even"] in start and s["h_join"] in start
+
+
+def test_taken_count_is_the_first_of_the_sorted_edges():
+    """BranchWeights looks a branch's taken count up in a table of its edges: the
+    count a binary search of the (from, to)-sorted edges finds (the first of repeated
+    pairs), 0 for a pair the profile does not have."""
+    rng = np.random.default_rng(5)
+    f = rng.integers(0x1000, 0x1040, 300).astype(np.uint64)
+    t = rng.integers(0x1000, 0x1040, 300).astype(np.uint64)
+    c = rng.random(300) * 100
+    cfg = SimpleNamespace(falls_through=lambda: np.zeros(0, bool))
+    w = BranchWeights(cfg, np.zeros(0), (f, t, c))
+    o = np.lexsort((t, f))
+    fs, ts, cs = f[o], t[o], c[o]
+
+    def searched(a, b):
+        i = int(np.searchsorted(fs, np.uint64(a), side="left"))
+        j = int(np.searchsorted(fs, np.uint64(a), side="right"))
+        k = i + int(np.searchsorted(ts[i:j], np.uint64(b)))
+        return float(cs[k]) if i < j and k < j and int(ts[k]) == b else 0.0
+    pairs = list(zip(f.tolist(), t.tolist()))
+    assert len(set(pairs)) < len(pairs)                  # repeated pairs in the profile
+    for a, b in pairs + [(0x1000 + k, 0x1001 + k) for k in range(64)]:
+        assert w._taken_count(a, b) == searched(a, b)
 
 
 @pytest.mark.parametrize("with_edges", [False, True])

@@ -89,9 +89,9 @@ def test_output_arrays_grow(core, monkeypatch):
 
 
 def test_batches_resume_where_they_stop(core, monkeypatch):
-    # Capstone is asked for 1024 instructions a call (decode.c BATCH): a full batch
-    # is no stop (the 1024th and 2525th nops end one), a byte it rejects is (named,
-    # decoding goes on after it), as in the Python loop
+    # a byte Capstone rejects stops the C loop (named, decoding goes on after it, as
+    # in the Python loop); thousands of rows before and after it (when decode.c asked
+    # cs_disasm for 1024 instructions a call, a full batch was no stop either)
     code = b"\x90" * 1500 + b"\x06" + b"\x90" * 2047 + b"\xc3"
     img = _Bytes(code, 0x8000)
     fast = disasm._decode_range_native(core, img, [0x8000], [len(code)], 3)

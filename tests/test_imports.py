@@ -109,3 +109,29 @@ def test_graph_sees_known_edges():
 def test_no_import_cycles():
     found = strongly_connected(import_graph())
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_an_executables_relayout_imports_no_kernel_table(tmp_path):
+    """The kernel package imports its table modules at the first use of a table name,
+    so relayout of an executable (it reads kernel.base and kernel.jump_table only)
+    starts without the other fourteen; asked for, TABLES has them all, in order."""
+    import subprocess
+    import sys
+
+    import helpers
+    exe = helpers.build_c("split_user.c", tmp_path / "su", "-Wl,--emit-relocs", "-no-pie")
+    code = ("import sys; from linepack.cli import main; "
+            f"rc = main(['relayout', {str(exe)!r}, '--strategy', 'align-all 64', '-q', "
+            f"'-o', {str(tmp_path / 'out')!r}]); "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('linepack.kernel')))); "
+            "import linepack.kernel as k; print(' '.join(t.__name__ for t in k.TABLES)); "
+            "sys.exit(rc)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    loaded, tables = p.stdout.splitlines()[-2:]
+    assert loaded.split() == ["linepack.kernel", "linepack.kernel.base",
+                              "linepack.kernel.jump_table"]
+    assert tables.split() == ["JumpTable", "StaticCallSites", "Alternatives", "ParaInstructions",
+                              "RetpolineSites", "ReturnSites", "SmpLocks", "CallSites",
+                              "IbtEndbrSeal", "ExTable", "BugTable", "OrcTable", "McountLoc",
+                              "Kallsyms", "Ksymtab", "KsymtabGpl"]

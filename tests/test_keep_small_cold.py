@@ -260,6 +260,7 @@ def test_the_c_sizing_of_a_hot_part_is_build_parts_own(tmp_path):
     units, dis = build_units(im, fn, lambda u: disassemble(im, u))
     cfg = CFG(dis, units.start, units.end, None)
     falls = cfg.falls_through()
+    columns = B.PartColumns(cfg, falls, [cfg.blocks_of(u) for u in range(len(units))])
     rng = np.random.default_rng(22)
     many = [u for u in range(len(units)) if 3 <= cfg.blocks_of(u)[1] - cfg.blocks_of(u)[0]]
     assert len(many) > 300
@@ -282,6 +283,14 @@ def test_the_c_sizing_of_a_hot_part_is_build_parts_own(tmp_path):
             want = build(mask, order, True)
             sizer = B.HotPartSizer(cfg, u, short_keys, falls, invert, build)
             assert sizer.size(mask, order) == (None if want is None else want.sizes[0])
+            # the columns of every block made once (choose_splits'): the same answer
+            shared = B.HotPartSizer(cfg, u, short_keys, falls, invert, build, columns=columns)
+            assert shared.size(mask, order) == (None if want is None else want.sizes[0])
             native += sizer.lib is not None
             compared += 1
+            assert (shared.lib is None) == (sizer.lib is None)
+            if sizer.lib is not None:
+                for name in ("copy_len", "trail", "tb", "kind", "flags"):
+                    mine, theirs = getattr(shared, name), getattr(sizer, name)
+                    assert mine.dtype == theirs.dtype and mine.tolist() == theirs.tolist()
     assert native == compared        # all in C (a test machine has gcc)

@@ -88,3 +88,21 @@ __relocate_kernel_end:
     ctx = ImageContext(im)
     assert ctx.in_code([lo, lo + 5]).all() and not ctx.in_code([sec.addr, hi]).any()
     assert ctx.disasm.is_boundary([lo, lo + 5]).all()
+
+
+def test_rows_with_0f_b9_as_a_per_row_scan():
+    """The rows _redecode_ud1 looks at again (a search over all rows' bytes end to
+    end) are those where a row holds 0F B9 side by side, never a pair that runs
+    from one row into the next."""
+    import numpy as np
+    from linepack.image.disasm import _rows_with_0f_b9
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 7, 5000):
+        raw = rng.choice(np.array([0x0F, 0xB9, 0x00, 0x48], np.uint8), (n, 16))
+        if n > 1:
+            raw[0, 15], raw[1, 0] = 0x0F, 0xB9        # across rows: not a match
+            raw[0, :15] = 0
+        want = np.nonzero(((raw[:, :-1] == 0x0F) & (raw[:, 1:] == 0xB9)).any(axis=1))[0]
+        assert _rows_with_0f_b9(raw).tolist() == want.tolist()
+        if n > 1:
+            assert 0 not in _rows_with_0f_b9(raw).tolist()

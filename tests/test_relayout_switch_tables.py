@@ -304,3 +304,38 @@ def test_lua_built_as_debian_builds_it(tmp_path):
         rc, rep, text = _verify(out, exe)
         assert rc == 0, text
         assert rep.get("extra", rep)["equivalence_pic_table_entries_checked"] == 1303
+
+
+@pytest.mark.parametrize("name", list(BUILDS))
+def test_switch_table_entries_are_the_walk_from_each_base(tmp_path, name):
+    """verify's switch tables (checked all at once) are what a walk field by field
+    from each base finds: the relocated fields one after the other, each designating
+    an instruction start of its base's source function, up to the first that does
+    not (or the next base, or the first field without a relocation)."""
+    from linepack.kernel.base import ImageContext
+    from linepack.verify.pie import R_64, R_PC32, _data_reloc_fields, switch_tables
+    exe = _build(str(tmp_path), name)
+    ctx = ImageContext(ElfImage(exe))
+    im, fn, dis = ctx.image, ctx.functions, ctx.disasm
+    st = switch_tables(im, dis, fn)
+    width = 8 if name == "nopie-exec" else 4
+    field, base, case = (st.abs_field, st.abs_base, st.abs_case) if width == 8 else \
+        (st.pic_field, st.pic_base, st.pic_case)
+    assert len(field) == ENTRIES
+    have = set(_data_reloc_fields(im, R_64 if width == 8 else R_PC32).tolist())
+    bases = sorted(set(base.tolist()))
+    stem = lambda c: fn.name[int(fn.find(np.array([c], np.uint64))[0])].split(".")[0]  # noqa
+    walked = []
+    for k, b in enumerate(bases):
+        stop = bases[k + 1] if k + 1 < len(bases) else 1 << 64
+        family = stem(int(case[base == b][0]))
+        a = b
+        while a < stop and a in have:
+            v = int.from_bytes(bytes(im.read(a, width)), "little", signed=width == 4)
+            c = (b + v) & (2**64 - 1) if width == 4 else v
+            f = int(fn.find(np.array([c], np.uint64))[0])
+            if f < 0 or stem(c) != family or not dis.is_boundary(np.array([c], np.uint64))[0]:
+                break
+            walked.append((a, b, c))
+            a += width
+    assert sorted(walked) == list(zip(field.tolist(), base.tolist(), case.tolist()))

@@ -60,6 +60,34 @@ def test_other_branch_targets_decodes_each_form():
     assert k.tolist() == [1, 1, 1, 1, 1, 4, 2, 1]
 
 
+def test_other_branch_targets_reads_only_the_rows_that_can_hold_one():
+    """other_branch_targets decodes the rows _other_branch_rows picks (first byte an
+    opcode of the set or a prefix it skips): the same rows, targets and kinds as
+    decoding every row (_other_branch_targets), on random rows with each form and
+    prefixed variants spread among them."""
+    from linepack.image.disasm import _other_branch_rows, _other_branch_targets, \
+        other_branch_targets
+    rng = np.random.default_rng(7)
+    n = 20000
+    raw = rng.integers(0, 256, (n, 16), dtype=np.uint8)
+    # first bytes mostly from the interesting set (opcodes, prefixes) and a few others
+    raw[:, 0] = rng.choice([0xE0, 0xE1, 0xE2, 0xE3, 0xC7, 0x2E, 0x3E, 0x66, 0x67, 0x48, 0x0F,
+                            0xE8, 0xF2], n)
+    for r in rng.choice(n, 4000, replace=False).tolist():
+        head = bytes.fromhex(BRANCHES[r % len(BRANCHES)][1])
+        pre = bytes(rng.choice([0x2E, 0x3E, 0x66, 0x67, 0x48], r % 4).tolist())
+        b = pre + head
+        raw[r, :len(b)] = np.frombuffer(b, np.uint8)
+    size = rng.integers(1, 16, n).astype(np.uint8)
+    addr = np.arange(n, dtype=np.uint64) * 16 + 0x400000
+    got = other_branch_targets(raw, addr, size)
+    want = _other_branch_targets(raw, addr, size)
+    assert len(want[0]) > 100 and set(want[2].tolist()) == {1, 2, 4}
+    assert 0 < len(_other_branch_rows(raw)) < n
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.tolist() == w.tolist()
+
+
 @pytest.mark.parametrize("name,head,width", BRANCHES)
 def test_kept_bytes_moved_away_from_the_target_are_named(name, head, width):
     # 1000: the branch to 1040; 1040: ret. The branch moves by 0x20, its target stays.

@@ -16,9 +16,8 @@ from ..errors import ExternalToolError
 
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode.c")
 _lib = False            # False: not tried yet; None: no compiler or no build
-DONE, STUCK, FULL = 0, 1, 2
+DONE, STUCK, FULL, NOMEM = 0, 1, 2, 3
 _OFF = {n: getattr(capstone._cs_insn, n).offset for n, _ in capstone._cs_insn._fields_}
-_STRIDE = ctypes.sizeof(capstone._cs_insn)
 
 
 def library():
@@ -34,8 +33,8 @@ def library():
     except ExternalToolError:
         return None
     P, I64 = ctypes.c_void_p, ctypes.c_int64
-    lib.lp_decode.argtypes = [P, P, ctypes.c_size_t, P, P, P, P, I64, P, P, P, P, P, I64, I64,
-                              I64, I64, I64, I64]
+    lib.lp_decode.argtypes = [P, P, P, ctypes.c_size_t, P, P, P, P, I64, P, P, P, P, P, I64, I64,
+                              I64, I64, I64]
     lib.lp_decode.restype = ctypes.c_int
     _lib = lib
     return lib
@@ -62,14 +61,17 @@ def decode_ranges(lib, handle, code, starts, sizes, first_index, stuck):
     func = np.zeros(cap, np.int32)
     raw = np.zeros((cap, 16), np.uint8)
     state = np.zeros(3, np.int64)
-    dis_p = ctypes.cast(_cs.cs_disasm, ctypes.c_void_p).value
+    iter_p = ctypes.cast(_cs.cs_disasm_iter, ctypes.c_void_p).value
+    malloc_p = ctypes.cast(_cs.cs_malloc, ctypes.c_void_p).value
     free_p = ctypes.cast(_cs.cs_free, ctypes.c_void_p).value
     while True:
-        rc = lib.lp_decode(dis_p, free_p, handle, _p(buf), _p(off), _p(st), _p(ln), len(st),
-                           _p(state), _p(addr), _p(size), _p(func), _p(raw), cap, first_index,
-                           _STRIDE, _OFF["address"], _OFF["size"], _OFF["bytes"])
+        rc = lib.lp_decode(iter_p, malloc_p, free_p, handle, _p(buf), _p(off), _p(st), _p(ln),
+                           len(st), _p(state), _p(addr), _p(size), _p(func), _p(raw), cap,
+                           first_index, _OFF["address"], _OFF["size"], _OFF["bytes"])
         if rc == DONE:
             break
+        if rc == NOMEM:
+            raise MemoryError("Capstone could not allocate an instruction (cs_malloc)")
         n = int(state[2])
         if rc == FULL or n + 1 > cap:
             cap *= 2

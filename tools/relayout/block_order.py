@@ -97,6 +97,7 @@ class BranchWeights:
         self.cfg, self.counts = cfg, np.asarray(counts, np.float64)
         self.falls = cfg.falls_through()
         self.taken = None
+        self._edge = None
         if edges is not None and len(edges[0]):
             f, t, c = (np.asarray(x) for x in edges)
             o = np.lexsort((t, f))
@@ -106,25 +107,31 @@ class BranchWeights:
             "block counts (the profile has no branch edges)"
 
     def _taken_count(self, branch_addr, target_addr):
-        i = int(np.searchsorted(self.e_from, np.uint64(branch_addr), side="left"))
-        j = int(np.searchsorted(self.e_from, np.uint64(branch_addr), side="right"))
-        if i == j:
-            return 0.0
-        k = i + int(np.searchsorted(self.e_to[i:j], np.uint64(target_addr)))
-        return float(self.e_count[k]) if k < j and int(self.e_to[k]) == target_addr else 0.0
+        if self._edge is None:
+            # (from, to) -> count; the first of repeated pairs, as a search of the
+            # sorted edges finds it
+            self._edge = {}
+            for f, t, c in zip(self.e_from.tolist(), self.e_to.tolist(),
+                               self.e_count.tolist()):
+                self._edge.setdefault((f, t), float(c))
+        return self._edge.get((branch_addr, target_addr), 0.0)
 
     def of_function(self, a, z):
         """[(block, successor, weight, unconditional)] for blocks [a, z); a
         successor is a block of the same function."""
-        cfg, c = self.cfg, self.counts
+        cfg = self.cfg
+        # the function's columns as lists (a numpy element read per block cost more
+        # than the work), indexed by block - a
+        c, term, target_block, falls = (x[a:z].tolist() for x in (
+            self.counts, cfg.term, cfg.target_block, np.asarray(self.falls, bool)))
         out = []
         for b in range(a, z):
-            w = float(c[b])
+            w = float(c[b - a])
             if w <= 0:
                 continue
-            t = int(cfg.term[b])
-            nxt = b + 1 if self.falls[b] and b + 1 < z else -1
-            tb = int(cfg.target_block[b]) if t in (TERM_JMP, TERM_JCC, TERM_KEY) else -1
+            t = int(term[b - a])
+            nxt = b + 1 if falls[b - a] and b + 1 < z else -1
+            tb = int(target_block[b - a]) if t in (TERM_JMP, TERM_JCC, TERM_KEY) else -1
             if tb >= 0 and not a <= tb < z:
                 tb = -1
             if t == TERM_FALL:
@@ -147,8 +154,8 @@ class BranchWeights:
                 li = int(cfg.insn_last[b])
                 taken = min(w, self._taken_count(int(cfg.dis.addr[li]), int(cfg.start[tb])))
             else:
-                ct = float(c[tb])
-                cf = float(c[nxt]) if nxt >= 0 else 0.0
+                ct = float(c[tb - a])
+                cf = float(c[nxt - a]) if nxt >= 0 else 0.0
                 taken = w * ct / (ct + cf) if ct + cf > 0 else 0.0
             if tb >= 0 and taken > 0:
                 out.append((b, tb, taken, False))

@@ -222,18 +222,66 @@ def _relax_parts(sf, parts):
         sf.first[part] = first
 
 
+class PartColumns:
+    """The blocks of some functions of a CFG as parts.c reads them, computed for all
+    of them at once (HotPartSizer takes a function's out): per block the bytes copied
+    before its terminator (``copy_len``), the padding after a re-encoded branch
+    (``trail``), its target block (``target``; ``reenc``: the branch is re-encoded),
+    the branch kind (``kind``: 0 none, 1 static key, 2 jmp, 3 jcc) and ``flags`` (1:
+    the branch ends the block, 2: a jrcxz, 4: a jcc with a long form, 8: the block
+    falls through). ``ranges``: the functions' blocks, [(a, z)] (CFG.blocks_of)."""
+
+    def __init__(self, cfg, falls, ranges):
+        ranges = [(int(a), int(z)) for a, z in ranges]
+        self.first, n = {}, 0           # a function's first block -> its row here
+        for a, z in ranges:
+            self.first[a] = n
+            n += z - a
+        b = np.concatenate([np.arange(a, z) for a, z in ranges] + [np.zeros(0, np.int64)])
+        dis = cfg.dis
+        end = cfg.end[b].astype(np.int64)
+        li = cfg.insn_last[b]
+        t = cfg.term[b]
+        self.target = tb = cfg.target_block[b].astype(np.int64)
+        self.reenc = reenc = (tb >= 0) & np.isin(t, (TERM_JMP, TERM_JCC, TERM_KEY)) & \
+            ~cfg.insn_atomic[li] & ((t == TERM_KEY) | cfg.insn_intra[li])
+        blen = dis.size[li].astype(np.int64)
+        body_end = np.where(reenc, dis.addr[li].astype(np.int64), end)
+        kind = np.zeros(len(b), np.uint8)
+        kind[reenc & (t == TERM_KEY)] = 1
+        kind[reenc & (t == TERM_JMP)] = 2
+        kind[reenc & (t == TERM_JCC)] = 3
+        flags = np.where(reenc & (body_end + blen == end), 1, 0).astype(np.uint8)
+        jcc = np.nonzero(kind == 3)[0]
+        if len(jcc):
+            # the opcode after the jcc's prefixes (2E 3E F2), as build_parts reads it
+            raw = dis.raw[li[jcc]]
+            pre = np.logical_and.accumulate((raw == 0x2E) | (raw == 0x3E) | (raw == 0xF2), axis=1)
+            op = raw[np.arange(len(jcc)), np.minimum(pre.sum(axis=1), raw.shape[1] - 1)]
+            flags[jcc] |= np.where(op == 0xE3, 2, 0).astype(np.uint8)
+            flags[jcc] |= np.where(((op >= 0x70) & (op <= 0x7F)) | (op == 0x0F), 4, 0) \
+                .astype(np.uint8)
+        flags |= np.where(np.asarray(falls, bool)[b], 8, 0).astype(np.uint8)
+        self.kind, self.flags = kind, flags
+        self.trail = np.where(reenc, end - body_end - blen, 0)
+        self.copy_len = body_end - cfg.start[b].astype(np.int64)
+
+
 class HotPartSizer:
     """``size(mask, order)``: ``build(mask, order, True).sizes[0]`` (None where that
     build is None) for one function's blocks, computed in C (parts.c: the same pieces
     and fixpoint without a Piece per piece) when the native core is there, else by
-    ``build`` itself. ``build``: build_parts for this function (keep_small_cold's)."""
+    ``build`` itself. ``build``: build_parts for this function (keep_small_cold's).
+    ``columns``: PartColumns holding this function's blocks (choose_splits makes them
+    once for every function it may split; default: the function's own)."""
 
-    def __init__(self, cfg, f_unit, short_keys, falls, invert_jcc, build, native=True):
+    def __init__(self, cfg, f_unit, short_keys, falls, invert_jcc, build, native=True,
+                 columns=None):
         self.build = build
-        self.args = (cfg, f_unit, short_keys, falls, invert_jcc) if native else None
+        self.args = (cfg, f_unit, short_keys, falls, invert_jcc, columns) if native else None
         self.lib = None
 
-    def _prepare(self, cfg, f_unit, short_keys, falls, invert_jcc):
+    def _prepare(self, cfg, f_unit, short_keys, falls, invert_jcc, columns):
         """The function's blocks as parts.c reads them (at the first size asked)."""
         from .block_order import _native_lib
         lib = _native_lib()
@@ -241,37 +289,22 @@ class HotPartSizer:
             return
         a, z = cfg.blocks_of(f_unit)
         nb = z - a
-        dis = cfg.dis
-        start, end = cfg.start[a:z].astype(np.int64), cfg.end[a:z].astype(np.int64)
-        li = cfg.insn_last[a:z]
-        t = cfg.term[a:z]
-        tb = cfg.target_block[a:z].astype(np.int64)
-        reenc = (tb >= 0) & np.isin(t, (TERM_JMP, TERM_JCC, TERM_KEY)) & \
-            ~cfg.insn_atomic[li] & ((t == TERM_KEY) | cfg.insn_intra[li])
+        if columns is None or a not in columns.first:
+            columns = PartColumns(cfg, falls, [(a, z)])
+        lo = columns.first[a]
+        hi = lo + nb
+        reenc, tb = columns.reenc[lo:hi], columns.target[lo:hi]
         if reenc.any() and not ((tb[reenc] >= a) & (tb[reenc] < z)).all():
             return                          # a target outside the function: build decides
-        blen = dis.size[li].astype(np.int64)
-        body_end = np.where(reenc, dis.addr[li].astype(np.int64), end)
-        kind = np.zeros(nb, np.uint8)
-        kind[reenc & (t == TERM_KEY)] = 1
-        kind[reenc & (t == TERM_JMP)] = 2
-        kind[reenc & (t == TERM_JCC)] = 3
-        flags = np.where(reenc & (body_end + blen == end), 1, 0).astype(np.uint8)
-        for k in np.nonzero(kind == 3)[0].tolist():
-            raw = dis.raw[li[k]]
-            skip = 0
-            while raw[skip] in (0x2E, 0x3E, 0xF2):
-                skip += 1
-            if raw[skip] == 0xE3:
-                flags[k] |= 2
-            if 0x70 <= raw[skip] <= 0x7F or raw[skip] == 0x0F:
-                flags[k] |= 4
-        flags |= np.where(np.asarray(falls[a:z], bool), 8, 0).astype(np.uint8)
         self.a, self.nb, self.lib = a, nb, lib
-        self.copy_len = np.ascontiguousarray(body_end - start, np.int64)
-        self.trail = np.ascontiguousarray(np.where(reenc, end - body_end - blen, 0), np.int64)
+        self.copy_len = np.ascontiguousarray(columns.copy_len[lo:hi], np.int64)
+        self.trail = np.ascontiguousarray(columns.trail[lo:hi], np.int64)
         self.tb = np.ascontiguousarray(np.where(reenc, tb - a, -1), np.int32)
-        self.kind, self.flags = kind, flags
+        self.kind = np.ascontiguousarray(columns.kind[lo:hi])
+        self.flags = np.ascontiguousarray(columns.flags[lo:hi])
+        # their addresses, taken once (a size is asked for many tries)
+        self.columns = tuple(x.ctypes.data for x in (self.copy_len, self.trail, self.tb,
+                                                      self.kind, self.flags))
         self.short_keys, self.invert_jcc = int(bool(short_keys)), int(bool(invert_jcc))
 
     def size(self, mask, order):
@@ -290,10 +323,8 @@ class HotPartSizer:
         part[o] = 0
         part[~np.asarray(mask[a:a + nb], bool)] = 1
         o32 = np.ascontiguousarray(o, np.int32)
-        p = lambda x: x.ctypes.data     # noqa: E731
-        got = self.lib.lp_hot_part_size(nb, p(o32), len(o32), p(part), p(self.copy_len),
-                                        p(self.trail), p(self.tb), p(self.kind), p(self.flags),
-                                        self.short_keys, self.invert_jcc)
+        got = self.lib.lp_hot_part_size(nb, o32.ctypes.data, len(o32), part.ctypes.data,
+                                        *self.columns, self.short_keys, self.invert_jcc)
         if got >= 0:
             return int(got)
         if got == -1:
@@ -546,6 +577,7 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
         hot_block[a + 1] = True
     splits = []
     weights = None
+    columns = None             # PartColumns, made at the first use
     if block_order == "ext-tsp":
         from .block_order import BranchWeights
         weights = BranchWeights(cfg, block_count, edges)
@@ -553,7 +585,8 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
             log(f"hot blocks in ext-TSP order; edge weights from {weights.source}")
     elif block_order != "original":
         raise ValueError(f"block_order {block_order!r}")
-    for u in np.nonzero(reason == 0)[0].tolist():
+    todo = np.nonzero(reason == 0)[0].tolist()
+    for u in todo:
         a, z = cfg.blocks_of(u)
         if z - a < 2:
             reason[u] = R_NO_COLD
@@ -594,10 +627,14 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
             def build(m, o, h, u=u, fi=fi):
                 return build_parts(cfg, u, u, functions.name[fi], m, short_keys,
                                    int(functions.sym_index[fi]), falls, invert_jcc, o, h)
+            if columns is None:
+                # (the blocks of the functions this loop may split only: every
+                # block's columns were 2 MiB more at zstd's peak)
+                columns = PartColumns(cfg, falls, [cfg.blocks_of(v) for v in todo])
             sf = keep_small_cold(cfg, u, sf, hot_block, falls, inline_cold_max, build,
                                  fixed=2 if head else 1,
                                  hot_size=HotPartSizer(cfg, u, short_keys, falls, invert_jcc,
-                                                       build).size)
+                                                       build, columns=columns).size)
         sf.order_score = score
         sf.head = head
         sf.whole = whole

@@ -547,13 +547,14 @@ class Rewriter:
             base = np.arange(hi - lo, dtype=np.int64) * raw.shape[1]
             for imm in (0, 1, 2, 4):
                 dpos = size - 4 - imm
-                field = dis.addr[lo:hi] + np.maximum(dpos, 0).astype(np.uint64)
-                k = np.minimum(np.searchsorted(rel_fields, field), max(len(rel_fields) - 1, 0))
-                relocated = (rel_fields[k] == field) if len(rel_fields) else np.zeros(hi - lo, bool)
-                ok = (dpos >= 1) & ~relocated
                 mpos = np.maximum(dpos - 1, 0)
                 modrm = flat[base + np.minimum(mpos, 15)]
-                i = np.nonzero(ok & ((modrm & 0xC7) == 0x05))[0]
+                i = np.nonzero((dpos >= 1) & ((modrm & 0xC7) == 0x05))[0]
+                # (the relocation lookup on these rows only: a tenth of them)
+                if len(rel_fields):
+                    field = dis.addr[lo + i] + dpos[i].astype(np.uint64)
+                    k = np.minimum(np.searchsorted(rel_fields, field), len(rel_fields) - 1)
+                    i = i[rel_fields[k] != field]
                 disp = np.zeros(len(i), np.int64)
                 for k in range(4):
                     disp |= flat[base[i] + np.clip(dpos[i] + k, 0, 15)].astype(np.int64) << (8 * k)

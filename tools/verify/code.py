@@ -21,9 +21,36 @@ _COMPARE_INSNS = 1 << 20
 def check_code(ctx, out):
     """Steps 1 and 2 (compare_instructions) on the instructions of OLD outside
     split functions."""
-    octx, of, oi = ctx.octx, ctx.of, ctx.oi
+    prepare_code(ctx)
+    timings.phase("against: instructions")
+    _check_code(ctx, out)
+
+
+def prepare_code(ctx):
+    """What check_code needs from the parent before it runs (in a forked child,
+    code_results): OLD's decode taken over (ctx.use_old_decode), and so decoded."""
     ctx.use_old_decode()
     timings.phase("against: decode OLD")
+    ctx.octx.disasm
+
+
+def code_results(ctx):
+    """check_code's Sink, computed on its own (forked: beside the other checks, after
+    prepare_code in the parent)."""
+    from .findings import Sink
+    out = Sink()
+    _check_code(ctx, out)
+    return out
+
+
+def add_code_results(ctx, out, result):
+    out.findings.extend(result.findings)
+    out.counter.update(result.counter)
+    out.extra.update(result.extra)
+
+
+def _check_code(ctx, out):
+    octx, of, oi = ctx.octx, ctx.of, ctx.oi
     od = octx.disasm
     same_size = np.ones(len(of), dtype=bool)
     same_size[oi[ctx.size_diff]] = False
@@ -34,7 +61,6 @@ def check_code(ctx, out):
         fidx = od.func[lo:lo + _COMPARE_ROWS]
         # split functions: block-level checks
         use[lo:lo + _COMPARE_ROWS] &= ~((fidx >= 0) & ctx.split[np.maximum(fidx, 0)])
-    timings.phase("against: instructions")
     out.extra.update(compare_instructions(octx, ctx.nctx, ctx.amap, use, ctx.kernel, out.findings,
                                           out.counter, ctx.data_moves))
 
@@ -122,7 +148,7 @@ def _compare_slice(octx, nctx, amap, sel, kernel, data_moves, missing, wrong_tar
     # 2. differing bytes must be translated address fields
     o_idx_all, n_idx_all, differs = o_idx_all[:matched], n_idx_all[:matched], differs[:matched]
     k_diff = np.nonzero(differs)[0]
-    ob_i, ob_t, ob_k = _all_branch_targets(od)    # loop, jecxz, xbegin too
+    ob_i, ob_t, ob_k = all_branch_targets(od)    # loop, jecxz, xbegin too
     # the same bytes: a PC-relative field then names its old target plus the
     # distance moved, right only where the target moved with it (or both stayed)
     k_same = np.nonzero(~differs)[0]
@@ -291,7 +317,7 @@ def kept_pc_relative(od, nd, amap, oi, ni, ob_i, ob_t, kernel, moved_by, wrong_t
 def _kept_pc_relative(od, nd, amap, oi, ni, ob_i, ob_t, kernel, moved_by, wrong_target,
                       stale_operand):
     """Instructions of OLD ``oi`` whose bytes NEW holds unchanged at ``ni`` (moved
-    or not): a direct branch (``ob_i``/``ob_t``: _all_branch_targets, loop/jecxz/
+    or not): a direct branch (``ob_i``/``ob_t``: all_branch_targets, loop/jecxz/
     xbegin included) or a RIP/EIP-relative operand designates its old
     target plus the distance the instruction moved. That must be where the map
     puts the target (a branch inside its own function, moved whole, is; a call to
@@ -347,7 +373,7 @@ def _kept_pc_relative(od, nd, amap, oi, ni, ob_i, ob_t, kernel, moved_by, wrong_
                                   bool(eip[k])))
 
 
-def _all_branch_targets(dis):
+def all_branch_targets(dis):
     """(indices, targets, displacement widths) of every direct PC-relative branch
     of ``dis`` (OLD's: the mutation test never patches it), loop/jecxz/xbegin
     included."""

@@ -53,7 +53,9 @@ class Check:
     them, and ``run(ctx, out, result)`` adds the child's answer. ``when(ctx)``:
     whether it applies (default: always); ``phase``: the timings label it starts;
     ``after_forked``: it runs once the forked checks have finished, so that its
-    memory peak (the DWARF of both images) does not meet theirs."""
+    memory peak (the DWARF of both images) does not meet theirs. A forked check
+    with ``prepare`` is forked at its turn instead, after ``prepare(ctx)`` ran in
+    the parent (what the child needs that the checks before it wait for)."""
 
     name: str
     run: Callable
@@ -61,6 +63,7 @@ class Check:
     when: Optional[Callable] = None
     phase: Optional[str] = None
     after_forked: bool = False
+    prepare: Optional[Callable] = None
 
     def applies(self, ctx):
         return self.when is None or bool(self.when(ctx))
@@ -152,7 +155,12 @@ CHECKS = [
     Check("ibt-entries", _check_ibt_entries, when=lambda ctx: ctx.octx.is_kernel),
     Check("prefix-room", _check_prefix_room, when=lambda ctx: ctx.octx.is_kernel),
     Check("data-symbols", data.check_data_symbols),
-    Check("code", code.check_code),
+    # an executable's instructions are compared in a child, beside the checks after
+    # it (a kernel's in this process: a child of a 1 GB verify would add its peak)
+    Check("code", code.check_code, when=lambda ctx: ctx.kernel),
+    Check("code-forked", code.add_code_results, forked=code.code_results,
+          prepare=code.prepare_code, phase="against: instructions",
+          when=lambda ctx: not ctx.kernel),
     Check("blocks", split.add_block_findings, forked=split.block_results,
           when=lambda ctx: ctx.split.any()),
     Check("moved-data-fields", data.check_moved_data_fields),
@@ -183,6 +191,8 @@ def _decoded_old(path):
     dis = ctx.disasm
     cov = ctx.coverage
     tables = None if ctx.is_kernel else old_switch_tables(ctx)
+    if not ctx.is_kernel:
+        code.all_branch_targets(dis)    # code.py's, kept on dis (an executable's are small)
     cov.image = None
     return cov, dis, tables
 
@@ -208,10 +218,16 @@ def verify_against(report, new_path, old_path, layout_map=None, log=None, old_de
     sinks = {c.name: Sink() for c in checks}
     # forked checks first, so that they run beside the others; they decode what
     # they need themselves and need nothing the others make
-    children = {c.name: Forked(c.forked, ctx) for c in checks if c.forked and c.applies(ctx)}
+    children = {c.name: Forked(c.forked, ctx) for c in checks
+                if c.forked and not c.prepare and c.applies(ctx)}
     try:
         for c in checks:
             if c.forked:
+                if c.prepare and c.applies(ctx):
+                    c.prepare(ctx)
+                    if c.phase:
+                        timings.phase(c.phase)
+                    children[c.name] = Forked(c.forked, ctx)
                 continue
             if c.after_forked:
                 _collect(checks, children, ctx, sinks)

@@ -247,25 +247,39 @@ def switch_tables(image, dis, functions):
                    {(int(b), int(owner[i]), 8) for b, i in zip(abs_b.tolist(), jt.tolist())
                     if not in_code(b)})
     starts = sorted({b for b, _, _ in bases})
-    out = {4: ([], [], []), 8: ([], [], [])}
+    # each base's run of relocated fields, read (up to the next base or an unreadable
+    # field); then every field's destination checked at once
+    runs = []
     for b, family, width in bases:
         k = starts.index(b)
         stop = starts[k + 1] if k + 1 < len(starts) else 1 << 64
         have = pcrel if width == 4 else absolute
-        a = b
+        a, run = b, []
         while a < stop and a in have:
             try:
                 v = int.from_bytes(bytes(image.read(a, width)), "little", signed=width == 4)
             except ValueError:
                 break
-            c = (b + v) & (2**64 - 1) if width == 4 else v
-            f = int(functions.find(np.array([c], np.uint64))[0])
-            if f < 0 or fam[f] != family or not dis.is_boundary(np.array([c], np.uint64))[0]:
+            run.append((a, (b + v) & (2**64 - 1) if width == 4 else v))
+            a += width
+        runs.append((b, family, width, run))
+    dest = np.array([c for *_, run in runs for _, c in run], np.uint64)
+    f = functions.find(dest)
+    good = ((f >= 0) & (fam[np.maximum(f, 0)] == np.array(
+        [family for _, family, _, run in runs for _ in run], np.int64)) &
+        dis.is_boundary(dest)).tolist()
+    out = {4: ([], [], []), 8: ([], [], [])}
+    first = 0                       # the run's first field in dest
+    for b, family, width, run in runs:
+        # the table: its fields up to the first whose destination is not an
+        # instruction start of the same source function
+        for k, (a, c) in enumerate(run):
+            if not good[first + k]:
                 break
             out[width][0].append(a)
             out[width][1].append(b)
             out[width][2].append(c)
-            a += width
+        first += len(run)
     (pf, pb, pc), (af, ab, ac) = out[4], out[8]
     po, ao = np.argsort(np.array(pf, np.uint64)), np.argsort(np.array(af, np.uint64))
     return SwitchTables((np.array(pf, np.uint64)[po], np.array(pb, np.uint64)[po],
