@@ -104,15 +104,17 @@ CALLER = r"""
     .type callmid, @function
 callmid:
     mov $1, %edi
-    call g_hot
+    PREFIX call g_hot
     ret
     .size callmid, .-callmid
 """
 
 
-def test_call_after_the_entry_keeps_it_whole(tmp_path):
+@pytest.mark.parametrize("prefix", ["", ".byte 0x2e;"], ids=["call", "cs-call"])
+def test_call_after_the_entry_keeps_it_whole(tmp_path, prefix):
+    """Also a `cs call` (2E E8): the kernel patches prefixed calls as well."""
     from linepack.image.cfg import R_CALL_INSIDE, TableSites
-    exe, _ = g_program.build(tmp_path, prefix=True, extra=CALLER)
+    exe, _ = g_program.build(tmp_path, prefix=True, extra=CALLER.replace("PREFIX", prefix))
     im = ElfImage(str(exe))
     fn = FunctionTable(im)
     units, dis = build_units(im, fn, lambda u: disassemble(im, u))

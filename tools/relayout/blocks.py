@@ -39,6 +39,7 @@ padding starts), and the prefix symbol shrinks to what was kept.
 import numpy as np
 
 from ..image import blockmap as bm
+from ..image.disasm import skip_prefixes
 from ..image.cfg import (R_CALL_INSIDE, R_GLUED, R_TRAILING_CODE, R_INDIRECT, R_NO_COLD, R_NOINSTR, R_NOT_HOT, R_PINNED, REASONS, TERM_JCC,
                          TERM_JMP, TERM_KEY)
 from .units import PADDING_BYTES, PREFIX, UnitTable, _func_map
@@ -560,7 +561,10 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
         # a call thunk into the 16 bytes before that block (callthunks.c), which a cold
         # part does not have
         bi, bt, _ = cfg.dis.branch_targets()
-        call = cfg.dis.raw[bi, 0] == 0xE8
+        # behind the prefixes branch_targets reads too (`cs call`: callthunks.c
+        # patches every call its list names, prefixed or not)
+        _, op, _ = skip_prefixes(cfg.dis.raw[bi], (0x2E, 0x3E, 0xF2, 0x67))
+        call = op == 0xE8
         t = bt[call]
         tu = units.find(t)
         inside = (tu >= 0) & (t != units.start[np.maximum(tu, 0)] +
