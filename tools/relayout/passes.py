@@ -690,8 +690,9 @@ def refuse_unchecked_branches(run):
         n = int(bad.sum())
         raise RewriteError(f"{run.image_path}: the layout moves {n} direct branch"
                            f"{'es' if n > 1 else ''} (or their targets) behind prefixes linepack "
-                           f"does not decode (first at {int(dis.addr[first]):#x} in {where}: "
-                           f"{code}); it cannot fix or prove them; nothing written")
+                           f"does not decode, or data among the code that reads as such (first "
+                           f"at {int(dis.addr[first]):#x} in {where}: {code}); it cannot fix or "
+                           "prove them; nothing written")
 
 
 def _refuse_broken(run):
