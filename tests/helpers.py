@@ -88,6 +88,20 @@ def build_c(src_name, out, *flags, static=False):
     return str(out)
 
 
+def profiled_cxx(directory, src_name, link):
+    """tests/fixtures/c/<src_name> built in ``directory`` with g++ -O2 ``link``
+    (-no-pie or -pie) -Wl,--emit-relocs and profiled under qemu-user with no
+    arguments: (executable, profile path)."""
+    from linepack.profile.user import record_user
+    require_tool("g++")
+    exe = os.path.join(str(directory), os.path.splitext(src_name)[0])
+    subprocess.run(["g++", "-O2", link, "-Wl,--emit-relocs", "-o", exe,
+                    os.path.join(FIXTURES, "c", src_name)], check=True)
+    prof = exe + ".lpprof"
+    record_user(exe, [], output=prof)
+    return exe, prof
+
+
 def run_linepack(*args, timeout=900):
     """Run the CLI as a user would: returns CompletedProcess with text output."""
     return subprocess.run([sys.executable, "-m", "linepack", *map(str, args)],

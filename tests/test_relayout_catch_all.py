@@ -17,7 +17,6 @@ every kind thrown; ``verify --against`` passes, and the old encoding written
 back into the entry is named by the exception lookup check.
 """
 
-import os
 import struct
 import subprocess
 
@@ -32,8 +31,6 @@ from linepack.relayout.user.lsda import Lsda
 
 _requirements = helpers.requirements("g++", "qemu-x86_64")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.path.join(HERE, "fixtures", "c", "catch_all.cc")
 GUARDED = "_Z7guardediii"
 
 
@@ -52,13 +49,8 @@ def _lsda_records(image):
 
 @pytest.fixture(scope="module", params=["-no-pie", "-pie"])
 def case(request, tmp_path_factory):
-    from linepack.profile.user import record_user
-    d = str(tmp_path_factory.mktemp("ca"))
-    exe = os.path.join(d, "catch_all")
-    subprocess.run(["g++", "-O2", request.param, "-Wl,--emit-relocs", "-o", exe, SRC],
-                   check=True)
-    prof = exe + ".lpprof"
-    record_user(exe, [], output=prof)
+    exe, prof = helpers.profiled_cxx(tmp_path_factory.mktemp("ca"), "catch_all.cc",
+                                     request.param)
     out = exe + ".blocks"
     lp = load_profile_full(prof, exe)
     _, _, rw = relayout(exe, out, "blocks", hotness=lp.hotness, calls=lp.calls,

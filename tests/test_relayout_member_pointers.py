@@ -17,7 +17,6 @@ whose method symbol is moved to an odd address is named
 (``equiv.member-function-parity``).
 """
 
-import os
 import struct
 import subprocess
 
@@ -28,8 +27,6 @@ from linepack.image.elf import ElfImage
 
 _requirements = helpers.requirements("g++", "qemu-x86_64")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.path.join(HERE, "fixtures", "c", "member_pointers.cc")
 METHODS = ["_ZN3Acc3addEl", "_ZN3Acc3mulEl", "_ZN3Acc3mixEl", "_ZN3Acc3subEl",
            "_ZN3Acc3rotEl"]
 
@@ -49,13 +46,8 @@ def _starts(path):
 
 @pytest.fixture(scope="module", params=["-no-pie", "-pie"])
 def case(request, tmp_path_factory):
-    from linepack.profile.user import record_user
-    d = str(tmp_path_factory.mktemp("mp"))
-    exe = os.path.join(d, "member_pointers")
-    subprocess.run(["g++", "-O2", request.param, "-Wl,--emit-relocs", "-o", exe, SRC],
-                   check=True)
-    prof = exe + ".lpprof"
-    record_user(exe, [], output=prof)
+    exe, prof = helpers.profiled_cxx(tmp_path_factory.mktemp("mp"), "member_pointers.cc",
+                                     request.param)
     out = exe + ".blocks"
     p = subprocess.run(["linepack", "relayout", exe, "--profile", prof, "--strategy", "blocks",
                         "-o", out], capture_output=True, text=True, timeout=300)

@@ -5,12 +5,10 @@ extras, on a rewrite with a corrupted branch."""
 
 import json
 import os
-import subprocess
 
 import pytest
 
 import helpers
-from helpers import run_linepack
 
 from test_verify_other_branches import PROG
 
@@ -20,12 +18,7 @@ _requirements = helpers.requirements("gcc")
 @pytest.fixture
 def corrupted(tmp_path):
     """(OLD, a relayout of it whose jecxz in f lands one byte short)."""
-    (tmp_path / "p.c").write_text(PROG)
-    exe, new = tmp_path / "p", tmp_path / "p.lp"
-    subprocess.run(["gcc", "-O2", "-no-pie", "-fno-pie", "-Wl,--emit-relocs", "-o", str(exe),
-                    str(tmp_path / "p.c")], check=True)
-    r = run_linepack("relayout", exe, "--strategy", "align-all 64", "-q", "-o", new)
-    assert r.returncode == 0, r.stderr
+    exe, new = helpers.relaid_out_c(tmp_path, PROG)
     from linepack.image.context import ImageContext
     from linepack.image.elf import ElfImage
     n = ImageContext(ElfImage(str(new)))
