@@ -56,8 +56,29 @@ def imports_of(name, path, modules):
                     found.add(full)          # "from .x import y" where y is a module
                 else:
                     add(".".join(prefix))
+    found |= lazy_imports(path, package, modules)
     found.discard(name)
     found.discard("")                        # the package's __init__ holds only the version
+    return found
+
+
+def lazy_imports(path, package, modules):
+    """Modules a file imports by name at run time (importlib.import_module of a
+    relative name, e.g. tools/kernel/__init__.py's tables, loaded at first use): the
+    string values of its module-level dicts that name a module of its package."""
+    tree = ast.parse(open(path).read(), path)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and
+             isinstance(n.func, ast.Attribute) and n.func.attr == "import_module"]
+    if not calls:
+        return set()
+    found = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            for v in node.value.values:
+                if isinstance(v, ast.Constant) and isinstance(v.value, str):
+                    full = ".".join(package + [v.value])
+                    if full in modules:
+                        found.add(full)
     return found
 
 
@@ -102,6 +123,8 @@ def test_graph_sees_known_edges():
     g = import_graph()
     assert "image.elf" in g["relayout.driver"]
     assert "errors" in g["cli"]
+    # the kernel package's tables, imported by name at first use (importlib)
+    assert {"kernel.orc", "kernel.jump_table", "kernel.kallsyms"} <= g["kernel"]
     assert len(g) > 100
     assert sum(len(v) for v in g.values()) > 300
 

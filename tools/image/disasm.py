@@ -240,8 +240,9 @@ def other_branch_targets(raw, addr, size):
 
 def _other_branch_rows(raw):
     """Rows of ``raw`` whose first byte is E0-E3 (loop, jecxz), C7 (xbegin) or one
-    of the prefixes _other_branch_targets skips (2E 3E 66 67): every other row has
-    its opcode in that first byte, and it is none of those."""
+    of the prefixes _other_branch_targets skips (2E 3E 66 67): it skips no other
+    prefix, so for any other first byte that byte is the opcode it reads, and it is
+    none of those."""
     return np.nonzero(_OTHER_FIRST[raw[:, 0]])[0]
 
 
