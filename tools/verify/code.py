@@ -9,7 +9,7 @@ import capstone
 
 from .. import timings
 from ..image.disasm import (ANY_PREFIX, Disassembly, has_operand_size_prefix, other_branch_targets,
-                            unchecked_branch_targets)
+                            skip_prefixes, unchecked_branch_targets)
 from .findings import add_findings as _add
 
 # rows per slice when OLD's and NEW's instruction bytes are compared
@@ -269,6 +269,7 @@ def _unchecked_branches(od, nd, amap, rows, missing):
     t_new = unchecked_branch_targets(nd.raw, nd.addr, nd.size, ni)
     t_want = amap.map(t_old)
     wide = has_operand_size_prefix(od.raw, rows)
+    skip, _, _ = skip_prefixes(od.raw[rows], ANY_PREFIX, rounds=14)
     out = []
     for k in range(len(rows)):
         oa, na, size = int(o_addr[k]), int(n_addr[k]), int(o_size[k])
@@ -278,7 +279,7 @@ def _unchecked_branches(od, nd, amap, rows, missing):
         ob, nb = bytes(od.raw[rows[k], :size]), bytes(nd.raw[ni[k], :size])
         ins = next(cs.disasm(ob, oa, 1), None)
         text = f"{ins.mnemonic} {ins.op_str}" if ins else ob.hex(" ")
-        width = 1 if size - _prefix_count(ob) == 2 else 4
+        width = 1 if size - int(skip[k]) == 2 else 4
         if wide[k]:
             why = None if (na == oa and ob == nb and int(t_want[k]) == int(t_old[k])) else \
                 "with 66 its target differs between Intel and AMD: it or its target moved"
@@ -291,13 +292,6 @@ def _unchecked_branches(od, nd, amap, rows, missing):
         if why:
             out.append((oa, na, text, ob.hex(" "), why))
     return out
-
-
-def _prefix_count(code):
-    n = 0
-    while n < len(code) and code[n] in ANY_PREFIX:
-        n += 1
-    return n
 
 
 # instructions per slice in kept_pc_relative: its per-instruction temporaries for
