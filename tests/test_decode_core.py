@@ -158,3 +158,88 @@ def test_eip_relative_operands_are_told_apart():
     assert rip_relative(raw, size)[0].tolist() == [False, True, False]
     assert [_one(raw[i], int(size[i]))[:2] for i in range(3)] == [(False, True), (True, False),
                                                                    (False, False)]
+
+
+def _capstone_text():
+    """Real compiled code on every machine that runs these tests: the .text of the
+    Capstone library itself (a few hundred KB of gcc output)."""
+    from capstone import _cs
+    from linepack.image.elf import ElfImage
+    image = ElfImage(_cs._name)
+    sec = image.section(".text")
+    return image.section_bytes(sec), sec.addr
+
+
+def test_quiet_printer_gives_the_same_rows(core):
+    """Capstone's text printer is a no-op inside the C loop where its field is
+    confirmed: the same rows as with the printer, and the printer is back after."""
+    import ctypes
+    import capstone
+    from capstone import _cs
+    code, base = _capstone_text()
+    assert len(code) > 100_000
+    dec = disasm._Decoder()
+    try:
+        handle = dec.handle.value
+        off = decode_core._printer_field(handle)
+        if capstone.__version__.startswith("5."):
+            assert off == 8             # cs_priv.h: arch, mode, then the printer
+        else:                           # another layout: never guessed
+            assert off is None
+            return
+        args = (core, handle, code, [base], [len(code)], 0, lambda k, pos, rest: 0)
+        plain, quiet = decode_core._decode(*args, -1), decode_core._decode(*args, off)
+        assert len(plain[0]) > 20_000
+        for a, b in zip(plain, quiet):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+        # the printer is Capstone's again: a plain cs_disasm on this handle has text
+        insn = ctypes.POINTER(capstone._cs_insn)()
+        n = _cs.cs_disasm(handle, b"\x48\x89\xe5", 3, 0, 0, ctypes.byref(insn))
+        assert n == 1
+        assert bytes(insn[0].mnemonic).rstrip(b"\0") == b"mov"
+        _cs.cs_free(insn, n)
+    finally:
+        dec.close()
+
+
+def test_quiet_printer_is_used_only_when_confirmed(core, monkeypatch):
+    code, base = _capstone_text()
+    dec = disasm._Decoder()
+    try:
+        handle = dec.handle.value
+        monkeypatch.setattr(decode_core, "_quiet", None)
+        monkeypatch.setenv("LINEPACK_DECODE_PLAIN", "1")
+        assert decode_core.quiet_printer_offset(core, handle, code) == -1
+        monkeypatch.delenv("LINEPACK_DECODE_PLAIN")
+        # too few bytes to check on: the printer, and nothing decided yet
+        assert decode_core.quiet_printer_offset(core, handle, code[:100]) == -1
+        assert decode_core._quiet is None
+        # a field that the syntax option does not change is not the printer
+        monkeypatch.setattr(decode_core, "_PRINTER_FIELD", 16)
+        assert decode_core._printer_field(handle) is None
+        assert decode_core.quiet_printer_offset(core, handle, code) == -1
+        assert decode_core._quiet == -1                          # decided: no guessing again
+    finally:
+        dec.close()
+
+
+def test_threads_for_a_program_sized_input(core, monkeypatch, tmp_path):
+    """From PARALLEL_BYTES of code up, a program's functions are decoded by threads
+    too (not only a kernel's thousands): the same Disassembly as one thread."""
+    from linepack.image.elf import ElfImage
+    from linepack.image.functions import FunctionTable
+    exe = helpers.build_c("switch_tables.c", str(tmp_path / "sw"))
+    image = ElfImage(exe)
+    ft = FunctionTable(image)
+    assert 1 < len(ft.start) < 2000
+    one = disasm.disassemble(image, ft, jobs=1)
+    monkeypatch.setattr(disasm, "PARALLEL_BYTES", 1)
+    calls = []
+    real = disasm._decode_range_native
+    monkeypatch.setattr(disasm, "_decode_range_native",
+                        lambda *a: calls.append(a[3]) or real(*a))
+    two = disasm.disassemble(image, ft, jobs=2)
+    assert len(calls) > 1                                       # split into chunks
+    for f in ("addr", "size", "func", "raw"):
+        assert np.array_equal(getattr(one, f), getattr(two, f))
+    assert one.undecodable == two.undecodable

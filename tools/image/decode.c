@@ -13,6 +13,12 @@
  * bytes each), which cost a tenth of the decoding, and a large array, once
  * freed, stayed in the heap.
  *
+ * With `printer_off` >= 0 the handle's text printer (the cs_struct field at that
+ * offset, found and checked by decode_core.py) is a no-op for the call: Capstone
+ * formats every instruction's mnemonic and operands, about half its time, and
+ * nothing here reads them; the rows (address, length, bytes, where it stops) do
+ * not depend on the printer. The printer is put back before returning.
+ *
  * It stops where Capstone stops before a range's end (bytes it rejects: the
  * caller decides what they are) and when the output arrays are full; `state`
  * says where: {range, position in it, rows written}.
@@ -28,11 +34,19 @@ typedef void (*free_fn)(void *insn, size_t count);
 
 enum { DONE = 0, STUCK = 1, FULL = 2, NOMEM = 3 };
 
+/* Capstone's Printer_t: (MCInst *, SStream *, void *info) */
+static void quiet_printer(void *mcinst, void *stream, void *info)
+{
+    (void)mcinst;
+    (void)stream;
+    (void)info;
+}
+
 int lp_decode(void *iter_p, void *malloc_p, void *free_p, size_t handle, const uint8_t *code,
               const int64_t *code_off, const uint64_t *start, const int64_t *len,
               int64_t nranges, int64_t *state, uint64_t *oaddr, uint8_t *osize, int32_t *ofunc,
               uint8_t *oraw, int64_t cap, int64_t first_index,
-              int64_t off_addr, int64_t off_size, int64_t off_bytes)
+              int64_t off_addr, int64_t off_size, int64_t off_bytes, int64_t printer_off)
 {
     iter_fn next = (iter_fn)iter_p;
     free_fn fr = (free_fn)free_p;
@@ -41,6 +55,10 @@ int lp_decode(void *iter_p, void *malloc_p, void *free_p, size_t handle, const u
     int rc = DONE;
     if (!insn)
         return NOMEM;
+    void **printer = printer_off >= 0 ? (void **)((uint8_t *)handle + printer_off) : NULL;
+    void *saved = printer ? *printer : NULL;
+    if (printer)
+        *printer = (void *)quiet_printer;
     for (; k < nranges; k++, pos = 0) {
         const uint8_t *c = code + code_off[k] + pos;
         size_t left = (size_t)(len[k] - pos);
@@ -69,5 +87,7 @@ int lp_decode(void *iter_p, void *malloc_p, void *free_p, size_t handle, const u
 out:
     state[0] = k; state[1] = k < nranges ? pos : 0; state[2] = n;
     fr(insn, 1);
+    if (printer)
+        *printer = saved;
     return rc;
 }

@@ -1,7 +1,13 @@
 """The C loop around Capstone for bulk disassembly (decode.c), built with the
 system C compiler at first use and cached per source version (as the DWARF
 line core is). Without a C compiler ``library()`` returns None and callers
-keep the Python loop: the results are the same, only slower."""
+keep the Python loop: the results are the same, only slower.
+
+Capstone formats each instruction's text, about half of its time, and the rows
+here need none of it: where Capstone 5's handle layout is confirmed (the printer
+field moves when the syntax option changes it) and a first decode gives the same
+rows both ways, the loop runs with a no-op printer (``quiet_printer_offset``).
+``LINEPACK_DECODE_PLAIN=1`` keeps Capstone's printer."""
 
 import ctypes
 import os
@@ -18,6 +24,9 @@ _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode.c")
 _lib = False            # False: not tried yet; None: no compiler or no build
 DONE, STUCK, FULL, NOMEM = 0, 1, 2, 3
 _OFF = {n: getattr(capstone._cs_insn, n).offset for n, _ in capstone._cs_insn._fields_}
+_quiet = None           # the printer field's offset once checked; -1: Capstone's printer
+_PRINTER_FIELD = 8      # cs_priv.h (5.x): struct cs_struct { cs_arch; cs_mode; Printer_t printer; ...
+_PROBE_BYTES = 1 << 16  # the first decode's bytes decoded both ways
 
 
 def library():
@@ -34,7 +43,7 @@ def library():
         return None
     P, I64 = ctypes.c_void_p, ctypes.c_int64
     lib.lp_decode.argtypes = [P, P, P, ctypes.c_size_t, P, P, P, P, I64, P, P, P, P, P, I64, I64,
-                              I64, I64, I64]
+                              I64, I64, I64, I64]
     lib.lp_decode.restype = ctypes.c_int
     _lib = lib
     return lib
@@ -44,6 +53,48 @@ def _p(a):
     return a.ctypes.data_as(ctypes.c_void_p)
 
 
+def _printer_field(handle):
+    """The offset of the handle's printer pointer, or None where this Capstone is
+    not laid out as 5.x is: the field must hold a pointer that the syntax option
+    changes (AT&T) and puts back (Intel)."""
+    if not capstone.__version__.startswith("5.") or not handle:
+        return None
+    try:
+        if ctypes.c_int.from_address(handle).value != capstone.CS_ARCH_X86:
+            return None
+        field = ctypes.c_void_p.from_address(handle + _PRINTER_FIELD)
+        intel = field.value
+        if _cs.cs_option(handle, capstone.CS_OPT_SYNTAX, capstone.CS_OPT_SYNTAX_ATT):
+            return None
+        att = field.value
+        if _cs.cs_option(handle, capstone.CS_OPT_SYNTAX, capstone.CS_OPT_SYNTAX_INTEL):
+            return None
+        return _PRINTER_FIELD if intel and att and att != intel and field.value == intel \
+            else None
+    except (ValueError, TypeError, AttributeError, capstone.CsError):
+        return None
+
+
+def quiet_printer_offset(lib, handle, code):
+    """The printer offset to pass to lp_decode: confirmed once per process, on the
+    first decode of at least 4 KB (its first 64 KB decoded with and without the
+    printer: the same rows, or Capstone's printer stays); -1: keep the printer."""
+    global _quiet
+    if _quiet is not None:
+        return _quiet
+    if os.environ.get("LINEPACK_DECODE_PLAIN") or len(code) < 4096:
+        return -1
+    off = _printer_field(handle)
+    if off is None:
+        _quiet = -1
+        return _quiet
+    sample = bytes(code[:_PROBE_BYTES])
+    args = (lib, handle, sample, [0x1000], [len(sample)], 0, lambda k, pos, rest: 0)
+    same = all(np.array_equal(a, b) for a, b in zip(_decode(*args, -1), _decode(*args, off)))
+    _quiet = off if same else -1
+    return _quiet
+
+
 def decode_ranges(lib, handle, code, starts, sizes, first_index, stuck):
     """Decode ranges (``starts``/``sizes``; their bytes end to end in ``code``).
 
@@ -51,6 +102,11 @@ def decode_ranges(lib, handle, code, starts, sizes, first_index, stuck):
     offset pos (``rest``: the range's remaining bytes); returns the length of
     an instruction it decoded there (appended as a row: address, length, its
     bytes) or 0 (skip one byte). Returns (addr, size, func, raw)."""
+    return _decode(lib, handle, code, starts, sizes, first_index, stuck,
+                   quiet_printer_offset(lib, handle, code))
+
+
+def _decode(lib, handle, code, starts, sizes, first_index, stuck, printer_off):
     st = np.ascontiguousarray(starts, np.uint64)
     ln = np.ascontiguousarray(sizes, np.int64)
     off = np.ascontiguousarray(np.concatenate([[0], np.cumsum(ln)[:-1]]), np.int64)
@@ -67,7 +123,8 @@ def decode_ranges(lib, handle, code, starts, sizes, first_index, stuck):
     while True:
         rc = lib.lp_decode(iter_p, malloc_p, free_p, handle, _p(buf), _p(off), _p(st), _p(ln),
                            len(st), _p(state), _p(addr), _p(size), _p(func), _p(raw), cap,
-                           first_index, _OFF["address"], _OFF["size"], _OFF["bytes"])
+                           first_index, _OFF["address"], _OFF["size"], _OFF["bytes"],
+                           printer_off)
         if rc == DONE:
             break
         if rc == NOMEM:

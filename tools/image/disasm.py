@@ -3,8 +3,9 @@
 Capstone's Python wrapper builds an object per instruction (slow for the ~3M
 instructions in vmlinux). Here we call the C ``cs_disasm`` through the wrapper's
 ctypes handle, view the returned ``cs_insn`` array with a numpy dtype and keep
-only the columns we need: address, length and the first bytes. Functions are
-decoded in parallel worker processes.
+only the columns we need: address, length and the first bytes. A kernel's
+functions, or a program's from PARALLEL_BYTES of code, are decoded by threads
+(the C loop runs without the GIL).
 """
 
 import ctypes
@@ -486,6 +487,9 @@ def _decode_range_native(lib, image, starts, sizes, first_index):
     return addr, size, func, raw, bad
 
 
+PARALLEL_BYTES = 1 << 18
+
+
 def disassemble(image, functions, jobs=None):
     """Decode every function of a FunctionTable; returns a Disassembly."""
     starts = functions.start.tolist()
@@ -494,13 +498,15 @@ def disassemble(image, functions, jobs=None):
     jobs = jobs or min(os.cpu_count() or 1, 8)
     from .decode_core import library
     lib = library()             # built (or found) once, before any worker starts
-    if n >= 2000 and jobs > 1:
+    # threads pay off from a few hundred KB of code (a program, not just a kernel)
+    many = n >= 2000 or (lib is not None and n > 1 and sum(sizes) >= PARALLEL_BYTES)
+    if many and jobs > 1:
         # Balance by bytes, not by count: a few functions are huge.
         cum = np.cumsum(sizes)
         bounds = [0] + [int(np.searchsorted(cum, cum[-1] * k / (jobs * 4)))
                         for k in range(1, jobs * 4)] + [n]
         chunks = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-    if n < 2000 or jobs == 1:
+    if not many or jobs == 1:
         parts = [_decode_range(image.path, starts, sizes, 0)]
     elif lib is not None:
         # The C loop runs without the GIL (ctypes releases it): threads share the
