@@ -26,7 +26,7 @@ fi
 cd "$here"
 junit="$(mktemp --suffix=.xml)"
 trap 'rm -f "$junit"' EXIT
-python3 -m pytest -q -ra --junitxml="$junit" "$@"
+python3 -m pytest -q -ra --durations=25 --junitxml="$junit" "$@"
 rc=$?
 if [ $rc -eq 5 ]; then
   echo "run-tests: pytest collected no tests" >&2
