@@ -222,24 +222,3 @@ def test_quiet_printer_is_used_only_when_confirmed(core, monkeypatch):
     finally:
         dec.close()
 
-
-def test_threads_for_a_program_sized_input(core, monkeypatch, tmp_path):
-    """From PARALLEL_BYTES of code up, a program's functions are decoded by threads
-    too (not only a kernel's thousands): the same Disassembly as one thread."""
-    from linepack.image.elf import ElfImage
-    from linepack.image.functions import FunctionTable
-    exe = helpers.build_c("switch_tables.c", str(tmp_path / "sw"))
-    image = ElfImage(exe)
-    ft = FunctionTable(image)
-    assert 1 < len(ft.start) < 2000
-    one = disasm.disassemble(image, ft, jobs=1)
-    monkeypatch.setattr(disasm, "PARALLEL_BYTES", 1)
-    calls = []
-    real = disasm._decode_range_native
-    monkeypatch.setattr(disasm, "_decode_range_native",
-                        lambda *a: calls.append(a[3]) or real(*a))
-    two = disasm.disassemble(image, ft, jobs=2)
-    assert len(calls) > 1                                       # split into chunks
-    for f in ("addr", "size", "func", "raw"):
-        assert np.array_equal(getattr(one, f), getattr(two, f))
-    assert one.undecodable == two.undecodable
