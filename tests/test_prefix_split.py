@@ -315,3 +315,53 @@ def test_unknown_prefix_padding_is_refused():
     from linepack.relayout import strategies
     with pytest.raises(strategies.UnknownStrategy, match="template, full, none"):
         strategies.get("blocks", prefix_padding="some")
+
+
+# h: a hot prefixed function exactly as long as its 16-byte prefix (as many of the
+# kernel's bpf_lsm_* hooks are)
+H16 = r"""
+    .section .text.hot,"ax",@progbits
+    .p2align 4
+    .type __pfx_h, @function
+__pfx_h:
+    .fill 16, 1, 0x90
+    .size __pfx_h, 16
+    .globl h
+    .type h, @function
+h:
+    endbr64
+    mov %edi, %eax
+    add $1, %eax
+    .fill 6, 1, 0x90
+    ret
+    .size h, .-h
+"""
+
+
+def test_prefix_dropped_before_a_function_of_its_size(tmp_path):
+    """With its prefix dropped whole, ``__pfx_h`` shares h's address; h (16 bytes, like
+    its prefix) is no alias of it: the prefix stays sized 0, h 16, and verify finds h."""
+    from linepack.relayout import strategies
+    from linepack.verify.equivalence import verify_against
+    from linepack.verify.standalone import verify_image
+    exe, expected = g_program.build(tmp_path, prefix=True, extra=TEMPLATE + H16)
+    im = ElfImage(str(exe))
+    h = im.symbol_address("h")
+    lo, size, cnt = _ranges(im)
+    ranges = (np.append(lo, np.uint64(h)), np.append(size, np.uint64(16)), np.append(cnt, 100.0))
+    out = tmp_path / "nopad"
+    # (order_whole off, as on a kernel: h moves whole with its prefix trimmed)
+    strat = strategies.get("blocks", prefix_padding="none", order_whole=False)
+    summary, plan, rw = relayout(str(exe), str(out), strat, hotness={"g": 100.0, "h": 100.0},
+                                 blocks=ranges)
+    assert not summary["problems"]
+    assert "h" in {sf.name for sf in rw.block_split["splits"]}
+    new = ElfImage(str(out))
+    names, syms = new.symbol_table()
+    hi, pfx = names.index("h"), names.index("__pfx_h")
+    assert int(syms["value"][pfx]) == int(syms["value"][hi])
+    assert (int(syms["size"][pfx]), int(syms["size"][hi])) == (0, 16)
+    rep = verify_image(str(out))
+    verify_against(rep, str(out), str(exe))
+    errors = [f for f in rep.findings if f.severity == "error"]
+    assert not errors, errors[:5]

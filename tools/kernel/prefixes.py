@@ -135,7 +135,7 @@ def check_prefixes(ctx, findings):
 
 
 NO_PADDING_NOTE = (" (prefix_padding = \"none\": call-depth tracking cannot patch its thunk "
-                   "there; do not boot with retbleed=stuff)")
+                   "there; do not boot with retbleed=stuff or indirect_target_selection=stuff)")
 
 
 def _missing_level(image):

@@ -308,7 +308,8 @@ def split(run):
 
 NO_PADDING_WARNING = ("linepack: warning: prefix_padding = \"none\": hot functions lost "
                       "the padding where call-depth tracking writes its thunk; do not boot "
-                      "this output with retbleed=stuff (docs/relayout.md)")
+                      "this output with retbleed=stuff or indirect_target_selection=stuff "
+                      "(docs/relayout.md)")
 
 
 def _prefix_keep(run, heads, log):
