@@ -134,8 +134,8 @@ def check_prefixes(ctx, findings):
             "thunk_template": tmpl}
 
 
-NO_PADDING_NOTE = (" (prefix_padding = \"none\": call-depth tracking cannot patch its thunk "
-                   "there; do not boot with retbleed=stuff or indirect_target_selection=stuff)")
+NO_PADDING_NOTE = (" (dropped by prefix_padding = \"none\": do not boot with retbleed=stuff or "
+                   "indirect_target_selection=stuff)")
 
 
 def _missing_level(image):
