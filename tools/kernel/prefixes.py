@@ -29,7 +29,11 @@ no ``__cfi_`` symbols (kCFI/FineIBT need clang's CFI; gcc 14 built both), and
 ITS picks its thunks from the branch's own address at boot.
 With ``--against`` (``check_prefix_room``): every function that had a prefix in
 the original has at least the template's size of single-byte NOPs right before
-its entry in the new image.
+its entry in the new image. A layout made with ``prefix_padding = "none"`` (opt-in:
+hot functions keep no padding, the output must not boot with retbleed=stuff or
+indirect_target_selection=stuff) declares it in its block map's header; the
+missing paddings are then the warnings ``prefix.dropped`` / ``equiv.prefix-dropped``
+instead of errors.
 
 With CONFIG_X86_KERNEL_IBT a function that may be called indirectly starts with
 ENDBR64 (f3 0f 1e fa); ``--against``: every function whose entry was an ENDBR
