@@ -156,3 +156,28 @@ def test_placement_7_3_order_leaves_only_markers_for_the_gap():
     assert at["kallsyms_token_index"] == at["kallsyms_token_table"] + 0x458
     old_end = old_at["kallsyms_seqs_of_names"] + 3 * n_old
     _check_placement(at, sizes, [(names_at, old_end)], gap, end, [(0x8239f760, names_at)])
+
+
+def test_dropped_prefix_sorts_after_its_function(kallsyms):
+    """A prefix whose padding a layout dropped whole (prefix_padding = "none") sits at
+    its function's entry: ``__pfx_<fn>`` sorts after ``<fn>`` there, so that backtraces
+    name the function, even where the underscore rule alone would put the prefix first
+    (``___slab_alloc``: 3 leading underscores, ``__pfx_``: 2); a prefix tied with
+    another name keeps the usual order."""
+    from linepack.image.addrmap import AddressMap
+    from linepack.kernel.kallsyms import Kallsyms
+    ctx, _, _ = kallsyms
+    t = Kallsyms()
+    e = t.parse(ctx)
+    n = len(e)
+    fn = ctx.image.symbol_address("___slab_alloc")
+    other = ctx.image.symbol_address("____fput")
+    t.add_symbols(ctx, ["__pfx____slab_alloc", "__pfx_not_fput"], ["t", "t"])
+    ident = AddressMap(np.array([0], np.uint64), np.array([2 ** 64 - 1], np.uint64),
+                       np.array([0], np.uint64))
+    out = t.update(ctx, e, ident, extra_addr=[fn, other])
+    order = out["old_index"].tolist()
+    own = t.names.index("___slab_alloc")
+    assert order.index(own) < order.index(n)
+    fput = t.names.index("____fput")
+    assert order.index(n + 1) < order.index(fput)      # not its own: fewer underscores first

@@ -235,3 +235,133 @@ def test_whole_hot_prefixed_function_trimmed_too(tmp_path):
     verify_against(rep, str(out), str(exe))
     errors = [f for f in rep.findings if f.severity == "error"]
     assert not errors, errors[:5]
+
+
+def test_prefix_padding_none_opt_in(tmp_path, capfd):
+    """``prefix_padding = "none"`` (opt-in): the hot part keeps none of the padding (the
+    prefix symbol is sized 0 at the entry; one padding-dropped row of 16 bytes), relayout
+    prints one warning line, the block map says so (FLAG_NO_PADDING), the program runs
+    the same and verify --against has no error; the kernel checks name the lost padding
+    as warnings (prefix.dropped, equiv.prefix-dropped), and as errors once the block map
+    no longer declares it."""
+    from linepack.kernel.base import ImageContext
+    from linepack.kernel.prefixes import check_prefix_room, check_prefixes
+    from linepack.relayout import strategies
+    from linepack.verify.addrmap import match_functions
+    from linepack.verify.equivalence import verify_against
+    from linepack.verify.findings import add_findings
+    from linepack.verify.standalone import verify_image
+    exe, expected = g_program.build(tmp_path, prefix=True, extra=TEMPLATE)
+    im = ElfImage(str(exe))
+    out = tmp_path / "nopad"
+    capfd.readouterr()
+    summary, plan, rw = relayout(str(exe), str(out), strategies.get("blocks", prefix_padding="none"),
+                                 hotness={"g": 100.0}, blocks=_ranges(im))
+    err = capfd.readouterr().err
+    assert not summary["problems"]
+    assert [ln for ln in err.splitlines() if "warning" in ln] == \
+        [ln for ln in err.splitlines() if "retbleed=stuff" in ln] and err.count("retbleed=stuff") == 1
+    res = subprocess.run([str(out)], capture_output=True, text=True, timeout=20)
+    assert res.returncode == 0 and res.stdout == expected
+    new = ElfImage(str(out))
+    names, syms = new.symbol_table()
+    g, pfx = names.index("g"), names.index("__pfx_g")
+    assert int(syms["value"][pfx]) == int(syms["value"][g]) and int(syms["size"][pfx]) == 0
+    assert bm.read_flags(new) & bm.FLAG_NO_PADDING
+    rows = bm.read_blockmap(new)
+    assert bm.check_rows(rows) == []
+    dropped = rows[rows["kind"] == bm.KIND_PAD_DROPPED]
+    assert len(dropped) == 1 and int(dropped["old_len"][0]) == 16
+    assert int(dropped["new"][0]) == int(syms["value"][g])
+    rep = verify_image(str(out))
+    verify_against(rep, str(out), str(exe))
+    errors = [f for f in rep.findings if f.severity == "error"]
+    assert not errors, errors[:5]
+    assert rep.extra["equivalence_blocks"]["padding_dropped"] == 16
+
+    def kernel_checks(path):
+        found = []
+        check_prefixes(ImageContext(ElfImage(str(path))), found)
+        octx, nctx = ImageContext(im), ImageContext(ElfImage(str(path)))
+        oi, ni, _ = match_functions(octx, nctx)
+        room = []
+        assert check_prefix_room(octx, nctx, oi, ni, room, {}, add_findings) == 1
+        return [(f.severity, f.check) for f in found + room]
+    assert kernel_checks(out) == [("warning", "prefix.dropped"),
+                                  ("warning", "equiv.prefix-dropped")]
+    # the same bytes without the block map's flag: the lost padding is an error
+    data = bytearray(out.read_bytes())
+    sec = new.section(bm.SECTION_NAME)
+    data[sec.offset + 12:sec.offset + 16] = bytes(4)
+    bad = tmp_path / "unflagged"
+    bad.write_bytes(bytes(data))
+    assert kernel_checks(bad) == [("error", "prefix.short"), ("error", "equiv.prefix-room")]
+
+
+def test_default_and_full_padding_set_no_flag(tmp_path):
+    """Only "none" marks the block map: "template" (the default) and "full" keep the
+    padding call-depth tracking needs, and their block map declares nothing."""
+    from linepack.relayout import strategies
+    exe, _ = g_program.build(tmp_path, prefix=True, extra=TEMPLATE)
+    im = ElfImage(str(exe))
+    for mode in ("template", "full"):
+        out = tmp_path / mode
+        relayout(str(exe), str(out), strategies.get("blocks", prefix_padding=mode),
+                 hotness={"g": 100.0}, blocks=_ranges(im))
+        assert bm.read_flags(ElfImage(str(out))) == 0
+
+
+def test_unknown_prefix_padding_is_refused():
+    from linepack.relayout import strategies
+    with pytest.raises(strategies.UnknownStrategy, match="template, full, none"):
+        strategies.get("blocks", prefix_padding="some")
+
+
+# h: a hot prefixed function exactly as long as its 16-byte prefix (as many of the
+# kernel's bpf_lsm_* hooks are)
+H16 = r"""
+    .section .text.hot,"ax",@progbits
+    .p2align 4
+    .type __pfx_h, @function
+__pfx_h:
+    .fill 16, 1, 0x90
+    .size __pfx_h, 16
+    .globl h
+    .type h, @function
+h:
+    endbr64
+    mov %edi, %eax
+    add $1, %eax
+    .fill 6, 1, 0x90
+    ret
+    .size h, .-h
+"""
+
+
+def test_prefix_dropped_before_a_function_of_its_size(tmp_path):
+    """With its prefix dropped whole, ``__pfx_h`` shares h's address; h (16 bytes, like
+    its prefix) is no alias of it: the prefix stays sized 0, h 16, and verify finds h."""
+    from linepack.relayout import strategies
+    from linepack.verify.equivalence import verify_against
+    from linepack.verify.standalone import verify_image
+    exe, expected = g_program.build(tmp_path, prefix=True, extra=TEMPLATE + H16)
+    im = ElfImage(str(exe))
+    h = im.symbol_address("h")
+    lo, size, cnt = _ranges(im)
+    ranges = (np.append(lo, np.uint64(h)), np.append(size, np.uint64(16)), np.append(cnt, 100.0))
+    out = tmp_path / "nopad"
+    # (order_whole off, as on a kernel: h moves whole with its prefix trimmed)
+    strat = strategies.get("blocks", prefix_padding="none", order_whole=False)
+    summary, plan, rw = relayout(str(exe), str(out), strat, hotness={"g": 100.0, "h": 100.0},
+                                 blocks=ranges)
+    assert not summary["problems"]
+    assert "h" in {sf.name for sf in rw.block_split["splits"]}
+    new = ElfImage(str(out))
+    names, syms = new.symbol_table()
+    hi, pfx = names.index("h"), names.index("__pfx_h")
+    assert int(syms["value"][pfx]) == int(syms["value"][hi])
+    assert (int(syms["size"][pfx]), int(syms["size"][hi])) == (0, 16)
+    rep = verify_image(str(out))
+    verify_against(rep, str(out), str(exe))
+    errors = [f for f in rep.findings if f.severity == "error"]
+    assert not errors, errors[:5]

@@ -21,9 +21,10 @@ from ..io import atomic_output
 
 _RELAYOUT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
                              "relayout")
-NEEDS_PROFILE = ("hot64", "pack", "blocks", "blocks-original", "blocks-ext-tsp", "blocks-sets")
+NEEDS_PROFILE = ("hot64", "pack", "blocks", "blocks-original", "blocks-ext-tsp", "blocks-sets",
+                 "blocks-nopad")
 # block-level layouts: their map comes from the rewrite (block map), not the plan
-BLOCK_LEVEL = ("blocks", "blocks-original", "blocks-ext-tsp", "blocks-sets")
+BLOCK_LEVEL = ("blocks", "blocks-original", "blocks-ext-tsp", "blocks-sets", "blocks-nopad")
 
 
 def normalize_spec(spec):

@@ -7,7 +7,9 @@ block by block without re-planning it. Function-level layouts do not write it.
 
 Section contents (little endian):
 
-    header  16 bytes: b"LPBM", u32 version (1), u32 rows, u32 0
+    header  16 bytes: b"LPBM", u32 version (1), u32 rows, u32 flags
+            (FLAG_NO_PADDING: the layout was asked to drop prefix paddings that
+            call-depth tracking may patch, ``prefix_padding = "none"``; else 0)
     rows    ``rows`` records of BLOCKMAP_ROW (32 bytes each), sorted by
             (old, old_len): a zero-length row sorts before the block at the
             same address.
@@ -66,7 +68,8 @@ KIND_NAMES = {KIND_COPIED: "copied", KIND_BRANCH: "branch", KIND_JMP_INSERTED: "
               KIND_JMP_REMOVED: "jmp-removed", KIND_PAD_DROPPED: "padding-dropped"}
 PART_HOT, PART_COLD = 0, 1
 
-HEADER = np.dtype([("magic", "S4"), ("version", "<u4"), ("rows", "<u4"), ("zero", "<u4")])
+FLAG_NO_PADDING = 1
+HEADER = np.dtype([("magic", "S4"), ("version", "<u4"), ("rows", "<u4"), ("flags", "<u4")])
 BLOCKMAP_ROW = np.dtype([
     ("old", "<u8"), ("new", "<u8"), ("old_len", "<u4"), ("new_len", "<u4"),
     ("func", "<u4"), ("kind", "u1"), ("part", "u1"), ("pad", "u1", 2)])
@@ -123,11 +126,12 @@ def check_rows(rows):
     return bad
 
 
-def to_bytes(rows):
-    """Section contents for a (sorted) row array."""
+def to_bytes(rows, flags=0):
+    """Section contents for a (sorted) row array (``flags``: the header's)."""
     rows = np.ascontiguousarray(rows, dtype=BLOCKMAP_ROW)
     head = np.zeros(1, HEADER)
     head["magic"], head["version"], head["rows"] = MAGIC, VERSION, len(rows)
+    head["flags"] = flags
     return head.tobytes() + rows.tobytes()
 
 
@@ -154,6 +158,17 @@ def read_blockmap(image):
     if sec is None:
         return None
     return from_bytes(image.section_bytes(sec), f"{image.path}: {SECTION_NAME}")
+
+
+def read_flags(image):
+    """The header flags of an ElfImage's ``.linepack.blockmap`` (0 without one)."""
+    sec = image.section(SECTION_NAME)
+    if sec is None:
+        return 0
+    data = bytes(image.section_bytes(sec)[:HEADER.itemsize])
+    if len(data) < HEADER.itemsize or data[:4] != MAGIC:
+        return 0
+    return int(np.frombuffer(data, HEADER)[0]["flags"])
 
 
 def address_map(rows, extents=(), anchors=None, base=None):

@@ -258,7 +258,12 @@ class Kallsyms(KernelTable):
         weak = np.array([t in ("w", "W") for t in self.types], dtype=np.int8)
         provide = np.array([_linker_provided(nm) for nm in self.names], dtype=np.int8)
         under = np.array([len(nm) - len(nm.lstrip("_")) for nm in self.names], dtype=np.int64)
-        order = np.lexsort((np.arange(len(entries)), under, provide, weak, new_addr))
+        # a prefix whose padding the layout dropped entirely (relayout/blocks.py
+        # trim_prefix) sits at its function's entry: ``__pfx_fn`` after ``fn``, so
+        # that backtraces still name the function (only that tie: a prefix never
+        # shares its own function's address in a kernel as linked)
+        own = _own_prefix_ties(self.names, new_addr)
+        order = np.lexsort((np.arange(len(entries)), under, provide, weak, own, new_addr))
         out = np.zeros(len(entries), dtype=[("addr", "<u8"), ("offset", "<i4"), ("old_index", "<i8")])
         out["addr"] = new_addr[order]
         out["old_index"] = order
@@ -373,3 +378,19 @@ class Kallsyms(KernelTable):
                                     f"{len(mismatched)} kallsyms addresses disagree with the symtab"))
         self.matched = n - len(mismatched)
         return findings
+
+
+def _own_prefix_ties(names, addr):
+    """1 where ``__pfx_<fn>`` is at the same address as a symbol ``<fn>``, else 0."""
+    out = np.zeros(len(addr), np.int8)
+    pfx = [k for k, nm in enumerate(names[:len(addr)]) if nm.startswith("__pfx_")]
+    if not pfx:
+        return out
+    where = {}
+    for k, nm in enumerate(names[:len(addr)]):
+        where.setdefault(nm, []).append(k)
+    a = addr.tolist()
+    for k in pfx:
+        if any(a[j] == a[k] for j in where.get(names[k][6:], ())):
+            out[k] = 1
+    return out

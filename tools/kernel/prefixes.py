@@ -29,7 +29,11 @@ no ``__cfi_`` symbols (kCFI/FineIBT need clang's CFI; gcc 14 built both), and
 ITS picks its thunks from the branch's own address at boot.
 With ``--against`` (``check_prefix_room``): every function that had a prefix in
 the original has at least the template's size of single-byte NOPs right before
-its entry in the new image.
+its entry in the new image. A layout made with ``prefix_padding = "none"`` (opt-in:
+hot functions keep no padding, the output must not boot with retbleed=stuff or
+indirect_target_selection=stuff) declares it in its block map's header; the
+missing paddings are then the warnings ``prefix.dropped`` / ``equiv.prefix-dropped``
+instead of errors.
 
 With CONFIG_X86_KERNEL_IBT a function that may be called indirectly starts with
 ENDBR64 (f3 0f 1e fa); ``--against``: every function whose entry was an ENDBR
@@ -65,10 +69,11 @@ def _bytes_at(image, addrs, width):
 
 
 def prefix_symbols(image):
-    """(names, addresses u64, sizes u64) of the sized ``__pfx_`` FUNC symbols."""
+    """(names, addresses u64, sizes u64) of the ``__pfx_`` FUNC symbols (sized 0 where
+    a layout dropped the whole padding: ``prefix_padding = "none"``)."""
     names, syms = image.symbol_table()
     typ = syms["info"] & 0xF
-    idx = [i for i in np.nonzero((typ == STT_FUNC) & (syms["size"] > 0))[0].tolist()
+    idx = [i for i in np.nonzero((typ == STT_FUNC) & (syms["shndx"] != 0))[0].tolist()
            if names[i].startswith(PREFIX)]
     return ([names[i] for i in idx], syms["value"][idx].astype(np.uint64),
             syms["size"][idx].astype(np.uint64))
@@ -117,20 +122,42 @@ def check_prefixes(ctx, findings):
                                     f"({len(bad)} in all)"))
     tmpl = thunk_template_size(image)
     short = np.nonzero(size < np.uint64(tmpl))[0].tolist() if tmpl else []
+    level, what = _missing_level(image)
     for k in short[:MAX_REPORT]:
-        findings.append(Finding("error", "prefix.short", int(addr[k]),
+        findings.append(Finding(level, f"prefix.{what}", int(addr[k]),
                                 f"{names[k]} ({int(addr[k]):#x}) holds {int(size[k])} bytes, "
-                                f"less than the {tmpl}-byte call-depth thunk"))
+                                f"less than the {tmpl}-byte call-depth thunk"
+                                + (NO_PADDING_NOTE if what == "dropped" else "")))
+    if len(short) > MAX_REPORT:
+        findings.append(Finding(level, f"prefix.{what}", None,
+                                f"{len(short) - MAX_REPORT} more prefixes of the same "
+                                f"({len(short)} in all)"))
     sizes = np.unique(size).tolist()
     return {"count": len(names), "bytes": [int(s) for s in sizes],
             "detached": len(detached), "not_nop": len(not_nop), "short": len(short),
             "thunk_template": tmpl}
 
 
+NO_PADDING_NOTE = (" (dropped by prefix_padding = \"none\": do not boot with retbleed=stuff or "
+                   "indirect_target_selection=stuff)")
+
+
+def _missing_level(image):
+    """(level, name) of a finding for a prefix too short for the thunk: a named
+    warning where the layout declares it dropped such paddings on purpose (its block
+    map's FLAG_NO_PADDING, ``prefix_padding = "none"``), else an error."""
+    from ..image import blockmap as bm
+    if bm.read_flags(image) & bm.FLAG_NO_PADDING:
+        return "warning", "dropped"
+    return "error", "short"
+
+
 def check_prefix_room(octx, nctx, oi, ni, findings, counter, add):
     """Every matched function that had a prefix in OLD has at least the call-depth
     template's size (measured on OLD) of single-byte NOPs right before its entry in
-    NEW (``add``: equivalence._add). Returns the number of such functions."""
+    NEW (``add``: equivalence._add): an error, or the named warning
+    ``equiv.prefix-dropped`` where NEW's block map says the layout dropped paddings
+    on purpose (``prefix_padding = "none"``). Returns the number of such functions."""
     tmpl = thunk_template_size(octx.image)
     names, paddr, psize = prefix_symbols(octx.image)
     if not tmpl or not names or not len(oi):
@@ -145,10 +172,13 @@ def check_prefix_room(octx, nctx, oi, ni, findings, counter, add):
     entry = nf.start[ni[k]].astype(np.uint64)
     raw = _bytes_at(nctx.image, entry - np.uint64(tmpl), tmpl)
     lost = np.nonzero((raw != NOP).any(axis=1))[0].tolist()
-    add(findings, "error", "equiv.prefix-room", lost,
+    level, what = _missing_level(nctx.image)
+    name = "equiv.prefix-dropped" if what == "dropped" else "equiv.prefix-room"
+    add(findings, level, name, lost,
         lambda q: (int(entry[q]), f"{nf.name[ni[k[q]]]}: the {tmpl} bytes before its entry "
                    f"{int(entry[q]):#x} are not NOPs ({bytes(raw[q]).hex()}): call-depth "
-                   "tracking cannot patch its thunk there"), counter)
+                   "tracking cannot patch its thunk there"
+                   + (NO_PADDING_NOTE if what == "dropped" else "")), counter)
     return int(len(k))
 
 

@@ -49,6 +49,8 @@ def cold_symbols(rw, image, log=None):
         hot_size[(int(rows["value"][sf.sym]), int(old_size[sf.sym]))] = sf.hot_size
     vals = np.array(sorted({v for v, _ in hot_size}), np.uint64)
     cand = np.nonzero(np.isin(rows["value"], vals) & ((rows["info"] & 0xF) == STT_FUNC))[0]
+    # (a prefix dropped whole sits at its function's entry: it is no alias, it keeps 0)
+    cand = cand[~np.isin(cand, [sf.prefix_sym for sf in splits if sf.prefix_sym >= 0])]
     for i, v, sz in zip(cand.tolist(), rows["value"][cand].tolist(), old_size[cand].tolist()):
         h = hot_size.get((v, sz))
         if h is not None:

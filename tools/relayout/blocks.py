@@ -452,16 +452,17 @@ def prefix_heads(units, functions):
 def trim_prefix(sf, keep):
     """Keep only the last ``keep`` bytes of split function ``sf``'s prefix padding
     (its hot part's first piece, ``sf.head`` NOP bytes): the front becomes a
-    PAD_DROPPED piece. False (``sf`` unchanged) when the first piece is not that."""
+    PAD_DROPPED piece (all of it with ``keep`` 0: the entry starts the hot part).
+    False (``sf`` unchanged) when the first piece is not that."""
     pieces = sf.parts[0]
-    if not pieces or not 0 < keep < sf.head:
+    if not pieces or not 0 <= keep < sf.head:
         return False
     p0 = pieces[0]
     if p0.kind != COPY or p0.old_len != sf.head:
         return False
     drop = sf.head - keep
-    pieces[0:1] = [Piece(p0.old, drop, PAD_DROPPED, p0.block),
-                   Piece(p0.old + drop, keep, COPY, p0.block)]
+    pieces[0:1] = [Piece(p0.old, drop, PAD_DROPPED, p0.block)] + \
+        ([Piece(p0.old + drop, keep, COPY, p0.block)] if keep else [])
     _relax_parts(sf, (0,))
     sf.head = keep
     return True
@@ -514,7 +515,7 @@ def _trailing_code(dis, units, functions, candidates):
 
 def choose_splits(cfg, units, heat, block_count, min_count, functions, short_keys, cold_min=8,
                   invert_jcc=False, block_order="original", edges=None, log=None, heads=None,
-                  split_noinstr=False, order_whole=False, inline_cold_max=0, prefix_keep=0):
+                  split_noinstr=False, order_whole=False, inline_cold_max=0, prefix_keep=None):
     """SplitFunction list and per-unit reason codes (REASONS) for every unit.
 
     ``block_order``: "original" keeps the hot blocks in their original order,
@@ -531,7 +532,7 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
     ``inline_cold_max``: cold blocks up to this size may stay in the hot part where
     that makes the hot part smaller (keep_small_cold); 0: never. ``prefix_keep``:
     a split function's prefix keeps only this many bytes before its entry
-    (trim_prefix); 0: all of them."""
+    (trim_prefix; 0 drops all of it); None: all of them."""
     nu = len(units)
     reason = np.array(cfg.reason, dtype=np.int8)
     reason = reason.copy()
@@ -599,7 +600,7 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
         whole = cold_bytes < cold_min
         if whole and not (order_whole and weights is not None):
             reason[u] = R_NO_COLD
-            if prefix_keep and heads[u]:
+            if prefix_keep is not None and heads[u]:
                 sf = _whole_trimmed(cfg, u, units, functions, hot_block, short_keys, falls,
                                     int(heads[u]), prefix_keep)
                 if sf is not None:
@@ -642,7 +643,7 @@ def choose_splits(cfg, units, heat, block_count, min_count, functions, short_key
         sf.order_score = score
         sf.head = head
         sf.whole = whole
-        if prefix_keep and head and trim_prefix(sf, prefix_keep):
+        if prefix_keep is not None and head and trim_prefix(sf, prefix_keep):
             _note_prefix_sym(sf, units, functions)
         splits.append(sf)
     return splits, reason

@@ -272,7 +272,7 @@ def split(run):
                                    order_whole=getattr(strat, "order_whole", False) and
                                    run.target.kind == "userspace",
                                    inline_cold_max=getattr(strat, "inline_cold_max", 0),
-                                   prefix_keep=_prefix_keep(image, strat, heads, log))
+                                   prefix_keep=_prefix_keep(run, heads, log))
     if eh_split is not None:
         n = len(splits)
         kept = eh_split.accept(splits, units.start, heat, reason)
@@ -306,19 +306,34 @@ def split(run):
     return st
 
 
-def _prefix_keep(image, strat, heads, log):
-    """How many bytes of a split function's prefix padding its hot part keeps: the
-    call-depth thunk's size (kernel/prefixes.py) with ``prefix_padding =
-    "template"`` on a kernel that has the thunk template, else 0 (all of them)."""
-    if getattr(strat, "prefix_padding", "full") != "template" or not heads.any():
-        return 0
+NO_PADDING_WARNING = ("linepack: warning: prefix_padding = \"none\": hot functions lost "
+                      "the padding where call-depth tracking writes its thunk; do not boot "
+                      "this output with retbleed=stuff or indirect_target_selection=stuff "
+                      "(docs/relayout.md)")
+
+
+def _prefix_keep(run, heads, log):
+    """Bytes of a hot prefixed function's padding its hot part keeps, or None to keep
+    them all (``prefix_padding = "full"``, or no prefixes): ``"template"`` (the
+    default) keeps the call-depth thunk's size (kernel/prefixes.py); ``"none"``
+    (opt-in) keeps none, with one warning line: not to be booted with retbleed=stuff."""
+    mode = getattr(run.strategy, "prefix_padding", "full")
+    if mode == "full" or not heads.any():
+        return None
     from ..kernel.prefixes import thunk_template_size
-    keep = thunk_template_size(image) or 0
-    if keep and keep < int(heads.max()):
-        log(f"prefixes: split functions keep {keep} of their {int(heads.max())} padding "
-            "bytes (the call-depth thunk's size) and lose their alignment")
-        return keep
-    return 0
+    keep = thunk_template_size(run.image) or 0
+    if not keep or keep >= int(heads.max()):
+        return None
+    if mode == "none":
+        # one line even with --quiet: the output is unsafe in one boot configuration
+        import sys
+        print(NO_PADDING_WARNING, file=sys.stderr, flush=True)
+        log(f"prefixes: hot functions keep none of their {int(heads.max())} padding bytes "
+            "(prefix_padding = \"none\") and lose their alignment")
+        return 0
+    log(f"prefixes: split functions keep {keep} of their {int(heads.max())} padding "
+        "bytes (the call-depth thunk's size) and lose their alignment")
+    return keep
 
 
 def _split_stats(split, orig_units):
@@ -568,7 +583,9 @@ def block_symbols(run):
     cold_symbols(rw, run.image, run.log)
     alloc, run.phdr_updates = run.target.block_symbols(run)
     run.alloc_sections += alloc
-    run.extra_sections.append((bm.SECTION_NAME, bm.to_bytes(rw.block_split["rows"])))
+    flags = bm.FLAG_NO_PADDING if getattr(run.strategy, "prefix_padding", None) == "none" \
+        and any(sf.prefix_trimmed for sf in rw.block_split["splits"]) else 0
+    run.extra_sections.append((bm.SECTION_NAME, bm.to_bytes(rw.block_split["rows"], flags)))
     return S.SymbolStats(count.counters())
 
 

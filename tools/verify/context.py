@@ -51,6 +51,12 @@ class AgainstContext:
             fidx = of.find(rows["old"][rows["old_len"] > 0].astype(np.uint64))
             split[fidx[fidx >= 0]] = True
             log(f"block map: {len(rows)} pieces in {int(split.sum())} split functions")
+            # a prefix the layout dropped whole (prefix_padding = "none": one
+            # padding-dropped row, checked block by block) is no function in NEW
+            pd = rows[rows["kind"] == bm.KIND_PAD_DROPPED]
+            whole = set(zip(pd["old"].tolist(), pd["old_len"].tolist()))
+            self.missing = [i for i in self.missing if not (
+                of.name[i].startswith("__pfx_") and (int(of.start[i]), int(of.size[i])) in whole)]
         self.size_diff = np.nonzero((of.size[oi] != nf.size[ni]) & ~split[oi])[0]
         # Each function's piece runs to the next function (or its section's end), so
         # code between functions without a symbol moves with the function before it.

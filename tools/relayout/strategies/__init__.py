@@ -11,14 +11,14 @@ alignment (``view.align``), and keep cold units in their original order.
 
 from ...errors import LinepackError
 from .align_all import AlignAll
-from .blocks import Blocks, BlocksExtTsp, BlocksOriginal, BlocksSets
+from .blocks import Blocks, BlocksExtTsp, BlocksNoPad, BlocksOriginal, BlocksSets
 from .hot64 import Hot64
 from .pack import Pack
 from .stock import Stock
 
 STRATEGIES = {"stock": Stock, "align-all": AlignAll, "hot64": Hot64, "pack": Pack, "blocks": Blocks,
               "blocks-original": BlocksOriginal, "blocks-ext-tsp": BlocksExtTsp,
-              "blocks-sets": BlocksSets}
+              "blocks-sets": BlocksSets, "blocks-nopad": BlocksNoPad}
 
 
 class UnknownStrategy(LinepackError):

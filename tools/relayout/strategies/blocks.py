@@ -83,11 +83,18 @@ class Blocks(Pack):
         # Debian 6.12 / 7.3) and aligns its hot part as split_hot_align says, since
         # the kernel needs those NOPs and not the alignment (kernel/prefixes.py); a hot
         # prefixed function with nothing to split moves in one part with its prefix
-        # trimmed too. "full" keeps all 16 bytes and the 16 B alignment. What-if vfs-mix,
-        # points to dense:20 (intel-32k-8w / amd-64k-2w): 6.12 9.8 / 24.8 -> 4.9 / 16.7
-        if prefix_padding not in ("template", "full"):
-            raise TypeError(f"prefix_padding {prefix_padding!r} (known: template, full)")
+        # trimmed too. "full" keeps all 16 bytes and the 16 B alignment. "none" (opt-in,
+        # never the default) keeps none of a hot function's padding: the output must not
+        # be booted with retbleed=stuff (relayout warns; verify names each such function).
+        # What-if vfs-mix, points to dense:20 (intel-32k-8w / amd-64k-2w): 6.12 9.8 /
+        # 24.8 -> 4.9 / 16.7 (template); none, measured the same hour: 2.6 / 17.7 -> -1.6 / 7.8
+        if prefix_padding not in PREFIX_PADDING:
+            raise TypeError(f"prefix_padding {prefix_padding!r} (known: "
+                            f"{', '.join(PREFIX_PADDING)})")
         self.prefix_padding = prefix_padding
+
+
+PREFIX_PADDING = ("template", "full", "none")
 
 
 class BlocksOriginal(Blocks):
@@ -101,6 +108,17 @@ class BlocksExtTsp(Blocks):
     """``blocks`` with the hot blocks in ext-TSP order."""
     name = "blocks-ext-tsp"
     block_order = "ext-tsp"
+
+
+class BlocksNoPad(Blocks):
+    """``blocks`` with ``prefix_padding = "none"`` (a layout name for evaluate's
+    what-if tables): hot functions keep none of their prefix padding, so the output
+    must not be booted with retbleed=stuff (docs/relayout.md)."""
+    name = "blocks-nopad"
+
+    def __init__(self, **kw):
+        kw.setdefault("prefix_padding", "none")
+        super().__init__(**kw)
 
 
 class BlocksSets(Blocks):
