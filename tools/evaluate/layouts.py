@@ -19,8 +19,6 @@ import numpy as np
 from ..errors import BadInput, LinepackError
 from ..io import atomic_output
 
-_RELAYOUT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
-                             "relayout")
 NEEDS_PROFILE = ("hot64", "pack", "blocks", "blocks-original", "blocks-ext-tsp", "blocks-sets",
                  "blocks-nopad")
 # block-level layouts: their map comes from the rewrite (block map), not the plan
@@ -45,19 +43,16 @@ def normalize_spec(spec):
     return f"{name}:{arg}" if arg else name
 
 
+# what makes a layout: the rewriter, the image and kernel-table code it calls, the
+# DWARF rewrite, and the strategies' configs
+LAYOUT_SOURCES = ("relayout", "image", "kernel", "dwarf")
+
+
 def code_hash():
-    """Hash of the relayout sources (strategies, planner, rewriter)."""
-    h = hashlib.sha256()
-    for p in sorted(glob.glob(os.path.join(_RELAYOUT_DIR, "**", "*.py"), recursive=True)):
-        h.update(os.path.relpath(p, _RELAYOUT_DIR).encode())
-        with open(p, "rb") as f:
-            h.update(f.read())
-    for p in [os.path.join(os.path.dirname(_RELAYOUT_DIR), "image", n)
-              for n in ("addrmap.py", "cfg.py", "blockmap.py")] + \
-            [os.path.join(os.path.dirname(_RELAYOUT_DIR), "kernel", "orc.py")]:
-        with open(p, "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()[:10]
+    """Hash of the sources a cached layout was made by (LAYOUT_SOURCES and
+    configs/relayout): a change to any of them makes layouts again."""
+    from ..resources import source_hash
+    return source_hash(LAYOUT_SOURCES, data=("relayout",))[:10]
 
 
 def hotness_hash(hotness, calls=(), blocks=None):

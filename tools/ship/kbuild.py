@@ -148,17 +148,8 @@ def _make(src, build, args, log_path, jobs):
 
 def _linepack_code_hash():
     """Hash of linepack's own code: a new linepack relinks with a new relayout."""
-    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-    h = hashlib.sha256()
-    for d, dirs, files in sorted(os.walk(root)):
-        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
-        for name in sorted(files):
-            if name.endswith((".py", ".mk", ".c", ".toml")):
-                path = os.path.join(d, name)
-                h.update(os.path.relpath(path, root).encode() + b"\0")
-                with open(path, "rb") as f:
-                    h.update(f.read())
-    return h.hexdigest()
+    from ..resources import source_hash
+    return source_hash()
 
 
 def _linepack_command():
