@@ -78,3 +78,22 @@ def test_flavour_names_its_packages():
                             "linux-image-7.3.4+deb13-cloud-amd64-dbg\n") == ["4"]
     with pytest.raises(LinepackError, match="unknown kernel flavour 'arm64'"):
         targets.series_info("6.12", "arm64")
+
+
+def test_each_backports_series_names_its_own_packages():
+    """trixie-backports' 7.2 beside 7.3: the same package layout, each series its own
+    releases (a 7.2 package is no 7.3 one, and the other way round)."""
+    s72, s73 = targets.series_info("7.2"), targets.series_info("7.3")
+    rel = s72.release(12)
+    assert rel == "7.2.12+deb13-cloud-amd64"
+    assert (s72.dbg.format(rel=rel), s72.image.format(rel=rel), s72.vmlinuz.format(rel=rel)) == \
+        ("linux-image-7.2.12+deb13-cloud-amd64-dbg",
+         "linux-binary-unsigned-7.2.12+deb13-cloud-amd64",
+         "usr/lib/modules/7.2.12+deb13-cloud-amd64/vmlinuz.unsigned")
+    names = ("linux-image-7.2.12+deb13-cloud-amd64-dbg\nlinux-image-7.3.4+deb13-cloud-amd64-dbg\n"
+             "linux-image-7.2.9+deb13-cloud-amd64-dbg\n")
+    assert s72.pkg_re.findall(names) == ["12", "9"] and s73.pkg_re.findall(names) == ["4"]
+    assert s72.env == "LINEPACK_KERNEL_ABI_7_2" and s73.env == "LINEPACK_KERNEL_ABI_7_3"
+    assert targets.build_of_release("Linux version 7.2.12+deb13-cloud-amd64 (debian-kernel@") \
+        == ("7.2", 12, "cloud")
+    assert targets.build_of_release("7.3.4+deb13-rt-amd64 #1 SMP PREEMPT_RT") == ("7.3", 4, "rt")

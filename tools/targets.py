@@ -94,6 +94,21 @@ class Series:
         return out
 
 
+def _trixie_backports(version):
+    """A trixie-backports series (7.2, 7.3, ...): the boot image in
+    linux-binary-unsigned-*, the DWARF vmlinux under usr/lib/debug/lib/modules."""
+    v = re.escape(version)
+    return Series(version, version + ".{abi}+deb13-{flavour}",
+                  rf"^linux-image-{v}\.[0-9]+\+deb13-{{flavour}}-dbg$",
+                  rf"^linux-image-{v}\.(\d+)\+deb13-{{flavour}}-dbg\b",
+                  "LINEPACK_KERNEL_ABI_" + version.replace(".", "_"),
+                  vmlinux="usr/lib/debug/lib/modules/{rel}/vmlinux",
+                  image="linux-binary-unsigned-{rel}",
+                  vmlinuz="usr/lib/modules/{rel}/vmlinuz.unsigned",
+                  modules="linux-modules-{rel}", moddir="usr/lib/modules/{rel}/kernel",
+                  apt="trixie", what="trixie-backports")
+
+
 SERIES_TABLE = {
     "6.1": Series("6.1", SERIES + "-{abi}-{flavour}",
                   r"^linux-image-6\.1\.0-[0-9]+-{flavour}-dbg$",
@@ -111,15 +126,8 @@ SERIES_TABLE = {
                    image="linux-image-{rel}-unsigned", vmlinuz="boot/vmlinuz-{rel}",
                    modules="linux-image-{rel}-unsigned", moddir="usr/lib/modules/{rel}/kernel",
                    apt="trixie", what="Debian 13 (trixie, trixie-security)"),
-    "7.3": Series("7.3", "7.3.{abi}+deb13-{flavour}",
-                  r"^linux-image-7\.3\.[0-9]+\+deb13-{flavour}-dbg$",
-                  r"^linux-image-7\.3\.(\d+)\+deb13-{flavour}-dbg\b",
-                  "LINEPACK_KERNEL_ABI_7_3",
-                  vmlinux="usr/lib/debug/lib/modules/{rel}/vmlinux",
-                  image="linux-binary-unsigned-{rel}",
-                  vmlinuz="usr/lib/modules/{rel}/vmlinuz.unsigned",
-                  modules="linux-modules-{rel}", moddir="usr/lib/modules/{rel}/kernel",
-                  apt="trixie", what="trixie-backports"),
+    "7.3": _trixie_backports("7.3"),
+    "7.2": _trixie_backports("7.2"),
     # The 6.12 of Debian 12's bookworm-backports (linked without --emit-relocs too).
     "6.12-deb12": Series("6.12-deb12", "6.12.{abi}+deb12-{flavour}",
                          r"^linux-image-6\.12\.[0-9]+\+deb12-{flavour}-dbg$",

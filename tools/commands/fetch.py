@@ -5,14 +5,14 @@ from ..cli import verb
 from .. import targets
 
 
-@verb("fetch", "download (once) and cache a Debian kernel (--series 6.1, 6.12 or 7.3; "
+@verb("fetch", "download (once) and cache a Debian kernel (--series 6.1, 6.12, 7.2 or 7.3; "
       "--flavour cloud, generic or rt): print the path of its vmlinux (or --vmlinuz)")
 class Fetch:
     @staticmethod
     def add_arguments(p):
         p.add_argument("--series", default=targets.DEFAULT_SERIES, choices=list(targets.SERIES_TABLE),
                        help="kernel series: 6.1 (default, Debian 12, linux-image-6.1.0-<ABI>-cloud-amd64-dbg), "
-                       "6.12 (Debian 13, linux-image-6.12.<N>+deb13-cloud-amd64-dbg), 7.3 "
+                       "6.12 (Debian 13, linux-image-6.12.<N>+deb13-cloud-amd64-dbg), 7.3 or 7.2 "
                        "(trixie-backports, linux-image-7.3.<N>+deb13-cloud-amd64-dbg) or 6.12-deb12 "
                        "(bookworm-backports); Debian 13's packages come through a private apt "
                        "state under the cache, the machine's apt sources are not touched")
@@ -21,8 +21,9 @@ class Fetch:
                        "tests), generic (-amd64, what most machines run) or rt (-rt-amd64, "
                        "PREEMPT_RT)")
         p.add_argument("--abi", type=int, help="pin an ABI number, e.g. 56 for 6.1.0-56, or the patch "
-                       "level for 6.12/7.3, e.g. 118 for 6.12.118+deb13 (default: the newest apt knows; "
-                       "env LINEPACK_KERNEL_ABI, LINEPACK_KERNEL_ABI_6_12, LINEPACK_KERNEL_ABI_7_3)")
+                       "level for 6.12/7.x, e.g. 118 for 6.12.118+deb13 (default: the newest apt knows; "
+                       "env LINEPACK_KERNEL_ABI, LINEPACK_KERNEL_ABI_6_12, LINEPACK_KERNEL_ABI_7_3, "
+                       "..._7_2)")
         p.add_argument("--list", action="store_true", help="list the releases apt knows and exit")
         p.add_argument("--update", action="store_true",
                        help="refresh the private apt lists first (Debian 13 series: a new point release)")
