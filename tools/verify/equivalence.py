@@ -103,12 +103,60 @@ def _check_member_function_parity(ctx, out):
 
 
 def _check_ibt_entries(ctx, out):
-    """IBT kernels: every function that began with ENDBR64 still does (kernel/prefixes.py)."""
+    """IBT (kernels, and executables built with ``-fcf-protection``, whose
+    ``.note.gnu.property`` can mark them IBT): every function that began with ENDBR64
+    still does (kernel/prefixes.py): an indirect call or a function pointer lands there."""
     from ..kernel.prefixes import check_endbr_entries
     n = check_endbr_entries(ctx.octx, ctx.nctx, ctx.oi, ctx.ni, out.findings, out.counter,
                             add_findings)
     if n:
         out.extra["ibt_entries_checked"] = n
+
+
+_ENDBR64 = b"\xf3\x0f\x1e\xfa"
+# a call right before an ENDBR64: rel32 (e8, 5 bytes) or through a RIP-relative slot
+# (ff 15, 6 bytes: -fno-plt)
+_CALL_FORMS = ((b"\xe8", 5), (b"\xff\x15", 6))
+
+
+def _check_ibt_landings(ctx, out):
+    """Executables built with ``-fcf-protection``: gcc puts an ENDBR64 right after
+    every call to a function that returns twice (``setjmp``, ``vfork``...), because
+    the second return comes by an indirect jump (``longjmp``) to the call's return
+    address. Each such call stays followed by its ENDBR64: an inserted jmp between
+    them would be where ``longjmp`` lands, which faults under IBT."""
+    oimg, nimg = ctx.octx.image, ctx.nctx.image
+    calls, lands = [], []
+    for sec in oimg.sections:
+        if not (sec.is_alloc and sec.is_code and sec.size):
+            continue
+        data = bytes(oimg.section_bytes(sec))
+        at = data.find(_ENDBR64)
+        while at >= 0:
+            for op, size in _CALL_FORMS:
+                if at >= size and data[at - size:at - size + len(op)] == op:
+                    calls.append(sec.addr + at - size)
+                    lands.append(sec.addr + at)
+                    break
+            at = data.find(_ENDBR64, at + 1)
+    calls = np.asarray(calls, np.uint64)
+    lands = np.asarray(lands, np.uint64)
+    # a function's entry right after the call that ends the one before (a noreturn
+    # call, no padding between them) is no landing: the entries are checked above
+    keep = ~np.isin(lands, np.asarray(ctx.of.start, np.uint64))
+    calls, lands = calls[keep], lands[keep]
+    if not len(lands):
+        return
+    from ..kernel.prefixes import endbr_at
+    n_call, n_land = ctx.amap.map(calls), ctx.amap.map(lands)
+    size = lands - calls
+    ok = (n_land == n_call + size) & endbr_at(nimg, n_land)
+    bad = np.nonzero(~ok)[0].tolist()
+    out.add("equiv.ibt-landing", bad,
+            lambda k: (int(n_land[k]), f"the ENDBR64 after the call at {int(calls[k]):#x} "
+                       f"(now {int(n_call[k]):#x}) is no longer right after it: a second "
+                       "return (longjmp) would land elsewhere, which faults under IBT"))
+    out.extra["ibt_landings_checked"] = len(lands)
 
 
 def _check_prefix_room(ctx, out):
@@ -152,7 +200,8 @@ CHECKS = [
     Check("build-id", _check_build_id),
     Check("functions", _check_functions),
     Check("member-function-parity", _check_member_function_parity),
-    Check("ibt-entries", _check_ibt_entries, when=lambda ctx: ctx.octx.is_kernel),
+    Check("ibt-entries", _check_ibt_entries),
+    Check("ibt-landings", _check_ibt_landings, when=lambda ctx: not ctx.octx.is_kernel),
     Check("prefix-room", _check_prefix_room, when=lambda ctx: ctx.octx.is_kernel),
     Check("data-symbols", data.check_data_symbols),
     # an executable's instructions are compared in a child, beside the checks after
