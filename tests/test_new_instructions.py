@@ -106,3 +106,32 @@ def test_rows_with_0f_b9_as_a_per_row_scan():
         assert _rows_with_0f_b9(raw).tolist() == want.tolist()
         if n > 1:
             assert 0 not in _rows_with_0f_b9(raw).tolist()
+
+
+def test_no_undecodable_bytes_left_from_the_short_ud1(tmp_path):
+    """7.3's __WARN_trap: Capstone reads UD1 without its ModRM byte, so what follows
+    misdecodes and may stop on a byte it rejects (here the jmp's displacement, 06).
+    The second decode of that function has no such byte: none is reported (verify
+    named `__WARN_trap+0x9` of the stock 7.3 kernel as undecodable)."""
+    (tmp_path / "f.s").write_text("""
+    .section .note.GNU-stack,"",@progbits
+    .text
+    .globl f
+    .type f, @function
+f:  .byte 0x67, 0x48, 0x0f, 0xb9, 0x3a      # ud1 (%edx), %rdi
+    .byte 0xe9, 0x06, 0x00, 0x00, 0x00      # jmp over the six nops
+    .fill 6, 1, 0x90
+    ret
+    .size f, .-f
+""")
+    (tmp_path / "m.c").write_text("void f(void); int main(void) { return 0; }\n")
+    exe = tmp_path / "prog"
+    subprocess.run(["gcc", "-no-pie", "-o", str(exe), str(tmp_path / "m.c"), str(tmp_path / "f.s")],
+                   check=True)
+    im = ElfImage(str(exe))
+    fn = FunctionTable(im)
+    d = disassemble(im, fn)
+    f, i = im.symbol_address("f"), fn.index_of("f")
+    got = [(int(a) - f, int(s)) for a, s, k in zip(d.addr, d.size, d.func) if k == i]
+    assert got == [(0, 5), (5, 5)] + [(10 + k, 1) for k in range(6)] + [(16, 1)]
+    assert d.undecodable == []

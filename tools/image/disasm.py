@@ -535,7 +535,7 @@ def disassemble(image, functions, jobs=None):
         # (functions in address order decode in address order: no second copy then)
         order = np.argsort(addr, kind="stable")
         addr, size, func, raw = addr[order], size[order], func[order], raw[order]
-    addr, size, func, raw = _redecode_ud1(image, starts, sizes, addr, size, func, raw)
+    addr, size, func, raw, bad = _redecode_ud1(image, starts, sizes, addr, size, func, raw, bad)
     return Disassembly(addr, size, func, raw, bad)
 
 
@@ -587,16 +587,18 @@ def _rows_with_0f_b9(raw):
     return np.unique(at[at % width != width - 1] // width)
 
 
-def _redecode_ud1(image, starts, sizes, addr, size, func, raw):
+def _redecode_ud1(image, starts, sizes, addr, size, func, raw, bad):
     """Decode again, one instruction at a time, the functions where Capstone
-    cut a UD1 short (rare: a handful of functions)."""
+    cut a UD1 short (rare: a handful of functions). Their undecodable bytes are
+    this decode's too: the first one's came from reading a UD1's ModRM byte and
+    what followed as instructions (7.3's ``__WARN_trap+0x9``, the jmp after it)."""
     cand = _rows_with_0f_b9(raw)
     funcs = sorted({int(func[i]) for i in cand.tolist()
                     if ud1_length(bytes(raw[i])) > int(size[i])})
     if not funcs:
-        return addr, size, func, raw
+        return addr, size, func, raw, bad
     dec = _Decoder()
-    rows = []
+    rows, redone_bad = [], []
     try:
         for f in funcs:
             start, n = int(starts[f]), int(sizes[f])
@@ -606,7 +608,11 @@ def _redecode_ud1(image, starts, sizes, addr, size, func, raw):
                 length = ud1_length(code[pos:pos + 16])
                 if not length:
                     ins = dec.decode(code[pos:pos + 16], start + pos)
-                    length = int(ins["size"][0]) if len(ins) else (_known_length(code[pos:pos + 8]) or 1)
+                    length = int(ins["size"][0]) if len(ins) else _known_length(code[pos:pos + 8])
+                if not length:          # as the first decode: named, no row, one byte on
+                    redone_bad.append((start + pos, f))
+                    pos += 1
+                    continue
                 row = np.zeros(RAW, np.uint8)
                 row[:min(length, RAW)] = np.frombuffer(code[pos:pos + min(length, RAW)], np.uint8)
                 rows.append((start + pos, length, f, row))
@@ -619,7 +625,9 @@ def _redecode_ud1(image, starts, sizes, addr, size, func, raw):
     func = np.concatenate([func[keep], np.array([r[2] for r in rows], func.dtype)])
     raw = np.concatenate([raw[keep], np.stack([r[3] for r in rows])])
     order = np.argsort(addr, kind="stable")
-    return addr[order], size[order], func[order], raw[order]
+    redone = set(funcs)
+    bad = sorted([b for b in bad if b[1] not in redone] + redone_bad)
+    return addr[order], size[order], func[order], raw[order], bad
 
 
 class _Spans:
