@@ -76,13 +76,16 @@ def compare_instructions(octx, nctx, amap, use, kernel, findings, counter, data_
     makes arrays as long as its instructions, which over a whole kernel (5 M
     instructions) were a few hundred MB at once. The findings are gathered over
     the slices and added in the order one pass adds them."""
-    sel = np.nonzero(use)[0]
     missing, wrong_target, unexplained, stale_operand = [], [], [], []
-    # branches behind prefixes the decoders do not read: checked on their own
-    odd = np.intersect1d(sel, octx.disasm.unchecked_branches())
+    # branches behind prefixes the decoders do not read: checked on their own (a
+    # lookup of the few in ``use``, not a set operation over every selected row)
+    odd = octx.disasm.unchecked_branches()
+    odd = odd[use[odd]] if len(odd) else odd
     unproven = _unchecked_branches(octx.disasm, nctx.disasm, amap, odd, missing) if len(odd) else []
     if len(odd):
-        sel = np.setdiff1d(sel, odd)
+        use = use.copy()
+        use[odd] = False
+    sel = np.nonzero(use)[0]
     totals = {"equivalence_instructions": 0, "equivalence_translated_branches": 0,
               "equivalence_translated_fields": 0}
     for lo in range(0, len(sel), _COMPARE_INSNS):
