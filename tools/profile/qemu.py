@@ -379,7 +379,7 @@ def _filesystem_modules(wl, kernel):
         if path is None or path in seen:
             return
         seen.add(path)
-        ko = debian_module_for(kernel, path)
+        ko = targets.debian_module(path, abi=abi, series=series, flavour=flavour)
         for dep in _module_depends(ko):
             add(dep)
         order.append(ko)
@@ -392,7 +392,7 @@ def _module_depends(ko):
     (ext4 mounts only with crc32c loaded), in that order."""
     from ..image.elf import ElfImage
     im = ElfImage(ko)
-    sec = next((x for x in im.sections if x.name == ".modinfo"), None)
+    sec = im.section(".modinfo")
     if sec is None:
         return []
     out = []
