@@ -381,16 +381,23 @@ class Kallsyms(KernelTable):
 
 
 def _own_prefix_ties(names, addr):
-    """1 where ``__pfx_<fn>`` is at the same address as a symbol ``<fn>``, else 0."""
-    out = np.zeros(len(addr), np.int8)
-    pfx = [k for k, nm in enumerate(names[:len(addr)]) if nm.startswith("__pfx_")]
-    if not pfx:
+    """1 where ``__pfx_<fn>`` is at the same address as a symbol ``<fn>``, else 0.
+    Only entries sharing their address with another are looked at by name (none
+    but aliases in a kernel as linked or with its paddings kept)."""
+    n = len(addr)
+    out = np.zeros(n, np.int8)
+    if n < 2:
         return out
-    where = {}
-    for k, nm in enumerate(names[:len(addr)]):
-        where.setdefault(nm, []).append(k)
-    a = addr.tolist()
-    for k in pfx:
-        if any(a[j] == a[k] for j in where.get(names[k][6:], ())):
+    order = np.argsort(addr, kind="stable")
+    same = addr[order][1:] == addr[order][:-1]
+    shared = np.zeros(n, bool)
+    shared[order[1:][same]] = True
+    shared[order[:-1][same]] = True
+    rows = np.nonzero(shared)[0].tolist()
+    at = {}
+    for k in rows:
+        at.setdefault(int(addr[k]), set()).add(names[k])
+    for k in rows:
+        if names[k].startswith("__pfx_") and names[k][6:] in at[int(addr[k])]:
             out[k] = 1
     return out
