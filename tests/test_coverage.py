@@ -35,6 +35,14 @@ def test_asm_code_data_and_unexplained_bytes(tmp_path):
     assert any(a == fall + 1 and sec == ".text" and "falls through" in why
                for a, sec, n, why in cov.unexplained)
     assert any(a == data and n == 2 for a, sec, n, why in cov.data_runs)
+    # ... and undecodable bytes inside a sized data object are data by its symbol,
+    # even where code before it falls through
+    obj = ctx.image.symbol_address("asm_object")
+    assert list(cov.category_at([obj, obj + 3])) == [DATA, DATA]
+    assert any(a == obj and n == 4 and "data object" in why for a, sec, n, why in cov.data_runs)
+    assert not any(a < obj + 4 and obj - 1 < a + n for a, sec, n, why in cov.unexplained)
+    # the sweep goes on after the object: its int3 is padding, not data
+    assert cov.category_at([obj + 4])[0] == PADDING
     # per-section rows add up to the section
     for row in cov.table():
         sec = ctx.image.section(row["section"])

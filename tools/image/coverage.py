@@ -18,8 +18,9 @@ against):
    nop instructions inside swept code are padding instructions (kept in the
    instruction arrays, so table entries pointing at them are still checked);
 4. bytes Capstone cannot decode that sit after an unconditional transfer
-   (jmp/ret/ud2) up to the next cut are data in code; other undecodable
-   bytes stay unexplained and are listed.
+   (jmp/ret/ud2) up to the next cut, or inside a sized STT_OBJECT symbol (7.x's
+   kexec_debug_gdt in the kexec code linked into .data), are data in code;
+   other undecodable bytes stay unexplained and are listed.
 
 Branch targets of all decoded code that land in non-function code must be
 instruction boundaries; any that are not are listed as conflicts.
@@ -63,7 +64,7 @@ def _xen_phys32_entries(image):
             pos = dpos + ((descsz + 3) & ~3)
     return out
 
-_STT_SECTION, _STT_FILE = 3, 4
+_STT_OBJECT, _STT_SECTION, _STT_FILE = 1, 3, 4
 
 
 def _no_fallthrough(insn):
@@ -115,6 +116,12 @@ class CodeCoverage:
         typ = syms["info"] & 0xF
         sym_ok = (typ != _STT_SECTION) & (typ != _STT_FILE)
         sym_values = np.unique(syms["value"][sym_ok].astype(np.uint64))
+        # sized data objects: undecodable bytes inside one are data by their symbol
+        obj = (typ == _STT_OBJECT) & (syms["size"] > 0) & (syms["shndx"] != 0) \
+            & (syms["shndx"] < 0xff00)
+        o = np.argsort(syms["value"][obj], kind="stable")
+        self._obj_lo = syms["value"][obj][o].astype(np.uint64)
+        self._obj_hi = self._obj_lo + syms["size"][obj][o].astype(np.uint64)
         dec = _Decoder()
         try:
             from .elf import code_sections
@@ -264,6 +271,15 @@ class CodeCoverage:
             # undecodable up to the cut: data after an unconditional transfer, else unexplained
             tail = ~cc[pos:b]
             stop_at = pos + int(np.nonzero(tail)[0][-1]) + 1
+            obj_end = self._object_end(sec.addr + pos)
+            if obj_end is not None:
+                # a sized data object: data up to its end, the sweep goes on after it
+                e = min(obj_end - sec.addr, stop_at)
+                cat[pos:e] = DATA
+                self.data_runs.append((sec.addr + pos, sec.name, e - pos,
+                                       "undecodable bytes inside a sized data object symbol"))
+                pos, last_insn = e, None
+                continue
             if last_insn is not None and _no_fallthrough(last_insn):
                 cat[pos:stop_at] = DATA
                 self.data_runs.append((sec.addr + pos, sec.name, stop_at - pos,
@@ -279,6 +295,15 @@ class CodeCoverage:
             cat[start:int(o[-1] + z[-1])][cat[start:int(o[-1] + z[-1])] == UNEXPLAINED] = DECODED
             if clean and b - start <= 64:
                 self._memo[key] = (o - start, z, int(o[-1] + z[-1]) - start)
+
+    def _object_end(self, addr):
+        """The end of the sized STT_OBJECT symbol holding ``addr`` (the farthest, where
+        objects nest), or None."""
+        k = int(np.searchsorted(self._obj_lo, np.uint64(addr), side="right"))
+        if not k:
+            return None
+        hi = int(self._obj_hi[:k].max())
+        return hi if hi > addr else None
 
     def _mode32_starts(self, sec):
         """Entry points that run in 32-bit protected mode: the PVH entry
