@@ -195,3 +195,21 @@ def test_format_counts_placements_with_fewer_misses():
     text = format_rows([row("base", [100, 200, 300]), row("other", [50, 250, 299])])
     other = next(ln for ln in text.splitlines() if ln.startswith("other"))
     assert " 2/3 " in other and "mean over 3 libc placements (+64..+66 pages)" in text
+
+
+def test_static_program_noted(tmp_path, plugin):
+    import subprocess
+    (tmp_path / "s.c").write_text(
+        'void _start(void) { __asm__ volatile("mov $60, %eax; xor %edi, %edi; syscall"); }\n')
+    subprocess.run(["gcc", "-O2", "-static", "-nostdlib", "-o", str(tmp_path / "s"),
+                    str(tmp_path / "s.c")], check=True)
+    p = run_linepack("evaluate", "--program", tmp_path / "s", "--placements", "2")
+    assert p.returncode == 0, p.stderr
+    assert "statically linked: nothing to move" in p.stderr
+
+
+def test_pad_path_with_colon_refused(tmp_path):
+    from linepack.errors import ExternalToolError
+    from linepack.evaluate import placements
+    with pytest.raises(ExternalToolError, match="colon"):
+        placements.pad_library(65, directory=str(tmp_path / "a:b"))

@@ -90,6 +90,9 @@ def pad_library(pages, directory=None):
     """Path of an empty shared library mapping exactly ``pages`` pages (built and cached)."""
     d = directory or pad_dir()
     path = os.path.join(d, f"pad-{pages:03d}.so")      # one length: the same environment size
+    if any(c in path for c in " :\t\n"):
+        raise ExternalToolError(f"{d}: a placement library's path may not hold a space or "
+                                "a colon (LD_PRELOAD separates on them); set LINEPACK_CACHE")
     if os.path.isfile(path) and _span(path) == pages * PAGE:
         return path
     os.makedirs(d, exist_ok=True)

@@ -121,6 +121,12 @@ def check_programs(specs):
     return out
 
 
+def _dynamic(path):
+    """Whether ``path`` has a dynamic loader (PT_INTERP): what a placement moves."""
+    from ..image.elf import ElfImage
+    return bool((ElfImage(path).phdrs["type"] == 3).any())
+
+
 def _exec_ranges(path):
     from ..image.elf import ElfImage
     from ..profile.user import exec_ranges
@@ -209,6 +215,10 @@ def evaluate_programs(specs, caches, args=(), repeat=1, timeout=600, log=None, c
     n = check_placements(placements) or plc.default_count(caches)
     shifts = [plc.shift_pages(k, n) for k in range(n)]
     preloads = [plc.preload(k, n) for k in range(n)]       # built before anything runs
+    if n > 1:
+        for label, path in progs:
+            if not _dynamic(path):
+                log(f"{label}: statically linked: nothing to move, its placements are alike")
     argv0 = os.path.basename(progs[0][1])
     runs = {}           # label -> placement -> cache -> [run dicts]
     outputs = {}        # label -> placement -> [(returncode, masked stdout)]
