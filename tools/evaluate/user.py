@@ -409,9 +409,10 @@ def format_rows(rows, args=()):
         runs = f"{'median of ' + str(n) + ' runs' if n > 1 else '1 run'}"
         if places > 1:
             sh = base.get("shift_pages") or []
-            what = (f"mean over {places} libc placements (+{sh[0]}..+{sh[-1]} pages), "
-                    f"each {runs}; min/max: the placements' least and most misses; fewer: "
-                    "placements with fewer misses than the base's; " if sh else "")
+            what = (f"mean over {places} libc placements"
+                    f"{f' (+{sh[0]}..+{sh[-1]} pages)' if sh else ''}, each {runs}; min/max: "
+                    "the placements' least and most misses; fewer: placements with fewer "
+                    "misses than the base's; ")
         else:
             what = f"{runs}; "
         out += [f"user-mode L1i, {cache} (qemu-x86_64, all user code incl. libraries; "
