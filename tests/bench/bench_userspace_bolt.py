@@ -586,7 +586,8 @@ def table(res, binaries, models=MODELS):
                   f"{m / bolt['misses']:.2f}x" if bolt else "-"]
             if places > 1:
                 fewer = (f"{sum(a < b for a, b in zip(got['per_placement'], bolt['per_placement']))}"
-                         f"/{len(got['per_placement'])}" if bolt else "-")
+                         f"/{len(got['per_placement'])}" if bolt and label != "BOLT full"
+                         else "-")
                 r += [f"{got['misses_min']:,.0f}-{got['misses_max']:,.0f}", fewer]
         first = next((res[label][n] for n in names if res[label][n]), None)
         r += [f"{first['program_instructions']:,.0f}" if first else "-"]
