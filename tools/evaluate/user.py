@@ -22,6 +22,12 @@ agrees exactly; an interpreter hashing by address may differ a little).
 
 A program killed by a signal (or leaving no plugin output) is a crash: its rows
 say so and carry no counts; the other programs' rows are kept.
+
+Every program runs at the same libc placements (evaluate.placements: libc moved by
+whole pages, as ASLR would; one placement: nothing moved). A row's counts are the
+mean over placements of each placement's median over repeats; ``misses_min`` /
+``misses_max`` and ``per_placement`` keep the spread. Outputs are compared within a
+placement.
 """
 
 import os
