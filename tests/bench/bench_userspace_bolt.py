@@ -1,7 +1,8 @@
 """linepack against BOLT 19 on real userspace programs, same binary, same profile.
 
     python3 tests/bench/bench_userspace_bolt.py [--program lua|zstd|sqlite] [--pie]
-        [--work DIR] [--reps 3] [--lock FILE] [--no-cross] [--cost-only]
+        [--work DIR] [--reps 3] [--placements N] [--lock FILE] [--no-cross] [--cost-only]
+        [--no-cost]
 
 1. A real program from Debian's source package (``apt-get source``, cached under
    ~/.cache/linepack/userspace), built as people build it: its default flags (gcc's
@@ -33,8 +34,11 @@
    (linepack_script: not pyenv's shim); the machine's load average before and after
    the rounds is printed with them (on a shared machine the ratios follow it).
 6. ``evaluate --program`` (evaluate_programs) on each input with the intel-32k-8w and
-   amd-64k-2w models, ``--reps`` repeats: L1i misses of every user-mode fetch. With
-   ``--lock FILE`` only these QEMU runs hold an exclusive flock on FILE.
+   amd-64k-2w models, ``--reps`` repeats at each of ``--placements`` libc placements
+   (default evaluate's: 8, the distinct ones of amd-64k-2w's 32 KiB way): L1i misses of
+   every user-mode fetch, the mean over placements and their least and most. With
+   ``--lock FILE`` only these QEMU runs hold an exclusive flock on FILE. ``--no-cost``
+   skips step 5 (and times each rewrite once).
 
 Prints the evaluate command lines and markdown tables.
 """
@@ -516,22 +520,25 @@ def load_note():
     return f"load average {LOAD[0]:.1f} -> {LOAD[-1]:.1f}" if LOAD else ""
 
 
-def measure(binaries, args, reps=3, models=MODELS, masks=(), log=print):
-    """{label: {model: {...medians...}}} and {label: same output as the first}.
-    Measured by ``evaluate --program`` itself (evaluate_programs): one run per binary
-    and repeat with every model at once, a fixed environment, the same path and argv[0]
-    for all, stdout compared after ``masks``."""
+def measure(binaries, args, reps=3, models=MODELS, masks=(), log=print, placements=None):
+    """{label: {model: {...means over placements of medians...}}} and {label: same output
+    as the first}. Measured by ``evaluate --program`` itself (evaluate_programs): one run
+    per binary, placement and repeat with every model at once, a fixed environment, the
+    same path and argv[0] for all, stdout compared after ``masks``."""
     from linepack.evaluate.user import evaluate_programs
     rows, _ = evaluate_programs([f"{label}={path}" for label, path in binaries.items()],
-                                models, list(args), repeat=reps, log=log, masks=masks)
+                                models, list(args), repeat=reps, log=log, masks=masks,
+                                placements=placements)
     res, same = {}, {}
     for r in rows:
         if r.get("crashed"):
             res.setdefault(r["program"], {})[r["cache"]] = None
             same[r["program"]] = False
             continue
-        res.setdefault(r["program"], {})[r["cache"]] = {
-            k: r[k] for k in ("misses", "program_misses", "instructions", "program_instructions")}
+        res.setdefault(r["program"], {})[r["cache"]] = dict(
+            {k: r[k] for k in ("misses", "program_misses", "instructions", "program_instructions",
+                               "misses_min", "misses_max", "placements")},
+            per_placement=[p["misses"] for p in r["per_placement"]])
         same[r["program"]] = same.get(r["program"], True) and bool(r["same_output"])
     return res, same
 
@@ -559,8 +566,11 @@ def text_size(path):
 def table(res, binaries, models=MODELS):
     names = [m if isinstance(m, str) else m["name"] for m in models]
     head = ["program"]
+    places = max((g["placements"] for lb in binaries for g in res[lb].values() if g), default=1)
     for n in names:
         head += [f"{n} misses", "vs original", "vs BOLT full"]
+        if places > 1:
+            head += [f"{n} min-max", "fewer than BOLT full"]
     head += ["program insns"]
     rows = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for label in binaries:
@@ -568,12 +578,17 @@ def table(res, binaries, models=MODELS):
         for n in names:
             got = res[label][n]
             if got is None:
-                r += ["CRASHED", "", ""]
+                r += ["CRASHED", "", ""] + (["", ""] if places > 1 else [])
                 continue
             m = got["misses"]
             base, bolt = res["original"][n], res["BOLT full"][n]
             r += [f"{m:,.0f}", f"{m / base['misses'] - 1:+.1%}" if base else "-",
                   f"{m / bolt['misses']:.2f}x" if bolt else "-"]
+            if places > 1:
+                fewer = (f"{sum(a < b for a, b in zip(got['per_placement'], bolt['per_placement']))}"
+                         f"/{len(got['per_placement'])}" if bolt and label != "BOLT full"
+                         else "-")
+                r += [f"{got['misses_min']:,.0f}-{got['misses_max']:,.0f}", fewer]
         first = next((res[label][n] for n in names if res[label][n]), None)
         r += [f"{first['program_instructions']:,.0f}" if first else "-"]
         rows.append("| " + " | ".join(r) + " |")
@@ -633,6 +648,11 @@ def main(argv=None):
     ap.add_argument("--program", choices=sorted(PROGRAMS), default="lua")
     ap.add_argument("--work", help="work directory (default: a temporary one)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--placements", type=int, metavar="N",
+                    help="libc placements of every evaluate run (default evaluate's: 8 here)")
+    ap.add_argument("--no-cost", action="store_true",
+                    help="skip the tool-cost rounds (each rewrite timed once); reuses "
+                         "--work's built program when there")
     ap.add_argument("--pie", action="store_true", help="link it -pie (default: -no-pie)")
     ap.add_argument("--lock", metavar="FILE",
                     help="hold an exclusive flock on FILE during the evaluate runs only "
@@ -649,11 +669,13 @@ def main(argv=None):
     log = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
     build, inputs, masks = PROGRAMS[a.program]
     built = os.path.join(work, EXE_NAME[a.program])
-    exe = built if a.cost_only and os.path.exists(built) else build(work, log=log, pie=a.pie)
+    reuse = (a.cost_only or a.no_cost) and os.path.exists(built)
+    exe = built if reuse else build(work, log=log, pie=a.pie)
     train, cross = inputs(work, exe, log)
     if a.cost_only:
         return cost_only(exe, train, work, a.reps, log)
-    binaries, cost, prof = make_layouts(exe, train, work, reps=a.reps, log=log)
+    binaries, cost, prof = make_layouts(exe, train, work, reps=1 if a.no_cost else a.reps,
+                                        log=log)
     name = os.path.basename(exe)
     ok = True
     for label in ("linepack pack", "linepack blocks"):
@@ -671,6 +693,32 @@ def main(argv=None):
               + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in same.items()))
     prof_path = os.path.join(work, name + ".lpprof")
     skip = BOLT_SKIPPED.get("BOLT full")
+    if not a.no_cost:
+        print_cost(exe, prof_path, work, a, cost, skip)
+    mask_args = " ".join(f"--mask '{m}'" for m in masks)
+    for what, args in runs:
+        with heavy_lock(a.lock, log):
+            res, same = measure(binaries, args, reps=a.reps, masks=masks, log=log,
+                                placements=a.placements)
+        ok &= all(same.values())
+        print(f"\n{a.program} ({'PIE' if a.pie else 'non-PIE'}), {what} "
+              f"({' '.join(os.path.basename(x) for x in args)}); profiles from the training "
+              f"input ({prof.meta['instructions']:,} program instructions); outputs as the "
+              f"original's: {all(same.values())}")
+        progs = " ".join(f"--program {k.replace(' ', '-').replace(',', '')}={v}"
+                         for k, v in binaries.items())
+        caches = " ".join(f"--cache {m if isinstance(m, str) else m['name']}" for m in MODELS)
+        pl = f" --placements {a.placements}" if a.placements else ""
+        print(f"  linepack evaluate {progs} {caches} --repeat {a.reps}{pl} {mask_args} -- "
+              f"{' '.join(args)}\n")
+        print(table(res, binaries))
+    for label, funcs in BOLT_SKIPPED.items():
+        print(f"{label}: BOLT refused {', '.join(funcs)} (--skip-funcs); left in place")
+    return 0 if ok else 1
+
+
+def print_cost(exe, prof_path, work, a, cost, skip):
+    name = os.path.basename(exe)
     lp_cost, (bolt_secs, bolt_rss), (one_s, one_rss) = tool_cost(
         exe, prof_path, os.path.join(work, name + ".instr.fdata"), work, reps=a.reps,
         bolt_extra=[f"--skip-funcs={','.join(skip)}"] if skip else [])
@@ -687,24 +735,6 @@ def main(argv=None):
     for label, (secs, rss) in cost.items():
         if rss:
             print(f"  {label}: {secs:.2f} s, {rss / 1024:.0f} MiB")
-    mask_args = " ".join(f"--mask '{m}'" for m in masks)
-    for what, args in runs:
-        with heavy_lock(a.lock, log):
-            res, same = measure(binaries, args, reps=a.reps, masks=masks, log=log)
-        ok &= all(same.values())
-        print(f"\n{a.program} ({'PIE' if a.pie else 'non-PIE'}), {what} "
-              f"({' '.join(os.path.basename(x) for x in args)}); profiles from the training "
-              f"input ({prof.meta['instructions']:,} program instructions); outputs as the "
-              f"original's: {all(same.values())}")
-        progs = " ".join(f"--program {k.replace(' ', '-').replace(',', '')}={v}"
-                         for k, v in binaries.items())
-        caches = " ".join(f"--cache {m if isinstance(m, str) else m['name']}" for m in MODELS)
-        print(f"  linepack evaluate {progs} {caches} --repeat {a.reps} {mask_args} -- "
-              f"{' '.join(args)}\n")
-        print(table(res, binaries))
-    for label, funcs in BOLT_SKIPPED.items():
-        print(f"{label}: BOLT refused {', '.join(funcs)} (--skip-funcs); left in place")
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -44,6 +44,11 @@ class Evaluate:
         p.add_argument("--mask", action="append", metavar="REGEX",
                        help="with --program: text of stdout that may differ (timings...), "
                        "replaced before comparing; ^ and $ match at lines (repeat)")
+        p.add_argument("--placements", type=int, metavar="N",
+                       help="with --program: run every program with libc at N placements (page "
+                       "shifts, as ASLR gives) and report the mean and the spread (default: "
+                       "the distinct ones of the largest cache way, at most 8: 8 for "
+                       "amd-64k-2w, 1 for intel-32k-8w)")
         p.add_argument("--layout", action="append", metavar="STRATEGY",
                        help="a layout of the base image: stock, align-all:N, hot64, pack, blocks "
                        "(repeat); with --whatif also the dense reference dense[:N], "

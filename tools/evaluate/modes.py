@@ -22,7 +22,7 @@ from . import table
 # parser's order: the first refused option is the one named.
 OPTIONS = {
     "kernel": "--kernel", "program": "--program", "program_args": "ARGS", "compare": "--compare",
-    "mask": "--mask", "layout": "--layout", "vmlinuz": "--vmlinuz",
+    "mask": "--mask", "placements": "--placements", "layout": "--layout", "vmlinuz": "--vmlinuz",
     "sweep": "--sweep", "whatif": "--whatif", "booted": "--booted", "profile": "--profile",
     "workload": "--workload", "jobs": "--jobs", "scheduler": "--scheduler",
     "reuse_runs": "--reuse-runs", "loops": "--loops", "cache": "--cache", "train": "--train",
@@ -149,8 +149,8 @@ class ReportMode(Mode):
 class ProgramsMode(Mode):
     name = "programs"
     chosen_by = "--program"
-    takes = frozenset({"program", "program_args", "compare", "mask", "cache", "repeat", "json",
-                       "csv"})
+    takes = frozenset({"program", "program_args", "compare", "mask", "placements", "cache",
+                       "repeat", "json", "csv"})
     refusals = {}
 
     def chosen(self, args):
@@ -161,13 +161,17 @@ class ProgramsMode(Mode):
         caches = caches_of(args)
         rows, problems = evaluate_programs(args.program, caches, args.program_args or [],
                                            repeat=value(args, "repeat"), log=log,
-                                           compare=value(args, "compare"), masks=args.mask or ())
+                                           compare=value(args, "compare"), masks=args.mask or (),
+                                           placements=args.placements)
         echo(format_rows(rows))
         for p in problems:
             echo(f"{'CRASH' if ': crashed (' in p else 'WARNING'}: {p}")
-        table.write_results(args.json, args.csv, rows=rows,
+        flat = [{k: v for k, v in r.items() if k not in ("per_placement", "shift_pages")}
+                for r in rows]                  # CSV: one value a cell (the JSON has them)
+        table.write_results(args.json, args.csv, rows=flat,
                             doc={"programs": args.program, "args": args.program_args or [],
                                  "compare": value(args, "compare"), "masks": args.mask or [],
+                                 "placements": rows[0]["placements"] if rows else None,
                                  "caches": caches, "results": rows, "problems": problems})
         return EXIT_FINDINGS if problems else 0
 

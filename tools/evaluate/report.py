@@ -18,7 +18,8 @@ from ..errors import BadInput
 NUMERIC = ("misses", "fetches", "miss_rate", "instructions", "hot_lines", "text_size",
            "text_growth_pct", "text_growth_bytes", "time_s", "repeats", "misses_spread",
            "instructions_spread", "program_misses", "program_instructions", "code_bytes",
-           "booted_misses", "exit_status", "stdout_bytes", "align")
+           "booted_misses", "exit_status", "stdout_bytes", "align", "placements", "misses_min",
+           "misses_max", "misses_stdev")
 
 
 def _number(v):

@@ -22,6 +22,12 @@ agrees exactly; an interpreter hashing by address may differ a little).
 
 A program killed by a signal (or leaving no plugin output) is a crash: its rows
 say so and carry no counts; the other programs' rows are kept.
+
+Every program runs at the same libc placements (evaluate.placements: libc moved by
+whole pages, as ASLR would; one placement: nothing moved). A row's counts are the
+mean over placements of each placement's median over repeats; ``misses_min`` /
+``misses_max`` and ``per_placement`` keep the spread. Outputs are compared within a
+placement.
 """
 
 import os
@@ -121,6 +127,12 @@ def check_programs(specs):
     return out
 
 
+def _dynamic(path):
+    """Whether ``path`` has a dynamic loader (PT_INTERP): what a placement moves."""
+    from ..image.elf import ElfImage
+    return bool((ElfImage(path).phdrs["type"] == 3).any())
+
+
 def _exec_ranges(path):
     from ..image.elf import ElfImage
     from ..profile.user import exec_ranges
@@ -128,22 +140,25 @@ def _exec_ranges(path):
     return (lo, hi), int((hi - lo).sum())
 
 
-def program_job(path, args, caches, argv0=None, timeout=600, label="", run=0, env=None):
+def program_job(path, args, caches, argv0=None, timeout=600, label="", run=0, env=None,
+                preload=None):
     """The QemuJob of one measured run: one plugin instance per cache model, the
-    program's environment PROGRAM_ENV unless ``env`` says otherwise."""
+    program's environment PROGRAM_ENV unless ``env`` says otherwise, ``preload`` a
+    library loaded before the program's own (a placement: evaluate.placements)."""
     from ..profile.runner import USER, Plugin, QemuJob
     return QemuJob(USER, path, [Plugin(cache=c) for c in caches], args=tuple(map(str, args)),
                    argv0=argv0, timeout=timeout, check=False, mode="user", label=label, run=run,
-                   env=dict(PROGRAM_ENV if env is None else env))
+                   env=dict(PROGRAM_ENV if env is None else env), preload=preload)
 
 
-def run_program(path, args, caches, argv0=None, timeout=600, log=None, allow_crash=False):
+def run_program(path, args, caches, argv0=None, timeout=600, log=None, allow_crash=False,
+                preload=None):
     """One run of ``path args`` under qemu-x86_64, one plugin per cache model.
 
     Returns ({cache name: PluginTrace} (None for a crash with ``allow_crash``),
     {"returncode", "stdout", "stderr", "wall", "load_bias", "crash"})."""
     from ..profile.runner import run_job
-    res = run_job(program_job(path, args, caches, argv0, timeout), log=log)
+    res = run_job(program_job(path, args, caches, argv0, timeout, preload=preload), log=log)
     missing = any(t is None for t in res.traces)
     crash = crash_of(res.returncode, missing)
     info = {"returncode": res.returncode, "stdout": res.stdout, "stderr": res.stderr,
@@ -172,11 +187,30 @@ def _spread(runs, key):
     return (max(vals) - min(vals)) / m if m else 0.0
 
 
+_COUNTS = ("misses", "fetches", "miss_rate", "instructions", "program_misses",
+           "program_instructions")
+
+
+def check_placements(n):
+    from .placements import MAX_PLACEMENTS
+    if n is None:
+        return None
+    if not isinstance(n, int) or not 1 <= n <= MAX_PLACEMENTS:
+        raise BadInput(f"--placements {n}: expected 1 to {MAX_PLACEMENTS}")
+    return n
+
+
 def evaluate_programs(specs, caches, args=(), repeat=1, timeout=600, log=None, compare="output",
-                      masks=()):
+                      masks=(), placements=None):
     """Rows (one per program and cache model, the first program the baseline of each
     model) and problems (a crash; output, exit status or instruction count differing
-    from the first program's, or differing between repeats)."""
+    from the first program's, or differing between repeats).
+
+    ``placements``: run every program with libc at that many placements (page shifts,
+    evaluate.placements; default: the distinct ones of the largest cache way, at most 8);
+    a row's counts are the mean over placements of each placement's median over repeats,
+    its ``placements`` list holds each placement's own."""
+    from . import placements as plc
     log = log or (lambda m: None)
     if compare not in COMPARE:
         raise BadInput(f"--compare {compare}: expected one of {', '.join(COMPARE)}")
@@ -184,9 +218,16 @@ def evaluate_programs(specs, caches, args=(), repeat=1, timeout=600, log=None, c
     progs = check_programs(specs)
     qemu_user()      # one clear error before anything runs
     caches = [c if isinstance(c, dict) else _cache(c) for c in caches]
+    n = check_placements(placements) or plc.default_count(caches)
+    shifts = [plc.shift_pages(k, n) for k in range(n)]
+    preloads = [plc.preload(k, n) for k in range(n)]       # built before anything runs
+    if n > 1:
+        for label, path in progs:
+            if not _dynamic(path):
+                log(f"{label}: statically linked: nothing to move, its placements are alike")
     argv0 = os.path.basename(progs[0][1])
-    runs = {}           # label -> cache -> [run dicts]
-    outputs = {}        # label -> [(returncode, masked stdout)]
+    runs = {}           # label -> placement -> cache -> [run dicts]
+    outputs = {}        # label -> placement -> [(returncode, masked stdout)]
     crashes = {}        # label -> (signal or reason, last stderr line)
     info = {}
     # Every program runs from the same path (a symlink in one directory): the executable's
@@ -201,27 +242,42 @@ def evaluate_programs(specs, caches, args=(), repeat=1, timeout=600, log=None, c
             if os.path.lexists(link):
                 os.unlink(link)
             os.symlink(os.path.abspath(path), link)
-            _measure(label, link, ranges, args, caches, argv0, repeat, timeout, log, runs,
-                     outputs, crashes, masks)
+            for k, pre in enumerate(preloads):
+                if label in crashes:
+                    break
+                where = f" placement {k + 1}/{n} (libc +{shifts[k]} pages)" if n > 1 else ""
+                _measure(label, link, ranges, args, caches, argv0, repeat, timeout, log,
+                         runs.setdefault(label, {}).setdefault(k, {}),
+                         outputs.setdefault(label, {}).setdefault(k, []), crashes, masks,
+                         pre, where)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     rows = []
     for c in caches:
         for label, _ in progs:
-            rs = runs.get(label, {}).get(c["name"], [])
-            rc, out = outputs[label][0]
             crash = crashes.get(label)
+            per = [] if crash else [runs[label][k].get(c["name"], []) for k in range(n)]
+            rc, out = outputs[label][0][0]
             row = {"program": label, "cache": c["name"], "mode": "user",
                    "crashed": crash[0] if crash else None}
-            for k in ("misses", "fetches", "miss_rate", "instructions", "program_misses",
-                      "program_instructions"):
-                row[k] = _med(rs, k) if rs and not crash else None
+            places = [dict({key: _med(rs, key) for key in _COUNTS}, shift_pages=shifts[k])
+                      for k, rs in enumerate(per)]
+            for key in _COUNTS:
+                row[key] = statistics.fmean(p[key] for p in places) if places else None
+            vals = [p["misses"] for p in places]
+            walls = [r["wall"] for rs in per for r in rs]
             row.update({"code_bytes": info[label]["code_bytes"],
-                        "time_s": _med(rs, "wall") if rs else None,
-                        "repeats": len(outputs[label]),
-                        "misses_spread": _spread(rs, "misses") if rs and not crash else None,
-                        "instructions_spread": (_spread(rs, "instructions")
-                                                if rs and not crash else None),
+                        "time_s": statistics.median(walls) if walls else None,
+                        "repeats": len(outputs[label][0]),
+                        "misses_spread": (max(_spread(rs, "misses") for rs in per)
+                                          if per else None),
+                        "instructions_spread": (max(_spread(rs, "instructions") for rs in per)
+                                                if per else None),
+                        "placements": n, "shift_pages": shifts,
+                        "misses_min": min(vals) if vals else None,
+                        "misses_max": max(vals) if vals else None,
+                        "misses_stdev": statistics.pstdev(vals) if vals else None,
+                        "per_placement": places,
                         "exit_status": rc, "stdout_bytes": len(out), "same_output": None,
                         "image": os.path.abspath(info[label]["path"])})
             rows.append(row)
@@ -229,28 +285,29 @@ def evaluate_programs(specs, caches, args=(), repeat=1, timeout=600, log=None, c
 
 
 def _measure(label, path, ranges, args, caches, argv0, repeat, timeout, log, runs, outputs,
-             crashes, masks):
+             crashes, masks, preload=None, where=""):
+    """``repeat`` runs of one program at one placement: ``runs`` (cache -> [run dicts])
+    and ``outputs`` ([(returncode, masked stdout)]) filled."""
     for k in range(repeat):
         trs, res = run_program(path, args, caches, argv0=argv0, timeout=timeout, log=log,
-                               allow_crash=True)
-        outputs.setdefault(label, []).append((res["returncode"], masked(res["stdout"], masks)))
+                               allow_crash=True, preload=preload)
+        outputs.append((res["returncode"], masked(res["stdout"], masks)))
         if trs is None:
             crashes[label] = (res["crash"], _last_line(res["stderr"]))
-            log(f"{label} run {k + 1}/{repeat}: crashed ({res['crash']}) "
+            log(f"{label}{where} run {k + 1}/{repeat}: crashed ({res['crash']}) "
                 f"{_last_line(res['stderr'])}")
-            runs.setdefault(label, {})
             return                                  # a crash is not measured again
         b = np.uint64(res["load_bias"])        # a PIE's code runs at its link address + bias
         for name, tr in trs.items():
             inb = inside(tr.tb_addr, (ranges[0] + b, ranges[1] + b))
-            runs.setdefault(label, {}).setdefault(name, []).append({
+            runs.setdefault(name, []).append({
                 "fetches": tr.fetches, "misses": tr.misses, "instructions": tr.instructions,
                 "miss_rate": tr.misses / tr.fetches if tr.fetches else 0.0,
                 "program_instructions": int(np.dot(tr.tb_insns[inb].astype(np.uint64),
                                                    tr.tb_execs[inb])),
                 "program_misses": int(tr.tb_misses[inb].sum()), "wall": res["wall"]})
         first = next(iter(trs.values()))
-        log(f"{label} run {k + 1}/{repeat}: " + ", ".join(
+        log(f"{label}{where} run {k + 1}/{repeat}: " + ", ".join(
             f"{n} {tr.misses:,} misses" for n, tr in trs.items()) +
             f"; {first.instructions:,} instructions, exit {res['returncode']} "
             f"({res['wall']:.1f} s)")
@@ -262,34 +319,44 @@ def _cache(name):
 
 
 def cross_check(rows, outputs, progs, compare="output", crashes=None):
-    """Fill rows' same_output; problems: crashes first, then against the first program."""
+    """Fill rows' same_output; problems: crashes first, then against the first program.
+    ``outputs``: label -> placement -> [(returncode, masked stdout) per repeat]; outputs
+    are compared within a placement (a program may print addresses)."""
     crashes = crashes or {}
+    outputs = {lb: ({0: o} if isinstance(o, list) else o) for lb, o in outputs.items()}
     problems = [f"{label}: crashed ({why}) under qemu-x86_64" + (f": {err}" if err else "")
                 for label, (why, err) in crashes.items()]
     base_label = progs[0][0]
-    brc, bout = outputs[base_label][0]
+    base = outputs[base_label]
     for label, _ in progs:
         if label in crashes:
             continue
-        seen = {rc if compare == "exit" else (rc, out) for rc, out in outputs[label]}
-        if len(seen) > 1:
+        mine = outputs[label]
+        if any(len({rc if compare == "exit" else (rc, out) for rc, out in reps}) > 1
+               for reps in mine.values()):
             what = "exit status" if compare == "exit" else "output or exit status"
             problems.append(f"{label}: {what} differs between repeats")
-        rc, out = outputs[label][0]
         # nothing to compare with when the first program crashed
-        same = None if base_label in crashes else rc == brc and (compare == "exit" or out == bout)
+        pairs = [(mine[k][0], base[k][0]) for k in mine if k in base]
+        same = None if base_label in crashes else all(
+            rc == brc and (compare == "exit" or out == bout) for (rc, out), (brc, bout) in pairs)
         for r in rows:
             if r["program"] == label:
                 r["same_output"] = same
         if label == base_label or base_label in crashes:
             continue
-        if compare == "output" and out != bout:
-            problems.append(f"{label}: stdout differs from {base_label}'s ({len(out):,} vs "
-                            f"{len(bout):,} bytes{', masked' if _was_masked(out, bout) else ''}): "
-                            "not the same work (--mask REGEX for volatile text, or "
-                            "--compare exit)")
-        if rc != brc:
-            problems.append(f"{label}: exit status {rc} vs {brc} for {base_label}")
+        for (rc, out), (brc, bout) in pairs:
+            if compare == "output" and out != bout:
+                problems.append(f"{label}: stdout differs from {base_label}'s ({len(out):,} vs "
+                                f"{len(bout):,} bytes"
+                                f"{', masked' if _was_masked(out, bout) else ''}): "
+                                "not the same work (--mask REGEX for volatile text, or "
+                                "--compare exit)")
+                break
+        for (rc, out), (brc, bout) in pairs:
+            if rc != brc:
+                problems.append(f"{label}: exit status {rc} vs {brc} for {base_label}")
+                break
     first_cache = rows[0]["cache"]
     rs = [r for r in rows if r["cache"] == first_cache and r["instructions"] is not None]
     if rs and rs[0]["program"] == base_label:
@@ -322,33 +389,59 @@ _COLUMNS = (
 )
 
 
+def _beats(r, base):
+    """'k/N': placements where ``r`` misses less than ``base`` at the same placement."""
+    mine, theirs = r.get("per_placement") or [], base.get("per_placement") or []
+    if r is base or not mine or len(mine) != len(theirs):
+        return "-"
+    return f"{sum(a['misses'] < b['misses'] for a, b in zip(mine, theirs))}/{len(mine)}"
+
+
 def format_rows(rows, args=()):
     """One table per cache model, like the kernel evaluate's; the first program is the
-    base. Every column has a header; a crashed program's row says so instead of counts."""
+    base. Every column has a header; a crashed program's row says so instead of counts.
+    Over several libc placements: the mean, and the least and most misses of a placement,
+    and on how many placements a program misses less than the base."""
     out = []
     w = max([16] + [len(r["program"]) for r in rows])
     for cache in dict.fromkeys(r["cache"] for r in rows):
         rs = [r for r in rows if r["cache"] == cache]
         base = rs[0]
         n = max(r["repeats"] for r in rs)
+        places = max(r.get("placements") or 1 for r in rs)
         hdr = (f"{'program':<{w}} " + " ".join(f"{h:>{cw}}" for h, cw, _ in _COLUMNS) +
+               (f" {'min':>12} {'max':>12} {'fewer':>6}" if places > 1 else "") +
                f" {'code bytes':>10} {'output':>8} {'time s':>7} {'misses ±':>9}")
+        runs = f"{'median of ' + str(n) + ' runs' if n > 1 else '1 run'}"
+        if places > 1:
+            sh = base.get("shift_pages") or []
+            what = (f"mean over {places} libc placements"
+                    f"{f' (+{sh[0]}..+{sh[-1]} pages)' if sh else ''}, each {runs}; min/max: "
+                    "the placements' least and most misses; fewer: placements with fewer "
+                    "misses than the base's; ")
+        else:
+            what = f"{runs}; "
         out += [f"user-mode L1i, {cache} (qemu-x86_64, all user code incl. libraries; "
-                f"{'median of ' + str(n) + ' runs' if n > 1 else '1 run'}; "
-                "misses ±: their spread between runs)", hdr, "-" * len(hdr)]
+                f"{what}misses ±: their spread between runs)", hdr, "-" * len(hdr)]
         bm = base["misses"] if not base.get("crashed") else None
         for r in rs:
+            extra = ""
             if r.get("crashed"):
                 span = sum(cw + 1 for _, cw, _ in _COLUMNS) - 1     # the count columns
+                if places > 1:
+                    span += 33
                 cells = f"{'CRASHED (' + r['crashed'] + ')':<{span}}"
                 same = "crashed"
             else:
                 cells = " ".join(f"{f(r, bm):>{cw}}" for _, cw, f in _COLUMNS)
+                if places > 1:
+                    extra = (f" {r['misses_min']:>12,.0f} {r['misses_max']:>12,.0f} "
+                             f"{_beats(r, base):>6}")
                 same = "base" if r is base else {True: "same", False: "DIFF"}.get(
                     r["same_output"], "-")
             sp = r.get("misses_spread")
             t = r.get("time_s")
-            out.append(f"{r['program']:<{w}} {cells} {r['code_bytes']:>10,} {same:>8} "
+            out.append(f"{r['program']:<{w}} {cells}{extra} {r['code_bytes']:>10,} {same:>8} "
                        f"{'-' if t is None else format(t, '.2f'):>7} "
                        f"{'-' if sp is None or r['repeats'] < 2 else format(sp, '.3%'):>9}")
         out.append("")
@@ -356,4 +449,5 @@ def format_rows(rows, args=()):
 
 
 __all__ = ["evaluate_programs", "format_rows", "check_programs", "parse_program",
+           "check_placements",
            "INSTRUCTION_TOLERANCE", "PROGRAM_ENV", "COMPARE", "compile_masks", "masked"]

@@ -63,6 +63,7 @@ class QemuJob:
     argv0: "str | None" = None         # USER: argv[0] (qemu -0)
     stdin: "bytes | None" = None
     env: "dict | None" = None          # SYSTEM: more key=value words for /init; USER: environ
+    preload: "str | None" = None       # USER: a library ld.so loads first (LD_PRELOAD, guest only)
     cwd: "str | None" = None           # USER: working directory
     append: "str | None" = None        # SYSTEM: command line instead of configs/kernel.toml's
     icount: bool = True
@@ -147,6 +148,8 @@ def prepare(job, log=None):
                       if not a.startswith("out=")])
     if job.plugins:
         inputs["plugin"] = plugin_so(log)
+    if job.kind == USER and job.preload:
+        inputs["preload"] = os.path.abspath(job.preload)
     launch = Launch(job, inputs, plugin_args=pargs)
     if job.kind == SYSTEM:
         from . import qemu
@@ -273,6 +276,11 @@ def _execute_user(launch, paths, plugin_opts, tmp=None):
         # a PIE runs at a base QEMU picks (the same on every run): its page log says which
         page_log = os.path.join(tmp, "qemu-page.log")
         cmd += ["-d", "page", "-D", page_log]
+    if paths.get("preload"):
+        # the program's environment only (qemu-x86_64 is itself a dynamic executable),
+        # loaded before any library the environment already preloads
+        theirs = (job.env or {}).get("LD_PRELOAD")
+        cmd += ["-E", "LD_PRELOAD=" + paths["preload"] + (f":{theirs}" if theirs else "")]
     cmd += list(plugin_opts) + [paths["image"], *map(str, job.args)]
     t0 = time.monotonic()
     try:
