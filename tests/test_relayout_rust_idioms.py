@@ -1,17 +1,24 @@
-"""Data fields of a PIE that the linker left 0 for the loader (lld's default).
+"""What ripgrep 14.1.1 (rustc 1.95, linked by its default linker, lld) showed.
 
-lld (rustc's linker since Rust 1.90) does not write a RELA-relocated field of a
-PIE unless given --apply-dynamic-relocs: the field holds 0 and ld.so fills it
-from the R_X86_64_RELATIVE addend. relayout read such a field as its link
-relocation's S + A, added the symbol's move to 0 and wrote that delta into the
-field (ripgrep 14.1.1: 1,242 fields); the output ran (ld.so overwrites the
-field) but verify named every one (``equiv.data-pointer``). Now a field that
-held 0 stays 0 and its addend follows the layout.
+- Data fields of a PIE that the linker left 0 for the loader: lld does not write
+  a RELA-relocated field unless given --apply-dynamic-relocs; ld.so fills it from
+  the R_X86_64_RELATIVE addend. relayout read such a field as its link
+  relocation's S + A, added the symbol's move to 0 and wrote that delta into the
+  field (ripgrep: 1,242 fields); the output ran (ld.so overwrites the field) but
+  verify named every one (``equiv.data-pointer``). Now a field that held 0 stays
+  0 and its addend follows the layout.
+- .debug_ranges (DWARF 4) entries whose end is the next function's start (rustc
+  lists every function of a unit there; functions are not always padded): the
+  end was mapped as a start, i.e. to the next function's new place (ripgrep: 211
+  units, verify's ``debuginfo.unit-range``). It maps as the end of the code
+  before it now.
 
 tests/fixtures/c/unapplied_rela.c, built with gcc and GNU ld (-fpie -pie
--Wl,--emit-relocs), its R_X86_64_64 fields that have a RELATIVE relocation
-zeroed in the file as lld leaves them; relaid out with ``pack`` from a JSON
-profile (no QEMU), the output moves its code to a new segment.
+-Wl,--emit-relocs): its R_X86_64_64 fields that have a RELATIVE relocation
+zeroed in the file as lld leaves them; and again with -gdwarf-4
+-ffunction-sections -falign-functions=1 (functions end where the next begins).
+Relaid out with ``pack`` from a JSON profile (no QEMU): the code moves to a new
+segment.
 """
 
 import json
@@ -114,3 +121,26 @@ def test_fields_ld_wrote_follow_the_layout(built):
         held = [a for a, (off, _) in fields.items() if _word(exe, off) == old]
         assert held and all(_word(out, fields[a][0]) == addr for a in held)
     assert _run(out) == _run(exe)
+
+
+def test_range_list_ends_at_the_next_function(built, tmp_path):
+    """.debug_ranges (DWARF 4) pairs whose end is the next function's start, as
+    rustc's units list every function (ripgrep: 211 units): the end maps as the
+    end of the code before it. It was mapped as a start (the next function's new
+    place), giving ranges like [0x5a3b20, 0x56e580); verify named them
+    (``debuginfo.unit-range``)."""
+    d, exe, lld, fields, prof = built
+    src = str(tmp_path / "ud")
+    subprocess.run(["gcc", "-O2", "-g", "-gdwarf-4", "-ffunction-sections",
+                    "-falign-functions=1", "-fpie", "-pie", "-Wl,--emit-relocs", "-o", src,
+                    os.path.join(helpers.FIXTURES, "c", "unapplied_rela.c")], check=True)
+    img = ElfImage(src)
+    starts = {img.symbol_address(n) for n in ("op_add", "op_sub", "op_mul", "op_xor")}
+    rng = img.section(".debug_ranges")
+    words = np.array(img.section_bytes(rng)).view("<u8").reshape(-1, 2)
+    assert any(int(e) in starts for b, e in words if b and b < e)   # the case is there
+    out = src + ".pack"
+    rc, report = _relayout(src, prof, out)
+    assert rc == 0, report
+    assert "debuginfo.unit-range 0" in report
+    assert _run(out) == _run(src)
