@@ -12,11 +12,16 @@
   end was mapped as a start, i.e. to the next function's new place (ripgrep: 211
   units, verify's ``debuginfo.unit-range``). It maps as the end of the code
   before it now.
+- verify named every subprogram the link discarded (its DWARF left with low_pc 0,
+  lld's tombstone and GNU ld's) as a unit that does not cover its range (188 on
+  ripgrep, the original against itself too); such a subprogram has no code to
+  cover and is skipped.
 
 tests/fixtures/c/unapplied_rela.c, built with gcc and GNU ld (-fpie -pie
 -Wl,--emit-relocs): its R_X86_64_64 fields that have a RELATIVE relocation
 zeroed in the file as lld leaves them; and again with -gdwarf-4
--ffunction-sections -falign-functions=1 (functions end where the next begins).
+-ffunction-sections -falign-functions=1 -Wl,--gc-sections (functions end where
+the next begins; an unused one discarded).
 Relaid out with ``pack`` from a JSON profile (no QEMU): the code moves to a new
 segment.
 """
@@ -132,13 +137,15 @@ def test_range_list_ends_at_the_next_function(built, tmp_path):
     d, exe, lld, fields, prof = built
     src = str(tmp_path / "ud")
     subprocess.run(["gcc", "-O2", "-g", "-gdwarf-4", "-ffunction-sections",
-                    "-falign-functions=1", "-fpie", "-pie", "-Wl,--emit-relocs", "-o", src,
+                    "-falign-functions=1", "-fpie", "-pie", "-Wl,--emit-relocs",
+                    "-Wl,--gc-sections", "-o", src,
                     os.path.join(helpers.FIXTURES, "c", "unapplied_rela.c")], check=True)
     img = ElfImage(src)
     starts = {img.symbol_address(n) for n in ("op_add", "op_sub", "op_mul", "op_xor")}
     rng = img.section(".debug_ranges")
     words = np.array(img.section_bytes(rng)).view("<u8").reshape(-1, 2)
     assert any(int(e) in starts for b, e in words if b and b < e)   # the case is there
+    assert img.symbol_address("op_unused") is None                   # and a discarded one
     out = src + ".pack"
     rc, report = _relayout(src, prof, out)
     assert rc == 0, report
