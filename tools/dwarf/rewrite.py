@@ -184,6 +184,19 @@ def _le_words(buf, n):
     return np.ndarray((max(len(buf) - n + 1, 0),), dtype=f"<u{n}", buffer=buf, strides=(1,))
 
 
+def _range_ends(words, pos):
+    """Which of the 8-byte fields at ``pos`` of .debug_ranges (DWARF 2-4) end a
+    non-empty (begin, end) entry. Entries are 16 bytes and every list (and
+    every unit's contribution) a whole number of them, so an entry's end is at
+    an offset of 8 modulo 16, after a begin that is not a base selection (~0)."""
+    pos = np.asarray(pos, np.int64)
+    out = (pos % 16 == 8) & (pos >= 8)
+    k = np.nonzero(out)[0]
+    prev, val = words[pos[k] - 8], words[pos[k]]
+    out[k] = (prev != np.uint64(0xFFFFFFFFFFFFFFFF)) & (prev < val)
+    return out
+
+
 def _put_le(buf, pos, value, n):
     """buf[pos:pos + n] = value (little-endian, masked to n bytes) for every pos."""
     pos = np.asarray(pos, np.int64)
@@ -292,6 +305,11 @@ class DwarfRewrite:
             if not len(pos):
                 continue
             words = _le_words(self.buf[name], 8)
+            # a (begin, end) pair's end is the end of the code before it, not the
+            # start of what follows (rustc's units list every function in
+            # .debug_ranges: one that ends where the next begins got that one's new
+            # start); found before any field is written
+            ends = _range_ends(words, pos) if name == ".debug_ranges" else None
             # a slice of fields at a time (their temporaries are 40 bytes a field)
             # when no field repeats; else at once, so each is read before any is written
             step = len(pos) if (len(pos) > 1 and (pos[1:] <= pos[:-1]).any()) else 1 << 20
@@ -299,6 +317,11 @@ class DwarfRewrite:
                 p = pos[a:a + step]
                 val = words[p]
                 new, ok = amap.map(val)
+                if ends is not None:
+                    end = ends[a:a + step]
+                    if end.any():
+                        ne, eok = amap.map(val[end] - np.uint64(1))
+                        new[end], ok[end] = ne + np.uint64(1), eok
                 new = np.where(ok, new, val)
                 words[p] = new
                 fields += int((new != val).sum())

@@ -453,6 +453,13 @@ class Rewriter:
                             self.problem("pc32-overflow", P[m][over], f"{name}: PC32 overflow")
                 else:
                     val = Tn.astype(np.int64)
+                    if not tgt.is_code and size == 8:
+                        # a data field the linker left 0 for the loader to fill from a
+                        # dynamic relocation's addend (lld's PIEs: RELA fields are not
+                        # written without --apply-dynamic-relocs): it stays 0 (the addend
+                        # follows the layout, pie.py); read as S + A it would get the
+                        # symbol's move added to 0
+                        val = np.where((field == 0) & (T_rel != 0), 0, val)
                     newA[m] = A[m] + (Tn_rel.astype(np.int64) - T_rel.astype(np.int64)) \
                         - (S_new[m].astype(np.int64) - S[m].astype(np.int64))
                 oldv = field.astype(np.int64)

@@ -465,6 +465,7 @@ def _check_units(old, new, pieces, problems, report, units_sample, seed):
     nrrs = _die_ranges(ntop, rows, [nu[i] for i in cus], nbases, nlists)
     wants = _translate(pieces, orrs)
     new_code = _function_code(new)
+    ocode = [(s.addr, s.end) for s in old.sections if s.is_code and s.is_alloc and s.size]
     for row, i in enumerate(cus):
         obase, nbase, orr, nrr = obases[row], nbases[row], orrs[row], nrrs[row]
         if orr is None:
@@ -511,6 +512,8 @@ def _check_units(old, new, pieces, problems, report, units_sample, seed):
                 problems["debuginfo.subprogram-range"].append(
                     (so[0][0], f"subprogram at DIE {ooff:#x}: ranges {_fmt(have)} in NEW, "
                      f"its code is at {_fmt(want)}"))
+            if not any(lo < e and s < hi for lo, hi in so for s, e in ocode):
+                continue    # code the link discarded (low_pc 0, lld's and ld's tombstone)
             for r in want:
                 if not _inside(r, have_cu):     # have_cu is sorted and disjoint
                     problems["debuginfo.unit-range"].append(
