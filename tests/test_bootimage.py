@@ -70,8 +70,9 @@ def test_zstd_efforts_keep_the_builds_window(effort):
     assert zstandard.ZstdDecompressor(max_window_size=1 << 27).decompressobj().decompress(z[:-4]) == data
 
 
+@pytest.mark.parametrize("likely_fits", [False, True])
 @pytest.mark.parametrize("workers", [1, 2, 4])
-def test_efforts_chosen_as_one_after_another(monkeypatch, workers):
+def test_efforts_chosen_as_one_after_another(monkeypatch, workers, likely_fits):
     """replace_payload's compressor settings run on several threads: the stream chosen
     is the one trying them in EFFORTS' order gives (the first that fits the room, else
     the smallest, the first of equal ones; with grow_room the first), whichever
@@ -91,13 +92,16 @@ def test_efforts_chosen_as_one_after_another(monkeypatch, workers):
     for room, grow, want in ((5, 0, "ldm"), (8, 0, "ldm"), (9, 0, "ldm"), (10, 0, "cli"),
                              (100, 0, "cli"), (5, 1, "cli")):
         calls.clear()
-        got = B._smallest_fitting(b"payload", "zstd", room, grow)
+        got = B._smallest_fitting(b"payload", "zstd", room, grow, likely_fits)
         assert got == want.encode().ljust(sizes[want], b"."), (room, grow, got)
-        if grow:
-            assert calls == ["cli"]
+        if grow or (likely_fits and want == "cli"):
+            assert calls == ["cli"]        # nothing else compressed when the first fits
     monkeypatch.setattr(B, "EFFORTS", {"zstd": ("target", "search", "ldm", "cli")})
-    assert B._smallest_fitting(b"payload", "zstd", 5).startswith(b"search")
-    assert B._smallest_fitting(b"payload", "zstd", 9).startswith(b"target")
+    assert B._smallest_fitting(b"payload", "zstd", 5, 0, likely_fits).startswith(b"search")
+    assert B._smallest_fitting(b"payload", "zstd", 9, 0, likely_fits).startswith(b"target")
+    sizes["cli"] = 8                       # a tie with the first effort: the first
+    monkeypatch.setattr(B, "EFFORTS", {"zstd": ("ldm", "search", "cli")})
+    assert B._smallest_fitting(b"payload", "zstd", 5, 0, likely_fits).startswith(b"ldm")
 
 
 def test_reloc_layout_by_version():

@@ -637,16 +637,28 @@ def _workers():
         return os.cpu_count() or 1
 
 
-def _smallest_fitting(payload, compression, room, grow_room=0):
+def _smallest_fitting(payload, compression, room, grow_room=0, likely_fits=False):
     """The compressed payload: the first of EFFORTS[compression] (in order) whose
     stream fits ``room``, else the smallest of them (the first of equal ones); with
     ``grow_room`` the first effort's. The efforts run on as many threads as there are
     CPUs (the compressors release the GIL: zstd -22 takes ~16 s per effort on a 60 MB
     payload, and a rewritten 6.12/7.3 payload fits none of them); the result is the one
-    the efforts would give one after another."""
+    the efforts would give one after another. ``likely_fits`` (the image's own payload,
+    which the build's setting gives back): the first effort alone first, the others
+    only if it does not fit (no CPU spent on them when it does)."""
     efforts = EFFORTS.get(compression, (None,))
     if grow_room:
         efforts = efforts[:1]
+    if likely_fits and len(efforts) > 1:
+        z = compress_payload(payload, compression, efforts[0])
+        if len(z) <= room:
+            return z
+        rest = _smallest_fitting_of(payload, compression, room, efforts[1:])
+        return rest if len(rest) < len(z) else z
+    return _smallest_fitting_of(payload, compression, room, efforts)
+
+
+def _smallest_fitting_of(payload, compression, room, efforts):
     workers = min(len(efforts), _workers())
     best = None
     if workers <= 1:
@@ -698,7 +710,8 @@ def replace_payload(image, payload, path="output", grow_room=0, log=None):
     elf_new = payload[:elf_extent(payload, path)]
     check_same_bounds(image.elf, elf_new, path)
     room = old.payload_length
-    compressed = _smallest_fitting(payload, image.compression, room, grow_room)
+    compressed = _smallest_fitting(payload, image.compression, room, grow_room,
+                                   likely_fits=payload == image.payload)
     delta = zoroom.room_delta(max(len(compressed), room + grow_room), room)
     pm = old.protected_mode_offset
     if delta:
