@@ -70,3 +70,26 @@ def stock_held_traces(debian_vmlinux, tmp_path_factory):
     (tests/drgn_stacks.py); shared by the rewritten kernels' drgn checks."""
     from drgn_stacks import held_traces
     return held_traces(debian_vmlinux, session_tmp(tmp_path_factory, "stock-dump"), name="stock")
+
+
+@pytest.fixture(scope="session")
+def kernel_profile(tmp_path_factory):
+    """``kernel_profile(vmlinux, loops, workload="vfs-mix")``: the path of ``linepack
+    profile --kernel VMLINUX --workload WORKLOAD --loops LOOPS -o PATH``, run once per
+    session for each (kernel, workload, loops) and shared by every test that profiles
+    with those arguments (a QEMU profile of a kernel is the same bytes each run: the
+    tests that shared these each made their own). Tests read it; none may change it."""
+    from helpers import run_linepack
+    made = {}
+
+    def get(vmlinux, loops, workload="vfs-mix"):
+        key = (os.path.realpath(vmlinux), workload, int(loops))
+        if key not in made:
+            d = session_tmp(tmp_path_factory, "profile")
+            out = d / f"{workload}-{int(loops)}.prof"
+            r = run_linepack("profile", "--kernel", vmlinux, "--workload", workload,
+                             "--loops", int(loops), "-o", out, timeout=900)
+            assert r.returncode == 0, r.stderr[-2000:]
+            made[key] = out
+        return made[key]
+    return get

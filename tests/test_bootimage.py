@@ -70,6 +70,40 @@ def test_zstd_efforts_keep_the_builds_window(effort):
     assert zstandard.ZstdDecompressor(max_window_size=1 << 27).decompressobj().decompress(z[:-4]) == data
 
 
+@pytest.mark.parametrize("likely_fits", [False, True])
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_efforts_chosen_as_one_after_another(monkeypatch, workers, likely_fits):
+    """replace_payload's compressor settings run on several threads: the stream chosen
+    is the one trying them in EFFORTS' order gives (the first that fits the room, else
+    the smallest, the first of equal ones; with grow_room the first), whichever
+    finishes first. Here the later efforts finish first."""
+    import time
+    sizes = {"cli": 10, "ldm": 8, "search": 8, "target": 9}
+    delay = {"cli": 0.3, "ldm": 0.2, "search": 0.1, "target": 0.0}
+    calls = []
+
+    def fake(data, compression, effort=None):
+        assert compression == "zstd" and data == b"payload"
+        calls.append(effort)
+        time.sleep(delay[effort])
+        return effort.encode().ljust(sizes[effort], b".")
+    monkeypatch.setattr(B, "compress_payload", fake)
+    monkeypatch.setattr(B, "_workers", lambda: workers)
+    for room, grow, want in ((5, 0, "ldm"), (8, 0, "ldm"), (9, 0, "ldm"), (10, 0, "cli"),
+                             (100, 0, "cli"), (5, 1, "cli")):
+        calls.clear()
+        got = B._smallest_fitting(b"payload", "zstd", room, grow, likely_fits)
+        assert got == want.encode().ljust(sizes[want], b"."), (room, grow, got)
+        if grow or (likely_fits and want == "cli"):
+            assert calls == ["cli"]        # nothing else compressed when the first fits
+    monkeypatch.setattr(B, "EFFORTS", {"zstd": ("target", "search", "ldm", "cli")})
+    assert B._smallest_fitting(b"payload", "zstd", 5, 0, likely_fits).startswith(b"search")
+    assert B._smallest_fitting(b"payload", "zstd", 9, 0, likely_fits).startswith(b"target")
+    sizes["cli"] = 8                       # a tie with the first effort: the first
+    monkeypatch.setattr(B, "EFFORTS", {"zstd": ("ldm", "search", "cli")})
+    assert B._smallest_fitting(b"payload", "zstd", 5, 0, likely_fits).startswith(b"ldm")
+
+
 def test_reloc_layout_by_version():
     assert B.reloc_layout("6.1.0-56-cloud-amd64 (x)") is B.LAYOUT_3
     assert B.reloc_layout("6.12.118+deb13-cloud-amd64") is B.LAYOUT_3

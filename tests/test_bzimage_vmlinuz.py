@@ -81,7 +81,7 @@ def test_rebuilt_vmlinuz_boots_with_kaslr(shipped, rebuilt):
 # -- a rewritten vmlinux: Debian 6.1, whose link relocations are the truth -----------------
 
 @pytest.fixture(scope="module")
-def relayout_61(tmp_path_factory):
+def relayout_61(tmp_path_factory, kernel_profile):
     """Debian 6.1 relayouted with `pack` from a vfs-mix profile, with its layout map."""
     try:
         vmlinux = targets.debian_vmlinux(series="6.1")
@@ -89,10 +89,7 @@ def relayout_61(tmp_path_factory):
     except LinepackError as e:
         pytest.skip(f"Debian 6.1 kernel unavailable: {e}")
     d = tmp_path_factory.mktemp("relayout61")
-    prof, out, tsv = d / "vfs.prof", d / "vmlinux.pack", d / "layout.tsv"
-    r = run_linepack("profile", "--kernel", vmlinux, "--workload", "vfs-mix", "--loops", 20,
-                     "-o", prof, timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
+    prof, out, tsv = kernel_profile(vmlinux, 20), d / "vmlinux.pack", d / "layout.tsv"
     r = run_linepack("relayout", vmlinux, "--profile", prof, "--strategy", "pack", "-o", out,
                      "--layout-map", tsv, "--strip-debug", "-q", timeout=1800)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -20,16 +20,13 @@ _requirements = helpers.requirements("qemu-system-x86_64", "gcc")
 
 
 @pytest.fixture(scope="module")
-def tail_layout(tmp_path_factory):
+def tail_layout(tmp_path_factory, kernel_profile):
     from linepack import targets
     from linepack.cli import main
     from linepack.relayout.kernel import kallsyms_cold
     d = tmp_path_factory.mktemp("tail")
     vmlinux, vmlinuz = targets.debian_vmlinux(series="6.12"), targets.debian_vmlinuz(series="6.12")
-    prof = d / "vfs.prof"
-    r = run_linepack("profile", "--kernel", vmlinux, "--workload", "vfs-mix", "--loops", 20,
-                     "-o", prof, timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
+    prof = kernel_profile(vmlinux, 20)
     room = kallsyms_cold._room
 
     def no_gap(image, first):            # the gap after the read-only segment: 0 bytes

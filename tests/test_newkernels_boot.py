@@ -73,12 +73,8 @@ def shipped(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def profile(shipped):
-    prof = shipped["dir"] / "vfs.prof"
-    r = run_linepack("profile", "--kernel", shipped["vmlinux"], "--workload", "vfs-mix",
-                     "--loops", PROFILE_LOOPS, "-o", prof, timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return prof
+def profile(shipped, kernel_profile):
+    return kernel_profile(shipped["vmlinux"], PROFILE_LOOPS)
 
 
 @pytest.fixture(scope="module", params=STRATEGIES)

@@ -93,14 +93,10 @@ def test_stripped_refused_without_vmlinuz(stripped, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def vfs_profile(tmp_path_factory):
+def vfs_profile(kernel_profile):
     """A vfs-mix profile with block data (a block-level layout splits functions,
     so kallsyms grows with their .cold parts)."""
-    prof = tmp_path_factory.mktemp("vfs") / "vfs.prof"
-    r = helpers.run_linepack("profile", "--kernel", VMLINUX, "--workload", "vfs-mix",
-                             "--loops", 20, "-o", prof, timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return str(prof)
+    return str(kernel_profile(VMLINUX, 20))
 
 
 def test_relayout_blocks_same_as_link(vmlinuz, stripped, vfs_profile, tmp_path):

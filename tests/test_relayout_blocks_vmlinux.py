@@ -34,11 +34,8 @@ def work(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def split_kernel(work, vmlinux):
-    prof = work / "vfs.prof"
-    r = run_linepack("profile", "--kernel", vmlinux, "--workload", "vfs-mix",
-                     "--loops", PROFILE_LOOPS, "-o", prof, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+def split_kernel(work, vmlinux, kernel_profile):
+    prof = kernel_profile(vmlinux, PROFILE_LOOPS)
     from linepack.relayout import strategies
     from linepack.relayout.driver import load_profile_full, relayout
     lp = load_profile_full(str(prof), vmlinux)

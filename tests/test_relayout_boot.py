@@ -40,13 +40,9 @@ def work(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def vfs_profile(work):
+def vfs_profile(kernel_profile):
     """A real VFS-mix profile of the original kernel (QEMU TCG + the project's plugin)."""
-    out = work / "vfs.prof"
-    r = run_linepack("profile", "--kernel", VMLINUX, "--workload", "vfs-mix",
-                     "--loops", PROFILE_LOOPS, "-o", out, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return out
+    return kernel_profile(VMLINUX, PROFILE_LOOPS)
 
 
 def _relayout_cli(outdir, profile, strategy="pack"):

@@ -53,12 +53,8 @@ def stock(work):
 
 
 @pytest.fixture(scope="module")
-def profile(work):
-    out = work / "vfs.prof"
-    r = run_linepack("profile", "--kernel", VMLINUX, "--workload", "vfs-mix",
-                     "--loops", PROFILE_LOOPS, "-o", out, timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return str(out)
+def profile(kernel_profile):
+    return str(kernel_profile(VMLINUX, PROFILE_LOOPS))
 
 
 @pytest.fixture(scope="module", params=STRATEGIES)

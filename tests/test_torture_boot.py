@@ -55,12 +55,8 @@ def stock(initrd):
 
 
 @pytest.fixture(scope="module")
-def profile(work):
-    prof = work / "vfs.prof"
-    r = run_linepack("profile", "--kernel", VMLINUX, "--workload", "vfs-mix",
-                     "--loops", PROFILE_LOOPS, "-o", prof, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return prof
+def profile(kernel_profile):
+    return kernel_profile(VMLINUX, PROFILE_LOOPS)
 
 
 def _relayout(work, profile, strategy):

@@ -38,11 +38,8 @@ def work(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def blocks_out(work):
-    prof = work / "vfs.prof"
-    r = run_linepack("profile", "--kernel", VMLINUX, "--workload", "vfs-mix",
-                     "--loops", PROFILE_LOOPS, "-o", prof, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+def blocks_out(work, kernel_profile):
+    prof = kernel_profile(VMLINUX, PROFILE_LOOPS)
     out = work / "vmlinux.blocks"
     r = run_linepack("relayout", VMLINUX, "--profile", prof, "--strategy", "blocks", "-o", out,
                      "-q", timeout=900)

@@ -14,6 +14,7 @@ payload must be the distribution's own (the identity case); with one
 carries) every field is mapped.
 """
 
+import bisect
 import os
 import struct
 import subprocess
@@ -86,13 +87,17 @@ def layout_address_map(layout_map, original_elf, new_vmlinux=None):
         raise BadInput(f"{layout_map}: not a layout map (bad number)") from None
     rows = sorted(rows)
     secs = _section_ends(original_elf)
-    sec_lo = np.array([a for a, _ in secs], np.uint64)
+    sec_lo = [a for a, _ in secs]
+    starts = [r[0] for r in rows]
     old, end, new = [], [], []
     for k, (o, n, size) in enumerate(rows):
         if not size or (old and o < end[-1]):
             continue            # aliases of one function
-        nxt = next((r[0] for r in rows[k + 1:] if r[0] >= o + size), o + size)
-        i = int(np.searchsorted(sec_lo, np.uint64(o), side="right")) - 1
+        # the next listed function: the first row (after this one, rows are sorted) at or
+        # past this one's end
+        j = bisect.bisect_left(starts, o + size)
+        nxt = starts[j] if j < len(starts) else o + size
+        i = bisect.bisect_right(sec_lo, o) - 1
         sec_end = secs[i][1] if i >= 0 and o < secs[i][1] else o + size
         old.append(o), end.append(max(o + size, min(nxt, sec_end))), new.append(n)
     amap = AddressMap(old, end, new)
