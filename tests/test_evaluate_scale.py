@@ -290,7 +290,8 @@ def test_layouts_disassemble_the_base_once(tmp_path, monkeypatch):
 
 def test_run_cache_is_keyed_by_content(tmp_path, monkeypatch):
     """A job with cache=True runs once; the same inputs again come from the store;
-    other program bytes (same path) or another repeat number run again."""
+    other program bytes (same path), another repeat number, environment or
+    working directory run again."""
     helpers.require_tool("qemu-x86_64")
     helpers.require_tool("gcc")
     from linepack.errors import LinepackError
@@ -313,15 +314,19 @@ def test_run_cache_is_keyed_by_content(tmp_path, monkeypatch):
                        "s=s*31+i;printf(\"%%u\\n\",s);return 0;}\n" % n)
         subprocess.run(["gcc", "-O1", "-no-pie", "-fno-pie", "-o", str(exe), str(src)], check=True)
 
-    def job(run=0):
+    def job(run=0, env=None, cwd=None):
         return QemuJob(USER, str(exe), [Plugin(cache=cache_config("intel-32k-8w"))], mode="user",
-                       cache=True, run=run)
+                       cache=True, run=run, env=env, cwd=cwd)
     build(1000)
     first = run_job(job())
     again = run_job(job())
     assert not first.cached and again.cached
     assert (again.traces[0].misses, again.stdout) == (first.traces[0].misses, first.stdout)
     assert not run_job(job(run=1)).cached
+    # the program's environment and working directory are part of the job
+    assert not run_job(job(env={"LC_ALL": "C"})).cached
+    assert run_job(job(env={"LC_ALL": "C"})).cached
+    assert not run_job(job(cwd=str(tmp_path))).cached
     build(200000)
     other = run_job(job())
     assert not other.cached and other.stdout != first.stdout

@@ -116,7 +116,11 @@ def job_key(launch):
             "tbtrace": [p.tbtrace for p in j.plugins],
             "args": [str(a) for a in j.args], "argv0": j.argv0, "icount": j.icount,
             "stdin": hashlib.sha256(j.stdin).hexdigest() if j.stdin else None,
-            "check": j.check, "run": j.run, "kind": j.kind}
+            "check": j.check, "run": j.run, "kind": j.kind,
+            # a USER job's environment and directory change what the program does
+            # (SYSTEM jobs' env is on the kernel command line: part of "append")
+            "env": sorted(j.env.items()) if j.kind == USER and j.env else None,
+            "cwd": os.path.abspath(j.cwd) if j.kind == USER and j.cwd else None}
     return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()
 
 
