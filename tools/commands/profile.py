@@ -51,6 +51,10 @@ class ProfileVerb:
         p.add_argument("--weights", metavar="W1,W2,...",
                        help="with --merge: relative weight of each input (default: equal)")
         p.add_argument("--top", type=int, default=15, help="functions listed by --show (default 15)")
+        p.add_argument("--exit-status", metavar="N[,N...]|any",
+                       help="with --program: the exit statuses of a run to keep (default 0: "
+                            "grep finding nothing exits 1); a program killed by a signal is "
+                            "never kept")
         p.add_argument("program_args", nargs="*", metavar="ARGS",
                        help="with --program: the program's arguments (after '--')")
 
@@ -58,6 +62,8 @@ class ProfileVerb:
     def run(args):
         if args.weights and not args.merge:
             raise BadInput("--weights applies to --merge")
+        if args.exit_status is not None and not args.program:
+            raise BadInput("--exit-status applies to --program")
         if args.show:
             return _show(args)
         # -o checked before any work, and written only when the whole run succeeds.
@@ -173,16 +179,33 @@ def _merge(args):
     return 0
 
 
+def _exit_statuses(text):
+    """--exit-status: None for "any", else the set of statuses (default {0})."""
+    if text is None:
+        return {0}
+    if text.strip().lower() == "any":
+        return None
+    try:
+        ok = {int(w) for w in text.split(",")}
+    except ValueError:
+        ok = set()
+    if not ok or any(not 0 <= n <= 255 for n in ok):
+        raise BadInput(f"--exit-status {text!r}: exit statuses 0-255, comma-separated, or 'any'")
+    return ok
+
+
 def _record_program(args):
     from ..profile.user import record_user
     _need(args, "output")
+    ok = _exit_statuses(args.exit_status)
     prof = record_user(args.program, args.program_args or [], output=args.output,
-                       meta=_meta(args), log=_log)
+                       meta=_meta(args), log=_log, exit_ok=ok)
     hot = prof.hot_functions(1)
+    status = prof.meta.get("exit_status", 0)
     print(f"{args.output}: qemu-user profile of {os.path.basename(args.program)}: "
           f"{len(prof.func_addr)} functions, {prof.meta.get('instructions', 0):,} instructions, "
-          f"{len(prof.edge_from)} edges{', hottest ' + hot[0][0] if hot else ''} "
-          f"({wall_seconds():.1f} s)")
+          f"{len(prof.edge_from)} edges{', hottest ' + hot[0][0] if hot else ''}"
+          f"{f', exit status {status}' if status else ''} ({wall_seconds():.1f} s)")
     return 0
 
 

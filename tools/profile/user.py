@@ -93,6 +93,10 @@ def run_user(program, args=(), cache=None, edges=False, stdin=None, cwd=None, en
     res = run_job(QemuJob(USER, program, [Plugin(cache=cfg, edges=edges, start=start, stop=stop)],
                           args=tuple(map(str, args)), stdin=stdin, env=env, cwd=cwd,
                           timeout=timeout, check=check, mode="user"), log=log)
+    if res.traces[0] is None and res.returncode < 0:
+        raise ExternalToolError(f"{os.path.basename(program)} was killed by signal "
+                                f"{-res.returncode} under {QEMU_USER}: "
+                                f"{(res.stderr.strip().splitlines() or ['no message'])[-1]}")
     if res.traces[0] is None:
         raise ExternalToolError(f"{QEMU_USER} wrote no plugin output (exit {res.returncode}): "
                                 f"{(res.stderr.strip().splitlines() or ['no message'])[-1]}")
@@ -102,14 +106,25 @@ def run_user(program, args=(), cache=None, edges=False, stdin=None, cwd=None, en
 
 
 def record_user(program, args=(), output=None, meta=None, log=None, stdin=None, cwd=None,
-                env=None, timeout=600):
-    """Profile ``program args`` (blocks + edges) under qemu-x86_64; returns the Profile."""
+                env=None, timeout=600, exit_ok=frozenset({0})):
+    """Profile ``program args`` (blocks + edges) under qemu-x86_64; returns the Profile.
+
+    ``exit_ok``: the exit statuses a run may end with (None: any); any other status,
+    or a signal, raises ExternalToolError: the profile of a run that failed is not
+    what its user meant to measure unless they say so."""
     image = check_program(program)
     if log:
         log(f"running {os.path.basename(program)} {' '.join(map(str, args))} under "
             f"{QEMU_USER} + plugin (mode=user, edges=on)")
     tr, run = run_user(program, args, edges=True, stdin=stdin, cwd=cwd, env=env,
-                       timeout=timeout, log=log)
+                       timeout=timeout, log=log, check=False)
+    if run.returncode < 0 or (exit_ok is not None and run.returncode not in exit_ok):
+        what = (f"was killed by signal {-run.returncode}" if run.returncode < 0
+                else f"exited with status {run.returncode} (to keep such a run: "
+                     f"--exit-status {run.returncode})")
+        err = run.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise ExternalToolError(f"{os.path.basename(program)} {what} under {QEMU_USER}: "
+                                f"{err[-1] if err else 'no message'}")
     ranges = exec_ranges(image, run.load_bias)
     inb = inside(tr.tb_addr, ranges)
     outside = int(np.dot(tr.tb_insns[~inb].astype(np.uint64), tr.tb_execs[~inb]))
