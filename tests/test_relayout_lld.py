@@ -14,7 +14,10 @@ with ``blocks``:
   ``process.cold`` names the original's callers;
 - split_user.c with cfi_room.s (nops in an FDE program, which the rebuild drops):
   in place, the header keeps its end and grows down into ``.eh_frame``,
-  ``PT_GNU_EH_FRAME`` follows it.
+  ``PT_GNU_EH_FRAME`` follows it;
+- order_whole.c with cfi_room.s and c_cleanup.c (an LSDA in C: the sections
+  apart): a function reordered whole needs no header entry, its FDE is rewritten
+  in place, each section keeps its place and size.
 
 Each output: functions split (nothing split before: relayout refused the order),
 the same output as the original, ``verify --against`` (and ``--strict``) clean,
@@ -203,3 +206,43 @@ def test_no_edge_from_a_ud2(tmp_path):
     assert _run(out) == _run(exe)
     p = run_linepack("verify", out, "--against", exe)
     assert p.returncode == 0 and "[equiv.edge]" not in p.stdout, p.stdout[-2000:]
+
+
+def test_apart_in_place(tmp_path):
+    """The two sections apart, and room in .eh_frame (cfi_room.s): a function
+    reordered whole (order_whole.c's mix: no cold part, no new header entry) has its
+    FDE rewritten in place; each section keeps its place and size."""
+    from linepack.profile.user import record_user
+    exe = str(tmp_path / "apart")
+    subprocess.run(["gcc", "-O2", "-no-pie", "-fno-reorder-blocks-and-partition",
+                    "-falign-jumps=1", "-falign-loops=1", "-falign-labels=1",
+                    "-B", _lld_bin(str(tmp_path)), "-fuse-ld=lld", "-Wl,--emit-relocs",
+                    "-o", exe, os.path.join(FIX, "order_whole.c"),
+                    os.path.join(FIX, "cfi_room.s"), "-fexceptions",
+                    os.path.join(FIX, "c_cleanup.c")], check=True)
+    old = ElfImage(exe)
+    assert _unwind_layout(old, old.section(".eh_frame_hdr"), old.section(".eh_frame")) == APART
+    record_user(exe, [], output=exe + ".lpprof")
+    cfg = tmp_path / "whole.toml"          # no cold part worth moving: mix reordered whole
+    cfg.write_text('strategy = "blocks"\ncold_min = 4096\norder_whole = true\n')
+    out = exe + ".blocks"
+    p = run_linepack("relayout", exe, "--profile", exe + ".lpprof", "--config", cfg, "-o", out,
+                     "--json", out + ".json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    import json
+    summary = json.loads(open(out + ".json").read())
+    assert summary["split"]["functions_reordered_whole"] >= 1
+    assert not summary.get("new_segment")
+    im = ElfImage(out)
+    for name in (".eh_frame", ".eh_frame_hdr"):
+        a, b = old.section(name), im.section(name)
+        assert (a.addr, a.size) == (b.addr, b.size)
+    assert bytes(im.section_bytes(im.section(".eh_frame"))) != \
+        bytes(old.section_bytes(old.section(".eh_frame")))
+    for args in ((), ("1",), ("2",)):
+        assert _run(out, *args) == _run(exe, *args)
+    p = run_linepack("verify", out, "--against", exe, "--strict")
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    lint = [subprocess.run(["eu-elflint", "--gnu-ld", x], capture_output=True,
+                           text=True).stdout.replace(x, "F") for x in (exe, out)]
+    assert lint[1] == lint[0], lint[1]
