@@ -15,10 +15,14 @@ two FDEs, as gcc writes for its own ``.cold`` parts:
 The sections are rebuilt whole: CIEs and the FDEs of functions not split are
 copied (``pc_begin`` mapped), records are padded to 4 bytes instead of gcc's 8
 (the room the new FDEs need), and ``.eh_frame_hdr`` gets one more search-table
-entry per cold FDE, so it grows into the start of ``.eh_frame``: ``.eh_frame``
-moves up (its end, with crtend's zero terminator ``__FRAME_END__``, stays) and
-``PT_GNU_EH_FRAME`` covers the longer header. ``.rela.eh_frame`` (--emit-relocs)
-follows its fields to their new offsets.
+entry per cold FDE. In place, where the linker put the two sections decides
+(_unwind_layout): GNU ld's header right before ``.eh_frame`` grows into its
+start (``.eh_frame`` moves up; its end, with crtend's zero terminator
+``__FRAME_END__``, stays); lld's header right after ``.eh_frame`` keeps its end
+and grows down into ``.eh_frame``'s end; with a section between them (lld:
+``.gcc_except_table``) each keeps its place and size, the header's room (none
+as lld sizes it) counted apart. ``PT_GNU_EH_FRAME`` covers the new header.
+``.rela.eh_frame`` (--emit-relocs) follows its fields to their new offsets.
 
 Room is decided before placement (a part's CFI program depends only on its
 pieces' offsets inside the part): splits are taken in heat order while the new
