@@ -12,6 +12,7 @@ DEB_PKGS=(gcc g++ make libc6-dev binutils cpio e2fsprogs qemu-system-x86 qemu-us
           elfutils libelf-dev libglib2.0-dev pkg-config dpkg-dev python3-pip
           flex bison bc libssl-dev lz4 xz-utils   # the kernel's boot-image build (bzimage)
           llvm-19 gdb   # llvm-dwarfdump/llvm-symbolizer and gdb: the DWARF checks
+          lld-19        # LLVM's linker (rustc's): the fixtures linked as lld lays them out (test_relayout_lld)
           ovmf)         # UEFI firmware: a moved decompressor booted through its EFI stub (test_zoroom)
 missing=()
 for p in "${DEB_PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done

@@ -119,9 +119,15 @@ def write_image(image, out_path, patched=None, drop=(), entry=None, extra_sectio
     for k, ((name, addr, offset, data, align), name_off) in enumerate(
             zip(list(alloc_sections) + old_places, alloc_names)):
         lo, hi = offset, offset + len(data)
-        if hi > fixed_end or any(s.type != SHT_NOBITS and s.size and s.offset < hi and
-                                 lo < s.offset + (moves[s.index][1] if s.index in moves
-                                                  else s.size) and s.index not in seg_secs
+
+        def span(s):
+            """A section's file bytes in the output (a moved one's new place)."""
+            if s.index not in moves:
+                return s.offset, s.offset + s.size
+            a, n = moves[s.index]
+            return s.offset + a - s.addr, s.offset + a - s.addr + n
+        if hi > fixed_end or any(s.type != SHT_NOBITS and s.size and span(s)[0] < hi and
+                                 lo < span(s)[1] and s.index not in seg_secs
                                  for s in secs[1:]):
             raise ValueError(f"section {name} at file offset {lo:#x} overlaps another section")
         h = np.zeros(1, SHDR)

@@ -62,6 +62,19 @@ def split_functions(octx, nctx, rows, split, oi, ni):
     return funcs
 
 
+def ud2_sites(image, funcs):
+    """Addresses of the ud2 instructions in the original ranges of ``funcs``."""
+    import capstone
+    cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    out = set()
+    for f in funcs:
+        code = bytes(image.read(f.old_start, f.old_end - f.old_start))
+        if b"\x0f\x0b" not in code:
+            continue
+        out.update(a for a, _, m, _ in cs.disasm_lite(code, f.old_start) if m == "ud2")
+    return out
+
+
 def split_mask(octx, rows):
     """True for each function of OLD that holds a piece of the block map ``rows``."""
     of = octx.functions
@@ -94,6 +107,10 @@ def block_results(ctx):
     if bt.locate(octx) is not None:
         be = bt.parse(octx)
         no_fall = set(be["addr"][(be["flags"] & BUGFLAG_WARNING) == 0].tolist())
+    if not octx.is_kernel:
+        # a program's ud2 raises SIGILL: nothing resumes after it (a kernel's WARN
+        # ud2 does, its bug table says which); relayout's CFG ends a block there
+        no_fall |= ud2_sites(old, funcs)
     noreturn = set()
     for nm in NORETURN:
         noreturn |= octx.symbol_addresses().get(nm, set())

@@ -15,10 +15,14 @@ two FDEs, as gcc writes for its own ``.cold`` parts:
 The sections are rebuilt whole: CIEs and the FDEs of functions not split are
 copied (``pc_begin`` mapped), records are padded to 4 bytes instead of gcc's 8
 (the room the new FDEs need), and ``.eh_frame_hdr`` gets one more search-table
-entry per cold FDE, so it grows into the start of ``.eh_frame``: ``.eh_frame``
-moves up (its end, with crtend's zero terminator ``__FRAME_END__``, stays) and
-``PT_GNU_EH_FRAME`` covers the longer header. ``.rela.eh_frame`` (--emit-relocs)
-follows its fields to their new offsets.
+entry per cold FDE. In place, where the linker put the two sections decides
+(_unwind_layout): GNU ld's header right before ``.eh_frame`` grows into its
+start (``.eh_frame`` moves up; its end, with crtend's zero terminator
+``__FRAME_END__``, stays); lld's header right after ``.eh_frame`` keeps its end
+and grows down into ``.eh_frame``'s end; with a section between them (lld:
+``.gcc_except_table``) each keeps its place and size, the header's room (none
+as lld sizes it) counted apart. ``PT_GNU_EH_FRAME`` covers the new header.
+``.rela.eh_frame`` (--emit-relocs) follows its fields to their new offsets.
 
 Room is decided before placement (a part's CFI program depends only on its
 pieces' offsets inside the part): splits are taken in heat order while the new
@@ -40,7 +44,7 @@ import struct
 
 import numpy as np
 
-from ...image.elf import RELA
+from ...image.elf import RELA, SHT_NOBITS
 from .cfi import (CfiError, compact_native, evaluate, evaluate_native, evaluate_with_length,
                   native_cie, native_lib, parse_cie_info, pieces_program_native, rows_for_pieces,
                   write_program)
@@ -51,6 +55,25 @@ from .eh_frame import (DW_EH_PE_omit, DW_EH_PE_pcrel, EhFrameError, EhFrameHdr, 
 
 RECORD_ALIGN = 4
 HDR_HEAD = 12       # version, 3 encodings, eh_frame_ptr (sdata4), fde_count (udata4)
+
+# where the two sections are, for a rebuild in place (_unwind_layout)
+HDR_FIRST = "hdr_first"     # GNU ld: .eh_frame_hdr right before .eh_frame
+EH_FIRST = "eh_first"       # .eh_frame right before .eh_frame_hdr
+APART = "apart"             # another section between them (lld: .gcc_except_table)
+
+
+def _unwind_layout(image, hsec, sec):
+    """HDR_FIRST or EH_FIRST when the two sections share their bytes (nothing
+    but padding between them), else APART."""
+    lo, hi = (hsec, sec) if hsec.addr < sec.addr else (sec, hsec)
+    if lo.end > hi.addr:
+        raise EhFrameError(".eh_frame and .eh_frame_hdr overlap")
+    between = [s for s in image.sections
+               if s.is_alloc and s.size and s.type != SHT_NOBITS and s.index not in
+               (hsec.index, sec.index) and s.addr < hi.addr and s.end > lo.end]
+    if between:
+        return APART
+    return HDR_FIRST if lo is hsec else EH_FIRST
 
 
 class Record:
@@ -168,8 +191,7 @@ class EhSplit:
         hdr = EhFrameHdr(image.section_bytes(self.hsec), self.hsec.addr) if self.hsec else None
         if hdr is None or hdr.loc is None:
             raise EhFrameError(".eh_frame_hdr with a search table is needed to split functions")
-        if self.hsec.addr + self.hsec.size > self.sec.addr:
-            raise EhFrameError(".eh_frame_hdr does not precede .eh_frame")
+        self.layout = _unwind_layout(image, self.hsec, self.sec)
         self.hdr = hdr
         self.end = self.sec.addr + self.sec.size
         self._evaluated = {}      # FDE offset -> rows of its program, from _compact
@@ -187,7 +209,18 @@ class EhSplit:
                     self._evaluated[r.start] = rows
         size = sum(_pad(r.end - r.start) if r.is_cie else _fde_size(r.enc, r.aug, r.prog)
                    for r in self.records)
-        self.free = self.end - self._eh_start(len(self.fdes)) - size - 4
+        # room in place (``accept``): one budget where the two sections share their
+        # bytes; each its own where they are apart (.eh_frame: records; the header:
+        # search-table entries and part LSDAs)
+        n = len(self.fdes)
+        self.hdr_free = None
+        if self.layout == HDR_FIRST:
+            self.free = self.end - self._eh_start(n) - size - 4
+        elif self.layout == EH_FIRST:
+            self.free = self._hdr_start(n, 0) - self.sec.addr - size - 4
+        else:
+            self.free = self.sec.size - size - 4
+            self.hdr_free = self.hsec.size - HDR_HEAD - 8 * n
         self.rows = {}
         self.lsda, self.lsda_refused = {}, {}
         self._begins = np.sort(np.array([r.pc_begin for r in self.fdes if r.pc_range], np.uint64))
@@ -200,10 +233,16 @@ class EhSplit:
         they may grow: every split fits."""
         self.segment = segment
         self.free = float("inf")
+        self.hdr_free = None
 
     def _eh_start(self, n):
         """Where .eh_frame starts after a header with ``n`` table entries."""
         return (self.hsec.addr + HDR_HEAD + 8 * n + 7) // 8 * 8
+
+    def _hdr_start(self, n, lsda_bytes):
+        """EH_FIRST: where a header with ``n`` table entries and ``lsda_bytes`` of part
+        LSDAs starts when it keeps its end (.eh_frame, before it, keeps its start)."""
+        return (self.hsec.addr + self.hsec.size - HDR_HEAD - 8 * n - lsda_bytes) // 8 * 8
 
     def fde_containing(self, addr):
         # bisect on a list: called per block-map piece, where numpy's per-call cost dominates
@@ -304,7 +343,7 @@ class EhSplit:
         """Bytes the split of ``sf`` adds to the two sections."""
         from ..blocks import COPY
         if base not in self.by_begin:
-            return 0, None
+            return 0, None, 0
         r = self.by_begin[base][0]
         hot, cold = self.programs(sf, base)
         old = _fde_size(r.enc, r.aug, r.prog)     # as counted in ``free`` (compacted)
@@ -315,15 +354,17 @@ class EhSplit:
             for part in parts:
                 pieces = [(p.old, p.old_len, p.off) for p in sf.parts[part] if p.kind == COPY]
                 extra += size_bound(ls, len(call_sites_for_part(ls, pieces))) + 8
+        # the third: what of it goes to .eh_frame_hdr (part LSDAs, a search-table entry)
         if not sf.parts[1]:
-            return _fde_size(r.enc, r.aug, hot) - old + extra, (hot, cold)
+            return _fde_size(r.enc, r.aug, hot) - old + extra, (hot, cold), extra
         return (_fde_size(r.enc, r.aug, hot) + _fde_size(r.enc, r.aug, cold) - old + 8 + extra,
-                (hot, cold))
+                (hot, cold), 8 + extra)
 
     def accept(self, splits, starts, heat, reason):
         """Keep the splits that fit, hottest first; mark the others R_EH_ROOM."""
         from ...image.cfg import R_EH_ROOM
         free = self.free            # each header entry adds 8: .eh_frame's start stays 8-aligned
+        hdr_free = self.hdr_free    # None: the header's bytes are counted in ``free``
         kept = []
         order = sorted(range(len(splits)), key=lambda k: (-float(heat[splits[k].unit]), k))
         for k in order:
@@ -332,10 +373,17 @@ class EhSplit:
             key = (id(sf), int(starts[sf.unit]))
             if key not in self._costs:
                 self._costs[key] = (sf, self.cost(sf, key[1]))
-            c, progs = self._costs[key][1]
-            if c > free:
-                reason[sf.unit] = R_EH_ROOM
-                continue
+            c, progs, in_hdr = self._costs[key][1]
+            if hdr_free is None:
+                if c > free:
+                    reason[sf.unit] = R_EH_ROOM
+                    continue
+            else:
+                if c - in_hdr > free or in_hdr > hdr_free:
+                    reason[sf.unit] = R_EH_ROOM
+                    continue
+                hdr_free -= in_hdr
+                c -= in_hdr
             free -= c
             sf.cfi = progs
             kept.append(k)
@@ -344,7 +392,6 @@ class EhSplit:
     def rebuild(self, rw, splits, starts):
         """New bytes and geometry of both sections in ``rw`` (a BlockRewriter
         after run()); returns stats."""
-        from ..blocks import COPY
         amap = rw.amap
         by_unit = {int(starts[sf.unit]): sf for sf in splits if getattr(sf, "cfi", None)}
         # every FDE start mapped at once (map is per address; one call, not one per FDE)
@@ -372,32 +419,25 @@ class EhSplit:
         H = self.hsec.addr
         if self.segment is not None:
             H = self.segment.place_eh(rw.relocated[self.segment.text.index][1])
+        elif self.layout == EH_FIRST:
+            # in place after .eh_frame: the header keeps its end and grows down; its
+            # start depends on the new LSDAs' size, which does not depend on their place
+            blob, _ = self._part_lsdas(by_unit, starts, amap, H + HDR_HEAD + 8 * n_fde)
+            H = self._hdr_start(n_fde, len(blob))
         # new LSDAs go after the header's search table
         lsda_at = H + HDR_HEAD + 8 * n_fde
-        blob = bytearray()
-        new_lsda = {}
-        for sf in by_unit.values():
-            base = int(starts[sf.unit])
-            ls = self.lsda.get(base)
-            if ls is None:
-                continue
-            lps = sorted({c[2] for c in ls.calls if c[2]})
-            lp_new, ok = amap.map(np.array(lps, np.uint64)) if lps else (np.zeros(0), np.ones(0, bool))
-            if not np.all(ok):
-                raise EhFrameError(f"LSDA of {sf.name}: a landing pad is in dropped padding")
-            lp_map = dict(zip(lps, [int(x) for x in lp_new]))
-            lpstart = min(sf.new_start) - 1
-            for part in ((0, 1) if sf.parts[1] else (0,)):
-                pieces = [(p.old, p.old_len, sf.new_start[part] + p.off)
-                          for p in sf.parts[part] if p.kind == COPY]
-                blob += b"\0" * (-len(blob) % 4)
-                at = lsda_at + len(blob)
-                blob += lsda_encode(ls, sf.new_start[part], call_sites_for_part(ls, pieces),
-                                    lp_map, lpstart, at, pcrel_lpstart=self.image.type == 3)
-                new_lsda[(id(sf), part)] = at
-        new_addr = (lsda_at + len(blob) + 7) // 8 * 8
-        hdr_size = new_addr - H
+        blob, new_lsda = self._part_lsdas(by_unit, starts, amap, lsda_at)
         end = self.end
+        if self.segment is not None or self.layout == HDR_FIRST:
+            new_addr = (lsda_at + len(blob) + 7) // 8 * 8
+            hdr_size = new_addr - H
+        elif self.layout == EH_FIRST:           # .eh_frame keeps its start, up to the header
+            new_addr, end, hdr_size = self.sec.addr, H, self.hsec.end - H
+        else:                                   # apart: each keeps its place and size
+            new_addr, hdr_size = self.sec.addr, self.hsec.size
+            if lsda_at + len(blob) > H + hdr_size:
+                raise EhFrameError(f".eh_frame_hdr: {n_fde} table entries and {len(blob)} "
+                                   f"bytes of LSDAs do not fit ({hdr_size} bytes)")
         out = bytearray()
         sec_bytes = bytes(self.image.section_bytes(self.sec))       # read once, not per record
         cie_new = {}
@@ -473,8 +513,11 @@ class EhSplit:
         else:
             rw.patched[self.hsec.index] = hdr_bytes
             rw.patched[self.sec.index] = out_bytes
-            rw.section_moves = {self.hsec.index: (self.hsec.addr, hdr_size),
+            rw.section_moves = {self.hsec.index: (H, hdr_size),
                                 self.sec.index: (new_addr, new_size)}
+            if self.layout == EH_FIRST:
+                # the header's start and .eh_frame's end moved: their symbols follow
+                rw.eh_symbol_moves = dict(rw.section_moves)
         self._relocations(rw, field_map, new_addr, lsda_fields, H)
         rw.eh_frame_new_addr = new_addr
         return {"eh_frame.fdes": n_fde,
@@ -482,6 +525,33 @@ class EhSplit:
                 "eh_frame.part_lsdas": len(new_lsda), "eh_frame.lsda_bytes": len(blob),
                 "eh_frame_hdr.entries": len(table), "eh_frame.bytes_free":
                 new_size - 4 - len(out.rstrip(b"\0"))}
+
+    def _part_lsdas(self, by_unit, starts, amap, lsda_at):
+        """(bytes, {(id(split), part): address}) of the split functions' part LSDAs
+        stored from ``lsda_at`` on."""
+        from ..blocks import COPY
+        blob = bytearray()
+        new_lsda = {}
+        for sf in by_unit.values():
+            base = int(starts[sf.unit])
+            ls = self.lsda.get(base)
+            if ls is None:
+                continue
+            lps = sorted({c[2] for c in ls.calls if c[2]})
+            lp_new, ok = amap.map(np.array(lps, np.uint64)) if lps else (np.zeros(0), np.ones(0, bool))
+            if not np.all(ok):
+                raise EhFrameError(f"LSDA of {sf.name}: a landing pad is in dropped padding")
+            lp_map = dict(zip(lps, [int(x) for x in lp_new]))
+            lpstart = min(sf.new_start) - 1
+            for part in ((0, 1) if sf.parts[1] else (0,)):
+                pieces = [(p.old, p.old_len, sf.new_start[part] + p.off)
+                          for p in sf.parts[part] if p.kind == COPY]
+                blob += b"\0" * (-len(blob) % 4)
+                at = lsda_at + len(blob)
+                blob += lsda_encode(ls, sf.new_start[part], call_sites_for_part(ls, pieces),
+                                    lp_map, lpstart, at, pcrel_lpstart=self.image.type == 3)
+                new_lsda[(id(sf), part)] = at
+        return blob, new_lsda
 
     def _relocations(self, rw, field_map, new_addr, lsda_fields, hdr_addr):
         rel = next((s for s in self.image.sections if s.name == ".rela.eh_frame"), None)
@@ -529,6 +599,7 @@ def fix_section_symbols(rw, image):
     (crtend's ``__FRAME_END__`` sits at the unchanged end)."""
     moves = getattr(rw, "section_moves", None)
     seg_moves = getattr(rw, "eh_moves", None)
+    end_moves = getattr(rw, "eh_symbol_moves", None)
     if not moves and not seg_moves:
         return
     from ...image.elf import SHT_SYMTAB, SYM
@@ -538,9 +609,10 @@ def fix_section_symbols(rw, image):
     for idx, (addr, _) in (moves or {}).items():
         sel = (rows["shndx"] == idx) & ((rows["info"] & 0xF) == 3)
         rows["value"][sel] = addr
-    for idx, (addr, size) in (seg_moves or {}).items():
-        # moved to a new segment: every symbol follows (the end, crtend's
-        # __FRAME_END__ terminator, stays the end)
+    for idx, (addr, size) in list((seg_moves or {}).items()) + list((end_moves or {}).items()):
+        # moved to a new segment, or in place with a start or end of its own (after
+        # .eh_frame, the header keeps its end): every symbol follows (the end,
+        # crtend's __FRAME_END__ terminator, stays the end)
         sec = image.sections[idx]
         sel = rows["shndx"] == idx
         v = rows["value"][sel].astype(np.int64)
