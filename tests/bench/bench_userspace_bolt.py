@@ -229,6 +229,16 @@ def bolt_runtime_lib():
     return os.path.relpath(found[-1], "/usr/lib")
 
 
+def bolt_refused(message):
+    """The function BOLT says it cannot rewrite ("... in function NAME. Consider adding
+    this function to --skip-funcs"), as --skip-funcs takes it: BOLT's own spelling
+    (``luaV_execute/1``: the plain name does not match) without the ``(*2)`` it adds
+    for a function with several fragments; None when the message names none."""
+    m = re.search(r"in function (\S+?)\. Consider adding this function to --skip-funcs",
+                  message)
+    return re.sub(r"\(\*\d+\)$", "", m.group(1)) if m else None
+
+
 def bolt_instrument_profile(exe, args, work, log=print, timeout=600):
     """BOLT's own profile of ``exe args``: ``llvm-bolt -instrument``, the instrumented
     binary run natively (same arguments, same working directory), its .fdata.
@@ -251,12 +261,11 @@ def bolt_instrument_profile(exe, args, work, log=print, timeout=600):
                            capture_output=True, text=True)
         if p.returncode == 0:
             break
-        m = re.search(r"in function (\S+?)\. Consider adding this function to --skip-funcs",
-                      p.stderr)
-        if not m or m.group(1) in skip or len(skip) >= 5:
+        name_ = bolt_refused(p.stderr)
+        if not name_ or name_ in skip or len(skip) >= 5:
             raise RuntimeError(f"{BOLT} -instrument failed: {p.stderr.strip()[-500:]}")
-        skip.append(m.group(1))
-        log(f"BOLT -instrument cannot rewrite {m.group(1)}; retrying with --skip-funcs")
+        skip.append(name_)
+        log(f"BOLT -instrument cannot rewrite {name_}; retrying with --skip-funcs")
     if skip:
         BOLT_SKIPPED["BOLT instrumentation"] = skip
     r = subprocess.run([instr, *map(str, args)], capture_output=True, timeout=timeout,
@@ -462,13 +471,11 @@ def make_layouts(exe, args, work, reps=3, log=print):
                                           *extra], reps)
                 break
             except RuntimeError as e:
-                # the name as BOLT spells it (``luaV_execute/1``): the plain name does not match
-                m = re.search(r"in function (\S+?)\. Consider adding this function to "
-                              r"--skip-funcs", str(e))
-                if not m or m.group(1) in skip or len(skip) >= 5:
+                name_ = bolt_refused(str(e))
+                if not name_ or name_ in skip or len(skip) >= 5:
                     raise
-                skip.append(m.group(1))
-                log(f"{label}: BOLT cannot rewrite {m.group(1)}; retrying with --skip-funcs")
+                skip.append(name_)
+                log(f"{label}: BOLT cannot rewrite {name_}; retrying with --skip-funcs")
         if skip:
             BOLT_SKIPPED[label] = skip
     return out, cost, prof
@@ -613,11 +620,10 @@ def cost_only(exe, train, work, reps, log):
                 bolt_extra=[f"--skip-funcs={','.join(skip)}"] if skip else [])
             break
         except RuntimeError as e:
-            m = re.search(r"in function (\S+?)\. Consider adding this function to "
-                          r"--skip-funcs", str(e))
-            if not m or m.group(1) in skip or len(skip) >= 5:
+            name_ = bolt_refused(str(e))
+            if not name_ or name_ in skip or len(skip) >= 5:
                 raise
-            skip.append(m.group(1))
+            skip.append(name_)
     print(f"{name}: relayout blocks + verify --against {lp_s:.2f} s, {lp_rss / 1024:.0f} MiB; "
           f"llvm-bolt full {b_s:.2f} s, {b_rss / 1024:.0f} MiB; {lp_s / b_s:.2f}x time, "
           f"{lp_rss / b_rss:.2f}x memory (medians of {reps}; {load_note()})"
