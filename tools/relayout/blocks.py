@@ -737,8 +737,10 @@ def layout_rows(splits, plan, parent, part, image):
     index = {}
     for k in range(len(parent)):
         index[(int(parent[k]), int(part[k]))] = k
-    rows = []                   # (old, old_len, new, new_len, kind, part, func) per piece
-    add_row = rows.append
+    names = ("old", "old_len", "new", "new_len", "kind", "part", "func")
+    cols = tuple([] for _ in names)            # a list per column (tuples per row: +2 MiB)
+    add_old, add_old_len, add_new, add_new_len, add_kind, add_part, add_func = \
+        (c.append for c in cols)
     out_bytes = {}
     cold_syms = []
     # new start of every block's first piece, per split function
@@ -769,8 +771,13 @@ def layout_rows(splits, plan, parent, part, image):
             for p in sf.parts[p_]:
                 new = base + p.off
                 kind = p.kind
-                add_row((p.old, p.old_len, new if kind != REMOVED else bstart[p.target_block],
-                         p.size, kind, p_, sym))
+                add_old(p.old)
+                add_old_len(p.old_len)
+                add_new(new if kind != REMOVED else bstart[p.target_block])
+                add_new_len(p.size)
+                add_kind(kind)
+                add_part(p_)
+                add_func(sym)
                 if kind == COPY:
                     buf[p.off:p.off + p.size] = bytes(image.read(p.old, p.old_len)) \
                         if code is None else code[p.old - lo:p.old - lo + p.old_len]
@@ -780,8 +787,6 @@ def layout_rows(splits, plan, parent, part, image):
                 out_bytes[index[(sf.unit, p_)]] = bytes(buf)
         if sf.sizes[1]:
             cold_syms.append((sf, sf.new_start[1], sf.sizes[1]))
-    names = ("old", "old_len", "new", "new_len", "kind", "part", "func")
-    cols = list(zip(*rows)) if rows else [()] * len(names)
     rows = bm.make_rows(**{k: np.array(v, dtype=np.uint64 if k in ("old", "new") else np.int64)
                            for k, v in zip(names, cols)})
     return rows, out_bytes, cold_syms
