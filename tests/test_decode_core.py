@@ -222,3 +222,36 @@ def test_quiet_printer_is_used_only_when_confirmed(core, monkeypatch):
     finally:
         dec.close()
 
+
+
+def test_quiet_printer_verdict_is_kept_per_capstone_build(core, monkeypatch, tmp_path):
+    """The double decode that confirms the quiet printer runs once per Capstone build:
+    its verdict is kept in the cache and read back by the next process (no decode);
+    a kept 'keep the printer' verdict is honoured as well."""
+    monkeypatch.setenv("LINEPACK_CACHE", str(tmp_path))
+    code, base = _capstone_text()
+    dec = disasm._Decoder()
+    try:
+        handle = dec.handle.value
+        off = decode_core._printer_field(handle)
+        if off is None:
+            pytest.skip("this Capstone's handle layout is not 5.x's: nothing to keep")
+        monkeypatch.setattr(decode_core, "_quiet", None)
+        assert decode_core.quiet_printer_offset(core, handle, code) == off
+        path = decode_core._verdict_path(core, off)
+        assert path.startswith(str(tmp_path)) and os.path.exists(path)
+        # a later process: the verdict read back, nothing decoded to get it
+        monkeypatch.setattr(decode_core, "_quiet", None)
+
+        def no_decode(*a):
+            raise AssertionError("decoded again")
+        monkeypatch.setattr(decode_core, "_decode", no_decode)
+        assert decode_core.quiet_printer_offset(core, handle, code) == off
+        monkeypatch.setattr(decode_core, "_quiet", None)
+        with open(path, "w") as f:
+            f.write("-1\n")
+        assert decode_core.quiet_printer_offset(core, handle, code) == -1
+        # another printer offset is another key: checked, not taken from this verdict
+        assert decode_core._verdict_path(core, off + 8) != path
+    finally:
+        dec.close()

@@ -103,7 +103,27 @@ def main(argv=None):
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    freeze_startup_objects()
     return run_handled(args._run, args)
+
+
+_FROZEN = []
+
+
+def freeze_startup_objects():
+    """Move the objects start-up made (modules, functions, classes, numpy's and
+    Capstone's tables: ~100,000, none of them garbage) out of the cyclic collector's
+    generations (gc.freeze): its collections during the command then walk only what
+    the command allocates, and a forked check (verify/forked.py) does not touch
+    their pages (no copy on write). 0.04 s of wall time of a relayout or verify of
+    zstd. What the command allocates afterwards is collected as before. Once per
+    process: a later ``main`` in the same process (tests) freezes nothing more, so
+    that a command's garbage is never kept."""
+    if _FROZEN:
+        return
+    import gc
+    gc.freeze()
+    _FROZEN.append(True)
 
 
 def run_handled(fn, args):

@@ -76,9 +76,12 @@ def _printer_field(handle):
 
 
 def quiet_printer_offset(lib, handle, code):
-    """The printer offset to pass to lp_decode: confirmed once per process, on the
-    first decode of at least 4 KB (its first 64 KB decoded with and without the
-    printer: the same rows, or Capstone's printer stays); -1: keep the printer."""
+    """The printer offset to pass to lp_decode: confirmed once per Capstone build, on
+    the first decode of at least 4 KB (its first 64 KB decoded with and without the
+    printer: the same rows, or Capstone's printer stays); -1: keep the printer. The
+    verdict is kept in the cache (_verdict_path: keyed by the Capstone library and this
+    core), so that later commands skip the double decode (7 ms of each process that
+    decodes a program)."""
     global _quiet
     if _quiet is not None:
         return _quiet
@@ -88,11 +91,56 @@ def quiet_printer_offset(lib, handle, code):
     if off is None:
         _quiet = -1
         return _quiet
+    path = _verdict_path(lib, off)
+    got = _read_verdict(path)
+    if got is not None:
+        _quiet = got
+        return _quiet
     sample = bytes(code[:_PROBE_BYTES])
     args = (lib, handle, sample, [0x1000], [len(sample)], 0, lambda k, pos, rest: 0)
     same = all(np.array_equal(a, b) for a, b in zip(_decode(*args, -1), _decode(*args, off)))
     _quiet = off if same else -1
+    _write_verdict(path, _quiet)
     return _quiet
+
+
+def _verdict_path(lib, off):
+    """Where the quiet-printer verdict of this Capstone library (its path, size and
+    mtime, version) with this core (its object's path: per source hash) and printer
+    offset is kept; None when the library cannot be stat'ed."""
+    try:
+        st = os.stat(_cs._name)
+    except (OSError, AttributeError, TypeError):
+        return None
+    from ..io import sha256
+    from ..targets import cache_dir
+    key = f"{capstone.__version__}|{os.path.realpath(_cs._name)}|{st.st_size}|" \
+          f"{st.st_mtime_ns}|{getattr(lib, '_name', '')}|{off}"
+    return os.path.join(cache_dir(), "decode",
+                        f"quiet-{sha256(key.encode()).hexdigest()[:16]}.verdict")
+
+
+def _read_verdict(path):
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_verdict(path, value):
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{value}\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass                    # no cache: the next process checks again
 
 
 def decode_ranges(lib, handle, code, starts, sizes, first_index, stuck):

@@ -195,25 +195,29 @@ def _relax(sf):
 
 def _relax_parts(sf, parts):
     """_relax for the parts listed only."""
+    block_part = sf.block_part
     for part in parts:
         pieces = sf.parts[part]
+        # the branches (re-encoded or appended), the only pieces whose size changes
+        branches = [p for p in pieces if p.kind == BRANCH or p.kind == INSERTED]
         changed = True
         while changed:
             changed = False
+            for p in branches:
+                p.size = SIZES[p.form][1 if p.long else 0]
             off = 0
             first = {}
             for p in pieces:
-                if p.kind in (BRANCH, INSERTED):
-                    p.size = SIZES[p.form][1 if p.long else 0]
-                elif p.kind == REMOVED:
+                if p.kind == REMOVED:
                     p.size = 0
                 p.off = off
-                first.setdefault(p.block, off)
+                if p.block not in first:
+                    first[p.block] = off
                 off += p.size
             sf.sizes[part] = off
-            for p in pieces:
-                if p.kind in (BRANCH, INSERTED) and not p.long:
-                    if sf.block_part[p.target_block] != part:
+            for p in branches:
+                if not p.long:
+                    if block_part[p.target_block] != part:
                         p.long = changed = True
                         continue
                     d = first[p.target_block] - (p.off + p.size)
@@ -733,7 +737,10 @@ def layout_rows(splits, plan, parent, part, image):
     index = {}
     for k in range(len(parent)):
         index[(int(parent[k]), int(part[k]))] = k
-    old_rows = {f: [] for f in ("old", "old_len", "new", "new_len", "kind", "part", "func")}
+    names = ("old", "old_len", "new", "new_len", "kind", "part", "func")
+    cols = tuple([] for _ in names)            # a list per column (tuples per row: +2 MiB)
+    add_old, add_old_len, add_new, add_new_len, add_kind, add_part, add_func = \
+        (c.append for c in cols)
     out_bytes = {}
     cold_syms = []
     # new start of every block's first piece, per split function
@@ -763,21 +770,25 @@ def layout_rows(splits, plan, parent, part, image):
             buf = bytearray(sf.sizes[p_])
             for p in sf.parts[p_]:
                 new = base + p.off
-                old_rows["old"].append(p.old); old_rows["old_len"].append(p.old_len)
-                old_rows["new"].append(new if p.kind != REMOVED else bstart[p.target_block])
-                old_rows["new_len"].append(p.size); old_rows["kind"].append(p.kind)
-                old_rows["part"].append(p_); old_rows["func"].append(sym)
-                if p.kind == COPY:
+                kind = p.kind
+                add_old(p.old)
+                add_old_len(p.old_len)
+                add_new(new if kind != REMOVED else bstart[p.target_block])
+                add_new_len(p.size)
+                add_kind(kind)
+                add_part(p_)
+                add_func(sym)
+                if kind == COPY:
                     buf[p.off:p.off + p.size] = bytes(image.read(p.old, p.old_len)) \
                         if code is None else code[p.old - lo:p.old - lo + p.old_len]
-                elif p.kind in (BRANCH, INSERTED):
+                elif kind == BRANCH or kind == INSERTED:
                     buf[p.off:p.off + p.size] = encode(p, new, bstart[p.target_block])
             if (sf.unit, p_) in index:
                 out_bytes[index[(sf.unit, p_)]] = bytes(buf)
         if sf.sizes[1]:
             cold_syms.append((sf, sf.new_start[1], sf.sizes[1]))
     rows = bm.make_rows(**{k: np.array(v, dtype=np.uint64 if k in ("old", "new") else np.int64)
-                           for k, v in old_rows.items()})
+                           for k, v in zip(names, cols)})
     return rows, out_bytes, cold_syms
 
 

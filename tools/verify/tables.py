@@ -34,8 +34,12 @@ def check_tables(ctx, out):
     cold_names, moved_data = ctx.cold_names, ctx.moved_data
     split_ranges = _split_ranges(ctx)
     address_columns = ADDRESS_COLUMNS
-    od_addr = octx.disasm.addr
-    moved_any = bool(len(od_addr)) and bool((amap.map(od_addr) != od_addr).any())
+
+    def moved_any():
+        """Whether the map moves any instruction of OLD (every one mapped: asked
+        only where a table needs it, the ORC table, not in an executable)."""
+        od_addr = octx.disasm.addr
+        return bool(len(od_addr)) and bool((amap.map(od_addr) != od_addr).any())
     for cls in TABLES:
         t_old, t_new = cls(), cls()
         if t_old.locate(octx) is None:
@@ -74,7 +78,7 @@ def check_tables(ctx, out):
             # translated instruction gives the original's entry. Relayout adds an
             # entry at every moved piece and compacts the table, so IPs match as a
             # multiset only where nothing moved.
-            if not moved_any:
+            if not moved_any():
                 _check_orc(eo, en, amap, nctx, out)
             _check_orc_lookup(octx, nctx, amap, split_ranges or _NO_SPLIT, out)
             continue
