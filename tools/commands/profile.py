@@ -179,9 +179,11 @@ def _record_program(args):
     prof = record_user(args.program, args.program_args or [], output=args.output,
                        meta=_meta(args), log=_log)
     hot = prof.hot_functions(1)
+    threads = prof.meta.get("threads", 1)
     print(f"{args.output}: qemu-user profile of {os.path.basename(args.program)}: "
           f"{len(prof.func_addr)} functions, {prof.meta.get('instructions', 0):,} instructions, "
-          f"{len(prof.edge_from)} edges{', hottest ' + hot[0][0] if hot else ''} "
+          f"{len(prof.edge_from)} edges{', hottest ' + hot[0][0] if hot else ''}"
+          f"{f', {threads} threads summed' if threads > 1 else ''} "
           f"({wall_seconds():.1f} s)")
     return 0
 
