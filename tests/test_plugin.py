@@ -50,12 +50,16 @@ def test_build_plugin_verb(plugin_so):
     assert out.getvalue().strip() == plugin_so
 
 
-def _fake_output(tmp_path, tbs=(), edges=(), fetches=0, misses=0, flags=1, version=1):
-    hdr = bytearray(128)
+def _fake_output(tmp_path, tbs=(), edges=(), fetches=0, misses=0, flags=1, version=1,
+                 vcpus=(1, 1)):
+    hsize = 144 if version >= 3 else 128
+    hdr = bytearray(hsize)
     hdr[0:8] = b"LPKTRACE"
-    struct.pack_into("<IIIIIIIII", hdr, 8, version, 128, 40 if version == 1 else 48, 32, flags,
+    struct.pack_into("<IIIIIIIII", hdr, 8, version, hsize, 40 if version == 1 else 48, 32, flags,
                      0, 32768, 8, 64)
     struct.pack_into("<QQQQ", hdr, 48, len(tbs), len(edges), fetches, misses)
+    if version >= 3:
+        struct.pack_into("<QQ", hdr, 128, *vcpus)
     body = b"".join(struct.pack("<QIIQQQ" if version == 1 else "<QIIQQQQ", *t) for t in tbs)
     body += b"".join(struct.pack("<QQQII", *e) for e in edges)
     p = tmp_path / "t.bin"
@@ -91,8 +95,25 @@ def test_reader_version_2_first_runs(tmp_path):
     assert t.tb_first.tolist() == [7, none, 0] and list(t.tb_execs) == [10, 0, 5]
     p = _fake_output(tmp_path, tbs=[(0xffffffff81000000, 16, 4, 10, 3, 1, none)], version=2)
     assert trace.read_plugin_output(p).tb_first is None    # no per-block helper ran
-    p = _fake_output(tmp_path, tbs=[(0xffffffff81000000, 16, 4, 10, 3, 1, 0)], version=3)
-    with pytest.raises(BadInput, match="version 3"):
+    assert t.threads == 1 and not t.approximate             # version 2: no vCPU counts
+    p = _fake_output(tmp_path, tbs=[(0xffffffff81000000, 16, 4, 10, 3, 1, 0)], version=4)
+    with pytest.raises(BadInput, match="version 4"):
+        trace.read_plugin_output(p)
+
+
+def test_reader_version_3_threads(tmp_path):
+    tbs = [(0x401000, 16, 4, 10, 3, 1, 0)]
+    p = _fake_output(tmp_path, tbs=tbs, version=3, vcpus=(5, 3),
+                     flags=1 | trace.FLAG_THREADS | trace.FLAG_APPROX)
+    t = trace.read_plugin_output(p)
+    assert (t.threads, t.threads_peak, t.approximate) == (5, 3, True)
+    assert list(t.tb_execs) == [10] and t.tb_first.tolist() == [0]
+    p = _fake_output(tmp_path, tbs=tbs, version=3)
+    t = trace.read_plugin_output(p)
+    assert (t.threads, t.threads_peak, t.approximate) == (1, 1, False)
+    data = p.read_bytes()
+    p.write_bytes(data[:140])                      # a version 3 header cut short
+    with pytest.raises(BadInput, match="truncated"):
         trace.read_plugin_output(p)
 
 

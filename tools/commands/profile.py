@@ -202,9 +202,11 @@ def _record_program(args):
                        meta=_meta(args), log=_log, exit_ok=ok)
     hot = prof.hot_functions(1)
     status = prof.meta.get("exit_status", 0)
+    threads = prof.meta.get("threads", 1)
     print(f"{args.output}: qemu-user profile of {os.path.basename(args.program)}: "
           f"{len(prof.func_addr)} functions, {prof.meta.get('instructions', 0):,} instructions, "
           f"{len(prof.edge_from)} edges{', hottest ' + hot[0][0] if hot else ''}"
+          f"{f', {threads} threads summed' if threads > 1 else ''}"
           f"{f', exit status {status}' if status else ''} ({wall_seconds():.1f} s)")
     return 0
 

@@ -3,10 +3,12 @@
 The plugin (``tools/profile/plugin/linepack_plugin.c``) writes one little-endian
 binary file at QEMU exit::
 
-    header (128 bytes)        magic b"LPKTRACE", version 1, record sizes, flags,
-                              mode, cache geometry, counts, totals, window markers
-    TB records   (40 B each)  vaddr u64, size u32, ninsns u32, execs u64,
-                              fetches u64, misses u64       -- sorted by (vaddr, size, ninsns)
+    header (144 bytes)        magic b"LPKTRACE", version 3, record sizes, flags,
+                              mode, cache geometry, counts, totals, window markers,
+                              vCPUs (guest threads) created and alive at once
+    TB records   (48 B each)  vaddr u64, size u32, ninsns u32, execs u64,
+                              fetches u64, misses u64, first u64
+                                                            -- sorted by (vaddr, size, ninsns)
     edge records (32 B each)  src u64 (last instruction of the source block),
                               dst u64 (start of the destination block), count u64,
                               src_size u32, flags u32 (1 = fall-through) -- sorted by (src, dst)
@@ -44,8 +46,9 @@ from ..io import load_toml
 from ..resources import data_dir
 
 MAGIC = b"LPKTRACE"
-VERSION = 2              # 1: 40-byte TB records, without "first" (still read)
-HEADER_SIZE = 128
+VERSION = 3              # 1: 40-byte TB records, without "first"; 2: 128-byte header,
+HEADER_SIZE = 144        # without the vCPU counts (both still read)
+HEADER_SIZE_V2 = 128
 
 HEADER_DTYPE = np.dtype([
     ("magic", "S8"), ("version", "<u4"), ("header_size", "<u4"),
@@ -55,6 +58,7 @@ HEADER_DTYPE = np.dtype([
     ("n_tbs", "<u8"), ("n_edges", "<u8"), ("fetches", "<u8"), ("misses", "<u8"),
     ("roi_start", "<u8"), ("roi_stop", "<u8"), ("translations", "<u8"),
     ("phantoms", "<u8"), ("start_count", "<u8"), ("stop_count", "<u8"),
+    ("vcpus", "<u8"), ("vcpus_peak", "<u8"),
 ])
 TB_DTYPE_V1 = np.dtype([("vaddr", "<u8"), ("size", "<u4"), ("ninsns", "<u4"),
                         ("execs", "<u8"), ("fetches", "<u8"), ("misses", "<u8")])
@@ -69,6 +73,9 @@ MODEL_PREFETCH, MODEL_L2 = 1, 2          # header model_flags
 MAX_LINE = 1 << 21                        # 2 MiB: an iTLB of 2 MiB pages is a cache of such "lines"
 FLAG_CACHE, FLAG_EDGES, FLAG_START, FLAG_STOP, FLAG_STARTED, FLAG_STOPPED, FLAG_SYSTEM = (
     1, 2, 4, 8, 16, 32, 64)
+# several vCPUs ran (user mode: guest threads, each counted on its own and summed);
+# approximate: a window (start=/stop=) with several threads, or executions not counted
+FLAG_THREADS, FLAG_APPROX = 128, 256
 EDGE_FALLTHROUGH = 1
 MODES = ("kernel", "user", "all")
 
@@ -101,6 +108,9 @@ class PluginTrace:
     # window's start), NO_FIRST where it did not run there; None: not recorded (counts-only
     # run or a version 1 output)
     tb_first: np.ndarray = None
+    threads: int = 1       # vCPUs the run created: guest threads in user mode (1: one)
+    threads_peak: int = 1  # most of them alive at once
+    approximate: bool = False   # the plugin could not count exactly (FLAG_APPROX)
 
     @property
     def kernel_instructions(self):
@@ -129,18 +139,25 @@ def read_plugin_output(path):
             data = f.read()
     except OSError as e:
         raise BadInput(f"{path}: cannot read plugin output: {e.strerror}") from None
-    if len(data) < HEADER_SIZE:
-        raise _bad(path, f"truncated: {len(data)} bytes, header needs {HEADER_SIZE}")
-    h = np.frombuffer(data, HEADER_DTYPE, 1)[0]
+    if len(data) < HEADER_SIZE_V2:
+        raise _bad(path, f"truncated: {len(data)} bytes, header needs {HEADER_SIZE_V2}")
+    if data[:8] == MAGIC and int.from_bytes(data[8:12], "little") == VERSION:
+        if len(data) < HEADER_SIZE:
+            raise _bad(path, f"truncated: {len(data)} bytes, header needs {HEADER_SIZE}")
+        h = np.frombuffer(data, HEADER_DTYPE, 1)[0]
+    else:       # versions 1 and 2: the 128-byte header
+        h = np.frombuffer(data[:HEADER_SIZE_V2] + bytes(HEADER_SIZE - HEADER_SIZE_V2),
+                          HEADER_DTYPE, 1)[0]
     if bytes(h["magic"]) != MAGIC:
         raise _bad(path, "bad magic")
     version = int(h["version"])
-    if version not in (1, VERSION):
+    if version not in (1, 2, VERSION):
         raise BadInput(f"{path}: plugin output version {version}, this linepack reads "
-                       f"versions 1 and {VERSION} (rebuild with 'linepack build-plugin')")
-    tb_dtype = TB_DTYPE if version == VERSION else TB_DTYPE_V1
+                       f"versions 1 to {VERSION} (rebuild with 'linepack build-plugin')")
+    tb_dtype = TB_DTYPE if version >= 2 else TB_DTYPE_V1
     hs, ts, es = int(h["header_size"]), int(h["tb_record_size"]), int(h["edge_record_size"])
-    if hs != HEADER_SIZE or ts != tb_dtype.itemsize or es != EDGE_DTYPE.itemsize:
+    if (hs != (HEADER_SIZE if version == VERSION else HEADER_SIZE_V2) or
+            ts != tb_dtype.itemsize or es != EDGE_DTYPE.itemsize):
         raise _bad(path, "unexpected record sizes")
     ntb, ne = int(h["n_tbs"]), int(h["n_edges"])
     need = hs + ntb * ts + ne * es
@@ -151,7 +168,7 @@ def read_plugin_output(path):
     flags = int(h["flags"])
     mode = int(h["mode"])
     first = None
-    if version == VERSION:
+    if version >= 2:
         first = tbs["first"].copy()
         if ntb and not (first != NO_FIRST).any():
             first = None                   # no per-block helper ran: not recorded
@@ -177,7 +194,9 @@ def read_plugin_output(path):
         fetches=int(h["fetches"]), misses=int(h["misses"]),
         mode=MODES[mode] if mode < len(MODES) else str(mode), cache=cache,
         edges_recorded=bool(flags & FLAG_EDGES), roi=roi, translations=int(h["translations"]),
-        phantoms=int(h["phantoms"]), tb_first=first)
+        phantoms=int(h["phantoms"]), tb_first=first,
+        threads=int(h["vcpus"]) or 1, threads_peak=int(h["vcpus_peak"]) or 1,
+        approximate=bool(flags & FLAG_APPROX))
 
 
 def read_tbtrace(path):

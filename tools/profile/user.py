@@ -7,6 +7,10 @@ Shared libraries and the dynamic loader run too; their blocks are outside the
 image and are left out of the profile (counted in ``meta["outside_instructions"]``),
 but they do go through the simulated cache, like on hardware.
 
+A program's threads are counted each on its own (the plugin's vCPUs) and summed:
+the profile is exact for any number of threads; ``meta["threads"]`` says how many
+ran (when more than one).
+
 PIE executables (ET_DYN with an interpreter) are loaded at a base QEMU picks,
 the same on every run of one QEMU build; each run reads it from QEMU's own
 ``-d page`` log (``start_code``, runner.load_bias) and takes it off the
@@ -105,6 +109,13 @@ def run_user(program, args=(), cache=None, edges=False, stdin=None, cwd=None, en
     return res.traces[0], run
 
 
+def threads_note(tr):
+    """', summed over N threads (at most M at once)' for a run of several guest threads."""
+    if tr.threads <= 1:
+        return ""
+    return f", summed over {tr.threads} threads (at most {tr.threads_peak} at once)"
+
+
 def record_user(program, args=(), output=None, meta=None, log=None, stdin=None, cwd=None,
                 env=None, timeout=600, exit_ok=frozenset({0})):
     """Profile ``program args`` (blocks + edges) under qemu-x86_64; returns the Profile.
@@ -125,6 +136,10 @@ def record_user(program, args=(), output=None, meta=None, log=None, stdin=None, 
         err = run.stderr.decode("utf-8", "replace").strip().splitlines()
         raise ExternalToolError(f"{os.path.basename(program)} {what} under {QEMU_USER}: "
                                 f"{err[-1] if err else 'no message'}")
+    if tr.approximate:
+        raise ExternalToolError(f"{os.path.basename(program)}: the plugin could not count all "
+                                f"{tr.threads} threads' blocks (a thread index beyond its table): "
+                                "no profile written")
     ranges = exec_ranges(image, run.load_bias)
     inb = inside(tr.tb_addr, ranges)
     outside = int(np.dot(tr.tb_insns[~inb].astype(np.uint64), tr.tb_execs[~inb]))
@@ -135,6 +150,8 @@ def record_user(program, args=(), output=None, meta=None, log=None, stdin=None, 
          "cmdline": " ".join([os.path.basename(program)] + [str(a) for a in args]),
          "result_line": last[-1] if last else "", "exit_status": run.returncode,
          "mode": "user", "outside_instructions": outside}
+    if tr.threads > 1:
+        m["threads"] = tr.threads
     if run.load_bias:
         m["load_bias"] = f"{run.load_bias:#x}"
     m.update(meta or {})
@@ -150,7 +167,7 @@ def record_user(program, args=(), output=None, meta=None, log=None, stdin=None, 
     if log:
         log(f"{prof.meta['instructions']:,} instructions in the program "
             f"({outside:,} in libraries and the loader), {len(prof.func_addr)} functions, "
-            f"{len(prof.edge_from):,} edges ({run.wall:.1f} s)")
+            f"{len(prof.edge_from):,} edges{threads_note(tr)} ({run.wall:.1f} s)")
     if output:
         prof.save(output)
     return prof
@@ -171,4 +188,5 @@ def measure_user(program, args=(), cache="intel-32k-8w", stdin=None, cwd=None, t
             "stdout": run.stdout, "wall": run.wall}
 
 
-__all__ = ["check_program", "run_user", "record_user", "measure_user", "UserRun", "qemu_user"]
+__all__ = ["check_program", "run_user", "record_user", "measure_user", "UserRun", "qemu_user",
+           "threads_note"]

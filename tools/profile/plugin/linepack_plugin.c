@@ -57,11 +57,12 @@
  *                     in execution order; large (16 B per executed block)
  *
  * Output format (little endian), see tools/profile/trace.py for the reader:
- *   header, 128 bytes:
- *     0 char[8] magic "LPKTRACE"   8 u32 version (2)    12 u32 header size (128)
+ *   header, 144 bytes:
+ *     0 char[8] magic "LPKTRACE"   8 u32 version (3)    12 u32 header size (144)
  *    16 u32 TB record size (48)    20 u32 edge record size (32)
  *    24 u32 flags: 1 cache, 2 edges, 4 start= given, 8 stop= given, 16 window
- *           started, 32 window stopped, 64 system emulation
+ *           started, 32 window stopped, 64 system emulation, 128 several vCPUs,
+ *           256 approximate (see Threads below)
  *    28 u32 mode (0 kernel, 1 user, 2 all)
  *    32 u32 cache size  36 u32 ways  40 u32 line size
  *    44 u32 model flags: 1 next-line prefetch, 2 L2 (misses are L2 misses); 0 = plain L1
@@ -69,13 +70,15 @@
  *    64 u64 fetches   72 u64 misses   80 u64 start=   88 u64 stop=
  *    96 u64 translations seen (in mode)   104 u64 phantom instructions dropped (see
  *           fix_phantoms)   112 u64 start_count   120 u64 stop_count
+ *   128 u64 vCPUs created   136 u64 most vCPUs alive at once
  *   TB records, sorted by (vaddr, size, ninsns), 48 bytes each:
  *     u64 vaddr, u32 size, u32 ninsns, u64 execs, u64 fetches, u64 misses,
  *     u64 first: position of the TB's first execution in the window, counted in
  *         executed TBs of the mode from the window's start (0-based: the index
  *         tbtrace= would give it); UINT64_MAX when it did not run in the window
  *         or no per-TB helper ran (counts only)
- *   (version 1, written before: 40-byte TB records without "first")
+ *   (version 1, written before: 40-byte TB records without "first"; version 2: the
+ *   128-byte header, without the vCPU counts)
  *   edge records, sorted by (src, dst), 32 bytes each:
  *     u64 src   address of the last instruction of the source block (LBR "from")
  *     u64 dst   start of the destination block (LBR "to")
@@ -83,7 +86,36 @@
  *     u32 src_size  byte size of the source instruction
  *     u32 flags     1: fall-through (dst is right after the source block: no branch)
  *
- * Needs -smp 1 (counters are plain, not per-vCPU: the 7.2 API has no scoreboards).
+ * Threads.  In system mode the plugin needs -smp 1 (it refuses more vCPUs).  In
+ * user mode every guest thread is a vCPU of its own, running in parallel with the
+ * others, and the 7.2 API has no per-vCPU scoreboards, so the plugin runs in two
+ * modes:
+ *   - single: while the process has had one vCPU, everything is plain memory as
+ *     described above (inline execution counter, one cache model, one edge table);
+ *   - threaded: from the moment a second vCPU is created (vcpu_init, called in
+ *     the creating thread, during its clone(), before the new thread runs and
+ *     while the creating one executes no guest code), the inline counters are
+ *     frozen (their window part is kept in tb_rec.pre) and ignored; every vCPU
+ *     counts executions, fetches, misses and edges in its own tables (struct
+ *     vcpu, indexed by vcpu_index), summed at exit.  Blocks translated from then
+ *     on get no inline counter.  Each vCPU has its own previous block (edges),
+ *     its own previous line and its own cache model (as if each thread ran on a
+ *     core of its own; a vCPU index QEMU hands to a later thread keeps its
+ *     cache).  "first" positions come from one shared atomic sequence (the
+ *     interleaving the threads happened to run in).  Window markers with threads
+ *     are approximate (one thread opens the window for all of them at once):
+ *     the output says so (flag 256).
+ * At exit, QEMU 7.2's linux-user stops the other threads, removes the callbacks
+ * and flushes the code cache before calling at_exit, so the tables are quiet by
+ * then.  A child made by fork() (no CLONE_VM) inherits a copy of the state and
+ * writes nothing: the profile is the process that loaded the plugin.
+ *
+ * Version 3 adds to the header (now 144 bytes):
+ *   128 u64 vCPUs created (guest threads that ran, the first one included)
+ *   136 u64 most vCPUs alive at once
+ *   and flags 128: several vCPUs ran (threaded mode), 256: approximate (window
+ *   markers with several threads, or executions dropped: a vCPU index beyond the
+ *   plugin's table)
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -102,10 +134,13 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 #define NO_LINE UINT64_MAX
 #define PAGE_SIZE 4096ULL
 
-#define OUT_VERSION 2
-#define HDR_SIZE 128
+#define OUT_VERSION 3
+#define HDR_SIZE 144
 #define TB_REC_SIZE 48
 #define EDGE_REC_SIZE 32
+
+#define FLAG_THREADS 128
+#define FLAG_APPROX 256
 
 enum mode { MODE_KERNEL = 0, MODE_USER = 1, MODE_ALL = 2 };
 enum roi { ROI_WAIT, ROI_ACTIVE, ROI_DONE };
@@ -113,7 +148,7 @@ enum roi { ROI_WAIT, ROI_ACTIVE, ROI_DONE };
 struct edge;
 
 struct tb_rec {
-    uint64_t execs;         /* inline counter */
+    uint64_t execs;         /* inline counter (single mode; ignored once threaded) */
     uint64_t vaddr;
     uint32_t size, ninsns;
     uint64_t fetches, misses;
@@ -125,11 +160,14 @@ struct tb_rec {
     uint64_t prev_insn;     /* vaddr of the instruction before the last one */
     uint32_t prev_insn_size;
     bool first_crosses;     /* the first instruction crosses a page boundary */
+    uint32_t id;            /* dense index: the vCPUs' counter tables */
+    uint64_t pre;           /* threaded: window executions counted inline before the switch */
+    uint64_t mt_execs;      /* threaded: executions the vCPUs counted (summed at exit) */
     /* output view, after dropping a phantom last instruction (see fix_phantoms) */
     uint32_t out_size, out_ninsns;
     uint64_t out_last;
     uint32_t out_last_size;
-    struct edge *last_edge; /* one-entry cache: most recent successor */
+    struct edge *last_edge; /* one-entry cache: most recent successor (single mode) */
     uint64_t lines[];       /* line numbers (vaddr >> line_shift), consecutive repeats merged */
 };
 
@@ -138,11 +176,45 @@ struct edge {
     uint64_t count;
 };
 
+/* edges: chunked storage (stable pointers) + open-addressing index */
+#define EDGE_CHUNK 4096
+struct edge_tab {
+    struct edge **chunks;
+    size_t nchunks, n;
+    struct edge **index;
+    size_t cap;
+};
+
+/* threaded: a vCPU's counts of one block (tb_rec.id), in pages of CNT_PAGE */
+struct tb_cnt {
+    uint64_t execs, fetches, misses;
+    struct edge *last_edge;     /* one-entry cache: most recent successor on this vCPU */
+};
+#define CNT_PAGE_BITS 10
+#define CNT_PAGE (1u << CNT_PAGE_BITS)
+
+/*
+ * What one vCPU (guest thread) owns.  Only that vCPU's thread touches it while
+ * it runs (vcpu_init resets it, in the creating thread, before the new thread
+ * starts); at_exit reads all of them.  The first vCPU's is st0, which is also
+ * the whole state in single mode.
+ */
+struct vcpu {
+    struct tb_rec *last_tb;     /* edges: previous simulated TB, NULL after a gap */
+    uint64_t last_line;         /* cache: line where the previous simulated TB ended */
+    uint64_t *tags, *l2tags;    /* cache model: per set, tags ordered MRU first */
+    uint64_t fetches, misses;   /* totals in the window */
+    struct edge_tab edges;
+    struct tb_cnt **pages;      /* threaded: per-block counts, by tb_rec.id */
+    size_t npages;
+};
+
 /* ---- options ---- */
 static char *out_path;
 static char *tbtrace_path;
 static enum mode mode = MODE_KERNEL;
 static bool do_cache, do_edges;
+static bool record_first;          /* a per-TB helper runs: edges, cache or tbtrace */
 static uint64_t cache_size = 32768, cache_ways = 8, line_size = 64;
 static bool do_prefetch;
 static uint64_t l2_size, l2_ways = 16;
@@ -150,32 +222,33 @@ static bool have_start, have_stop;
 static uint64_t roi_start, roi_stop;
 static uint64_t start_count = 1, stop_count = 1, start_hits, stop_hits;
 static bool system_emulation;
+static pid_t plugin_pid;           /* the process that loaded the plugin (not a fork child) */
 
-/* ---- state (single vCPU) ---- */
+/* ---- state ---- */
 static GMutex lock;
 static GHashTable *tbs;            /* struct tb_rec* -> itself, keyed by (vaddr,size,ninsns) */
+static GPtrArray *tb_by_id;        /* tb_rec.id -> struct tb_rec* */
 static uint64_t translations;
 static enum roi roi_state = ROI_ACTIVE;
 static bool counting = true;       /* inside the window */
-static struct tb_rec *last_tb;     /* edges: previous simulated TB, NULL after a gap */
 static FILE *tbtrace;
+static struct vcpu st0 = { .last_line = NO_LINE };
 
-/* cache model: per set, tags ordered MRU first */
+/* cache model geometry */
 static unsigned line_shift;
 static uint64_t set_mask;
-static uint64_t *cache_tags;
 static uint64_t l2_set_mask;
-static uint64_t *l2_tags;          /* NULL: no L2 */
-static uint64_t last_line = NO_LINE;
-static uint64_t total_fetches, total_misses;
+static bool have_l2;
 static uint64_t window_execs;      /* executed TBs of the mode seen by tb_exec in the window */
 
-/* edges: chunked storage (stable pointers) + open-addressing index */
-#define EDGE_CHUNK 4096
-static struct edge **edge_chunks;
-static size_t n_edge_chunks, n_edges;
-static struct edge **edge_index;
-static size_t edge_index_cap;
+/* vCPUs: threaded mode, vcpu table (two levels: a reader never sees a table move) */
+static bool threaded;              /* a second vCPU was created */
+#define VCPU_L2 256
+#define VCPU_L1 4096
+static struct vcpu **vcpu_dir[VCPU_L1];
+static GPtrArray *all_vcpus;       /* every struct vcpu, st0 first */
+static uint64_t vcpus_created, vcpus_alive, vcpus_peak;
+static uint64_t dropped;           /* executions on a vCPU beyond the table (not counted) */
 
 static void die(const char *msg)
 {
@@ -243,16 +316,25 @@ static inline void lru_fill(uint64_t *tags, uint64_t mask, unsigned ways, uint64
     set[0] = line;
 }
 
-static inline int cache_access(uint64_t line)
+static inline int cache_access(struct vcpu *v, uint64_t line)
 {
-    int miss = lru_access(cache_tags, set_mask, cache_ways, line);
+    int miss = lru_access(v->tags, set_mask, cache_ways, line);
     if (do_prefetch) {
-        lru_fill(cache_tags, set_mask, cache_ways, line + 1);
+        lru_fill(v->tags, set_mask, cache_ways, line + 1);
     }
-    if (miss && l2_tags) {
-        miss = lru_access(l2_tags, l2_set_mask, l2_ways, line);
+    if (miss && v->l2tags) {
+        miss = lru_access(v->l2tags, l2_set_mask, l2_ways, line);
     }
     return miss;
+}
+
+static uint64_t *new_tags(uint64_t n)
+{
+    uint64_t *t = g_new(uint64_t, n);
+    for (uint64_t i = 0; i < n; i++) {
+        t[i] = NO_LINE;
+    }
+    return t;
 }
 
 /* ---- edges ---- */
@@ -262,12 +344,12 @@ static inline size_t edge_slot(const struct tb_rec *s, const struct tb_rec *d, s
     return (size_t)(h ^ (h >> 31)) & (cap - 1);
 }
 
-static void edge_grow(void)
+static void edge_grow(struct edge_tab *t)
 {
-    size_t cap = edge_index_cap ? edge_index_cap * 2 : 1 << 14;
+    size_t cap = t->cap ? t->cap * 2 : 1 << 14;
     struct edge **idx = g_new0(struct edge *, cap);
-    for (size_t i = 0; i < edge_index_cap; i++) {
-        struct edge *e = edge_index[i];
+    for (size_t i = 0; i < t->cap; i++) {
+        struct edge *e = t->index[i];
         if (e) {
             size_t j = edge_slot(e->src, e->dst, cap);
             while (idx[j]) {
@@ -276,42 +358,232 @@ static void edge_grow(void)
             idx[j] = e;
         }
     }
-    g_free(edge_index);
-    edge_index = idx;
-    edge_index_cap = cap;
+    g_free(t->index);
+    t->index = idx;
+    t->cap = cap;
 }
 
-static struct edge *edge_get(struct tb_rec *s, struct tb_rec *d)
+static struct edge *edge_get(struct edge_tab *t, struct tb_rec *s, struct tb_rec *d)
 {
     size_t j;
     struct edge *e;
-    if ((n_edges + 1) * 2 > edge_index_cap) {
-        edge_grow();
+    if ((t->n + 1) * 2 > t->cap) {
+        edge_grow(t);
     }
-    j = edge_slot(s, d, edge_index_cap);
-    while ((e = edge_index[j])) {
+    j = edge_slot(s, d, t->cap);
+    while ((e = t->index[j])) {
         if (e->src == s && e->dst == d) {
             return e;
         }
-        j = (j + 1) & (edge_index_cap - 1);
+        j = (j + 1) & (t->cap - 1);
     }
-    if (n_edges % EDGE_CHUNK == 0) {
-        edge_chunks = g_renew(struct edge *, edge_chunks, n_edge_chunks + 1);
-        edge_chunks[n_edge_chunks++] = g_new0(struct edge, EDGE_CHUNK);
+    if (t->n % EDGE_CHUNK == 0) {
+        t->chunks = g_renew(struct edge *, t->chunks, t->nchunks + 1);
+        t->chunks[t->nchunks++] = g_new0(struct edge, EDGE_CHUNK);
     }
-    e = &edge_chunks[n_edges / EDGE_CHUNK][n_edges % EDGE_CHUNK];
-    n_edges++;
+    e = &t->chunks[t->n / EDGE_CHUNK][t->n % EDGE_CHUNK];
+    t->n++;
     e->src = s;
     e->dst = d;
-    edge_index[j] = e;
+    t->index[j] = e;
     return e;
 }
 
+/* ---- vCPUs ---- */
+static inline struct vcpu *vcpu_get(unsigned int idx)
+{
+    struct vcpu **l2;
+    if (idx >= VCPU_L1 * VCPU_L2) {
+        return NULL;
+    }
+    l2 = vcpu_dir[idx / VCPU_L2];
+    return l2 ? l2[idx % VCPU_L2] : NULL;
+}
+
+/* under the lock; false: the index is beyond the table */
+static bool vcpu_put(unsigned int idx, struct vcpu *v)
+{
+    if (idx >= VCPU_L1 * VCPU_L2) {
+        return false;
+    }
+    if (!vcpu_dir[idx / VCPU_L2]) {
+        vcpu_dir[idx / VCPU_L2] = g_new0(struct vcpu *, VCPU_L2);
+    }
+    vcpu_dir[idx / VCPU_L2][idx % VCPU_L2] = v;
+    return true;
+}
+
+static struct tb_cnt *cnt_slow(struct vcpu *v, uint32_t id)
+{
+    size_t p = id >> CNT_PAGE_BITS;
+    if (p >= v->npages) {
+        size_t n = MAX(MAX(p + 1, 2 * v->npages), 16);
+        v->pages = g_renew(struct tb_cnt *, v->pages, n);
+        memset(v->pages + v->npages, 0, (n - v->npages) * sizeof(*v->pages));
+        v->npages = n;
+    }
+    if (!v->pages[p]) {
+        v->pages[p] = g_new0(struct tb_cnt, CNT_PAGE);
+    }
+    return &v->pages[p][id & (CNT_PAGE - 1)];
+}
+
+/* this vCPU's counts of a block (threaded); pointers stay valid (pages never move) */
+static inline struct tb_cnt *cnt_of(struct vcpu *v, uint32_t id)
+{
+    size_t p = id >> CNT_PAGE_BITS;
+    if (__builtin_expect(p < v->npages && v->pages[p] != NULL, 1)) {
+        return &v->pages[p][id & (CNT_PAGE - 1)];
+    }
+    return cnt_slow(v, id);
+}
+
+/*
+ * Under the lock, when the second vCPU is created: only the creating vCPU exists
+ * and it is inside a syscall (no guest code runs), so the inline counters are
+ * exact here.  Keep each block's window executions so far; from now on the
+ * vCPUs count.
+ */
+static void go_threaded(void)
+{
+    GHashTableIter it;
+    gpointer k;
+    g_hash_table_iter_init(&it, tbs);
+    while (g_hash_table_iter_next(&it, &k, NULL)) {
+        struct tb_rec *r = k;
+        switch (roi_state) {
+        case ROI_WAIT:
+            r->pre = 0;
+            break;
+        case ROI_DONE:
+            r->pre = r->end - r->base;
+            break;
+        default:
+            r->pre = r->execs - r->base;
+        }
+    }
+    __atomic_store_n(&threaded, true, __ATOMIC_SEQ_CST);
+}
+
+static void vcpu_init(qemu_plugin_id_t id, unsigned int idx)
+{
+    struct vcpu *v;
+    g_mutex_lock(&lock);
+    if (vcpus_created == 0) {
+        vcpu_put(idx, &st0);
+    } else {
+        if (!threaded) {
+            go_threaded();
+        }
+        v = vcpu_get(idx);
+        if (!v) {
+            v = g_new0(struct vcpu, 1);
+            if (do_cache) {
+                v->tags = new_tags((set_mask + 1) * cache_ways);
+                v->l2tags = have_l2 ? new_tags((l2_set_mask + 1) * l2_ways) : NULL;
+            }
+            if (vcpu_put(idx, v)) {
+                g_ptr_array_add(all_vcpus, v);
+            } else {
+                g_free(v->tags);
+                g_free(v->l2tags);
+                g_free(v);
+                v = NULL;
+            }
+        }
+        if (v) {   /* a new thread: no edge from, no line merged with, what ran before */
+            v->last_tb = NULL;
+            v->last_line = NO_LINE;
+        }
+    }
+    vcpus_created++;
+    vcpus_alive++;
+    vcpus_peak = MAX(vcpus_peak, vcpus_alive);
+    g_mutex_unlock(&lock);
+}
+
+static void vcpu_exit(qemu_plugin_id_t id, unsigned int idx)
+{
+    g_mutex_lock(&lock);
+    if (vcpus_alive) {
+        vcpus_alive--;
+    }
+    g_mutex_unlock(&lock);
+}
+
 /* ---- execution callbacks ---- */
+
+/* threaded mode: one executed TB of the mode on vCPU ``vcpu`` */
+static __attribute__((noinline)) void tb_exec_mt(unsigned int vcpu, struct tb_rec *r)
+{
+    struct vcpu *v = vcpu_get(vcpu);
+    bool on = __atomic_load_n(&counting, __ATOMIC_RELAXED);
+    struct tb_cnt *c;
+
+    if (__builtin_expect(v == NULL, 0)) {
+        __atomic_add_fetch(&dropped, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    c = cnt_of(v, r->id);
+    if (on) {
+        c->execs++;
+    }
+    if (tbtrace) {      /* positions and the dump in one order */
+        g_mutex_lock(&lock);
+        if (counting) {
+            struct { uint64_t va; uint32_t size, n; } t = { r->vaddr, r->size, r->ninsns };
+            uint64_t pos = __atomic_add_fetch(&window_execs, 1, __ATOMIC_RELAXED);
+            if (!r->first) {
+                r->first = pos;
+            }
+            fwrite(&t, sizeof(t), 1, tbtrace);
+        }
+        g_mutex_unlock(&lock);
+    } else if (on && record_first) {
+        uint64_t pos = __atomic_add_fetch(&window_execs, 1, __ATOMIC_RELAXED);
+        uint64_t cur = __atomic_load_n(&r->first, __ATOMIC_RELAXED);
+        while ((cur == 0 || pos < cur) &&
+               !__atomic_compare_exchange_n(&r->first, &cur, pos, true, __ATOMIC_RELAXED,
+                                            __ATOMIC_RELAXED)) {
+        }
+    }
+    if (do_edges) {
+        struct tb_rec *p = v->last_tb;
+        if (p && on) {
+            struct tb_cnt *pc = cnt_of(v, p->id);
+            struct edge *e = pc->last_edge;
+            if (!e || e->dst != r) {
+                e = edge_get(&v->edges, p, r);
+                pc->last_edge = e;
+            }
+            e->count++;
+        }
+        v->last_tb = r;
+    }
+    if (do_cache) {
+        uint32_t i = r->lines[0] == v->last_line ? 1 : 0;
+        uint64_t fetches = r->nlines - i, misses = 0;
+        for (; i < r->nlines; i++) {
+            misses += cache_access(v, r->lines[i]);
+        }
+        v->last_line = r->lines[r->nlines - 1];
+        if (on) {
+            c->fetches += fetches;
+            c->misses += misses;
+            v->fetches += fetches;
+            v->misses += misses;
+        }
+    }
+}
+
 static void tb_exec(unsigned int vcpu, void *udata)
 {
     struct tb_rec *r = udata;
 
+    if (__builtin_expect(__atomic_load_n(&threaded, __ATOMIC_RELAXED), 0)) {
+        tb_exec_mt(vcpu, r);
+        return;
+    }
     if (counting) {
         window_execs++;
         if (!r->first) {
@@ -319,29 +591,29 @@ static void tb_exec(unsigned int vcpu, void *udata)
         }
     }
     if (do_edges) {
-        struct tb_rec *p = last_tb;
+        struct tb_rec *p = st0.last_tb;
         if (p && counting) {
             struct edge *e = p->last_edge;
             if (!e || e->dst != r) {
-                e = edge_get(p, r);
+                e = edge_get(&st0.edges, p, r);
                 p->last_edge = e;
             }
             e->count++;
         }
-        last_tb = r;
+        st0.last_tb = r;
     }
     if (do_cache) {
-        uint32_t i = r->lines[0] == last_line ? 1 : 0;
+        uint32_t i = r->lines[0] == st0.last_line ? 1 : 0;
         uint64_t fetches = r->nlines - i, misses = 0;
         for (; i < r->nlines; i++) {
-            misses += cache_access(r->lines[i]);
+            misses += cache_access(&st0, r->lines[i]);
         }
-        last_line = r->lines[r->nlines - 1];
+        st0.last_line = r->lines[r->nlines - 1];
         if (counting) {
             r->fetches += fetches;
             r->misses += misses;
-            total_fetches += fetches;
-            total_misses += misses;
+            st0.fetches += fetches;
+            st0.misses += misses;
         }
     }
     if (tbtrace && counting) {
@@ -350,10 +622,26 @@ static void tb_exec(unsigned int vcpu, void *udata)
     }
 }
 
+/* user mode without a per-TB helper (counts only): the inline counter counts until a
+ * second vCPU appears, then this does */
+static void tb_count(unsigned int vcpu, void *udata)
+{
+    if (__builtin_expect(__atomic_load_n(&threaded, __ATOMIC_RELAXED), 0)) {
+        tb_exec_mt(vcpu, udata);
+    }
+}
+
 /* a TB outside the mode ran: the next recorded edge would span a gap */
 static void gap_exec(unsigned int vcpu, void *udata)
 {
-    last_tb = NULL;
+    if (__builtin_expect(__atomic_load_n(&threaded, __ATOMIC_RELAXED), 0)) {
+        struct vcpu *v = vcpu_get(vcpu);
+        if (v) {
+            v->last_tb = NULL;
+        }
+        return;
+    }
+    st0.last_tb = NULL;
 }
 
 static void snapshot(bool at_start)
@@ -379,17 +667,26 @@ static void marker_exec(unsigned int vcpu, void *udata)
         if (++start_hits < start_count) {
             goto out;
         }
-        snapshot(true);
+        if (!threaded) {
+            snapshot(true);
+            st0.last_tb = NULL;
+        } else {       /* the vCPUs count from now on (the others approximately) */
+            struct vcpu *v = vcpu_get(vcpu);
+            if (v) {
+                v->last_tb = NULL;
+            }
+        }
         roi_state = ROI_ACTIVE;
-        counting = true;
-        last_tb = NULL;
+        __atomic_store_n(&counting, true, __ATOMIC_RELAXED);
     } else if (roi_state == ROI_ACTIVE && have_stop && va == roi_stop) {
         if (++stop_hits < stop_count) {
             goto out;
         }
-        snapshot(false);
+        if (!threaded) {
+            snapshot(false);
+        }
         roi_state = ROI_DONE;
-        counting = false;
+        __atomic_store_n(&counting, false, __ATOMIC_RELAXED);
     }
 out:
     g_mutex_unlock(&lock);
@@ -406,6 +703,7 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     bool crosses = false;
     struct tb_rec key, *r;
     size_t i, cap = 0;
+    bool inline_count;
 
     if (n == 0) {
         return;
@@ -477,15 +775,22 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
         r->prev_insn = prev_va;
         r->prev_insn_size = prev_size;
         r->first_crosses = crosses;
+        r->id = tb_by_id->len;
         memcpy(r->lines, lines, nlines * sizeof(uint64_t));
         g_hash_table_add(tbs, r);
+        g_ptr_array_add(tb_by_id, r);
     }
+    inline_count = !threaded;       /* threaded: the vCPUs count in the helper */
     g_mutex_unlock(&lock);
     g_free(lines);
 
-    qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64, &r->execs, 1);
-    if (do_cache || do_edges || tbtrace) {
+    if (inline_count) {
+        qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64, &r->execs, 1);
+    }
+    if (record_first) {
         qemu_plugin_register_vcpu_tb_exec_cb(tb, tb_exec, QEMU_PLUGIN_CB_NO_REGS, r);
+    } else if (!system_emulation) {  /* a second thread may come: it needs a helper */
+        qemu_plugin_register_vcpu_tb_exec_cb(tb, tb_count, QEMU_PLUGIN_CB_NO_REGS, r);
     }
 }
 
@@ -532,6 +837,9 @@ static int cmp_edge(const void *a, const void *b)
 
 static uint64_t execs_out(const struct tb_rec *r)
 {
+    if (threaded) {
+        return r->pre + r->mt_execs;
+    }
     switch (roi_state) {
     case ROI_WAIT:
         return 0;
@@ -587,11 +895,42 @@ static uint64_t fix_phantoms(struct tb_rec **v, size_t ntb)
     return fixed;
 }
 
+/* threaded: add up the vCPUs' counts into the blocks and the totals */
+static void sum_vcpus(uint64_t *fetches, uint64_t *misses)
+{
+    *fetches = *misses = 0;
+    for (guint k = 0; k < all_vcpus->len; k++) {
+        struct vcpu *v = g_ptr_array_index(all_vcpus, k);
+        *fetches += v->fetches;
+        *misses += v->misses;
+        if (!threaded) {
+            continue;
+        }
+        for (size_t p = 0; p < v->npages; p++) {
+            if (!v->pages[p]) {
+                continue;
+            }
+            for (size_t j = 0; j < CNT_PAGE; j++) {
+                size_t id = p * CNT_PAGE + j;
+                const struct tb_cnt *c = &v->pages[p][j];
+                struct tb_rec *r;
+                if (id >= tb_by_id->len) {
+                    break;
+                }
+                r = g_ptr_array_index(tb_by_id, id);
+                r->mt_execs += c->execs;
+                r->fetches += c->fetches;
+                r->misses += c->misses;
+            }
+        }
+    }
+}
+
 static void write_output(void)
 {
-    size_t ntb = g_hash_table_size(tbs), i, ne = 0;
+    size_t ntb = g_hash_table_size(tbs), i, ne = 0, n_edges = 0;
     struct tb_rec **v = g_new(struct tb_rec *, ntb ? ntb : 1);
-    struct edge_out *eo = g_new(struct edge_out, n_edges ? n_edges : 1);
+    struct edge_out *eo;
     unsigned char hdr[HDR_SIZE] = { 0 }, rec[TB_REC_SIZE];
     GHashTableIter it;
     gpointer k;
@@ -599,9 +938,14 @@ static void write_output(void)
     FILE *f;
     uint32_t flags = 0;
 
-    uint64_t phantoms;
+    uint64_t phantoms, total_fetches, total_misses;
     size_t nout = 0;
 
+    sum_vcpus(&total_fetches, &total_misses);
+    for (guint k = 0; k < all_vcpus->len; k++) {
+        n_edges += ((struct vcpu *)g_ptr_array_index(all_vcpus, k))->edges.n;
+    }
+    eo = g_new(struct edge_out, n_edges ? n_edges : 1);
     i = 0;
     g_hash_table_iter_init(&it, tbs);
     while (g_hash_table_iter_next(&it, &k, NULL)) {
@@ -616,20 +960,23 @@ static void write_output(void)
         }
     }
 
-    for (i = 0; i < n_edges; i++) {
-        struct edge *e = &edge_chunks[i / EDGE_CHUNK][i % EDGE_CHUNK];
-        if (!e->count) {
-            continue;
+    for (guint k = 0; k < all_vcpus->len; k++) {
+        const struct edge_tab *t = &((struct vcpu *)g_ptr_array_index(all_vcpus, k))->edges;
+        for (i = 0; i < t->n; i++) {
+            struct edge *e = &t->chunks[i / EDGE_CHUNK][i % EDGE_CHUNK];
+            if (!e->count) {
+                continue;
+            }
+            eo[ne].src = e->src->out_last;
+            eo[ne].dst = e->dst->vaddr;
+            eo[ne].count = e->count;
+            eo[ne].src_size = e->src->out_last_size;
+            eo[ne].flags = e->dst->vaddr == e->src->vaddr + e->src->out_size ? 1 : 0;
+            ne++;
         }
-        eo[ne].src = e->src->out_last;
-        eo[ne].dst = e->dst->vaddr;
-        eo[ne].count = e->count;
-        eo[ne].src_size = e->src->out_last_size;
-        eo[ne].flags = e->dst->vaddr == e->src->vaddr + e->src->out_size ? 1 : 0;
-        ne++;
     }
     qsort(eo, ne, sizeof(*eo), cmp_edge);
-    if (ne) {   /* merge records of different source TBs ending at the same instruction */
+    if (ne) {   /* merge records of different source TBs (or vCPUs) ending at one instruction */
         size_t w = 0;
         for (i = 1; i < ne; i++) {
             if (eo[i].src == eo[w].src && eo[i].dst == eo[w].dst) {
@@ -649,6 +996,8 @@ static void write_output(void)
     flags |= roi_state != ROI_WAIT ? 16 : 0;
     flags |= roi_state == ROI_DONE ? 32 : 0;
     flags |= system_emulation ? 64 : 0;
+    flags |= threaded ? FLAG_THREADS : 0;
+    flags |= (threaded && (have_start || have_stop)) || dropped ? FLAG_APPROX : 0;
     memcpy(hdr, "LPKTRACE", 8);
     put32(hdr + 8, OUT_VERSION);
     put32(hdr + 12, HDR_SIZE);
@@ -659,7 +1008,7 @@ static void write_output(void)
     put32(hdr + 32, (uint32_t)cache_size);
     put32(hdr + 36, (uint32_t)cache_ways);
     put32(hdr + 40, (uint32_t)line_size);
-    put32(hdr + 44, (do_prefetch ? 1u : 0u) | (l2_tags ? 2u : 0u));
+    put32(hdr + 44, (do_prefetch ? 1u : 0u) | (have_l2 ? 2u : 0u));
     put64(hdr + 48, nout);
     put64(hdr + 56, ne);
     put64(hdr + 64, total_fetches);
@@ -670,6 +1019,8 @@ static void write_output(void)
     put64(hdr + 104, phantoms);
     put64(hdr + 112, start_count);
     put64(hdr + 120, stop_count);
+    put64(hdr + 128, vcpus_created);
+    put64(hdr + 136, vcpus_peak);
 
     f = fopen(tmp, "wb");
     if (!f) {
@@ -728,6 +1079,9 @@ out:
 
 static void at_exit(qemu_plugin_id_t id, void *p)
 {
+    if (getpid() != plugin_pid) {
+        return;     /* a fork() child: the process that loaded the plugin writes the profile */
+    }
     g_mutex_lock(&lock);
     if (tbtrace) {
         fclose(tbtrace);
@@ -848,10 +1202,8 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
             return -1;
         }
         l2_set_mask = l2_sets - 1;
-        l2_tags = g_new(uint64_t, l2_sets * l2_ways);
-        for (uint64_t i = 0; i < l2_sets * l2_ways; i++) {
-            l2_tags[i] = NO_LINE;
-        }
+        have_l2 = true;
+        st0.l2tags = new_tags(l2_sets * l2_ways);
     }
     system_emulation = info->system_emulation;
     if (info->system_emulation && info->system.max_vcpus > 1) {
@@ -861,10 +1213,9 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
 
     line_shift = (unsigned)__builtin_ctzll(line_size);
     set_mask = sets - 1;
-    cache_tags = g_new(uint64_t, sets * cache_ways);
-    for (uint64_t i = 0; i < sets * cache_ways; i++) {
-        cache_tags[i] = NO_LINE;
-    }
+    st0.tags = new_tags(sets * cache_ways);
+    record_first = do_cache || do_edges || tbtrace_path;
+    plugin_pid = getpid();
     if (have_start) {
         roi_state = ROI_WAIT;
         counting = false;
@@ -879,7 +1230,12 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
         setvbuf(tbtrace, NULL, _IOFBF, 1 << 20);
     }
     tbs = g_hash_table_new(tb_hash, tb_equal);
+    tb_by_id = g_ptr_array_new();
+    all_vcpus = g_ptr_array_new();
+    g_ptr_array_add(all_vcpus, &st0);
 
+    qemu_plugin_register_vcpu_init_cb(id, vcpu_init);
+    qemu_plugin_register_vcpu_exit_cb(id, vcpu_exit);
     qemu_plugin_register_vcpu_tb_trans_cb(id, tb_trans);
     qemu_plugin_register_atexit_cb(id, at_exit, NULL);
     return 0;
