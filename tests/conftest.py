@@ -93,3 +93,20 @@ def kernel_profile(tmp_path_factory):
             made[key] = out
         return made[key]
     return get
+
+
+@pytest.fixture(scope="session")
+def plugin_so():
+    """linepack's QEMU plugin, built once (a missing build fails the test that needs it)."""
+    from linepack.errors import LinepackError
+    from linepack.profile import plugin_build
+    try:
+        return plugin_build.build_plugin(log=lambda m: None)
+    except LinepackError as e:
+        pytest.fail(f"the QEMU plugin cannot be built (tools/setup.sh builds it): {e}")
+
+
+@pytest.fixture(scope="session")
+def plugin(plugin_so):
+    """The same plugin, by the name the evaluate tests use."""
+    return plugin_so

@@ -58,16 +58,6 @@ def _build(d, name, src, pie=False):
     return d / name
 
 
-@pytest.fixture(scope="module")
-def plugin():
-    from linepack.errors import LinepackError
-    from linepack.profile import plugin_build
-    try:
-        return plugin_build.build_plugin(log=lambda m: None)
-    except LinepackError as e:
-        pytest.fail(f"the QEMU plugin cannot be built (tools/setup.sh builds it): {e}")
-
-
 def _libc(exe, preload):
     from linepack.evaluate.user import run_program
     from linepack.profile.trace import cache_config

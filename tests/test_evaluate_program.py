@@ -56,16 +56,6 @@ def progs(tmp_path_factory):
     return d, exe, lp, other
 
 
-@pytest.fixture(scope="module")
-def plugin():
-    from linepack.errors import LinepackError
-    from linepack.profile import plugin_build
-    try:
-        return plugin_build.build_plugin(log=lambda m: None)
-    except LinepackError as e:
-        pytest.fail(f"the QEMU plugin cannot be built (tools/setup.sh builds it): {e}")
-
-
 def test_original_and_relayout(progs, plugin, tmp_path):
     d, exe, lp, _ = progs
     js, cs = tmp_path / "r.json", tmp_path / "r.csv"

@@ -44,12 +44,6 @@ int main(int argc, char **argv) {
 
 
 @pytest.fixture(scope="module")
-def plugin():
-    from linepack.profile import plugin_build
-    return plugin_build.build_plugin(log=lambda m: None)
-
-
-@pytest.fixture(scope="module")
 def exes(tmp_path_factory):
     d = tmp_path_factory.mktemp("evreal")
     src = d / "timed.c"

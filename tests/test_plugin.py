@@ -22,14 +22,6 @@ from linepack.profile import plugin_build, trace
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture(scope="session")
-def plugin_so():
-    try:
-        return plugin_build.build_plugin(log=lambda m: None)
-    except LinepackError as e:
-        pytest.fail(f"the QEMU plugin cannot be built (tools/setup.sh builds it): {e}")
-
-
 # ---------------------------------------------------------------- build, reader, configs
 
 def test_build_is_idempotent(plugin_so):

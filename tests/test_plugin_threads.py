@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 import helpers
 
-from linepack.errors import LinepackError
-from linepack.profile import plugin_build, trace
+from linepack.profile import trace
 
 PROG = r"""
 #include <pthread.h>
@@ -90,14 +89,6 @@ int main(int argc, char **argv) {
 
 FUNCS = [f"w{i}" for i in range(8)] + ["worker"]
 ITERS = 100000
-
-
-@pytest.fixture(scope="module")
-def plugin_so():
-    try:
-        return plugin_build.build_plugin(log=lambda m: None)
-    except LinepackError as e:
-        pytest.fail(f"the QEMU plugin cannot be built (tools/setup.sh builds it): {e}")
 
 
 @pytest.fixture(scope="module")

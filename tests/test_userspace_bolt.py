@@ -22,16 +22,6 @@ _requirements = helpers.requirements("qemu-x86_64", "llvm-bolt-19", "g++")
 _bench = helpers.bench_module
 
 
-@pytest.fixture(scope="module")
-def plugin():
-    from linepack.errors import LinepackError
-    from linepack.profile import plugin_build
-    try:
-        return plugin_build.build_plugin(log=lambda m: None)
-    except LinepackError as e:
-        pytest.fail(f"the QEMU plugin cannot be built (tools/setup.sh builds it): {e}")
-
-
 def _run(path, *args):
     p = subprocess.run([str(path), *map(str, args)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
