@@ -62,17 +62,9 @@ REASONS = (
  R_EH_FRAME, R_EH_LSDA, R_EH_ROOM, R_NO_ROOM, R_CALL_INSIDE, R_TRAILING_CODE,
  R_OTHER_BRANCH) = range(len(REASONS))
 
-# Callees that never return (a call to one ends its block; what follows is
-# unreachable from it). gcc marks them noreturn; objtool keeps a longer list.
-NORETURN = ("__stack_chk_fail", "panic", "do_exit", "do_group_exit", "make_task_dead",
-            "rewind_stack_and_make_dead", "__module_put_and_kthread_exit", "kthread_exit",
-            "machine_real_restart", "usercopy_abort", "BUG_func", "__ubsan_handle_builtin_unreachable",
-            "cpu_bringup_and_idle", "ex_handler_msr_mce", "stop_this_cpu", "snp_abort",
-            "sev_es_terminate", "hlt_play_dead", "play_dead", "__reiserfs_panic", "fortify_panic",
-            "mpt_halt_firmware", "nmi_panic_self_stop", "panic_smp_self_stop", "kunit_try_catch_throw",
-            "xen_start_kernel", "lbug_with_loc", "arch_call_rest_init", "cpu_startup_entry",
-            "do_task_dead", "start_kernel", "x86_64_start_kernel", "x86_64_start_reservations",
-            "__invalid_creds", "__x64_sys_exit", "__x64_sys_exit_group", "ignore_signals")
+# Callees that never return (tools/image/noreturn.py: the kernel's list, and a program's)
+from .noreturn import KERNEL_NORETURN as NORETURN  # noqa: E402,F401
+
 
 
 def _opcodes(dis):
@@ -103,6 +95,20 @@ def classify(dis):
     kind[(op_r == 0xFF) & ((reg == 4) | (reg == 5))] = 7
     kind[op == 0xE8] = 8
     return kind
+
+
+def indirect_calls(dis, idx):
+    """True where instruction ``idx`` of ``dis`` is an indirect call (ff /2, ff /3)."""
+    idx = np.asarray(idx, np.int64)
+    if not len(idx):
+        return np.zeros(0, bool)
+    raw = dis.raw[idx]
+    skip, op, op2 = skip_prefixes(raw, (0x2E, 0x3E, 0xF2, 0xF3))
+    rex = (op >= 0x40) & (op <= 0x4F)
+    op_r = np.where(rex, op2, op)
+    modrm = np.where(rex, raw[np.arange(len(idx)), np.minimum(skip + 2, RAW - 1)], op2)
+    reg = (modrm >> 3) & 7
+    return (op_r == 0xFF) & ((reg == 2) | (reg == 3))
 
 
 class TableSites:
@@ -195,10 +201,13 @@ class CFG:
             setattr(self, name, None)
 
     def __init__(self, dis, fstart, fend, sites=None, noreturn_addrs=(), reloc_insn=None,
-                 indirect_ok=False):
+                 indirect_ok=False, program=False):
         # indirect_ok: indirect jumps do not stop a split (userspace jump tables whose
         # every entry is relocated and a leader: relayout/user/user_blocks.py)
         self.indirect_ok = indirect_ok
+        # program: a userspace image, where a function's trailing indirect call (rustc's
+        # and clang's ``call *f@GOTPCREL(%rip)``) ends it as a trailing direct call does
+        self.program = program
         self.dis = dis
         fstart = np.asarray(fstart, dtype=np.uint64)
         fend = np.asarray(fend, dtype=np.uint64)
@@ -399,15 +408,20 @@ class CFG:
             np.int64) - 1
         self._mark(fi[keys[(kf != fi[keys]) & (self.dis.size[keys] < 5)]], R_KEY_OUT)
         # last block of a function falling through past the end (a trailing call is taken
-        # as noreturn: gcc ends a function with a call only when it does not return)
+        # as noreturn: a compiler ends a function with a call only when it does not
+        # return, else it would run into the next function's bytes; in a program an
+        # indirect call too: rustc calls panics and handle_error through GOT slots)
         if len(self.start):
             lastb = self.func_first + self.func_nblocks - 1
             has = self.func_nblocks > 0
             lb = lastb[has]
             li = self.insn_last[lb]
-            falls = np.isin(self.term[lb], (TERM_FALL, TERM_JCC, TERM_KEY)) & (kind[li] != 8)
+            call = kind[li] == 8
+            if self.program:
+                call = call | indirect_calls(dis, li)
+            falls = np.isin(self.term[lb], (TERM_FALL, TERM_JCC, TERM_KEY)) & ~call
             self._mark(np.nonzero(has)[0][falls], R_FALLS_OFF)
-            tail_call = (self.term[lb] == TERM_FALL) & (kind[li] == 8)
+            tail_call = (self.term[lb] == TERM_FALL) & call
             self.term[lb[tail_call]] = TERM_STOP
 
     def falls_through(self):

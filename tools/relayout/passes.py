@@ -261,7 +261,8 @@ def split(run):
         if r.target.is_code and len(r):
             i = dis.containing(r.offset.astype(np.uint64))
             reloc_insn[i[i >= 0]] = True
-    cfg = CFG(dis, units.start, units.end, sites, noret, reloc_insn, indirect_ok=indirect_ok)
+    cfg = CFG(dis, units.start, units.end, sites, noret, reloc_insn, indirect_ok=indirect_ok,
+              program=run.target.kind == "userspace")
     eh_split = run.target.unwind_split(run, cfg, heat, strat)
     counts = block_counts(cfg, *run.blocks)
     splits, reason = choose_splits(cfg, units, heat, counts, strat.block_min_count,

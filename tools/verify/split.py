@@ -5,6 +5,7 @@ the other checks."""
 import numpy as np
 
 from ..image import blockmap as bm
+from ..image.noreturn import VERIFY_NORETURN
 from ..kernel import TABLES
 from ..kernel.alternatives import Alternatives
 from ..kernel.bug_table import BugTable
@@ -12,16 +13,7 @@ from .blocks import SplitFunction, blocks_in_halves
 from .symbols import cold_parts
 from .tables import ADDRESS_COLUMNS, orc_lookup
 
-NORETURN = ("__stack_chk_fail", "panic", "do_exit", "do_group_exit", "make_task_dead",
-            "rewind_stack_and_make_dead", "kthread_exit", "__module_put_and_kthread_exit",
-            "machine_real_restart", "usercopy_abort", "BUG_func", "fortify_panic",
-            "__ubsan_handle_builtin_unreachable", "cpu_startup_entry", "do_task_dead",
-            "stop_this_cpu", "play_dead", "hlt_play_dead", "sev_es_terminate", "snp_abort",
-            "nmi_panic_self_stop", "panic_smp_self_stop", "ex_handler_msr_mce",
-            "cpu_bringup_and_idle", "start_kernel", "arch_call_rest_init", "__invalid_creds",
-            "__x64_sys_exit", "__x64_sys_exit_group", "x86_64_start_kernel",
-            "x86_64_start_reservations", "xen_start_kernel", "abort", "exit", "_exit",
-            "__assert_fail", "longjmp", "__longjmp_chk", "__cxa_throw", "_Unwind_Resume")
+NORETURN = VERIFY_NORETURN        # kernel and program names: tools/image/noreturn.py
 BUGFLAG_WARNING = 1
 
 
