@@ -201,13 +201,14 @@ class CFG:
             setattr(self, name, None)
 
     def __init__(self, dis, fstart, fend, sites=None, noreturn_addrs=(), reloc_insn=None,
-                 indirect_ok=False, program=False):
+                 indirect_ok=False, noreturn_icalls=None):
         # indirect_ok: indirect jumps do not stop a split (userspace jump tables whose
         # every entry is relocated and a leader: relayout/user/user_blocks.py)
         self.indirect_ok = indirect_ok
-        # program: a userspace image, where a function's trailing indirect call (rustc's
-        # and clang's ``call *f@GOTPCREL(%rip)``) ends it as a trailing direct call does
-        self.program = program
+        # noreturn_icalls: indices (into ``dis``) of indirect calls known not to return
+        # (a program's ``call *f@GOTPCREL(%rip)`` to a panic: image/noreturn.py); one
+        # that ends a function ends it as a trailing direct call does
+        self.noreturn_icalls = noreturn_icalls
         self.dis = dis
         fstart = np.asarray(fstart, dtype=np.uint64)
         fend = np.asarray(fend, dtype=np.uint64)
@@ -410,15 +411,16 @@ class CFG:
         # last block of a function falling through past the end (a trailing call is taken
         # as noreturn: a compiler ends a function with a call only when it does not
         # return, else it would run into the next function's bytes; in a program an
-        # indirect call too: rustc calls panics and handle_error through GOT slots)
+        # indirect call its link relocation names a noreturn function too: rustc calls
+        # panics and handle_error through GOT slots)
         if len(self.start):
             lastb = self.func_first + self.func_nblocks - 1
             has = self.func_nblocks > 0
             lb = lastb[has]
             li = self.insn_last[lb]
             call = kind[li] == 8
-            if self.program:
-                call = call | indirect_calls(dis, li)
+            if self.noreturn_icalls is not None and len(self.noreturn_icalls):
+                call = call | np.isin(li, self.noreturn_icalls)
             falls = np.isin(self.term[lb], (TERM_FALL, TERM_JCC, TERM_KEY)) & ~call
             self._mark(np.nonzero(has)[0][falls], R_FALLS_OFF)
             tail_call = (self.term[lb] == TERM_FALL) & call

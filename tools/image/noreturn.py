@@ -4,8 +4,20 @@ A call to one ends its block (tools/image/cfg.py): what follows it is not its
 fall-through. ``KERNEL_NORETURN`` is what relayout's CFG uses for every image
 (gcc marks them noreturn; objtool keeps a longer list); ``PROGRAM_NORETURN``
 adds the C, C++ and unwinder runtime's, which verify reads too
-(tools/verify/split.py).
+(tools/verify/split.py); ``RUST_NORETURN`` matches the Rust runtime's in
+their mangled names (legacy ``_ZN4core9panicking5panic17h..E`` and v0
+``_RNvNtCs.._4core9panicking5panic`` alike).
+
+In a program, relayout's CFG ends a function at a trailing indirect call
+(rustc's and clang's ``call *f@GOTPCREL(%rip)``) when the call's link
+relocation names one of these (``indirect_noreturn_calls``): the evidence is
+the relocation's symbol, as the PLT or GOT slot the call goes through names
+no function of the image.
 """
+
+import re
+
+import numpy as np
 
 KERNEL_NORETURN = ("__stack_chk_fail", "panic", "do_exit", "do_group_exit", "make_task_dead",
                    "rewind_stack_and_make_dead", "__module_put_and_kthread_exit", "kthread_exit",
@@ -28,3 +40,64 @@ PROGRAM_NORETURN = ("abort", "exit", "_exit", "_Exit", "quick_exit", "__assert_f
 
 # what verify --against takes as noreturn call targets (kernel and program names)
 VERIFY_NORETURN = tuple(dict.fromkeys(KERNEL_NORETURN + PROGRAM_NORETURN))
+
+# the Rust runtime's functions that return ``!`` (core, alloc, std), by their path's
+# last segments as both manglings spell them (<len><ident>)
+RUST_NORETURN = re.compile(
+    r"4core9panicking\d+(?:panic|assert_failed|unreachable|const_panic)"
+    r"|4core(?:6option|6result)13(?:unwrap|expect)_failed"
+    r"|4core(?:5slice5index|3str)\d+(?:slice_\w*fail|str_index_overflow_fail)"
+    r"|4core4cell\d+panic_already_(?:mutably_)?borrowed"
+    r"|5alloc7raw_vec\d+(?:handle_error|capacity_overflow)"
+    r"|5alloc5alloc18handle_alloc_error"
+    r"|3std7process(?:5abort|4exit)"
+    r"|3std9panicking\d+(?:begin_panic|rust_panic)"
+    r"|^(?:rust_panic|__rust_start_panic|rust_begin_unwind)$")
+
+
+def is_program_noreturn(name):
+    """True for a C, C++ or Rust runtime function that never returns (by its symbol name)."""
+    if not name:
+        return False
+    base = name.split("@", 1)[0]
+    return base in _PROGRAM_SET or RUST_NORETURN.search(base) is not None
+
+
+_PROGRAM_SET = frozenset(PROGRAM_NORETURN)
+
+
+def call_site_names(image, addr, size):
+    """Per instruction (``addr``, ``size`` arrays): the name of the symbol a link
+    relocation (--emit-relocs) inside it names, "" where none does."""
+    addr = np.asarray(addr, np.uint64)
+    end = addr + np.asarray(size, np.uint64)
+    out = [""] * len(addr)
+    if not len(addr):
+        return out
+    try:
+        names, _ = image.symbol_table()
+    except Exception:                   # noqa: BLE001 - stripped: no evidence
+        return out
+    order = np.argsort(addr, kind="stable")
+    sa, se = addr[order], end[order]
+    for r in image.relocations.values():
+        if r.target is None or not r.target.is_code or not len(r):
+            continue
+        off = r.offset.astype(np.uint64)
+        j = np.searchsorted(sa, off, side="right").astype(np.int64) - 1
+        hit = (j >= 0) & (off < se[np.maximum(j, 0)])
+        for k, sym in zip(j[hit].tolist(), r.sym[hit].tolist()):
+            if sym < len(names):
+                out[int(order[k])] = names[sym]
+    return out
+
+
+def indirect_noreturn_calls(image, dis):
+    """Indices of the instructions of ``dis`` that are indirect calls whose link
+    relocation names a function that never returns (``is_program_noreturn``)."""
+    from .cfg import indirect_calls
+    idx = np.nonzero(indirect_calls(dis, np.arange(len(dis))))[0]
+    if not len(idx):
+        return idx
+    names = call_site_names(image, dis.addr[idx], dis.size[idx])
+    return idx[np.array([is_program_noreturn(n) for n in names], bool)]
