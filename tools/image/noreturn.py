@@ -50,7 +50,7 @@ RUST_NORETURN = re.compile(
     r"|4core4cell\d+panic_already_(?:mutably_)?borrowed"
     r"|5alloc7raw_vec\d+(?:handle_error|capacity_overflow)"
     r"|5alloc5alloc18handle_alloc_error"
-    r"|3std7process(?:5abort|4exit)"
+    r"|3std7process(?:5abort|4exit)|3std5panic13resume_unwind|\d+len_mismatch_fail"
     r"|3std9panicking\d+(?:begin_panic|rust_panic)"
     r"|^(?:rust_panic|__rust_start_panic|rust_begin_unwind)$")
 

@@ -67,6 +67,36 @@ def ud2_sites(image, funcs):
     return out
 
 
+def fall_off_findings(image, funcs):
+    """A split function of a program whose original code ends in an indirect call
+    that may return (its link relocation names no function known not to return:
+    image/noreturn.py) ran into the next function's bytes after it; NEW has moved
+    them apart (``equiv.fall-off``). relayout splits such a function only on that
+    evidence, so this names a wrong noreturn claim."""
+    import capstone
+    from ..image.noreturn import call_site_names, is_program_noreturn
+    from .blocks import BlockFinding
+    cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    out, lasts = [], []
+    for f in funcs:
+        last = None
+        for a, size, m, ops in cs.disasm_lite(bytes(image.read(f.old_start, f.old_end -
+                                                                f.old_start)), f.old_start):
+            last = (a, size, m, ops)
+        if last is not None and last[2] == "call" and not last[3].startswith("0x"):
+            lasts.append((f, last))
+    if not lasts:
+        return out
+    names = call_site_names(image, [x[1][0] for x in lasts], [x[1][1] for x in lasts])
+    for (f, (a, size, m, ops)), nm in zip(lasts, names):
+        if nm not in NORETURN and not is_program_noreturn(nm):
+            out.append(BlockFinding("equiv.fall-off", a, f"{f.name}: ends in '{m} {ops}' at "
+                                    f"{a:#x} (to {nm or 'a target no relocation names'}, not "
+                                    "known not to return) and is split: its fall-through, the "
+                                    f"code at {f.old_end:#x}, no longer follows it"))
+    return out
+
+
 def split_mask(octx, rows):
     """True for each function of OLD that holds a piece of the block map ``rows``."""
     of = octx.functions
@@ -114,7 +144,10 @@ def block_results(ctx):
         for e, a in zip(ends, ae["instr"].tolist()):
             patch_sites[e] = min(a, patch_sites.get(e, a))
     orc_old, orc_new = orc_lookup(octx), orc_lookup(nctx)
-    return blocks_in_halves(rows, funcs, old.read, new.read, amap.base.map, orc_old, orc_new,
-                        tables=tables, no_fallthrough=frozenset(no_fall),
-                        noreturn=frozenset(noreturn), data_moves=ctx.data_moves,
-                        patch_sites=patch_sites)
+    found, stats = blocks_in_halves(rows, funcs, old.read, new.read, amap.base.map, orc_old,
+                                    orc_new, tables=tables, no_fallthrough=frozenset(no_fall),
+                                    noreturn=frozenset(noreturn), data_moves=ctx.data_moves,
+                                    patch_sites=patch_sites)
+    if not octx.is_kernel:
+        found = list(found) + fall_off_findings(old, funcs)
+    return found, stats
