@@ -89,7 +89,7 @@ def fall_off_findings(image, funcs):
         return out
     names = call_site_names(image, [x[1][0] for x in lasts], [x[1][1] for x in lasts])
     for (f, (a, size, m, ops)), nm in zip(lasts, names):
-        if nm not in NORETURN and not is_program_noreturn(nm):
+        if nm.split("@", 1)[0] not in NORETURN and not is_program_noreturn(nm):
             out.append(BlockFinding("equiv.fall-off", a, f"{f.name}: ends in '{m} {ops}' at "
                                     f"{a:#x} (to {nm or 'a target no relocation names'}, not "
                                     "known not to return) and is split: its fall-through, the "
