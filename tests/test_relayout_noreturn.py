@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import helpers
 
@@ -125,3 +126,35 @@ def test_verify_names_a_split_after_a_call_that_may_return(case):
 def test_noreturn_names(name, noreturn):
     from linepack.image.noreturn import is_program_noreturn
     assert is_program_noreturn(name) is noreturn
+
+
+def test_glue_stops_at_an_indirect_call_that_never_returns():
+    """Two adjacent units, the first ending in ``call *slot(%rip)``: glued (it may
+    return into the second) unless that call is known not to return."""
+    from insn_rows import disassembly
+    from linepack.relayout.units import Region, UnitTable, glue
+    rows = [(0x1000, b"\x48\x89\xf8"),                      # mov %rdi, %rax
+            (0x1003, b"\xff\x15\x00\x10\x00\x00"),          # call *0x1000(%rip)
+            (0x1009, b"\xc3")]                              # ret (the second unit)
+    dis = disassembly(rows)
+
+    def units():
+        return UnitTable([0x1000, 0x1009], [9, 1], [0, 0], [Region("r", 0x1000, 0x100a, 1)])
+    assert len(glue(units(), dis)) == 1
+    assert len(glue(units(), dis, noreturn_icalls=[1])) == 2
+    assert len(glue(units(), dis, noreturn_icalls=[0])) == 1
+
+
+def test_cfg_ends_a_function_at_a_trailing_noreturn_indirect_call():
+    from insn_rows import disassembly
+    from linepack.image.cfg import CFG, R_FALLS_OFF, TERM_STOP
+    rows = [(0x1000, b"\x85\xff"),                          # test %edi, %edi
+            (0x1002, b"\x74\x01"),                          # je 0x1005
+            (0x1004, b"\xc3"),                              # ret
+            (0x1005, b"\xff\x15\x00\x10\x00\x00")]          # call *0x1000(%rip)
+    dis = disassembly(rows)
+    f = (np.array([0x1000], np.uint64), np.array([0x100b], np.uint64))
+    assert CFG(dis, *f).reason[0] == R_FALLS_OFF
+    cfg = CFG(dis, *f, noreturn_icalls=np.array([3]))
+    assert cfg.reason[0] != R_FALLS_OFF
+    assert cfg.term[-1] == TERM_STOP
