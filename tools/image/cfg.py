@@ -25,6 +25,8 @@ Disassembly.
 import numpy as np
 
 from .disasm import ANY_PREFIX, RAW, skip_prefixes
+# callees that never return: the kernel's list (tools/image/noreturn.py has a program's too)
+from .noreturn import KERNEL_NORETURN as NORETURN  # noqa: F401
 
 TERM_FALL, TERM_JMP, TERM_JCC, TERM_KEY, TERM_STOP = 0, 1, 2, 3, 4
 BUGFLAG_WARNING = 1          # include/asm-generic/bug.h
@@ -62,11 +64,6 @@ REASONS = (
  R_EH_FRAME, R_EH_LSDA, R_EH_ROOM, R_NO_ROOM, R_CALL_INSIDE, R_TRAILING_CODE,
  R_OTHER_BRANCH) = range(len(REASONS))
 
-# Callees that never return (tools/image/noreturn.py: the kernel's list, and a program's)
-from .noreturn import KERNEL_NORETURN as NORETURN  # noqa: E402,F401
-
-
-
 def _opcodes(dis):
     """(skip, op, op2, modrm-reg) per instruction after the branch-hint/bnd prefixes."""
     raw = dis.raw
@@ -95,20 +92,6 @@ def classify(dis):
     kind[(op_r == 0xFF) & ((reg == 4) | (reg == 5))] = 7
     kind[op == 0xE8] = 8
     return kind
-
-
-def indirect_calls(dis, idx):
-    """True where instruction ``idx`` of ``dis`` is an indirect call (ff /2, ff /3)."""
-    idx = np.asarray(idx, np.int64)
-    if not len(idx):
-        return np.zeros(0, bool)
-    raw = dis.raw[idx]
-    skip, op, op2 = skip_prefixes(raw, (0x2E, 0x3E, 0xF2, 0xF3))
-    rex = (op >= 0x40) & (op <= 0x4F)
-    op_r = np.where(rex, op2, op)
-    modrm = np.where(rex, raw[np.arange(len(idx)), np.minimum(skip + 2, RAW - 1)], op2)
-    reg = (modrm >> 3) & 7
-    return (op_r == 0xFF) & ((reg == 2) | (reg == 3))
 
 
 class TableSites:

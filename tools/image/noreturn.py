@@ -19,6 +19,8 @@ import re
 
 import numpy as np
 
+from .disasm import RAW, skip_prefixes
+
 KERNEL_NORETURN = ("__stack_chk_fail", "panic", "do_exit", "do_group_exit", "make_task_dead",
                    "rewind_stack_and_make_dead", "__module_put_and_kthread_exit", "kthread_exit",
                    "machine_real_restart", "usercopy_abort", "BUG_func",
@@ -95,9 +97,22 @@ def call_site_names(image, addr, size):
 def indirect_noreturn_calls(image, dis):
     """Indices of the instructions of ``dis`` that are indirect calls whose link
     relocation names a function that never returns (``is_program_noreturn``)."""
-    from .cfg import indirect_calls
     idx = np.nonzero(indirect_calls(dis, np.arange(len(dis))))[0]
     if not len(idx):
         return idx
     names = call_site_names(image, dis.addr[idx], dis.size[idx])
     return idx[np.array([is_program_noreturn(n) for n in names], bool)]
+
+
+def indirect_calls(dis, idx):
+    """True where instruction ``idx`` of ``dis`` is an indirect call (ff /2, ff /3)."""
+    idx = np.asarray(idx, np.int64)
+    if not len(idx):
+        return np.zeros(0, bool)
+    raw = dis.raw[idx]
+    skip, op, op2 = skip_prefixes(raw, (0x2E, 0x3E, 0xF2, 0xF3))
+    rex = (op >= 0x40) & (op <= 0x4F)
+    op_r = np.where(rex, op2, op)
+    modrm = np.where(rex, raw[np.arange(len(idx)), np.minimum(skip + 2, RAW - 1)], op2)
+    reg = (modrm >> 3) & 7
+    return (op_r == 0xFF) & ((reg == 2) | (reg == 3))
