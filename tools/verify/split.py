@@ -67,6 +67,15 @@ def ud2_sites(image, funcs):
     return out
 
 
+def _immediate(op_str):
+    """True for a direct call's operand (Capstone prints its target: "0x401000", "0")."""
+    try:
+        int(op_str, 0)
+    except ValueError:
+        return False
+    return True
+
+
 def fall_off_findings(image, funcs):
     """A split function of a program whose original code ends in an indirect call
     that may return (its link relocation names no function known not to return:
@@ -83,7 +92,7 @@ def fall_off_findings(image, funcs):
         for a, size, m, ops in cs.disasm_lite(bytes(image.read(f.old_start, f.old_end -
                                                                 f.old_start)), f.old_start):
             last = (a, size, m, ops)
-        if last is not None and last[2] == "call" and not last[3].startswith("0x"):
+        if last is not None and last[2] == "call" and not _immediate(last[3]):
             lasts.append((f, last))
     if not lasts:
         return out
