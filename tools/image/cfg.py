@@ -25,6 +25,8 @@ Disassembly.
 import numpy as np
 
 from .disasm import ANY_PREFIX, RAW, skip_prefixes
+# callees that never return: the kernel's list (tools/image/noreturn.py has a program's too)
+from .noreturn import KERNEL_NORETURN as NORETURN  # noqa: F401
 
 TERM_FALL, TERM_JMP, TERM_JCC, TERM_KEY, TERM_STOP = 0, 1, 2, 3, 4
 BUGFLAG_WARNING = 1          # include/asm-generic/bug.h
@@ -61,19 +63,6 @@ REASONS = (
  R_REL8_OUT, R_ALT_REL8, R_FALLS_OFF, R_KEY_OUT, R_NOT_HOT, R_NO_COLD,
  R_EH_FRAME, R_EH_LSDA, R_EH_ROOM, R_NO_ROOM, R_CALL_INSIDE, R_TRAILING_CODE,
  R_OTHER_BRANCH) = range(len(REASONS))
-
-# Callees that never return (a call to one ends its block; what follows is
-# unreachable from it). gcc marks them noreturn; objtool keeps a longer list.
-NORETURN = ("__stack_chk_fail", "panic", "do_exit", "do_group_exit", "make_task_dead",
-            "rewind_stack_and_make_dead", "__module_put_and_kthread_exit", "kthread_exit",
-            "machine_real_restart", "usercopy_abort", "BUG_func", "__ubsan_handle_builtin_unreachable",
-            "cpu_bringup_and_idle", "ex_handler_msr_mce", "stop_this_cpu", "snp_abort",
-            "sev_es_terminate", "hlt_play_dead", "play_dead", "__reiserfs_panic", "fortify_panic",
-            "mpt_halt_firmware", "nmi_panic_self_stop", "panic_smp_self_stop", "kunit_try_catch_throw",
-            "xen_start_kernel", "lbug_with_loc", "arch_call_rest_init", "cpu_startup_entry",
-            "do_task_dead", "start_kernel", "x86_64_start_kernel", "x86_64_start_reservations",
-            "__invalid_creds", "__x64_sys_exit", "__x64_sys_exit_group", "ignore_signals")
-
 
 def _opcodes(dis):
     """(skip, op, op2, modrm-reg) per instruction after the branch-hint/bnd prefixes."""
@@ -195,10 +184,14 @@ class CFG:
             setattr(self, name, None)
 
     def __init__(self, dis, fstart, fend, sites=None, noreturn_addrs=(), reloc_insn=None,
-                 indirect_ok=False):
+                 indirect_ok=False, noreturn_icalls=None):
         # indirect_ok: indirect jumps do not stop a split (userspace jump tables whose
         # every entry is relocated and a leader: relayout/user/user_blocks.py)
         self.indirect_ok = indirect_ok
+        # noreturn_icalls: indices (into ``dis``) of indirect calls known not to return
+        # (a program's ``call *f@GOTPCREL(%rip)`` to a panic: image/noreturn.py); one
+        # that ends a function ends it as a trailing direct call does
+        self.noreturn_icalls = noreturn_icalls
         self.dis = dis
         fstart = np.asarray(fstart, dtype=np.uint64)
         fend = np.asarray(fend, dtype=np.uint64)
@@ -399,15 +392,21 @@ class CFG:
             np.int64) - 1
         self._mark(fi[keys[(kf != fi[keys]) & (self.dis.size[keys] < 5)]], R_KEY_OUT)
         # last block of a function falling through past the end (a trailing call is taken
-        # as noreturn: gcc ends a function with a call only when it does not return)
+        # as noreturn: a compiler ends a function with a call only when it does not
+        # return, else it would run into the next function's bytes; in a program an
+        # indirect call its link relocation names a noreturn function too: rustc calls
+        # panics and handle_error through GOT slots)
         if len(self.start):
             lastb = self.func_first + self.func_nblocks - 1
             has = self.func_nblocks > 0
             lb = lastb[has]
             li = self.insn_last[lb]
-            falls = np.isin(self.term[lb], (TERM_FALL, TERM_JCC, TERM_KEY)) & (kind[li] != 8)
+            call = kind[li] == 8
+            if self.noreturn_icalls is not None and len(self.noreturn_icalls):
+                call = call | np.isin(li, self.noreturn_icalls)
+            falls = np.isin(self.term[lb], (TERM_FALL, TERM_JCC, TERM_KEY)) & ~call
             self._mark(np.nonzero(has)[0][falls], R_FALLS_OFF)
-            tail_call = (self.term[lb] == TERM_FALL) & (kind[li] == 8)
+            tail_call = (self.term[lb] == TERM_FALL) & call
             self.term[lb[tail_call]] = TERM_STOP
 
     def falls_through(self):

@@ -261,7 +261,12 @@ def split(run):
         if r.target.is_code and len(r):
             i = dis.containing(r.offset.astype(np.uint64))
             reloc_insn[i[i >= 0]] = True
-    cfg = CFG(dis, units.start, units.end, sites, noret, reloc_insn, indirect_ok=indirect_ok)
+    icalls = None
+    if run.target.kind == "userspace":
+        from ..image.noreturn import indirect_noreturn_calls
+        icalls = indirect_noreturn_calls(image, dis)
+    cfg = CFG(dis, units.start, units.end, sites, noret, reloc_insn, indirect_ok=indirect_ok,
+              noreturn_icalls=icalls)
     eh_split = run.target.unwind_split(run, cfg, heat, strat)
     counts = block_counts(cfg, *run.blocks)
     splits, reason = choose_splits(cfg, units, heat, counts, strat.block_min_count,

@@ -189,7 +189,8 @@ def _code_starts_at(image, addr):
     return bool((at & ((syms["info"] & 0xF) == 2)).any())
 
 
-def build_units(image, functions, disasm_fn=None, sections=(".text",), pin_head=True, log=None):
+def build_units(image, functions, disasm_fn=None, sections=(".text",), pin_head=True, log=None,
+                program=False):
     """UnitTable of every function of the laid-out sections.
 
     ``disasm_fn(unit_table)`` returns a Disassembly of the units; it is used to
@@ -283,7 +284,12 @@ def build_units(image, functions, disasm_fn=None, sections=(".text",), pin_head=
         dis = disasm_fn(units)
         from ..image.cfg import NORETURN
         noret = [a for a in (image.symbol_address(n) for n in NORETURN) if a is not None]
-        units = glue(units, dis, log, noret)
+        icalls = ()
+        if program:
+            # a program's unit ending in ``call *abort@GOTPCREL(%rip)`` falls into nothing
+            from ..image.noreturn import indirect_noreturn_calls
+            icalls = indirect_noreturn_calls(image, dis)
+        units = glue(units, dis, log, noret, icalls)
     units.funcs = _func_map(units, len(functions))
     return units, dis
 
@@ -331,10 +337,11 @@ def padding_instructions(dis, idx):
 _NOP_SET = frozenset(n for n in _NOPS if n not in (b"\x00", b"\xcc"))   # int3 is a stop
 
 
-def glue(units, dis, log=None, noreturn=()):
+def glue(units, dis, log=None, noreturn=(), noreturn_icalls=()):
     """Merge units joined by rel8 branches (and unit pairs that fall through).
     ``noreturn``: addresses of functions that never return: a unit ending with a
-    call to one does not fall into the next."""
+    call to one does not fall into the next; ``noreturn_icalls``: indices (into
+    ``dis``) of indirect calls that never return (image/noreturn.py), likewise."""
     idx, target, kind = dis.pc_relative_branches()        # loop/jecxz rel8 too
     src_u = units.find(dis.addr[idx])
     dst_u = units.find(target)
@@ -375,6 +382,8 @@ def glue(units, dis, log=None, noreturn=()):
             np.int32).astype(np.int64)
         tgt = ((dis.addr[lc] + np.uint64(5)).astype(np.int64) + disp).astype(np.uint64)
         stop = stop | (call & np.isin(tgt, np.asarray(noreturn, np.uint64)))
+    if len(noreturn_icalls):
+        stop = stop | (tail_ok & (lc == last) & np.isin(lc, np.asarray(noreturn_icalls, np.int64)))
     n = len(units)
     adjacent = np.zeros(n, bool)
     if n > 1:
@@ -480,6 +489,7 @@ def units_of(image, log=None):
         functions = ctx.functions
         if log:
             log(f"disassembling {len(functions)} functions")
-        units, dis = build_units(image, functions, lambda u: disassemble(image, u), log=log)
+        units, dis = build_units(image, functions, lambda u: disassemble(image, u), log=log,
+                                 program=not ctx.is_kernel)
         return units, functions, dis
     return ctx.derived("units", build)

@@ -5,6 +5,7 @@ the other checks."""
 import numpy as np
 
 from ..image import blockmap as bm
+from ..image.noreturn import VERIFY_NORETURN
 from ..kernel import TABLES
 from ..kernel.alternatives import Alternatives
 from ..kernel.bug_table import BugTable
@@ -12,16 +13,7 @@ from .blocks import SplitFunction, blocks_in_halves
 from .symbols import cold_parts
 from .tables import ADDRESS_COLUMNS, orc_lookup
 
-NORETURN = ("__stack_chk_fail", "panic", "do_exit", "do_group_exit", "make_task_dead",
-            "rewind_stack_and_make_dead", "kthread_exit", "__module_put_and_kthread_exit",
-            "machine_real_restart", "usercopy_abort", "BUG_func", "fortify_panic",
-            "__ubsan_handle_builtin_unreachable", "cpu_startup_entry", "do_task_dead",
-            "stop_this_cpu", "play_dead", "hlt_play_dead", "sev_es_terminate", "snp_abort",
-            "nmi_panic_self_stop", "panic_smp_self_stop", "ex_handler_msr_mce",
-            "cpu_bringup_and_idle", "start_kernel", "arch_call_rest_init", "__invalid_creds",
-            "__x64_sys_exit", "__x64_sys_exit_group", "x86_64_start_kernel",
-            "x86_64_start_reservations", "xen_start_kernel", "abort", "exit", "_exit",
-            "__assert_fail", "longjmp", "__longjmp_chk", "__cxa_throw", "_Unwind_Resume")
+NORETURN = VERIFY_NORETURN        # kernel and program names: tools/image/noreturn.py
 BUGFLAG_WARNING = 1
 
 
@@ -75,6 +67,45 @@ def ud2_sites(image, funcs):
     return out
 
 
+def _immediate(op_str):
+    """True for a direct call's operand (Capstone prints its target: "0x401000", "0")."""
+    try:
+        int(op_str, 0)
+    except ValueError:
+        return False
+    return True
+
+
+def fall_off_findings(image, funcs):
+    """A split function of a program whose original code ends in an indirect call
+    that may return (its link relocation names no function known not to return:
+    image/noreturn.py) ran into the next function's bytes after it; NEW has moved
+    them apart (``equiv.fall-off``). relayout splits such a function only on that
+    evidence, so this names a wrong noreturn claim."""
+    import capstone
+    from ..image.noreturn import call_site_names, is_program_noreturn
+    from .blocks import BlockFinding
+    cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    out, lasts = [], []
+    for f in funcs:
+        last = None
+        for a, size, m, ops in cs.disasm_lite(bytes(image.read(f.old_start, f.old_end -
+                                                                f.old_start)), f.old_start):
+            last = (a, size, m, ops)
+        if last is not None and last[2] == "call" and not _immediate(last[3]):
+            lasts.append((f, last))
+    if not lasts:
+        return out
+    names = call_site_names(image, [x[1][0] for x in lasts], [x[1][1] for x in lasts])
+    for (f, (a, size, m, ops)), nm in zip(lasts, names):
+        if nm.split("@", 1)[0] not in NORETURN and not is_program_noreturn(nm):
+            out.append(BlockFinding("equiv.fall-off", a, f"{f.name}: ends in '{m} {ops}' at "
+                                    f"{a:#x} (to {nm or 'a target no relocation names'}, not "
+                                    "known not to return) and is split: its fall-through, the "
+                                    f"code at {f.old_end:#x}, no longer follows it"))
+    return out
+
+
 def split_mask(octx, rows):
     """True for each function of OLD that holds a piece of the block map ``rows``."""
     of = octx.functions
@@ -122,7 +153,10 @@ def block_results(ctx):
         for e, a in zip(ends, ae["instr"].tolist()):
             patch_sites[e] = min(a, patch_sites.get(e, a))
     orc_old, orc_new = orc_lookup(octx), orc_lookup(nctx)
-    return blocks_in_halves(rows, funcs, old.read, new.read, amap.base.map, orc_old, orc_new,
-                        tables=tables, no_fallthrough=frozenset(no_fall),
-                        noreturn=frozenset(noreturn), data_moves=ctx.data_moves,
-                        patch_sites=patch_sites)
+    found, stats = blocks_in_halves(rows, funcs, old.read, new.read, amap.base.map, orc_old,
+                                    orc_new, tables=tables, no_fallthrough=frozenset(no_fall),
+                                    noreturn=frozenset(noreturn), data_moves=ctx.data_moves,
+                                    patch_sites=patch_sites)
+    if not octx.is_kernel:
+        found = list(found) + fall_off_findings(old, funcs)
+    return found, stats
