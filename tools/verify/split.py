@@ -54,55 +54,65 @@ def split_functions(octx, nctx, rows, split, oi, ni):
     return funcs
 
 
-def ud2_sites(image, funcs):
+def _row_ranges(dis, funcs):
+    """Per function of ``funcs``: [lo, hi) of OLD's decoded rows ``dis`` in its
+    original range (decoded once for every check, not again here)."""
+    lo = np.searchsorted(dis.addr, np.array([f.old_start for f in funcs], np.uint64), "left")
+    hi = np.searchsorted(dis.addr, np.array([f.old_end for f in funcs], np.uint64), "left")
+    return lo, hi
+
+
+def ud2_sites(dis, funcs):
     """Addresses of the ud2 instructions in the original ranges of ``funcs``."""
-    import capstone
-    cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    out = set()
-    for f in funcs:
-        code = bytes(image.read(f.old_start, f.old_end - f.old_start))
-        if b"\x0f\x0b" not in code:
-            continue
-        out.update(a for a, _, m, _ in cs.disasm_lite(code, f.old_start) if m == "ud2")
-    return out
+    from ..image.cfg import classify
+    from ..image.disasm import Disassembly
+    if not funcs or not len(dis):
+        return set()
+    lo, hi = _row_ranges(dis, funcs)
+    depth = np.zeros(len(dis) + 1, np.int64)
+    np.add.at(depth, lo, 1)
+    np.add.at(depth, hi, -1)
+    # the rows inside the functions holding a 0x0b byte (ud2 is 0f 0b), then classified
+    rows = np.nonzero(np.cumsum(depth[:-1]) > 0)[0]
+    rows = rows[(dis.raw[rows] == 0x0B).any(axis=1)]
+    few = Disassembly(dis.addr[rows], dis.size[rows], dis.func[rows], dis.raw[rows], None)
+    return set(few.addr[classify(few) == 4].tolist())
 
 
-def _immediate(op_str):
-    """True for a direct call's operand (Capstone prints its target: "0x401000", "0")."""
-    try:
-        int(op_str, 0)
-    except ValueError:
-        return False
-    return True
-
-
-def fall_off_findings(image, funcs):
+def fall_off_findings(image, dis, funcs):
     """A split function of a program whose original code ends in an indirect call
     that may return (its link relocation names no function known not to return:
     image/noreturn.py) ran into the next function's bytes after it; NEW has moved
     them apart (``equiv.fall-off``). relayout splits such a function only on that
-    evidence, so this names a wrong noreturn claim."""
+    evidence, so this names a wrong noreturn claim. ``dis``: OLD's decoded rows."""
     import capstone
-    from ..image.noreturn import call_site_names, is_program_noreturn
+    from ..image.noreturn import call_site_names, indirect_calls, is_program_noreturn
     from .blocks import BlockFinding
-    cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    out, lasts = [], []
-    for f in funcs:
-        last = None
-        for a, size, m, ops in cs.disasm_lite(bytes(image.read(f.old_start, f.old_end -
-                                                                f.old_start)), f.old_start):
-            last = (a, size, m, ops)
-        if last is not None and last[2] == "call" and not _immediate(last[3]):
-            lasts.append((f, last))
+    out = []
+    if not funcs or not len(dis):
+        return out
+    lo, hi = _row_ranges(dis, funcs)
+    lasts = [(f, int(h) - 1) for f, l, h in zip(funcs, lo.tolist(), hi.tolist()) if h > l]
     if not lasts:
         return out
-    names = call_site_names(image, [x[1][0] for x in lasts], [x[1][1] for x in lasts])
-    for (f, (a, size, m, ops)), nm in zip(lasts, names):
-        if nm.split("@", 1)[0] not in NORETURN and not is_program_noreturn(nm):
-            out.append(BlockFinding("equiv.fall-off", a, f"{f.name}: ends in '{m} {ops}' at "
-                                    f"{a:#x} (to {nm or 'a target no relocation names'}, not "
-                                    "known not to return) and is split: its fall-through, the "
-                                    f"code at {f.old_end:#x}, no longer follows it"))
+    icall = indirect_calls(dis, [k for _, k in lasts])
+    lasts = [x for x, c in zip(lasts, icall.tolist()) if c]
+    if not lasts:
+        return out
+    addr = [int(dis.addr[k]) for _, k in lasts]
+    size = [int(dis.size[k]) for _, k in lasts]
+    names = call_site_names(image, addr, size)
+    cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    for (f, _), a, n, nm in zip(lasts, addr, size, names):
+        if nm.split("@", 1)[0] in NORETURN or is_program_noreturn(nm):
+            continue
+        insn = next(cs.disasm_lite(bytes(image.read(a, n)), a), None)   # the message's text
+        if insn is None or insn[2] != "call":
+            continue
+        out.append(BlockFinding("equiv.fall-off", a, f"{f.name}: ends in '{insn[2]} {insn[3]}' "
+                                f"at {a:#x} (to {nm or 'a target no relocation names'}, not "
+                                "known not to return) and is split: its fall-through, the "
+                                f"code at {f.old_end:#x}, no longer follows it"))
     return out
 
 
@@ -141,7 +151,7 @@ def block_results(ctx):
     if not octx.is_kernel:
         # a program's ud2 raises SIGILL: nothing resumes after it (a kernel's WARN
         # ud2 does, its bug table says which); relayout's CFG ends a block there
-        no_fall |= ud2_sites(old, funcs)
+        no_fall |= ud2_sites(octx.disasm, funcs)
     noreturn = set()
     for nm in NORETURN:
         noreturn |= octx.symbol_addresses().get(nm, set())
@@ -158,5 +168,5 @@ def block_results(ctx):
                                     noreturn=frozenset(noreturn), data_moves=ctx.data_moves,
                                     patch_sites=patch_sites)
     if not octx.is_kernel:
-        found = list(found) + fall_off_findings(old, funcs)
+        found = list(found) + fall_off_findings(old, octx.disasm, funcs)
     return found, stats
